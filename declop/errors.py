@@ -1,0 +1,93 @@
+"""The exception tree of declop.
+
+Every error declop raises on purpose derives from :class:`DeclopError`::
+
+    DeclopError
+     ├── ConfigError            bad input from the user (files, options, kubeconfig); cli.py exits non-zero
+     │    └── RegistrationError   a decorator was misused, or used after the manager started
+     ├── ApiError               the apiserver answered with a non-2xx status (``.status``, ``.reason``)
+     │    ├── NotFound            404 — also raised by cache reads for a missing object
+     │    ├── Conflict            409 — a stale resourceVersion; re-read and retry
+     │    └── Forbidden           403 — RBAC denies the request; the message names verb and resource
+     ├── CacheNotSyncedError    a read hit a cache that has not listed yet; retried like any failure
+     └── TerminalError          raised by a handler: log, count, and do not retry
+
+Who handles what: handlers raise ``TerminalError`` and may catch ``NotFound``/``Conflict``;
+controllers turn every other exception into a rate-limited retry; only ``cli.py`` maps
+``ConfigError`` (and unreachable/forbidden apiservers) to exit codes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApiError",
+    "CacheNotSyncedError",
+    "ConfigError",
+    "Conflict",
+    "DeclopError",
+    "Forbidden",
+    "NotFound",
+    "RegistrationError",
+    "TerminalError",
+]
+
+
+class DeclopError(Exception):
+    """Root of every error declop raises on purpose."""
+
+
+class ConfigError(DeclopError):
+    """The user's input is wrong: a missing file, a bad option, an unknown resource, no kubeconfig.
+
+    The message is one line that says what is wrong and what to do.
+    """
+
+
+class RegistrationError(ConfigError, TypeError):
+    """A decorator was called with bad arguments, or after the manager froze the registry."""
+
+
+class ApiError(DeclopError):
+    """The apiserver answered ``status`` (non-2xx). ``body`` is the decoded Status, if any."""
+
+    def __init__(self, status: int, reason: str, message: str = "", body: object = None) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        super().__init__(message or f"{status} {reason}")
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class NotFound(ApiError, LookupError):
+    """404 from the apiserver, or a cache read of an object that is not there."""
+
+    def __init__(self, message: str = "not found", body: object = None) -> None:
+        super().__init__(404, "NotFound", message, body)
+
+
+class Conflict(ApiError):
+    """409: the write was based on a stale resourceVersion. Re-read and try again."""
+
+    def __init__(self, message: str = "conflict", body: object = None) -> None:
+        super().__init__(409, "Conflict", message, body)
+
+
+class Forbidden(ApiError, PermissionError):
+    """403: RBAC does not allow the request. The message names the verb and resource."""
+
+    def __init__(self, message: str = "forbidden", body: object = None) -> None:
+        super().__init__(403, "Forbidden", message, body)
+
+
+class CacheNotSyncedError(DeclopError):
+    """A cache read happened before the informer's first list finished; the reconcile is retried."""
+
+
+class TerminalError(DeclopError):
+    """Raised by a handler when retrying cannot help: logged and counted, never retried.
+
+    ``TerminalError("bad spec")`` or ``raise TerminalError("bad spec") from exc``.
+    """

@@ -1,0 +1,40 @@
+"""Request: the key a reconciler is called with.
+
+A key says *which* object, never *what happened*. It is a frozen, hashable pair;
+``str()`` gives ``"namespace/name"`` (or ``"name"`` for cluster-scoped objects) and
+:meth:`Request.parse` reads that form back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["Request", "key_of"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Request:
+    """The namespace/name of one object. ``namespace`` is ``""`` for cluster-scoped objects."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @classmethod
+    def parse(cls, text: str) -> Request:
+        """``"ns/name"`` → ``Request("ns", "name")``; ``"name"`` → ``Request("", "name")``."""
+        namespace, sep, name = text.partition("/")
+        if not sep:
+            return cls("", namespace)
+        if not name or "/" in name:
+            raise ValueError(f"not a key: {text!r}; expected 'namespace/name' or 'name'")
+        return cls(namespace, name)
+
+
+def key_of(obj: Mapping[str, Any]) -> Request:
+    """The Request for an object dict (reads only ``metadata.namespace`` and ``metadata.name``)."""
+    meta = obj["metadata"]
+    return Request(meta.get("namespace") or "", meta["name"])
