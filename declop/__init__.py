@@ -1,0 +1,85 @@
+"""declop: level-triggered Kubernetes operators in plain Python.
+
+A reconciler is told *which* object (a key), never *what happened*; it reads the present state
+from a shared cache kept current by informers and acts until the world matches what it wants::
+
+    import declop
+
+    @declop.reconciler("pods")
+    def example(request, client, logger, **_):
+        try:
+            client.get(request)
+        except declop.NotFound:
+            logger.info("The pod was deleted")
+            return None
+        logger.info("Pod created")
+
+Run it with ``declop run handlers.py``. The contract is in ``docs/contract.md``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import predicates as predicates
+from .cache import clone as clone
+from .client import AsyncClient as AsyncClient
+from .client import Client as Client
+from .errors import ApiError as ApiError
+from .errors import CacheNotSyncedError as CacheNotSyncedError
+from .errors import ConfigError as ConfigError
+from .errors import Conflict as Conflict
+from .errors import DeclopError as DeclopError
+from .errors import Forbidden as Forbidden
+from .errors import NotFound as NotFound
+from .errors import RegistrationError as RegistrationError
+from .errors import TerminalError as TerminalError
+from .finalizers import add_finalizer as add_finalizer
+from .finalizers import contains_finalizer as contains_finalizer
+from .finalizers import remove_finalizer as remove_finalizer
+from .keys import Request as Request
+from .logs import ReconcileLogger as ReconcileLogger
+from .manager import Manager as Manager
+from .manager import Options as Options
+from .registry import Registry as Registry
+from .registry import index as index
+from .registry import reconciler as reconciler
+from .result import Phase as Phase
+from .result import Result as Result
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "CacheNotSyncedError",
+    "Client",
+    "ConfigError",
+    "Conflict",
+    "DeclopError",
+    "Forbidden",
+    "Manager",
+    "NotFound",
+    "Options",
+    "Phase",
+    "ReconcileLogger",
+    "RegistrationError",
+    "Registry",
+    "Request",
+    "Result",
+    "TerminalError",
+    "add_finalizer",
+    "clone",
+    "contains_finalizer",
+    "index",
+    "predicates",
+    "reconciler",
+    "remove_finalizer",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("declop.") and _name != "predicates":
+        try:
+            _obj.__module__ = "declop"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

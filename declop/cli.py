@@ -1,0 +1,198 @@
+"""The ``declop`` command: ``run`` handlers against a cluster, or ``dev`` against a local control plane.
+
+This is the only module that configures logging and turns errors into exit codes:
+
+- a :class:`~declop.errors.ConfigError` (anything the user can fix) prints one line
+  ``declop: error: <what is wrong and what to do>`` on stderr and exits 1; ``-v`` adds the traceback;
+- SIGTERM/SIGINT stop intake, let in-flight reconciles finish within ``--grace-period`` and exit 0.
+
+Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, Sequence
+
+import click
+
+from . import __version__
+from .errors import ConfigError, DeclopError
+from .loader import load
+from .logs import configure
+from .manager import Manager, Options
+from .registry import default_registry
+from .transport import load_configuration
+
+__all__ = ["main"]
+
+log = logging.getLogger("declop.cli")
+
+_state: dict[str, Any] = {"verbose": 0}
+
+
+def _env(name: str) -> str:
+    return f"DECLOP_{name}"
+
+
+def _common_run_options(fn: Any) -> Any:
+    options = [
+        click.argument("paths", nargs=-1, type=click.Path(), envvar=_env("PATHS")),
+        click.option("-m", "--module", "modules", multiple=True, envvar=_env("MODULES"), help="Import handlers from a module (repeatable)."),
+        click.option("-n", "--namespace", "namespaces", multiple=True, envvar=_env("NAMESPACES"), help="Watch only this namespace (repeatable)."),
+        click.option("-A", "--all-namespaces", is_flag=True, envvar=_env("ALL_NAMESPACES"), help="Watch all namespaces (the default)."),
+        click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain", show_default=True, envvar=_env("LOG_FORMAT")),
+        click.option("-v", "--verbose", count=True, envvar=_env("VERBOSE"), help="More logs; tracebacks on errors."),
+        click.option("-q", "--quiet", is_flag=True, envvar=_env("QUIET"), help="Only warnings and errors."),
+        click.option("--grace-period", type=float, default=30.0, show_default=True, envvar=_env("GRACE_PERIOD"), help="Seconds in-flight reconciles get on shutdown."),
+        click.option("--health-port", type=int, default=None, envvar=_env("HEALTH_PORT"), help="Serve /healthz and /readyz on this port."),
+        click.option("--metrics-port", type=int, default=None, envvar=_env("METRICS_PORT"), help="Serve /metrics on this port."),
+        click.option("--leader-elect/--no-leader-elect", default=False, envvar=_env("LEADER_ELECT"), help="Reconcile only while holding a Lease."),
+        click.option("--leader-election-id", default="declop", envvar=_env("LEADER_ELECTION_ID"), show_default=True),
+        click.option("--leader-election-namespace", default=None, envvar=_env("LEADER_ELECTION_NAMESPACE")),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _setup_logging(log_format: str, verbose: int, quiet: bool) -> None:
+    _state["verbose"] = verbose
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    configure(log_format, level)
+
+
+def _options(kw: dict[str, Any]) -> Options:
+    namespaces = () if kw["all_namespaces"] else tuple(dict.fromkeys(n for n in kw["namespaces"] if n))
+    return Options(
+        namespaces=namespaces,
+        grace_period=kw["grace_period"],
+        health_port=kw["health_port"],
+        metrics_port=kw["metrics_port"],
+        leader_elect=kw["leader_elect"],
+        leader_election_id=kw["leader_election_id"],
+        leader_election_namespace=kw["leader_election_namespace"],
+        user_agent=f"declop/{__version__}",
+    )
+
+
+async def _serve(configuration: Any, options: Options, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    manager = Manager(configuration, default_registry, options)
+    await manager.run(stop)
+
+
+def _run_manager(configuration: Any, options: Options) -> None:
+    asyncio.run(_serve(configuration, options))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="declop")
+def cli() -> None:
+    """declop: level-triggered Kubernetes operators in plain Python."""
+
+
+@cli.command()
+@_common_run_options
+@click.option("--kubeconfig", type=click.Path(), default=None, envvar=_env("KUBECONFIG"), help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
+@click.option("--context", "context", default=None, envvar=_env("CONTEXT"), help="Kubeconfig context to use.")
+def run(**kw: Any) -> None:
+    """Load handler PATHS (files or directories) and -m modules, then reconcile until stopped."""
+    _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
+    load(kw["paths"], kw["modules"])
+    if not kw["paths"] and not kw["modules"]:
+        raise ConfigError("nothing to run: pass handler files (declop run handlers.py) or -m module")
+    configuration = load_configuration(kw["kubeconfig"], kw["context"])
+    _run_manager(configuration, _options(kw))
+
+
+@cli.command()
+@_common_run_options
+@click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=_env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
+@click.option("--no-controller-manager", is_flag=True, help="Run only etcd and kube-apiserver (faster start, no GC).")
+def dev(**kw: Any) -> None:
+    """Start a local control plane (etcd + kube-apiserver + controller-manager) and run PATHS on it.
+
+    With no PATHS only the control plane runs. Ctrl-C stops everything.
+    """
+    _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
+    from .testing.controlplane import ControlPlane
+
+    load(kw["paths"], kw["modules"])
+    out = os.path.abspath(kw["kubeconfig_out"])
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        click.echo("Starting a local control plane (etcd, kube-apiserver, kube-controller-manager)…", err=True)
+        with ControlPlane(controller_manager=not kw["no_controller_manager"]) as cp:
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            shutil.copyfile(cp.kubeconfig_path, out)
+            os.chmod(out, 0o600)
+            click.echo(f"Control plane ready in {cp.startup_seconds:.1f} s at {cp.host}", err=True)
+            click.echo(f"export KUBECONFIG={out}")
+            click.echo(f"# kubectl and helm built for it: export PATH={cp.assets_dir}:$PATH", err=True)
+            sys.stdout.flush()
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            if kw["paths"] or kw["modules"]:
+                configuration = load_configuration(out, None)
+                _run_manager(configuration, _options(kw))
+            else:
+                click.echo("Press Ctrl-C to stop.", err=True)
+                threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    click.echo("Control plane stopped.", err=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: run the click group and map errors to one line + exit code."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="declop", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ConfigError as exc:
+        _fail(exc)
+    except DeclopError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    code = 0
+    _exit(code)
+
+
+def _fail(exc: BaseException) -> None:
+    if _state["verbose"]:
+        traceback.print_exception(exc, file=sys.stderr)
+    click.echo(f"declop: error: {exc}", err=True)
+    sys.exit(1)
+
+
+def _exit(code: int) -> None:
+    """Exit now, even if a sync handler is stuck in a worker thread past the grace period."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    stuck = [t for t in threading.enumerate() if t.name.startswith("declop-handler") and t.is_alive()]
+    if stuck:
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)

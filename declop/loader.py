@@ -1,0 +1,96 @@
+"""Loader: import handler files and modules so that their decorators register reconcilers.
+
+- A file path is imported under a private module name, with its directory put first on
+  ``sys.path`` so it can import its siblings.
+- A directory path imports every ``*.py`` file in it (sorted), as a ConfigMap mount provides them.
+- ``-m pkg.module`` is imported by name.
+
+Every failure becomes one :class:`~declop.errors.ConfigError` line (missing file, syntax error with
+file and line, an exception raised while importing); the original exception is kept as
+``__cause__`` for ``-v``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Iterable
+
+from .errors import ConfigError
+
+__all__ = ["load"]
+
+
+def _module_name(path: str) -> str:
+    stem = os.path.splitext(os.path.basename(path))[0].replace("-", "_").replace(".", "_")
+    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:8]
+    return f"declop_handlers_{stem}_{digest}"
+
+
+def _import_file(path: str) -> ModuleType:
+    name = _module_name(path)
+    if name in sys.modules:
+        return sys.modules[name]
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        del sys.modules[name]
+        raise ConfigError(f"syntax error in {exc.filename or path}:{exc.lineno}: {exc.msg}") from exc
+    except ConfigError:
+        del sys.modules[name]
+        raise
+    except BaseException as exc:
+        del sys.modules[name]
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise ConfigError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(path, f)
+            for f in os.listdir(path)
+            if f.endswith(".py") and not f.startswith((".", "_")) and os.path.isfile(os.path.join(path, f))
+        )
+        if not files:
+            raise ConfigError(f"no .py files in directory {path}")
+        return files
+    if not os.path.exists(path):
+        raise ConfigError(f"no such file: {path}; pass the path of a Python file with @declop.reconciler handlers")
+    if not path.endswith(".py"):
+        raise ConfigError(f"{path} is not a .py file; for a module use -m {path}")
+    return [path]
+
+
+def load(paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[ModuleType]:
+    """Import every path and module in order; returns the modules."""
+    loaded: list[ModuleType] = []
+    for path in paths:
+        for file in _files(path):
+            loaded.append(_import_file(file))
+    for name in modules:
+        try:
+            loaded.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                raise ConfigError(f"no module named {name!r}; is it installed or on PYTHONPATH?") from exc
+            raise ConfigError(f"importing {name} failed: {type(exc).__name__}: {exc}") from exc
+        except SyntaxError as exc:
+            raise ConfigError(f"syntax error in {exc.filename}:{exc.lineno}: {exc.msg}") from exc
+        except Exception as exc:
+            raise ConfigError(f"importing {name} failed: {type(exc).__name__}: {exc}") from exc
+    return loaded

@@ -1,0 +1,124 @@
+"""Structured logging on top of stdlib ``logging``: the bound reconcile logger and two formatters.
+
+A log record may carry key/value pairs in ``record.kv`` (a dict). The formatters render them:
+
+- :class:`PlainFormatter` — the seed's line shape, pairs in insertion order::
+
+      INFO Pod created {"controller": "example", "namespace": "default", "name": "nginx", "reconcileID": "…"}
+
+- :class:`JsonFormatter` — one JSON object per line: ``ts``, ``level``, ``logger``, ``msg``, the pairs,
+  and ``error`` (the traceback) when there is one.
+
+:class:`ReconcileLogger` is what handlers receive: every line carries ``controller``, ``namespace``,
+``name`` and the reconcile's ``reconcileID``; extra pairs come as keyword arguments.
+Only ``cli.py`` installs handlers (:func:`configure`); a library user keeps full control.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from typing import Any, Mapping
+
+__all__ = ["JsonFormatter", "PlainFormatter", "ReconcileLogger", "configure", "kv"]
+
+
+def kv(pairs: Mapping[str, Any]) -> str:
+    """Render pairs as compact-but-readable JSON: ``{"a": 1, "b": "x"}``."""
+    return json.dumps(pairs, default=str, ensure_ascii=False)
+
+
+class PlainFormatter(logging.Formatter):
+    """``LEVEL message {pairs}`` plus the traceback on the following lines, if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{record.levelname} {record.getMessage()}"
+        pairs = getattr(record, "kv", None)
+        if pairs:
+            line = f"{line} {kv(pairs)}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log pipelines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        pairs = getattr(record, "kv", None)
+        if pairs:
+            for k, v in pairs.items():
+                out.setdefault(k, v)
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class ReconcileLogger:
+    """A logger bound to one reconcile. ``logger.info("Scaled", replicas=3)``.
+
+    The bound pairs come first, in order: controller, namespace, name, reconcileID.
+    """
+
+    __slots__ = ("_logger", "context")
+
+    def __init__(self, logger: logging.Logger, context: Mapping[str, Any]) -> None:
+        self._logger = logger
+        self.context = dict(context)
+
+    def bind(self, **pairs: Any) -> ReconcileLogger:
+        """A logger with more pairs bound."""
+        return ReconcileLogger(self._logger, {**self.context, **pairs})
+
+    def _log(self, level: int, msg: str, args: tuple[Any, ...], pairs: dict[str, Any], exc_info: Any) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(
+                level, msg, *args, exc_info=exc_info, extra={"kv": {**self.context, **pairs}}, stacklevel=3
+            )
+
+    def debug(self, msg: str, *args: Any, exc_info: Any = None, **pairs: Any) -> None:
+        self._log(logging.DEBUG, msg, args, pairs, exc_info)
+
+    def info(self, msg: str, *args: Any, exc_info: Any = None, **pairs: Any) -> None:
+        self._log(logging.INFO, msg, args, pairs, exc_info)
+
+    def warning(self, msg: str, *args: Any, exc_info: Any = None, **pairs: Any) -> None:
+        self._log(logging.WARNING, msg, args, pairs, exc_info)
+
+    warn = warning
+
+    def error(self, msg: str, *args: Any, exc_info: Any = None, **pairs: Any) -> None:
+        self._log(logging.ERROR, msg, args, pairs, exc_info)
+
+    def exception(self, msg: str, *args: Any, **pairs: Any) -> None:
+        self._log(logging.ERROR, msg, args, pairs, True)
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - stdlib name
+        return self._logger.isEnabledFor(level)
+
+
+def configure(fmt: str = "plain", level: int = logging.INFO, stream: Any = None) -> logging.Handler:
+    """Install one stream handler on the root logger (replacing ours if called again)."""
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
+    handler._declop = True  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_declop", False):
+            root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # third-party chatter stays quiet unless -v
+    for noisy in ("kubernetes", "urllib3", "aiohttp", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    return handler

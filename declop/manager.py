@@ -1,0 +1,217 @@
+"""Manager: owns the transport, discovery, the shared informers and every controller of one process.
+
+Start order: connect and discover → freeze the registry and resolve every resource name → build
+one shared informer per (resource, namespace, selector) and one controller per registration →
+start informers → each controller waits for its caches, then starts its workers. Stop order:
+controllers stop taking keys and drain in-flight reconciles within the grace period → informers
+stop → the transport closes.
+
+Invariants:
+- everything runs on the one event loop that called :meth:`Manager.run`; plain handlers run in
+  one bounded thread pool owned here;
+- an informer is shared by every controller that needs the same (resource, namespace, selector);
+- user errors found at start (unknown resource, unreachable apiserver, nothing registered) raise
+  :class:`~declop.errors.ConfigError` before any controller starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import ClientContext
+from .controller import Controller, ControllerMetrics, Source
+from .discovery import Discovery, ResourceInfo
+from .errors import ApiError, ConfigError, Forbidden
+from .informer import InformerPool
+from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
+from .registry import Registration, Registry, default_registry
+from .transport import Transport
+
+__all__ = ["Manager", "Options"]
+
+log = logging.getLogger("declop.manager")
+
+
+@dataclass
+class Options:
+    """Settings of one manager; ``cli.py`` fills them from flags and ``DECLOP_*`` variables."""
+
+    namespaces: tuple[str, ...] = ()
+    grace_period: float = 30.0
+    user_agent: str = "declop"
+    field_manager: str = "declop"
+    handler_threads: int | None = None
+    health_port: int | None = None
+    metrics_port: int | None = None
+    leader_elect: bool = False
+    leader_election_id: str = "declop"
+    leader_election_namespace: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Manager:
+    """Runs every registration of a registry against one apiserver."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        registry: Registry | None = None,
+        options: Options | None = None,
+        *,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
+        self.configuration = configuration
+        self.registry = registry or default_registry
+        self.options = options or Options()
+        self.metrics = metrics
+        self.transport: Transport | None = None
+        self.discovery: Discovery | None = None
+        self.informers: InformerPool | None = None
+        self.controllers: list[Controller] = []
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.started = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- start ---------------------------------------------------------------------------------
+    async def _discover(self) -> Discovery:
+        assert self.transport is not None
+        transport = self.transport
+
+        async def get_json(path: str, accept: str) -> Any:
+            return await transport.request("GET", path, accept=accept)
+
+        discovery = Discovery(get_json)
+        try:
+            await discovery.refresh()
+        except Forbidden as exc:
+            raise ConfigError(f"the apiserver at {transport.host} forbids API discovery to this identity: {exc}") from exc
+        except ApiError as exc:
+            if exc.status == 0:
+                raise ConfigError(
+                    f"cannot reach the apiserver at {transport.host} ({exc.reason}); is the cluster running, "
+                    "and are --kubeconfig/--context right?"
+                ) from exc
+            if exc.status == 401:
+                raise ConfigError(
+                    f"the apiserver at {transport.host} rejected our credentials (401); refresh the kubeconfig"
+                ) from exc
+            raise ConfigError(f"API discovery failed at {transport.host}: {exc}") from exc
+        return discovery
+
+    async def setup(self) -> None:
+        """Connect, discover and build controllers (no informer runs yet)."""
+        self.registry.freeze()
+        registrations = self.registry.registrations
+        if not registrations:
+            raise ConfigError(
+                "no reconciler is registered; decorate a function with @declop.reconciler(\"pods\") "
+                "in the files or modules you pass to 'declop run'"
+            )
+        self.transport = Transport(self.configuration, user_agent=self.options.user_agent)
+        self.discovery = await self._discover()
+        self.informers = InformerPool(self.transport, namespaces=self.options.namespaces)
+        loop = asyncio.get_running_loop()
+        sync_workers = sum(r.max_concurrent for r in registrations if not r.is_async)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.options.handler_threads or max(sync_workers, 1) + 2,
+            thread_name_prefix="declop-handler",
+        )
+        ctx = ClientContext(
+            self.transport,
+            self.discovery,
+            self.informers,
+            loop,
+            field_manager=self.options.field_manager,
+        )
+        self.context = ctx
+        # resolve every name up front (refreshing discovery once for a CRD installed just now)
+        for ix in self.registry.indexes:
+            await self._check(ix.resource, f"index {ix.name!r}")
+        for reg in registrations:
+            await self._check(reg.resource, f"controller {reg.name!r}")
+            for owned in reg.owns:
+                await self._check(owned, f"controller {reg.name!r} owns=")
+            for watched, _fn in reg.watches:
+                await self._check(watched, f"controller {reg.name!r} watches=")
+        for ix in self.registry.indexes:
+            self.informers.add_indexer(self._resolve(ix.resource), ix.name, ix.fn)
+        self.controllers = [self._build(reg, ctx) for reg in registrations]
+
+    async def _check(self, name: str, who: str) -> None:
+        assert self.discovery is not None
+        try:
+            await self.discovery.resolve(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{who}: {exc}") from None
+
+    def _resolve(self, name: str, who: str = "") -> ResourceInfo:
+        assert self.discovery is not None
+        return self.discovery.resolve_cached(name)
+
+    def _build(self, reg: Registration, ctx: ClientContext) -> Controller:
+        assert self.informers is not None
+        primary = self._resolve(reg.resource, f"controller {reg.name!r}")
+        pool = self.informers
+        sources = [
+            Source(
+                tuple(pool.for_resource(primary, reg.namespaces, reg.labels)),
+                enqueue_self,
+                reg.predicates,
+                primary=True,
+            )
+        ]
+        for owned in reg.owns:
+            info = self._resolve(owned, f"controller {reg.name!r} owns=")
+            mapper = enqueue_owner(primary.group, primary.kind, namespaced=primary.namespaced)
+            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), mapper))
+        for watched, fn in reg.watches:
+            info = self._resolve(watched, f"controller {reg.name!r} watches=")
+            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), enqueue_mapped(fn)))
+        return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics)
+
+    async def start(self) -> None:
+        """Set up (if needed), start informers, and start every controller's sync gate."""
+        if self.transport is None:
+            await self.setup()
+        assert self.informers is not None
+        self.informers.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(c.start(), name=f"start {c.name}") for c in self.controllers]
+        self.started.set()
+
+    def ready(self) -> bool:
+        """True once every controller passed its sync gate."""
+        return bool(self.controllers) and all(c.synced.is_set() for c in self.controllers)
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in self.controllers)), timeout)
+
+    # -- run / stop -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, run until ``stop`` is set, then shut down gracefully."""
+        try:
+            await self.start()
+            await stop.wait()
+            log.info("Stopping, waiting for in-flight reconciles", extra={"kv": {"gracePeriod": self.options.grace_period}})
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> bool:
+        """Stop intake, drain in-flight reconciles within the grace period, close watches."""
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*(c.stop(self.options.grace_period) for c in self.controllers))
+        clean = all(results)
+        if not clean:
+            log.warning("Grace period over; some reconciles did not finish", extra={"kv": {"gracePeriod": self.options.grace_period}})
+        if self.informers is not None:
+            await self.informers.stop()
+        if self.transport is not None:
+            await self.transport.close()
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        return clean

@@ -1,0 +1,81 @@
+"""Mapping: turn an event ``(old, new)`` on some resource into the keys a controller must reconcile.
+
+Three mappers, each a callable ``(old, new) -> set[Request]``:
+
+- :func:`enqueue_self` — the object's own key (the controller's primary resource);
+- :func:`enqueue_owner` — the key of the *controlling* owner (``ownerReferences`` entry with
+  ``controller: true``) matched on API group and kind, from both the old and the new object, so a
+  child that changes owner wakes both;
+- :func:`enqueue_mapped` — whatever a user function returns for the old and the new object.
+
+Invariant: mappers never read the cache or the API; they only look at the objects they are given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from .keys import Request, key_of
+
+__all__ = ["KeyMapper", "enqueue_mapped", "enqueue_owner", "enqueue_self", "to_request"]
+
+KeyMapper = Callable[[Any, Any], set[Request]]
+
+
+def enqueue_self(old: Any, new: Any) -> set[Request]:
+    """The key of the object itself."""
+    return {key_of(new if new is not None else old)}
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0] if "/" in api_version else ""
+
+
+def enqueue_owner(group: str, kind: str, *, namespaced: bool = True, controller_only: bool = True) -> KeyMapper:
+    """Map a child to its controlling owner of ``group``/``kind``."""
+
+    def owners(obj: Any) -> Iterable[Request]:
+        meta = obj.get("metadata") or {}
+        ns = (meta.get("namespace") or "") if namespaced else ""
+        for ref in meta.get("ownerReferences") or ():
+            if controller_only and not ref.get("controller"):
+                continue
+            if ref.get("kind") == kind and _group(ref.get("apiVersion", "")) == group:
+                yield Request(ns, ref["name"])
+
+    def mapper(old: Any, new: Any) -> set[Request]:
+        keys: set[Request] = set()
+        for obj in (old, new):
+            if obj is not None:
+                keys.update(owners(obj))
+        return keys
+
+    mapper.__qualname__ = f"enqueue_owner({group or 'core'}/{kind})"
+    return mapper
+
+
+def to_request(value: Any) -> Request:
+    """Accept a Request, ``"ns/name"``, ``(ns, name)`` or an object dict."""
+    if isinstance(value, Request):
+        return value
+    if isinstance(value, str):
+        return Request.parse(value)
+    if isinstance(value, Mapping):
+        return key_of(value)
+    if isinstance(value, tuple) and len(value) == 2:
+        return Request(value[0] or "", value[1])
+    raise TypeError(f"a map function returned {value!r}; return Requests, 'ns/name' strings or objects")
+
+
+def enqueue_mapped(fn: Callable[[Any], Iterable[Any] | None]) -> KeyMapper:
+    """Map with a user function ``fn(obj) -> iterable of keys``, run on old and new objects."""
+
+    def mapper(old: Any, new: Any) -> set[Request]:
+        keys: set[Request] = set()
+        for obj in (old, new):
+            if obj is not None:
+                keys.update(to_request(v) for v in (fn(obj) or ()))
+        return keys
+
+    mapper.__qualname__ = f"enqueue_mapped({getattr(fn, '__name__', fn)})"
+    return mapper

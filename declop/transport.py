@@ -1,0 +1,310 @@
+"""Transport: raw JSON over HTTP to the apiserver, with the official client's config and auth.
+
+Owns:
+- loading credentials with the official ``kubernetes`` package (kubeconfig, context, in-cluster
+  service-account token with periodic re-read) into a private ``Configuration``;
+- one ``aiohttp`` session (TLS from that configuration) on the manager's event loop;
+- ``request()`` for JSON calls and ``stream()`` for watch lines; 429/503 ``Retry-After`` honoured;
+- request counters by verb, used by tests and benchmarks to prove "no reads on the hot path".
+
+Invariants:
+- no model object is ever built: bodies are decoded to plain dicts/lists (orjson when installed);
+- the Authorization header is computed per request from ``Configuration.auth_settings()``, so a
+  rotated projected token is picked up without a restart;
+- a non-2xx answer raises an :class:`~declop.errors.ApiError` subclass carrying the Status message;
+  a connection failure raises ``ApiError(status=0, reason="Unreachable")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+
+import aiohttp
+
+from .errors import ApiError, ConfigError, Conflict, Forbidden, NotFound
+
+try:  # optional speed-up: declop[fast]
+    import orjson
+
+    def loads(data: bytes | str) -> Any:
+        return orjson.loads(data)
+
+    def dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+except ImportError:  # pragma: no cover - exercised when orjson is absent
+
+    def loads(data: bytes | str) -> Any:
+        return json.loads(data)
+
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+__all__ = ["Transport", "TransportStatistics", "dumps", "load_configuration", "loads"]
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+#: content types accepted by ``patch``
+PATCH_TYPES = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+
+
+def load_configuration(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    *,
+    in_cluster: bool | None = None,
+    service_account_dir: str | None = None,
+) -> Any:
+    """Build a private ``kubernetes.client.Configuration``.
+
+    In a Pod (``KUBERNETES_SERVICE_HOST`` set and no explicit kubeconfig) the service-account
+    token and CA are used, from ``service_account_dir`` (default the projected path; the
+    ``DECLOP_SERVICE_ACCOUNT_DIR`` variable overrides it) with the token re-read every minute.
+    Otherwise the kubeconfig (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``) is used.
+    """
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    cfg = client.Configuration()
+    if in_cluster is None:
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not kubeconfig
+    if in_cluster:
+        sa_dir = service_account_dir or os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
+        try:
+            InClusterConfigLoader(
+                token_filename=os.path.join(sa_dir, "token"),
+                cert_filename=os.path.join(sa_dir, "ca.crt"),
+                try_refresh_token=True,
+            ).load_and_set(cfg)
+        except ConfigException as exc:
+            raise ConfigError(f"in-cluster configuration failed: {exc}") from exc
+        return cfg
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    first = path.split(os.pathsep)[0]
+    if not os.path.exists(first):
+        raise ConfigError(
+            f"no kubeconfig at {first}; pass --kubeconfig, set KUBECONFIG, "
+            "or start a local control plane with 'declop dev'"
+        )
+    try:
+        config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+    except ConfigException as exc:
+        raise ConfigError(f"cannot use kubeconfig {path}: {exc}") from exc
+    return cfg
+
+
+@dataclass(frozen=True, slots=True)
+class TransportStatistics:
+    """Requests sent so far, by verb: get, list, watch, create, update, patch, delete."""
+
+    by_verb: Mapping[str, int]
+
+    @property
+    def reads(self) -> int:
+        return self.by_verb.get("get", 0) + self.by_verb.get("list", 0)
+
+    @property
+    def writes(self) -> int:
+        return sum(self.by_verb.get(v, 0) for v in ("create", "update", "patch", "delete"))
+
+
+def _verb(method: str, path: str, params: Mapping[str, Any] | None) -> str:
+    if method == "GET":
+        if params and params.get("watch") in ("1", "true", 1, True):
+            return "watch"
+        # .../namespaces/{ns}/{plural}/{name} has an odd number of segments after the version
+        return "list" if _is_collection(path) else "get"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method)
+
+
+def _is_collection(path: str) -> bool:
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]
+    return len(rest) == 1
+
+
+class Transport:
+    """JSON requests and watch streams to one apiserver. Create and close it on the loop it serves."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        user_agent: str = "declop",
+        max_connections: int = 100,
+        retries: int = 5,
+    ) -> None:
+        self.configuration = configuration
+        self.host = configuration.host.rstrip("/")
+        self.user_agent = user_agent
+        self._retries = retries
+        self._ssl = self._ssl_context(configuration)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._counts: collections.Counter[str] = collections.Counter()
+
+    @staticmethod
+    def _ssl_context(cfg: Any) -> ssl.SSLContext | bool:
+        if not cfg.host.startswith("https"):
+            return False
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        if not cfg.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=self._max_connections)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(by_verb=dict(self._counts))
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
+        if content_type:
+            headers["Content-Type"] = content_type
+        for auth in self.configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        return headers
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        accept: str | None = None,
+        timeout: float = 30.0,
+    ) -> Any:
+        """Send one request and return the decoded JSON body (``None`` when empty)."""
+        data = None if body is None else (body if isinstance(body, bytes) else dumps(body))
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        headers = self._headers(content_type)
+        if accept:
+            headers["Accept"] = accept
+        self._counts[_verb(method, path, params)] += 1
+        url = self.host + path
+        for attempt in range(self._retries + 1):
+            try:
+                async with self.session.request(
+                    method,
+                    url,
+                    params=_query(params),
+                    data=data,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                ) as resp:
+                    payload = await resp.read()
+                    if resp.status < 300:
+                        return loads(payload) if payload else None
+                    if resp.status in (429, 503) and attempt < self._retries:
+                        await asyncio.sleep(_retry_after(resp.headers.get("Retry-After"), attempt))
+                        continue
+                    raise error_from(resp.status, resp.reason or "", payload, method, path)
+            except aiohttp.ClientConnectionError as exc:
+                raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {exc}") from exc
+            except asyncio.TimeoutError as exc:
+                raise ApiError(0, "Timeout", f"{method} {path} timed out after {timeout} s") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def stream(
+        self, path: str, params: Mapping[str, Any], *, read_timeout: float = 90.0
+    ) -> AsyncIterator[bytes]:
+        """Yield the body of a streaming GET (a watch) line by line, without decoding.
+
+        ``read_timeout`` is an idle timeout: silence that long ends the stream with
+        ``asyncio.TimeoutError`` (half-open connections never hang forever).
+        """
+        self._counts[_verb("GET", path, params)] += 1
+        try:
+            async with self.session.get(
+                self.host + path,
+                params=_query(params),
+                headers=self._headers(None),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout),
+            ) as resp:
+                if resp.status >= 300:
+                    raise error_from(resp.status, resp.reason or "", await resp.read(), "WATCH", path)
+                buffer = b""
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    if b"\n" not in chunk:
+                        continue
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line:
+                            yield line
+                if buffer.strip():
+                    yield buffer
+        except aiohttp.ClientConnectionError as exc:
+            raise ApiError(0, "Unreachable", f"watch {path}: {exc}") from exc
+
+
+def _query(params: Mapping[str, Any] | None) -> dict[str, str] | None:
+    if not params:
+        return None
+    out = {}
+    for k, v in params.items():
+        if v is None:
+            continue
+        out[k] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+    return out
+
+
+def _retry_after(value: str | None, attempt: int) -> float:
+    try:
+        return min(max(float(value or 0), 0.1), 30.0)
+    except ValueError:
+        return min(0.2 * 2**attempt, 30.0)
+
+
+def error_from(status: int, reason: str, payload: bytes, method: str, path: str) -> ApiError:
+    """The ApiError subclass for an HTTP status, with the apiserver's Status message."""
+    body: Any = None
+    message = ""
+    try:
+        body = loads(payload) if payload else None
+        if isinstance(body, dict):
+            message = body.get("message") or ""
+    except ValueError:
+        message = payload[:200].decode(errors="replace")
+    message = message or f"{method} {path}: {status} {reason}"
+    if status == 404:
+        return NotFound(message, body)
+    if status == 409:
+        return Conflict(message, body)
+    if status == 403:
+        return Forbidden(message, body)
+    return ApiError(status, reason, message, body)
