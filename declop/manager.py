@@ -65,7 +65,7 @@ class Manager:
         metrics: ControllerMetrics | None = None,
     ) -> None:
         self.configuration = configuration
-        self.registry = registry or default_registry
+        self.registry = registry if registry is not None else default_registry
         self.options = options or Options()
         self.metrics = metrics
         self.transport: Transport | None = None

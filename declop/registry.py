@@ -197,7 +197,7 @@ def reconciler(
     ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``, ``phase``, ``obj`` — and
     returns ``None``, a :class:`~declop.result.Result`, or raises. See ``docs/contract.md``.
     """
-    return (registry or default_registry).reconciler(
+    return (registry if registry is not None else default_registry).reconciler(
         resource,
         name=name,
         finalizer=finalizer,
@@ -218,4 +218,4 @@ def index(
     registry: Registry | None = None,
 ) -> None:
     """Declare a cache index: ``client.list(resource, index=(name, value))`` finds objects by it."""
-    (registry or default_registry).index(resource, name, fn)
+    (registry if registry is not None else default_registry).index(resource, name, fn)

@@ -1,0 +1,207 @@
+"""OperatorRunner: run a :class:`~declop.manager.Manager` in a background thread, for tests.
+
+    with OperatorRunner(registry, kubeconfig=cp.kubeconfig_path) as op:
+        ...  # the manager's caches are synced and its workers run
+        op.wait_for(lambda: ..., timeout=10)
+
+The manager gets its own event loop in a daemon thread (so exceptions and mocks in the test
+process cross over, unlike a subprocess). Leaving the block stops it gracefully, as SIGTERM would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import TracebackType
+from typing import Any, Callable, Coroutine, TypeVar
+
+from ..manager import Manager, Options
+from ..registry import Registry
+from ..transport import load_configuration
+
+__all__ = ["OperatorProcess", "OperatorRunner", "wait_for"]
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+    """Poll ``condition`` until it returns something truthy; return it or raise AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+class OperatorRunner:
+    """Start a manager for ``registry`` against a kubeconfig; stop it on exit."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        kubeconfig: str | None = None,
+        configuration: Any = None,
+        options: Options | None = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        self.registry = registry
+        self.configuration = configuration or load_configuration(kubeconfig)
+        self.options = options or Options(grace_period=5.0)
+        self.ready_timeout = ready_timeout
+        self.manager = Manager(self.configuration, registry, self.options)
+        self.loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._started = threading.Event()
+
+    def __enter__(self) -> OperatorRunner:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            task = asyncio.ensure_future(self.manager.run(self._stop))
+            self._started.set()
+            await task
+
+        try:
+            self.loop.run_until_complete(main())
+        except BaseException as exc:  # surfaced in start()/stop()
+            self._error = exc
+            self._started.set()
+        finally:
+            self.loop.close()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="declop-operator", daemon=True)
+        self._thread.start()
+        self._started.wait(self.ready_timeout)
+        wait_for(
+            lambda: self._error is not None or (self.manager.controllers and self.manager.ready()),
+            self.ready_timeout,
+            what="the operator's caches to sync",
+        )
+        if self._error is not None:
+            raise self._error
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        """Run a coroutine on the operator's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call_soon(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run a plain function on the operator's loop (where cache and queues live)."""
+
+        async def run() -> T:
+            return fn()
+
+        return self.call(run(), timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        if self._stop is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:
+                pass
+        self._thread.join(timeout)
+        self._thread = None
+        if self._error is not None:
+            raise self._error
+
+    def wait_for(self, condition: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
+        return wait_for(condition, timeout, what=what)
+
+    def statistics(self) -> Any:
+        """Requests sent by this operator's transport so far, by verb."""
+        assert self.manager.transport is not None
+        return self.manager.transport.statistics()
+
+
+class OperatorProcess:
+    """``declop run ARGS`` as a real subprocess, its stdout lines collected as they come.
+
+        with OperatorProcess(["examples/pods.py"], env=cp.env()) as op:
+            op.wait_for_line("Pod created")
+
+    Leaving the block sends SIGTERM and waits; ``returncode`` tells how it ended.
+    """
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        import subprocess
+        import sys
+
+        self.args = [sys.executable, "-m", "declop", "run", *args]
+        self.env = env
+        self.cwd = cwd
+        self.lines: list[str] = []
+        self.stderr: list[str] = []
+        self._subprocess = subprocess
+        self.proc: Any = None
+        self.returncode: int | None = None
+
+    def __enter__(self) -> OperatorProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        sp = self._subprocess
+        self.proc = sp.Popen(
+            self.args, env=self.env, cwd=self.cwd, stdout=sp.PIPE, stderr=sp.PIPE, text=True, bufsize=1
+        )
+        for stream, sink in ((self.proc.stdout, self.lines), (self.proc.stderr, self.stderr)):
+            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream: Any, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line.rstrip("\n"))
+
+    def wait_for_line(self, needle: str, count: int = 1, timeout: float = 20.0) -> list[str]:
+        """Wait until ``count`` stdout lines contain ``needle``; return those lines."""
+
+        def found() -> list[str] | None:
+            hits = [line for line in list(self.lines) if needle in line]
+            if len(hits) >= count:
+                return hits
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"declop exited with {self.proc.returncode} before printing {needle!r}:\n"
+                    + "\n".join(self.lines[-20:] + self.stderr[-20:])
+                )
+            return None
+
+        try:
+            return wait_for(found, timeout, what=f"{count} line(s) with {needle!r}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nstdout:\n" + "\n".join(self.lines[-30:]) + "\nstderr:\n" + "\n".join(self.stderr[-30:])) from None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        import signal
+
+        if self.proc is None:
+            return self.returncode or 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except self._subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.returncode = self.proc.returncode
+        return self.returncode
