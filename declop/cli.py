@@ -92,6 +92,14 @@ async def _serve(configuration: Any, options: Options, stop: asyncio.Event | Non
     await manager.run(stop)
 
 
+def _require_registrations(kw: dict[str, Any]) -> None:
+    if not len(default_registry):
+        what = ", ".join([*kw["paths"], *(f"-m {m}" for m in kw["modules"])])
+        raise ConfigError(
+            f"no reconciler is registered by {what}; decorate a function with @declop.reconciler(\"pods\")"
+        )
+
+
 def _run_manager(configuration: Any, options: Options) -> None:
     asyncio.run(_serve(configuration, options))
 
@@ -109,9 +117,10 @@ def cli() -> None:
 def run(**kw: Any) -> None:
     """Load handler PATHS (files or directories) and -m modules, then reconcile until stopped."""
     _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
-    load(kw["paths"], kw["modules"])
     if not kw["paths"] and not kw["modules"]:
         raise ConfigError("nothing to run: pass handler files (declop run handlers.py) or -m module")
+    load(kw["paths"], kw["modules"])
+    _require_registrations(kw)
     configuration = load_configuration(kw["kubeconfig"], kw["context"])
     _run_manager(configuration, _options(kw))
 
@@ -129,6 +138,8 @@ def dev(**kw: Any) -> None:
     from .testing.controlplane import ControlPlane
 
     load(kw["paths"], kw["modules"])
+    if kw["paths"] or kw["modules"]:
+        _require_registrations(kw)
     out = os.path.abspath(kw["kubeconfig_out"])
     stopping = threading.Event()
 

@@ -1,0 +1,116 @@
+"""`declop run` with bad input: one clear line on stderr, a non-zero exit, no traceback unless -v."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HANDLER = """
+import declop
+
+@declop.reconciler({resource!r})
+def handler(**_):
+    return None
+"""
+
+
+def declop_run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "declop", "run", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("declop: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_missing_file(tmp_path):
+    assert_one_line_error(declop_run(str(tmp_path / "missing.py")), "no such file", "missing.py")
+
+
+def test_syntax_error(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import declop\n\ndef oops(:\n    pass\n")
+    assert_one_line_error(declop_run(str(bad)), "syntax error", "bad.py:3")
+
+
+def test_syntax_error_with_verbose_shows_the_traceback(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def oops(:\n")
+    result = declop_run("-v", str(bad))
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("declop: error: syntax error")
+
+
+def test_import_error_in_the_handlers(tmp_path):
+    bad = tmp_path / "needs.py"
+    bad.write_text("import declop\nimport not_a_real_module_xyz\n")
+    assert_one_line_error(declop_run(str(bad)), "needs.py", "not_a_real_module_xyz")
+
+
+def test_file_that_registers_nothing(tmp_path):
+    empty = tmp_path / "empty.py"
+    empty.write_text("import declop\n")
+    assert_one_line_error(declop_run(str(empty)), "no reconciler is registered", "empty.py")
+
+
+def test_no_paths_at_all():
+    assert_one_line_error(declop_run(), "nothing to run")
+
+
+def test_no_kubeconfig(tmp_path):
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource="pods"))
+    env = {"KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}
+    assert_one_line_error(declop_run(str(h), env=env), "no kubeconfig", "declop dev")
+
+
+def test_unreachable_apiserver(tmp_path, control_plane):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
+    config = open(control_plane.kubeconfig_path).read()
+    config = config.replace(control_plane.host, f"https://127.0.0.1:{port}")
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(config)
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource="pods"))
+    assert_one_line_error(declop_run(str(h), "--kubeconfig", str(kc)), "cannot reach the apiserver", str(port))
+
+
+def test_unknown_resource(tmp_path, kubeconfig):
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource="flumpets"))
+    assert_one_line_error(declop_run(str(h), "--kubeconfig", kubeconfig), "unknown resource 'flumpets'", "kubectl api-resources")
+
+
+def test_options_read_declop_environment_variables(tmp_path):
+    empty = tmp_path / "empty.py"
+    empty.write_text("import declop\n")
+    # DECLOP_PATHS stands in for the positional argument (the Helm chart uses the variables)
+    assert_one_line_error(declop_run(env={"DECLOP_PATHS": str(empty)}), "no reconciler is registered")
+
+
+def test_help_lists_the_options():
+    result = subprocess.run([sys.executable, "-m", "declop", "run", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for option in ("--namespace", "--all-namespaces", "--kubeconfig", "--context", "--log-format", "--verbose",
+                   "--quiet", "--health-port", "--metrics-port", "--leader-elect", "--leader-election-id",
+                   "--leader-election-namespace", "--grace-period"):
+        assert option in result.stdout, option
