@@ -19,7 +19,7 @@ Run it with ``declop run handlers.py``. The contract is in ``docs/contract.md``.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 from . import predicates as predicates
 from .cache import clone as clone

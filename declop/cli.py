@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import click
 
-from . import __version__
+from .version import __version__
 from .errors import ConfigError, DeclopError
 from .loader import load
 from .logs import configure

@@ -53,11 +53,12 @@ def contains_finalizer(obj: Any, name: str) -> bool:
 
 def add_finalizer(obj: MutableMapping[str, Any], name: str) -> bool:
     """Append ``name`` in memory if missing; True if the object changed."""
-    meta = obj.setdefault("metadata", {})
-    finalizers = meta.setdefault("finalizers", [])
+    meta = obj.get("metadata") or {}
+    obj["metadata"] = meta
+    finalizers = meta.get("finalizers") or []
     if name in finalizers:
         return False
-    finalizers.append(name)
+    meta["finalizers"] = [*finalizers, name]
     return True
 
 
@@ -77,7 +78,10 @@ async def _patch(transport: _Requester, resource: ResourceInfo, obj: Any, ops: l
     try:
         return await transport.request("PATCH", path, body=ops, content_type=JSON_PATCH)
     except ApiError as exc:
-        if exc.status == 422 and "test" in str(exc).lower():
+        # a failed `test` op is a bare 422 ("the server rejected our request…") without the
+        # field causes that a validation error always lists
+        causes = ((exc.body or {}).get("details") or {}).get("causes") if isinstance(exc.body, dict) else None
+        if exc.status == 422 and not causes:
             raise Conflict(f"{resource.group_resource} {meta['name']} changed meanwhile: {exc}") from exc
         raise
 

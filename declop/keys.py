@@ -28,6 +28,8 @@ class Request:
         """``"ns/name"`` → ``Request("ns", "name")``; ``"name"`` → ``Request("", "name")``."""
         namespace, sep, name = text.partition("/")
         if not sep:
+            if not namespace:
+                raise ValueError("not a key: ''; expected 'namespace/name' or 'name'")
             return cls("", namespace)
         if not name or "/" in name:
             raise ValueError(f"not a key: {text!r}; expected 'namespace/name' or 'name'")

@@ -25,6 +25,11 @@ from .errors import ConfigError
 __all__ = ["load"]
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _module_name(path: str) -> str:
     stem = os.path.splitext(os.path.basename(path))[0].replace("-", "_").replace(".", "_")
     digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:8]
@@ -55,7 +60,7 @@ def _import_file(path: str) -> ModuleType:
         del sys.modules[name]
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        raise ConfigError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"importing {path} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
     return module
 
 
@@ -86,11 +91,11 @@ def load(paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[ModuleT
         try:
             loaded.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
                 raise ConfigError(f"no module named {name!r}; is it installed or on PYTHONPATH?") from exc
-            raise ConfigError(f"importing {name} failed: {type(exc).__name__}: {exc}") from exc
+            raise ConfigError(f"importing {name} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
         except SyntaxError as exc:
             raise ConfigError(f"syntax error in {exc.filename}:{exc.lineno}: {exc.msg}") from exc
         except Exception as exc:
-            raise ConfigError(f"importing {name} failed: {type(exc).__name__}: {exc}") from exc
+            raise ConfigError(f"importing {name} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
     return loaded

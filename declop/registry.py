@@ -30,6 +30,12 @@ INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "rec
 _FINALIZER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
+def _valid_finalizer(name: str) -> bool:
+    """A qualified name: optional DNS-subdomain prefix (<= 253) and a name part (<= 63)."""
+    prefix, _, part = name.rpartition("/")
+    return len(part) <= 63 and len(prefix) <= 253 and bool(_FINALIZER.match(name))
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     """One reconciler as declared by its decorator."""
@@ -105,7 +111,7 @@ class Registry:
         """Register the decorated function as the reconciler of ``resource``; see design §2."""
         if not isinstance(resource, str) or not resource.strip():
             raise RegistrationError(f"resource must be a name like 'pods' or 'widgets.example.com', got {resource!r}")
-        if finalizer is not None and (len(finalizer) > 253 or not _FINALIZER.match(finalizer)):
+        if finalizer is not None and not _valid_finalizer(finalizer):
             raise RegistrationError(f"finalizer {finalizer!r} is not a valid name; use 'my.domain/name'")
         if not isinstance(max_concurrent, int) or max_concurrent < 1:
             raise RegistrationError(f"max_concurrent must be a positive int, got {max_concurrent!r}")

@@ -133,7 +133,7 @@ def _verb(method: str, path: str, params: Mapping[str, Any] | None) -> str:
 def _is_collection(path: str) -> bool:
     parts = [p for p in path.split("?")[0].split("/") if p]
     rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
-    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+    if rest[:1] == ["namespaces"] and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
         rest = rest[2:]
     return len(rest) == 1
 

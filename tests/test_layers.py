@@ -1,0 +1,232 @@
+"""The import layering of declop: each module may import only modules listed above it.
+
+Every import counts — relative (``from .x import y``, ``from . import x``, ``from ..x import y``)
+and absolute (``import declop.x``, ``from declop.x import y``), at module level or inside a
+function or an ``if TYPE_CHECKING:`` block. ``from . import name`` where ``name`` is not a module
+(``from . import __version__``) is an import of the package ``__init__`` itself.
+
+Exceptions: the ``testing`` slot (any module of ``declop/testing/`` not listed by name, including
+its ``__init__``) may import anything above ``cli`` plus every ``declop.testing`` module; the
+package ``__init__`` and ``__main__`` may import anything. Every module that exists must be listed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import declop
+
+PACKAGE_DIR = Path(declop.__file__).parent
+
+#: top to bottom: a module may import only what is listed above it
+ORDER = [
+    "version",
+    "errors",
+    "keys",
+    "labels",
+    "result",
+    "clock",
+    "ratelimit",
+    "workqueue",
+    "transport",
+    "discovery",
+    "cache",
+    "informer",
+    "predicates",
+    "mapping",
+    "finalizers",
+    "logs",
+    "client",
+    "registry",
+    "controller",
+    "probes",
+    "leader",
+    "events",
+    "metrics",
+    "manager",
+    "loader",
+    "testing.certs",
+    "testing.controlplane",
+    "cli",
+    "testing",  # any other module in declop/testing/, and the testing package itself
+    "__init__",
+    "__main__",
+]
+RANK = {name: i for i, name in enumerate(ORDER)}
+UNRESTRICTED = {"__init__", "__main__"}
+
+
+def module_name(path: Path) -> str:
+    """``declop/x.py`` → ``"declop.x"``; ``declop/testing/__init__.py`` → ``"declop.testing"``."""
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def module_exists(dotted: str) -> bool:
+    rel = Path(*dotted.split(".")[1:]) if "." in dotted else Path()
+    base = PACKAGE_DIR / rel
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def slot(dotted: str) -> str | None:
+    """The ORDER entry of a ``declop`` module, or None when it is not listed."""
+    if dotted == "declop":
+        return "__init__"
+    rest = dotted.removeprefix("declop.")
+    if rest in RANK and rest != "testing":
+        return rest
+    if rest == "testing" or rest.startswith("testing."):
+        return "testing"
+    return None
+
+
+def imported_modules(source: str, this: str, package: bool) -> list[tuple[int, str]]:
+    """``(line, dotted module)`` for every declop import in ``source`` (module ``this``)."""
+    pkg = this if package else this.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "declop" or alias.name.startswith("declop."):
+                    found.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+            else:
+                base = ""
+            target = ".".join(p for p in (base, node.module or "") if p)
+            if not (target == "declop" or target.startswith("declop.")):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                # `from . import x` / `from .pkg import mod` import the submodule when it is one
+                found.append(
+                    (node.lineno, sub if alias.name != "*" and module_exists(sub) else target)
+                )
+    return found
+
+
+def declop_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def allowed(importer: str, imported: str) -> bool:
+    if importer in UNRESTRICTED:
+        return True
+    if importer == "testing":
+        return RANK[imported] < RANK["cli"] or imported.startswith("testing")
+    return RANK[imported] < RANK[importer]
+
+
+MODULES = declop_modules()
+
+
+def test_every_module_is_listed() -> None:
+    unlisted = [str(p.relative_to(PACKAGE_DIR)) for p in MODULES if slot(module_name(p)) is None]
+    assert unlisted == [], f"add these modules to ORDER in tests/test_layers.py: {unlisted}"
+
+
+def test_the_package_is_found() -> None:
+    names = {module_name(p) for p in MODULES}
+    assert {"declop", "declop.errors", "declop.cache", "declop.testing"} <= names
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_imports_only_modules_listed_above(path: Path) -> None:
+    this = module_name(path)
+    importer = slot(this)
+    assert importer is not None, f"{this} is not listed in ORDER"
+    violations = []
+    for line, target in sorted(set(imported_modules(path.read_text(), this, is_package(path)))):
+        imported = slot(target)
+        if imported is None:
+            violations.append(
+                f"{path.relative_to(PACKAGE_DIR)}:{line} imports {target}, which is not a listed module"
+            )
+        elif target != this and not allowed(importer, imported):
+            violations.append(
+                f"{path.relative_to(PACKAGE_DIR)}:{line} imports {target} ({imported}), listed at or below {importer}"
+            )
+    assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+# -- the checker itself ---------------------------------------------------------------------
+
+
+def test_checker_resolves_every_import_form() -> None:
+    source = """
+import os
+import declop
+import declop.keys, json
+from declop.errors import ApiError
+from . import labels
+from . import __version__
+from .cache import clone
+from .testing import controlplane
+from .testing.certs import generate
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from .client import Client
+
+def later():
+    from .manager import Manager
+    import declop.loader
+"""
+    found = [target for _, target in imported_modules(source, "declop.x", package=False)]
+    assert found == [
+        "declop",
+        "declop.keys",
+        "declop.errors",
+        "declop.labels",
+        "declop",
+        "declop.cache",
+        "declop.testing.controlplane",
+        "declop.testing.certs",
+        "declop.client",
+        "declop.manager",
+        "declop.loader",
+    ]
+
+
+def test_checker_resolves_relative_imports_in_subpackages() -> None:
+    source = "from ..manager import Manager\nfrom .certs import generate\nfrom . import plugin\n"
+    assert [t for _, t in imported_modules(source, "declop.testing.runner", package=False)] == [
+        "declop.manager",
+        "declop.testing.certs",
+        "declop.testing.plugin",
+    ]
+    assert [
+        t
+        for _, t in imported_modules(
+            "from .controlplane import X\n", "declop.testing", package=True
+        )
+    ] == ["declop.testing.controlplane"]
+
+
+def test_checker_rules() -> None:
+    assert allowed("cache", "keys")
+    assert not allowed("keys", "cache")
+    assert not allowed("keys", "keys")
+    assert allowed("cli", "testing.controlplane")
+    assert not allowed("cli", "testing")
+    assert allowed("testing", "manager")
+    assert allowed("testing", "testing.certs")
+    assert allowed("testing", "testing")
+    assert not allowed("testing", "cli")
+    assert not allowed("testing.certs", "testing.controlplane")
+    assert allowed("__init__", "cli")
+    assert allowed("__main__", "cli")
+    assert slot("declop") == "__init__"
+    assert slot("declop.testing.plugin") == "testing"
+    assert slot("declop.testing.certs") == "testing.certs"
+    assert slot("declop.nonexistent") is None

@@ -1,0 +1,335 @@
+"""declop.cache: the Store read face, its single Writer, indexes, relists and ``clone``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pytest
+
+from declop.cache import Store, Writer, clone, strip_managed_fields
+from declop.errors import CacheNotSyncedError
+from declop.keys import Request
+
+
+def pod(
+    name: str,
+    namespace: str = "default",
+    *,
+    rv: str = "1",
+    labels: dict[str, str] | None = None,
+    node: str | None = None,
+    **meta: Any,
+) -> dict[str, Any]:
+    o: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv, **meta},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+    }
+    if labels is not None:
+        o["metadata"]["labels"] = labels
+    if node is not None:
+        o["spec"]["nodeName"] = node
+    return o
+
+
+def by_node(obj: Mapping[str, Any]) -> Iterable[str | None]:
+    return [obj["spec"].get("nodeName")]
+
+
+def make(**indexers: Any) -> tuple[Store, Writer]:
+    store = Store("pods", indexers=indexers or None)
+    return store, Writer(store)
+
+
+def names(objs: Iterable[Mapping[str, Any]]) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in objs)
+
+
+# -- upsert / delete ------------------------------------------------------------------------
+
+
+def test_upsert_returns_old_and_new() -> None:
+    store, writer = make()
+    first = pod("a", rv="1")
+    old, new = writer.upsert(first)
+    assert old is None
+    assert new is first
+    second = pod("a", rv="2")
+    old, new = writer.upsert(second)
+    assert old is first
+    assert new is second
+    assert store.get(Request("default", "a")) is second
+    assert len(store) == 1
+
+
+def test_transform_strips_managed_fields_by_default() -> None:
+    store, writer = make()
+    writer.upsert(pod("a", managedFields=[{"manager": "kubectl"}]))
+    stored = store.get(Request("default", "a"))
+    assert stored is not None
+    assert "managedFields" not in stored["metadata"]
+    assert stored["metadata"]["name"] == "a"
+
+
+def test_strip_managed_fields_tolerates_missing_metadata() -> None:
+    assert strip_managed_fields({"kind": "X"}) == {"kind": "X"}
+
+
+def test_custom_and_disabled_transform() -> None:
+    store = Store("pods")
+    Writer(store, transform=None).upsert(pod("a", managedFields=[{"manager": "m"}]))
+    assert store.get(Request("default", "a"))["metadata"]["managedFields"] == [{"manager": "m"}]  # type: ignore[index]
+
+    def tag(o: dict[str, Any]) -> dict[str, Any]:
+        return {**o, "tagged": True}
+
+    store2 = Store("pods")
+    _, new = Writer(store2, transform=tag).upsert(pod("a"))
+    assert new["tagged"] is True
+    assert store2.get(Request("default", "a")) is new
+
+
+def test_delete_returns_last_object_and_none_when_absent() -> None:
+    store, writer = make()
+    obj = pod("a")
+    writer.upsert(obj)
+    assert writer.delete(Request("default", "a")) is obj
+    assert store.get(Request("default", "a")) is None
+    assert Request("default", "a") not in store
+    assert writer.delete(Request("default", "a")) is None
+    assert len(store) == 0
+
+
+def test_keys_contains_and_iter() -> None:
+    store, writer = make()
+    writer.upsert(pod("a"))
+    writer.upsert(pod("node-1", namespace=""))
+    assert sorted(store.keys()) == [Request("", "node-1"), Request("default", "a")]
+    assert Request("default", "a") in store
+    assert Request("other", "a") not in store
+    assert names(store) == ["a", "node-1"]
+
+
+# -- list ---------------------------------------------------------------------------------
+
+
+def test_list_by_namespace() -> None:
+    store, writer = make()
+    writer.upsert(pod("a", "ns1"))
+    writer.upsert(pod("b", "ns1"))
+    writer.upsert(pod("c", "ns2"))
+    assert names(store.list()) == ["a", "b", "c"]
+    assert names(store.list(namespace="ns1")) == ["a", "b"]
+    assert names(store.list(namespace="ns2")) == ["c"]
+    assert store.list(namespace="nope") == []
+    writer.delete(Request("ns1", "a"))
+    writer.delete(Request("ns1", "b"))
+    assert store.list(namespace="ns1") == []
+    assert names(store.list()) == ["c"]
+
+
+def test_update_keeps_namespace_membership_single() -> None:
+    store, writer = make()
+    writer.upsert(pod("a", rv="1"))
+    writer.upsert(pod("a", rv="2"))
+    assert [o["metadata"]["resourceVersion"] for o in store.list(namespace="default")] == ["2"]
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("app=web", ["a", "c"]),
+        ({"app": "web"}, ["a", "c"]),
+        ("app=web,tier=db", ["c"]),
+        ("!app", ["d"]),
+        ("app notin (web)", ["b", "d"]),
+        ("", ["a", "b", "c", "d"]),
+        (None, ["a", "b", "c", "d"]),
+    ],
+)
+def test_list_by_selector(selector: Any, expected: list[str]) -> None:
+    store, writer = make()
+    writer.upsert(pod("a", labels={"app": "web"}))
+    writer.upsert(pod("b", labels={"app": "api"}))
+    writer.upsert(pod("c", labels={"app": "web", "tier": "db"}))
+    writer.upsert(pod("d"))
+    assert names(store.list(selector=selector)) == expected
+
+
+def test_list_by_namespace_and_selector() -> None:
+    store, writer = make()
+    writer.upsert(pod("a", "ns1", labels={"app": "web"}))
+    writer.upsert(pod("b", "ns2", labels={"app": "web"}))
+    writer.upsert(pod("c", "ns1", labels={"app": "db"}))
+    assert names(store.list(namespace="ns1", selector="app=web")) == ["a"]
+
+
+# -- indexes ------------------------------------------------------------------------------
+
+
+def test_index_kept_current_on_create_update_delete() -> None:
+    store, writer = make(node=by_node)
+    writer.upsert(pod("a", node="n1"))
+    writer.upsert(pod("b", node="n1"))
+    writer.upsert(pod("c", node="n2"))
+    writer.upsert(pod("d"))  # None values are not indexed
+    assert names(store.list(index=("node", "n1"))) == ["a", "b"]
+    assert names(store.list(index=("node", "n2"))) == ["c"]
+    assert store.list(index=("node", "None")) == []
+
+    # an update that changes the indexed value moves the object
+    writer.upsert(pod("a", rv="2", node="n2"))
+    assert names(store.list(index=("node", "n1"))) == ["b"]
+    assert names(store.list(index=("node", "n2"))) == ["a", "c"]
+
+    # an update that keeps the value keeps it indexed once
+    writer.upsert(pod("a", rv="3", node="n2"))
+    assert names(store.list(index=("node", "n2"))) == ["a", "c"]
+
+    writer.delete(Request("default", "b"))
+    assert store.list(index=("node", "n1")) == []
+    writer.delete(Request("default", "a"))
+    writer.delete(Request("default", "c"))
+    assert store.list(index=("node", "n2")) == []
+    assert store._indexes["node"] == {}  # empty buckets are dropped
+
+
+def test_index_with_several_values_and_namespace_filter() -> None:
+    def by_label_values(obj: Mapping[str, Any]) -> list[str]:
+        return sorted((obj["metadata"].get("labels") or {}).values())
+
+    store, writer = make(values=by_label_values)
+    writer.upsert(pod("a", "ns1", labels={"x": "red", "y": "blue"}))
+    writer.upsert(pod("b", "ns2", labels={"x": "red"}))
+    assert names(store.list(index=("values", "red"))) == ["a", "b"]
+    assert names(store.list(index=("values", "blue"))) == ["a"]
+    assert names(store.list(index=("values", "red"), namespace="ns2")) == ["b"]
+    writer.upsert(pod("a", "ns1", rv="2", labels={"x": "green"}))
+    assert names(store.list(index=("values", "red"))) == ["b"]
+    assert store.list(index=("values", "blue")) == []
+    assert names(store.list(index=("values", "green"))) == ["a"]
+
+
+def test_list_unknown_index_raises_key_error() -> None:
+    store, _ = make()
+    with pytest.raises(KeyError, match="no index 'node'"):
+        store.list(index=("node", "n1"))
+
+
+def test_add_indexer_indexes_existing_items() -> None:
+    store, writer = make()
+    writer.upsert(pod("a", node="n1"))
+    writer.upsert(pod("b", node="n2"))
+    store.add_indexer("node", by_node)
+    assert names(store.list(index=("node", "n1"))) == ["a"]
+    writer.upsert(pod("c", node="n1"))
+    assert names(store.list(index=("node", "n1"))) == ["a", "c"]
+
+
+def test_add_indexer_same_function_is_idempotent_other_raises() -> None:
+    store, writer = make(node=by_node)
+    writer.upsert(pod("a", node="n1"))
+    store.add_indexer("node", by_node)
+    assert names(store.list(index=("node", "n1"))) == ["a"]
+    with pytest.raises(ValueError, match="already exists"):
+        store.add_indexer("node", lambda o: [])
+
+
+# -- replace (relist) ---------------------------------------------------------------------
+
+
+def test_replace_reports_adds_changes_and_synthesised_deletions() -> None:
+    store, writer = make(node=by_node)
+    a1, b1, c1 = (
+        pod("a", rv="1", node="n1"),
+        pod("b", rv="1", node="n1"),
+        pod("c", rv="1", node="n1"),
+    )
+    for o in (a1, b1, c1):
+        writer.upsert(o)
+
+    a_same = pod("a", rv="1", node="n1")  # unchanged resourceVersion → nothing
+    b2 = pod("b", rv="2", node="n2")  # changed
+    d1 = pod("d", rv="5", node="n2")  # new
+    changes = writer.replace([a_same, b2, d1], resource_version="100")
+
+    assert (b1, b2) in changes
+    assert (None, d1) in changes
+    assert (c1, None) in changes
+    assert len(changes) == 3
+    assert all(old is not a1 for old, _ in changes)
+
+    assert names(store) == ["a", "b", "d"]
+    assert store.get(Request("default", "a")) is a1  # unchanged object was not replaced
+    assert store.get(Request("default", "b")) is b2
+    assert names(store.list(index=("node", "n1"))) == ["a"]
+    assert names(store.list(index=("node", "n2"))) == ["b", "d"]
+    assert store.synced is True
+    assert store.resource_version == "100"
+
+
+def test_replace_into_empty_store_sets_synced() -> None:
+    store, writer = make()
+    assert store.synced is False
+    assert store.resource_version == ""
+    changes = writer.replace([pod("a"), pod("b")], resource_version="7")
+    assert [(old, new["metadata"]["name"]) for old, new in changes] == [(None, "a"), (None, "b")]  # type: ignore[index]
+    assert store.synced is True
+    assert store.resource_version == "7"
+
+
+def test_replace_with_nothing_deletes_everything() -> None:
+    store, writer = make()
+    a = pod("a")
+    writer.upsert(a)
+    assert writer.replace([], resource_version="9") == [(a, None)]
+    assert len(store) == 0
+    assert store.list(namespace="default") == []
+    assert store.synced
+
+
+# -- require_synced -----------------------------------------------------------------------
+
+
+def test_require_synced_raises_until_first_list() -> None:
+    store, writer = make()
+    with pytest.raises(CacheNotSyncedError, match="pods"):
+        store.require_synced()
+    writer.upsert(pod("a"))  # an upsert is not a list
+    with pytest.raises(CacheNotSyncedError):
+        store.require_synced()
+    writer.replace([], resource_version="1")
+    store.require_synced()
+
+
+# -- clone --------------------------------------------------------------------------------
+
+
+def test_clone_is_a_deep_copy() -> None:
+    store, writer = make()
+    writer.upsert(pod("a", labels={"app": "web"}))
+    shared = store.get(Request("default", "a"))
+    copy = clone(shared)
+    assert copy == shared
+    assert copy is not shared
+
+    copy["metadata"]["labels"]["app"] = "changed"
+    copy["metadata"]["name"] = "b"
+    copy["spec"]["containers"][0]["image"] = "evil"
+    copy["spec"]["containers"].append({"name": "d"})
+    copy["status"] = {}
+
+    again = store.get(Request("default", "a"))
+    assert again == pod("a", labels={"app": "web"})
+
+
+def test_clone_of_scalars_and_lists() -> None:
+    assert clone(3) == 3
+    assert clone(None) is None
+    nested = [1, [2, {"a": [3]}]]
+    copy = clone(nested)
+    assert copy == nested
+    copy[1][1]["a"].append(4)
+    assert nested == [1, [2, {"a": [3]}]]

@@ -1,0 +1,296 @@
+"""declop.loader: importing handler files, directories and modules; every failure one ConfigError line."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import declop.registry as registry_module
+from declop.errors import ConfigError, RegistrationError
+from declop.loader import load
+from declop.registry import Registry
+
+HANDLER = """\
+import declop
+
+REG = declop.Registry()
+
+
+@declop.reconciler("pods", registry=REG)
+def {name}(request, **_):
+    return None
+"""
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Undo what loading does to sys.path and sys.modules."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def default(monkeypatch: pytest.MonkeyPatch) -> Registry:
+    fresh = Registry()
+    monkeypatch.setattr(registry_module, "default_registry", fresh)
+    return fresh
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def one_line_config_error(exc: pytest.ExceptionInfo[ConfigError]) -> str:
+    message = str(exc.value)
+    assert message
+    assert "\n" not in message
+    return message
+
+
+# -- files --------------------------------------------------------------------------------
+
+
+def test_loading_a_file_registers_its_reconcilers(tmp_path: Path) -> None:
+    path = write(tmp_path / "handlers.py", HANDLER.format(name="example"))
+    (module,) = load([str(path)])
+    assert [r.name for r in module.REG.registrations] == ["example"]
+    assert module.REG.registrations[0].fn is module.example
+    assert module.__file__ == str(path)
+
+
+def test_loading_a_file_uses_the_default_registry(tmp_path: Path, default: Registry) -> None:
+    path = write(
+        tmp_path / "handlers.py",
+        """\
+        import declop
+
+        @declop.reconciler("configmaps", finalizer="example.com/x")
+        def watch_configmaps(obj, phase):
+            pass
+        """,
+    )
+    load([str(path)])
+    assert [(r.name, r.resource) for r in default.registrations] == [
+        ("watch_configmaps", "configmaps")
+    ]
+
+
+def test_a_file_can_import_its_siblings(tmp_path: Path) -> None:
+    sibling = f"sibling_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / f"{sibling}.py", "VALUE = 42\n")
+    path = write(tmp_path / "handlers.py", f"from {sibling} import VALUE\n")
+    (module,) = load([str(path)])
+    assert module.VALUE == 42
+    assert sys.path[0] == str(tmp_path)
+
+
+def test_loading_the_same_file_twice_imports_it_once(tmp_path: Path) -> None:
+    path = write(tmp_path / "handlers.py", HANDLER.format(name="example"))
+    (first,) = load([str(path)])
+    (second,) = load([str(path)])
+    assert first is second
+
+
+def test_files_with_the_same_name_in_different_directories_are_distinct(tmp_path: Path) -> None:
+    a = write(tmp_path / "a" / "handlers.py", "WHO = 'a'\n")
+    b = write(tmp_path / "b" / "handlers.py", "WHO = 'b'\n")
+    mod_a, mod_b = load([str(a), str(b)])
+    assert (mod_a.WHO, mod_b.WHO) == ("a", "b")
+    assert mod_a.__name__ != mod_b.__name__
+
+
+def test_dashes_and_dots_in_file_names(tmp_path: Path) -> None:
+    path = write(tmp_path / "my-handlers.v2.py", "X = 1\n")
+    (module,) = load([str(path)])
+    assert module.X == 1
+    assert module.__name__.startswith("declop_handlers_my_handlers_v2_")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.py"
+    with pytest.raises(ConfigError) as info:
+        load([str(missing)])
+    message = one_line_config_error(info)
+    assert message.startswith(f"no such file: {missing}")
+
+
+def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "broken.py", "import declop\n\ndef handler(:\n    pass\n")
+    with pytest.raises(ConfigError) as info:
+        load([str(path)])
+    message = one_line_config_error(info)
+    assert f"{path}:3" in message
+    assert message.startswith("syntax error in ")
+    assert isinstance(info.value.__cause__, SyntaxError)
+
+
+def test_exception_while_importing(tmp_path: Path) -> None:
+    path = write(tmp_path / "raises.py", "import declop\nVALUE = 1 / 0\n")
+    with pytest.raises(ConfigError) as info:
+        load([str(path)])
+    message = one_line_config_error(info)
+    assert message == f"importing {path} failed: ZeroDivisionError: division by zero"
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_failed_import_can_be_retried_after_a_fix(tmp_path: Path) -> None:
+    path = write(tmp_path / "flaky.py", "raise RuntimeError('first')\n")
+    with pytest.raises(ConfigError, match="RuntimeError: first"):
+        load([str(path)])
+    write(path, "OK = True\n")
+    (module,) = load([str(path)])
+    assert module.OK is True
+
+
+def test_registration_error_in_a_file_passes_through(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "bad_args.py",
+        """\
+        import declop
+
+        @declop.reconciler("pods", registry=declop.Registry())
+        def handler(request, spec):
+            pass
+        """,
+    )
+    with pytest.raises(RegistrationError, match="unknown argument 'spec'"):
+        load([str(path)])
+
+
+def test_system_exit_is_not_swallowed(tmp_path: Path) -> None:
+    path = write(tmp_path / "exits.py", "raise SystemExit(3)\n")
+    with pytest.raises(SystemExit):
+        load([str(path)])
+
+
+def test_non_py_path(tmp_path: Path) -> None:
+    path = write(tmp_path / "handlers.txt", "X = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load([str(path)])
+    message = one_line_config_error(info)
+    assert message == f"{path} is not a .py file; for a module use -m {path}"
+
+
+# -- directories --------------------------------------------------------------------------
+
+
+def test_directory_without_py_files(tmp_path: Path) -> None:
+    d = tmp_path / "empty"
+    d.mkdir()
+    write(d / "README.md", "hi\n")
+    write(d / "_private.py", "X = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load([str(d)])
+    assert one_line_config_error(info) == f"no .py files in directory {d}"
+
+
+def test_directory_loads_every_py_file_sorted(tmp_path: Path) -> None:
+    d = tmp_path / "handlers"
+    log = tmp_path / "order.txt"
+    for name in ["b_second.py", "a_first.py", "c_third.py"]:
+        write(d / name, f"with open({str(log)!r}, 'a') as f:\n    f.write({name!r} + '\\n')\n")
+    write(d / "_skipped.py", "raise RuntimeError('must not be imported')\n")
+    write(d / ".hidden.py", "raise RuntimeError('must not be imported')\n")
+    write(d / "notes.txt", "not python\n")
+    (d / "package.py").mkdir()  # a directory named like a file is skipped
+    modules = load([str(d)])
+    assert [Path(m.__file__).name for m in modules] == ["a_first.py", "b_second.py", "c_third.py"]
+    assert log.read_text().split() == ["a_first.py", "b_second.py", "c_third.py"]
+
+
+def test_paths_then_modules_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = f"pkg_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / "mods" / pkg / "__init__.py", "")
+    write(tmp_path / "mods" / pkg / "handlers.py", "WHO = 'module'\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    path = write(tmp_path / "file.py", "WHO = 'file'\n")
+    loaded = load([str(path)], [f"{pkg}.handlers"])
+    assert [m.WHO for m in loaded] == ["file", "module"]
+    assert loaded[1].__name__ == f"{pkg}.handlers"
+
+
+# -- modules ------------------------------------------------------------------------------
+
+
+def test_unknown_module() -> None:
+    with pytest.raises(ConfigError) as info:
+        load(modules=["declop_no_such_module_xyz.handlers"])
+    message = one_line_config_error(info)
+    assert (
+        message
+        == "no module named 'declop_no_such_module_xyz.handlers'; is it installed or on PYTHONPATH?"
+    )
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+def test_module_with_a_missing_dependency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"needs_dep_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / f"{name}.py", "import declop_missing_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load(modules=[name])
+    message = one_line_config_error(info)
+    assert message.startswith(f"importing {name} failed: ModuleNotFoundError:")
+    assert "declop_missing_dependency_xyz" in message
+
+
+def test_module_whose_missing_dependency_is_a_prefix_of_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kopf_handlers`` exists but imports a missing ``kopf``: the dependency is missing, not the module."""
+    dep = f"dep_{tmp_path.name.replace('-', '_')}"
+    name = f"{dep}_handlers"
+    write(tmp_path / f"{name}.py", f"import {dep}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load(modules=[name])
+    message = one_line_config_error(info)
+    assert message == f"importing {name} failed: ModuleNotFoundError: No module named '{dep}'"
+
+
+def test_missing_parent_package_is_reported_as_the_module() -> None:
+    with pytest.raises(ConfigError, match="no module named 'declop_no_such_pkg_xyz.sub.handlers'"):
+        load(modules=["declop_no_such_pkg_xyz.sub.handlers"])
+
+
+def test_multi_line_exception_message_becomes_one_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "multiline.py", "raise ValueError('bad config\\n  in line 2\\n  in line 3')\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load([str(path)])
+    message = one_line_config_error(info)
+    assert message.startswith(f"importing {path} failed: ValueError: bad config")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_module_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"raising_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / f"{name}.py", "raise ValueError('no config')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load(modules=[name])
+    assert one_line_config_error(info) == f"importing {name} failed: ValueError: no config"
+
+
+def test_module_with_syntax_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"syntax_{tmp_path.name.replace('-', '_')}"
+    path = write(tmp_path / f"{name}.py", "x = 1\ny = (\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load(modules=[name])
+    message = one_line_config_error(info)
+    assert message.startswith(f"syntax error in {path}:")
+
+
+def test_nothing_to_load() -> None:
+    assert load() == []

@@ -1,0 +1,369 @@
+"""declop.registry: the decorator records frozen Registrations and checks handler signatures."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import declop.registry as registry_module
+from declop.errors import ConfigError, RegistrationError
+from declop.predicates import generation_changed
+from declop.registry import INJECTABLE, Registration, Registry, index, reconciler
+
+
+@pytest.fixture
+def reg() -> Registry:
+    return Registry()
+
+
+@pytest.fixture
+def default(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
+    """A fresh stand-in for the global default registry, so tests never touch the real one."""
+    fresh = Registry()
+    monkeypatch.setattr(registry_module, "default_registry", fresh)
+    yield fresh
+
+
+def only(reg: Registry) -> Registration:
+    (r,) = reg.registrations
+    return r
+
+
+# -- the decorator --------------------------------------------------------------------------
+
+
+def test_decorator_returns_the_function_unchanged(reg: Registry) -> None:
+    def handle(request: Any, **_: Any) -> str:
+        return f"handled {request}"
+
+    decorated = reconciler("pods", registry=reg)(handle)
+    assert decorated is handle
+    assert decorated(request="x") == "handled x"
+
+
+def test_registry_method_returns_the_function_unchanged(reg: Registry) -> None:
+    def handle(**_: Any) -> None: ...
+
+    assert reg.reconciler("pods")(handle) is handle
+
+
+def test_registry_argument_isolates_from_the_default(default: Registry) -> None:
+    mine = Registry()
+
+    @reconciler("pods", registry=mine)
+    def isolated(**_: Any) -> None: ...
+
+    assert [r.name for r in mine.registrations] == ["isolated"]
+    assert len(default) == 0
+
+
+def test_index_registry_argument_isolates_from_the_default(default: Registry) -> None:
+    mine = Registry()
+    index("pods", "by-node", lambda o: [], registry=mine)
+    assert [i.name for i in mine.indexes] == ["by-node"]
+    assert default.indexes == []
+
+
+def test_without_registry_uses_the_default(default: Registry) -> None:
+    @reconciler("pods")
+    def global_handler(**_: Any) -> None: ...
+
+    assert [r.name for r in default.registrations] == ["global_handler"]
+
+
+def test_registration_fields(reg: Registry) -> None:
+    def map_fn(o: Any) -> list[str]:
+        return []
+
+    @reg.reconciler(
+        " widgets.example.com ",
+        name="widgets",
+        finalizer="example.com/cleanup",
+        namespaces="team-a",
+        labels={"tier": "db", "app": "web"},
+        predicates=[generation_changed],
+        owns=["configmaps"],
+        watches=[("secrets", map_fn)],
+        max_concurrent=4,
+    )
+    def handle(request: Any, obj: Any, phase: Any) -> None: ...
+
+    r = only(reg)
+    assert r == Registration(
+        fn=handle,
+        name="widgets",
+        resource="widgets.example.com",
+        finalizer="example.com/cleanup",
+        namespaces=("team-a",),
+        labels="app=web,tier=db",
+        predicates=(generation_changed,),
+        owns=("configmaps",),
+        watches=(("secrets", map_fn),),
+        max_concurrent=4,
+        is_async=False,
+        wants=frozenset({"request", "obj", "phase"}),
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.name = "other"  # type: ignore[misc]
+
+
+def test_defaults(reg: Registry) -> None:
+    @reg.reconciler("pods")
+    def handle(**_: Any) -> None: ...
+
+    r = only(reg)
+    assert r.finalizer is None
+    assert r.namespaces is None
+    assert r.labels == ""
+    assert r.predicates == ()
+    assert r.max_concurrent == 1
+
+
+def test_namespaces_sequence_and_label_string(reg: Registry) -> None:
+    @reg.reconciler("pods", namespaces=["a", "b"], labels="app==web")
+    def handle(**_: Any) -> None: ...
+
+    assert only(reg).namespaces == ("a", "b")
+    assert only(reg).labels == "app=web"
+
+
+def test_name_defaults_to_the_function_name(reg: Registry) -> None:
+    @reg.reconciler("pods")
+    def my_pod_handler(**_: Any) -> None: ...
+
+    assert only(reg).name == "my_pod_handler"
+
+
+def test_duplicate_names_raise(reg: Registry) -> None:
+    def first(**_: Any) -> None: ...
+
+    def second(**_: Any) -> None: ...
+
+    reg.reconciler("pods", name="same")(first)
+    with pytest.raises(RegistrationError, match="'same' is already registered"):
+        reg.reconciler("deployments.apps", name="same")(second)
+    assert only(reg).fn is first
+
+
+def test_duplicate_function_names_in_different_scopes_raise(reg: Registry) -> None:
+    def make() -> Any:
+        def handle(**_: Any) -> None: ...
+
+        return handle
+
+    reg.reconciler("pods")(make())
+    with pytest.raises(RegistrationError, match="pass name="):
+        reg.reconciler("pods")(make())
+
+
+def test_reregistering_the_same_function_is_allowed(reg: Registry) -> None:
+    """Re-importing a module re-runs the decorator on the same function object."""
+
+    def handle(**_: Any) -> None: ...
+
+    reg.reconciler("pods")(handle)
+    reg.reconciler("pods")(handle)
+    assert len(reg) == 1
+
+
+def test_registration_error_is_a_config_and_type_error() -> None:
+    assert issubclass(RegistrationError, ConfigError)
+    assert issubclass(RegistrationError, TypeError)
+
+
+# -- signatures -----------------------------------------------------------------------------
+
+
+def test_unknown_argument_raises_naming_it(reg: Registry) -> None:
+    def handle(request: Any, spec: Any) -> None: ...
+
+    with pytest.raises(
+        RegistrationError, match=r"handler 'handle' takes an unknown argument 'spec'"
+    ) as info:
+        reg.reconciler("pods")(handle)
+    assert "add **_" in str(info.value)
+    assert len(reg) == 0
+
+
+def test_unknown_argument_with_default_is_allowed(reg: Registry) -> None:
+    def handle(request: Any, retries: int = 3) -> None: ...
+
+    reg.reconciler("pods")(handle)
+    assert only(reg).wants == frozenset({"request"})
+
+
+def test_every_injectable_may_be_declared(reg: Registry) -> None:
+    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj):  # type: ignore[no-untyped-def]
+        ...
+
+    reg.reconciler("pods")(handle)
+    assert only(reg).wants == INJECTABLE
+
+
+def test_keyword_only_and_no_arguments(reg: Registry) -> None:
+    def kw(*, obj: Any) -> None: ...
+
+    def nothing() -> None: ...
+
+    reg.reconciler("pods", name="kw")(kw)
+    reg.reconciler("pods", name="nothing")(nothing)
+    wants = {r.name: r.wants for r in reg.registrations}
+    assert wants == {"kw": frozenset({"obj"}), "nothing": frozenset()}
+
+
+def test_var_positional_is_ignored(reg: Registry) -> None:
+    def handle(*args: Any, request: Any) -> None: ...
+
+    reg.reconciler("pods")(handle)
+    assert only(reg).wants == frozenset({"request"})
+
+
+def test_var_keyword_handler_wants_none(reg: Registry) -> None:
+    def with_kwargs(request: Any, unknown: int = 1, **kwargs: Any) -> None: ...
+
+    def with_underscore(**_: Any) -> None: ...
+
+    reg.reconciler("pods")(with_kwargs)
+    reg.reconciler("pods")(with_underscore)
+    assert [r.wants for r in reg.registrations] == [None, None]
+
+
+def test_positional_only_injectable_raises(reg: Registry) -> None:
+    def handle(request: Any, /) -> None: ...
+
+    with pytest.raises(RegistrationError, match="positional-only"):
+        reg.reconciler("pods")(handle)
+
+
+def test_async_detection(reg: Registry) -> None:
+    async def async_handler(**_: Any) -> None: ...
+
+    def sync_handler(**_: Any) -> None: ...
+
+    reg.reconciler("pods")(async_handler)
+    reg.reconciler("pods")(sync_handler)
+    flags = {r.name: r.is_async for r in reg.registrations}
+    assert flags == {"async_handler": True, "sync_handler": False}
+
+
+# -- argument validation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "finalizer",
+    ["Example.com/x", "example.com/", "/x", "example.com/-x", "has space", "a/b/c", "x" * 254, ""],
+)
+def test_invalid_finalizer_name(reg: Registry, finalizer: str) -> None:
+    with pytest.raises(RegistrationError, match="is not a valid name"):
+        reg.reconciler("pods", finalizer=finalizer)
+
+
+def test_finalizer_name_part_longer_than_63_characters_is_invalid(reg: Registry) -> None:
+    """A finalizer is a qualified name: the part after ``/`` has at most 63 characters (the
+    apiserver rejects longer ones with 422 on every patch), however short the whole string is."""
+    reg.reconciler("pods", finalizer="example.com/" + "a" * 63)  # the longest valid name part
+    with pytest.raises(RegistrationError, match="is not a valid name"):
+        reg.reconciler("pods", finalizer="example.com/" + "a" * 64)
+    with pytest.raises(RegistrationError, match="is not a valid name"):
+        reg.reconciler("pods", finalizer="a" * 64)
+
+
+@pytest.mark.parametrize("finalizer", ["example.com/cleanup", "cleanup", "a.b-c.io/Do_It.now", "x"])
+def test_valid_finalizer_names(reg: Registry, finalizer: str) -> None:
+    @reg.reconciler("pods", finalizer=finalizer)
+    def handle(**_: Any) -> None: ...
+
+    assert only(reg).finalizer == finalizer
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", None])
+def test_max_concurrent_must_be_a_positive_int(reg: Registry, value: Any) -> None:
+    with pytest.raises(RegistrationError, match="max_concurrent must be a positive int"):
+        reg.reconciler("pods", max_concurrent=value)
+
+
+@pytest.mark.parametrize("resource", ["", "   ", None, 3])
+def test_resource_must_be_a_name(reg: Registry, resource: Any) -> None:
+    with pytest.raises(RegistrationError, match="resource must be a name"):
+        reg.reconciler(resource)
+
+
+def test_predicates_must_be_callable(reg: Registry) -> None:
+    with pytest.raises(RegistrationError, match="is not callable"):
+        reg.reconciler("pods", predicates=["nope"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "watch", [("secrets",), ("secrets", "fn"), (3, lambda o: []), ["secrets", lambda o: []]]
+)
+def test_watches_must_be_resource_and_function_pairs(reg: Registry, watch: Any) -> None:
+    with pytest.raises(RegistrationError, match="watches entries"):
+        reg.reconciler("pods", watches=[watch])
+
+
+def test_invalid_label_selector(reg: Registry) -> None:
+    with pytest.raises(ValueError, match="invalid label selector"):
+        reg.reconciler("pods", labels="app in (web")
+
+
+def test_decorating_a_non_callable(reg: Registry) -> None:
+    with pytest.raises(RegistrationError, match="decorates a function"):
+        reg.reconciler("pods")("not a function")  # type: ignore[arg-type]
+
+
+# -- freeze -------------------------------------------------------------------------------
+
+
+def test_registering_after_freeze_raises(reg: Registry) -> None:
+    assert not reg.frozen
+    reg.freeze()
+    assert reg.frozen
+
+    def late(**_: Any) -> None: ...
+
+    with pytest.raises(RegistrationError, match="manager has already started") as info:
+        reg.reconciler("pods")(late)
+    assert "imported before the manager runs" in str(info.value)
+    assert "'late'" in str(info.value)
+    assert len(reg) == 0
+
+
+def test_index_after_freeze_raises(reg: Registry) -> None:
+    reg.freeze()
+    with pytest.raises(RegistrationError, match="imported before the manager runs"):
+        reg.index("pods", "by-node", lambda o: [])
+    assert reg.indexes == []
+
+
+# -- index --------------------------------------------------------------------------------
+
+
+def test_index_registration(reg: Registry) -> None:
+    def by_node(obj: Any) -> list[str | None]:
+        return [obj["spec"].get("nodeName")]
+
+    reg.index("pods", "by-node", by_node)
+    index("configmaps", "by-owner", by_node, registry=reg)
+    assert [(i.resource, i.name, i.fn) for i in reg.indexes] == [
+        ("pods", "by-node", by_node),
+        ("configmaps", "by-owner", by_node),
+    ]
+    assert len(reg) == 0  # indexes are not reconcilers
+
+
+def test_index_function_must_be_callable(reg: Registry) -> None:
+    with pytest.raises(RegistrationError, match="expected a function"):
+        reg.index("pods", "by-node", "nope")  # type: ignore[arg-type]
+
+
+def test_registrations_and_indexes_are_copies(reg: Registry) -> None:
+    @reg.reconciler("pods")
+    def handle(**_: Any) -> None: ...
+
+    reg.registrations.clear()
+    reg.indexes.append(None)  # type: ignore[arg-type]
+    assert len(reg.registrations) == 1
+    assert reg.indexes == []

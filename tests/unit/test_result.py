@@ -1,0 +1,84 @@
+"""declop.result: Result validation and the phase table of ``phase_of``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from declop.result import Phase, Result, phase_of
+
+FIN = "example.com/cleanup"
+
+
+def obj(**meta: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": "default", "name": "x", **meta}}
+
+
+def test_result_defaults_to_no_requeue() -> None:
+    assert Result().requeue_after is None
+    assert Result() == Result(None)
+
+
+@pytest.mark.parametrize("seconds", [0, 0.0, 0.5, 30])
+def test_result_accepts_non_negative_requeue_after(seconds: float) -> None:
+    assert Result(requeue_after=seconds).requeue_after == seconds
+
+
+@pytest.mark.parametrize("seconds", [-1, -0.001])
+def test_result_rejects_negative_requeue_after(seconds: float) -> None:
+    with pytest.raises(ValueError, match="requeue_after must be >= 0"):
+        Result(requeue_after=seconds)
+
+
+def test_phase_repr() -> None:
+    assert repr(Phase.CREATED) == "Phase.CREATED"
+
+
+# -- the phase table ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("finalizer", [FIN, None])
+def test_no_object_is_deleted(finalizer: str | None) -> None:
+    assert phase_of(None, finalizer) is Phase.DELETED
+
+
+@pytest.mark.parametrize(
+    ("finalizers", "finalizer"),
+    [
+        ([FIN], FIN),  # with our finalizer
+        (["other.io/x"], FIN),  # without ours
+        (None, FIN),
+        ([FIN], None),  # no finalizer configured
+        (None, None),
+    ],
+)
+def test_deletion_timestamp_is_deleting(
+    finalizers: list[str] | None, finalizer: str | None
+) -> None:
+    o = obj(deletionTimestamp="2024-01-01T00:00:00Z")
+    if finalizers is not None:
+        o["metadata"]["finalizers"] = finalizers
+    assert phase_of(o, finalizer) is Phase.DELETING
+
+
+@pytest.mark.parametrize("finalizers", [None, [], ["other.io/x"]])
+def test_missing_finalizer_is_created(finalizers: list[str] | None) -> None:
+    o = obj() if finalizers is None else obj(finalizers=finalizers)
+    assert phase_of(o, FIN) is Phase.CREATED
+
+
+@pytest.mark.parametrize("finalizers", [[FIN], ["other.io/x", FIN]])
+def test_present_finalizer_is_updated(finalizers: list[str]) -> None:
+    assert phase_of(obj(finalizers=finalizers), FIN) is Phase.UPDATED
+
+
+@pytest.mark.parametrize("finalizers", [None, [], ["other.io/x"], [FIN]])
+def test_without_configured_finalizer_never_created(finalizers: list[str] | None) -> None:
+    o = obj() if finalizers is None else obj(finalizers=finalizers)
+    assert phase_of(o, None) is Phase.UPDATED
+
+
+def test_object_without_metadata_is_read_safely() -> None:
+    assert phase_of({}, FIN) is Phase.CREATED
+    assert phase_of({"metadata": None}, None) is Phase.UPDATED

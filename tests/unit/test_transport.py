@@ -1,0 +1,239 @@
+"""declop.transport: the pure helpers — verb classification, error mapping, query encoding."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from declop.errors import ApiError, Conflict, Forbidden, NotFound
+from declop.transport import (
+    PATCH_TYPES,
+    TransportStatistics,
+    _is_collection,
+    _query,
+    _retry_after,
+    _verb,
+    dumps,
+    error_from,
+    loads,
+)
+
+# -- _is_collection / _verb ------------------------------------------------------------------
+
+COLLECTIONS = [
+    "/api/v1/pods",  # core, all namespaces
+    "/api/v1/namespaces/default/pods",  # core, namespaced
+    "/api/v1/nodes",  # core, cluster-scoped
+    "/api/v1/namespaces",  # the namespaces collection itself
+    "/apis/apps/v1/deployments",  # grouped, all namespaces
+    "/apis/apps/v1/namespaces/default/deployments",  # grouped, namespaced
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",  # grouped, cluster-scoped
+    "/apis/example.com/v1alpha1/namespaces/team-a/widgets",
+    "/api/v1/namespaces/default/pods?labelSelector=app%3Dweb",
+]
+
+OBJECTS = [
+    "/api/v1/namespaces/default/pods/nginx",
+    "/api/v1/nodes/node-1",
+    "/api/v1/namespaces/default",  # one namespace object
+    "/apis/apps/v1/namespaces/default/deployments/web",
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com",
+    "/apis/example.com/v1alpha1/namespaces/team-a/widgets/w1",
+    "/api/v1/namespaces/default/pods/nginx/status",  # subresource of a namespaced object
+    "/apis/apps/v1/namespaces/default/deployments/web/scale",
+    "/api/v1/nodes/node-1/status",  # subresource of a cluster-scoped object
+    "/api/v1/namespaces/default/pods/nginx?pretty=true",
+    "/api/v1/namespaces/default/status",  # subresource of one namespace (readNamespaceStatus)
+]
+
+
+@pytest.mark.parametrize("path", COLLECTIONS)
+def test_collections(path: str) -> None:
+    assert _is_collection(path) is True
+    assert _verb("GET", path, None) == "list"
+    assert _verb("GET", path, {"limit": 500}) == "list"
+
+
+@pytest.mark.parametrize("path", OBJECTS)
+def test_single_objects(path: str) -> None:
+    assert _is_collection(path) is False
+    assert _verb("GET", path, None) == "get"
+
+
+@pytest.mark.parametrize("watch", ["1", "true", 1, True])
+@pytest.mark.parametrize("path", ["/api/v1/pods", "/apis/apps/v1/namespaces/default/deployments"])
+def test_watch(path: str, watch: Any) -> None:
+    assert _verb("GET", path, {"watch": watch, "resourceVersion": "5"}) == "watch"
+
+
+@pytest.mark.parametrize("watch", ["false", "0", 0, False, None])
+def test_watch_false_is_a_list(watch: Any) -> None:
+    assert _verb("GET", "/api/v1/pods", {"watch": watch}) == "list"
+
+
+@pytest.mark.parametrize(
+    ("method", "verb"),
+    [
+        ("POST", "create"),
+        ("PUT", "update"),
+        ("PATCH", "patch"),
+        ("DELETE", "delete"),
+        ("HEAD", "HEAD"),
+    ],
+)
+def test_write_verbs(method: str, verb: str) -> None:
+    assert _verb(method, "/api/v1/namespaces/default/pods/nginx", None) == verb
+    assert _verb(method, "/api/v1/namespaces/default/pods", {"watch": "true"}) == verb
+
+
+def test_statistics_reads_and_writes() -> None:
+    stats = TransportStatistics(
+        by_verb={"get": 2, "list": 3, "watch": 4, "create": 1, "patch": 5, "delete": 1}
+    )
+    assert stats.reads == 5
+    assert stats.writes == 7
+    assert TransportStatistics(by_verb={}).reads == 0
+
+
+# -- error_from ---------------------------------------------------------------------------
+
+
+def status_body(code: int, reason: str, message: str) -> bytes:
+    return json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "cls"),
+    [(404, "Not Found", NotFound), (409, "Conflict", Conflict), (403, "Forbidden", Forbidden)],
+)
+def test_error_from_maps_known_statuses(status: int, reason: str, cls: type[ApiError]) -> None:
+    message = f'pods "nginx" is {reason.lower()}'
+    err = error_from(
+        status, reason, status_body(status, reason.replace(" ", ""), message), "GET", "/api/v1/x"
+    )
+    assert type(err) is cls
+    assert err.status == status
+    assert str(err) == message
+    assert err.message == message
+    assert isinstance(err.body, dict)
+    assert err.body["code"] == status
+
+
+def test_error_from_forbidden_is_a_permission_error_and_not_found_a_lookup_error() -> None:
+    assert isinstance(error_from(403, "Forbidden", b"", "GET", "/p"), PermissionError)
+    assert isinstance(error_from(404, "Not Found", b"", "GET", "/p"), LookupError)
+
+
+def test_error_from_other_status_is_a_plain_api_error() -> None:
+    body = status_body(500, "InternalError", "etcdserver: request timed out")
+    err = error_from(500, "Internal Server Error", body, "PUT", "/api/v1/namespaces/a/pods/b")
+    assert type(err) is ApiError
+    assert err.status == 500
+    assert err.reason == "Internal Server Error"
+    assert str(err) == "etcdserver: request timed out"
+
+
+def test_error_from_422_is_a_plain_api_error() -> None:
+    err = error_from(
+        422,
+        "Unprocessable Entity",
+        status_body(422, "Invalid", "the server rejected our request"),
+        "PATCH",
+        "/p",
+    )
+    assert type(err) is ApiError
+    assert err.status == 422
+    assert "rejected" in str(err)
+
+
+@pytest.mark.parametrize(
+    "payload", [b"", b"null", b"[]", b'{"kind": "Status"}', b'{"message": ""}']
+)
+def test_error_from_without_a_message_describes_the_request(payload: bytes) -> None:
+    err = error_from(500, "Internal Server Error", payload, "DELETE", "/api/v1/namespaces/a/pods/b")
+    assert str(err) == "DELETE /api/v1/namespaces/a/pods/b: 500 Internal Server Error"
+    nf = error_from(404, "Not Found", payload, "GET", "/api/v1/nodes/x")
+    assert type(nf) is NotFound
+    assert str(nf) == "GET /api/v1/nodes/x: 404 Not Found"
+
+
+def test_error_from_non_json_payload_uses_the_text() -> None:
+    err = error_from(502, "Bad Gateway", b"<html>upstream down</html>", "GET", "/api/v1/pods")
+    assert type(err) is ApiError
+    assert str(err) == "<html>upstream down</html>"
+    assert err.body is None
+
+
+def test_error_from_truncates_long_non_json_payloads() -> None:
+    err = error_from(500, "x", b"e" * 1000, "GET", "/p")
+    assert str(err) == "e" * 200
+
+
+# -- _query -------------------------------------------------------------------------------
+
+
+def test_query_empty_is_none() -> None:
+    assert _query(None) is None
+    assert _query({}) is None
+
+
+def test_query_bools_none_and_others() -> None:
+    assert _query(
+        {
+            "watch": True,
+            "allowWatchBookmarks": False,
+            "resourceVersion": None,
+            "limit": 500,
+            "timeoutSeconds": 1.5,
+            "labelSelector": "app=web",
+        }
+    ) == {
+        "watch": "true",
+        "allowWatchBookmarks": "false",
+        "limit": "500",
+        "timeoutSeconds": "1.5",
+        "labelSelector": "app=web",
+    }
+
+
+def test_query_all_none() -> None:
+    assert _query({"resourceVersion": None}) == {}
+
+
+# -- small helpers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "attempt", "seconds"),
+    [("2", 0, 2.0), ("0", 0, 0.1), ("100", 0, 30.0), (None, 0, 0.1)],
+)
+def test_retry_after_header(value: str | None, attempt: int, seconds: float) -> None:
+    assert _retry_after(value, attempt) == seconds
+
+
+@pytest.mark.parametrize(("attempt", "seconds"), [(0, 0.2), (1, 0.4), (3, 1.6), (20, 30.0)])
+def test_retry_after_unparseable_backs_off(attempt: int, seconds: float) -> None:
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT", attempt) == pytest.approx(seconds)
+
+
+def test_json_round_trip() -> None:
+    obj = {"a": [1, 2, {"b": None}], "c": "é"}
+    assert loads(dumps(obj)) == obj
+    assert isinstance(dumps(obj), bytes)
+    assert loads('{"x": 1}') == {"x": 1}
+
+
+def test_patch_types() -> None:
+    assert PATCH_TYPES["json"] == "application/json-patch+json"
+    assert PATCH_TYPES["merge"] == "application/merge-patch+json"
