@@ -1,0 +1,107 @@
+"""pytest plugin (entry point ``declop``): fixtures for tests against a real control plane.
+
+Fixtures:
+
+- ``control_plane`` (session): one :class:`~declop.testing.ControlPlane` for the whole run, with
+  kube-controller-manager unless ``DECLOP_TEST_NO_CONTROLLER_MANAGER=1``. Missing binaries make
+  the fixture *fail* with the ``ConfigError`` that says how to build them; it never skips.
+- ``kubeconfig`` (session): path of the admin kubeconfig.
+- ``k8s_api`` (session): a ``kubernetes.client.ApiClient`` on the admin configuration.
+- ``namespace`` (function): a fresh namespace ``t-<test name>-<random>`` created before the test
+  and deleted after it (without waiting for it to disappear).
+
+Every test that uses one of these fixtures is marked ``integration``.
+
+This module is imported by every pytest run wherever declop is installed, so it imports nothing
+heavy (kubernetes, cryptography) until a fixture is actually used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import string
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    import kubernetes.client
+
+    from declop.testing.controlplane import ControlPlane
+
+__all__ = ["control_plane", "k8s_api", "kubeconfig", "namespace", "namespace_name"]
+
+INTEGRATION_FIXTURES = frozenset({"control_plane", "kubeconfig", "k8s_api", "namespace"})
+_DNS_LABEL_MAX = 63
+_SUFFIX_LEN = 5
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "integration: needs a real kube-apiserver + etcd (declop.testing.ControlPlane)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a control-plane fixture as ``integration``."""
+    for item in items:
+        if INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """One running control plane shared by the whole test session."""
+    from declop.testing.controlplane import ControlPlane
+
+    with_kcm = os.environ.get("DECLOP_TEST_NO_CONTROLLER_MANAGER", "") not in ("1", "true", "yes")
+    with ControlPlane(controller_manager=with_kcm) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: ControlPlane) -> str:
+    """Path of the control plane's admin kubeconfig."""
+    return control_plane.kubeconfig_path
+
+
+@pytest.fixture(scope="session")
+def k8s_api(control_plane: ControlPlane) -> Iterator[kubernetes.client.ApiClient]:
+    """An admin ``ApiClient``, closed at the end of the session."""
+    with control_plane.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def namespace(
+    request: pytest.FixtureRequest, k8s_api: kubernetes.client.ApiClient
+) -> Iterator[str]:
+    """A new namespace for this test; deleted afterwards (deletion is not awaited)."""
+    import kubernetes.client
+
+    core = kubernetes.client.CoreV1Api(k8s_api)
+    name = namespace_name(request.node.name)
+    core.create_namespace(
+        kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=name))
+    )
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def namespace_name(test_name: str) -> str:
+    """``t-<sanitised test name>-<5 random chars>``: always a valid DNS label (≤ 63 chars)."""
+    suffix = "".join(
+        secrets.choice(string.ascii_lowercase + string.digits) for _ in range(_SUFFIX_LEN)
+    )
+    stem = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")
+    stem = stem[: _DNS_LABEL_MAX - len("t--") - _SUFFIX_LEN].strip("-")
+    return f"t-{stem}-{suffix}" if stem else f"t-{suffix}"
