@@ -39,7 +39,7 @@ EXPECTED = {
 }
 
 #: the public names of ``declop.testing``
-EXPECTED_TESTING = {"ControlPlane", "find_assets"}
+EXPECTED_TESTING = {"ControlPlane", "OperatorProcess", "OperatorRunner", "find_assets", "wait_for"}
 
 
 def test_all_is_sorted() -> None:
