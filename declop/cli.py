@@ -83,13 +83,14 @@ def _options(kw: dict[str, Any]) -> Options:
     )
 
 
-async def _serve(configuration: Any, options: Options, stop: asyncio.Event | None = None) -> None:
+async def _serve(configuration: Any, options: Options, stop: asyncio.Event | None = None) -> int:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     manager = Manager(configuration, default_registry, options)
     await manager.run(stop)
+    return manager.exit_code
 
 
 def _require_registrations(kw: dict[str, Any]) -> None:
@@ -101,7 +102,9 @@ def _require_registrations(kw: dict[str, Any]) -> None:
 
 
 def _run_manager(configuration: Any, options: Options) -> None:
-    asyncio.run(_serve(configuration, options))
+    code = asyncio.run(_serve(configuration, options))
+    if code:
+        raise SystemExit(code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

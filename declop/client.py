@@ -83,10 +83,13 @@ class ClientContext:
 class _Base:
     """Shared reading logic and argument parsing for both client flavours."""
 
-    def __init__(self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None) -> None:
+    def __init__(
+        self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None, controller: str = ""
+    ) -> None:
         self._ctx = ctx
         self.primary = primary
         self.request = request
+        self.controller = controller
 
     # -- argument parsing -------------------------------------------------------------------
     def _resource(self, target: Target) -> ResourceInfo:
@@ -302,7 +305,7 @@ class AsyncClient(_Base):
     async def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
         """Record a Kubernetes Event about ``obj`` (rate-limited; never fails the reconcile)."""
         if self._ctx.recorder is not None:
-            await self._ctx.recorder.record(obj, reason, message, type)
+            await self._ctx.recorder.record(obj, reason, message, type, controller=self.controller)
 
     @property
     def live(self) -> AsyncLiveReader:
@@ -351,9 +354,11 @@ def _blocking(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
 class Client(_Base):
     """The client of plain ``def`` handlers (run in worker threads): every call blocks."""
 
-    def __init__(self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None) -> None:
-        super().__init__(ctx, primary, request)
-        self._async = AsyncClient(ctx, primary, request)
+    def __init__(
+        self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None, controller: str = ""
+    ) -> None:
+        super().__init__(ctx, primary, request, controller)
+        self._async = AsyncClient(ctx, primary, request, controller)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = self._ctx.loop

@@ -127,8 +127,9 @@ class Controller:
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
 
-    async def start(self) -> None:
-        """Subscribe to every source, wait for the sync gate, then start the workers."""
+    async def start(self, leadership: asyncio.Event | None = None) -> None:
+        """Subscribe to every source, wait for the sync gate (and ``leadership``, if given), then
+        start the workers. Caches warm up while a standby waits for the lease."""
         for source in self.sources:
             handler = self._subscriber(source)
             for informer in source.informers:
@@ -146,6 +147,10 @@ class Controller:
                     extra={"kv": {"controller": self.name, "informers": stuck}},
                 )
         self.synced.set()
+        if leadership is not None and not leadership.is_set():
+            await leadership.wait()
+        if self._stopping:
+            return
         n = self.registration.max_concurrent
         self.metrics.started(self.name, n)
         self._log.info("Starting workers", extra={"kv": {"controller": self.name, "worker count": n}})
@@ -229,7 +234,11 @@ class Controller:
         reg = self.registration
         wants = reg.wants
         client: Client | AsyncClient
-        client = AsyncClient(self.ctx, self.resource, key) if reg.is_async else Client(self.ctx, self.resource, key)
+        client = (
+            AsyncClient(self.ctx, self.resource, key, self.name)
+            if reg.is_async
+            else Client(self.ctx, self.resource, key, self.name)
+        )
         available = {
             "request": key,
             "name": key.name,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,14 @@ from .client import ClientContext
 from .controller import Controller, ControllerMetrics, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
+from .events import EventRecorder
 from .informer import InformerPool
+from .leader import LeaderElector
 from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
+from .metrics import Metrics
+from .probes import Check, ProbeServer
 from .registry import Registration, Registry, default_registry
-from .transport import Transport
+from .transport import SERVICE_ACCOUNT_DIR, Transport
 
 __all__ = ["Manager", "Options"]
 
@@ -50,6 +55,9 @@ class Options:
     leader_elect: bool = False
     leader_election_id: str = "declop"
     leader_election_namespace: str | None = None
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,12 +70,12 @@ class Manager:
         registry: Registry | None = None,
         options: Options | None = None,
         *,
-        metrics: ControllerMetrics | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.configuration = configuration
         self.registry = registry if registry is not None else default_registry
         self.options = options or Options()
-        self.metrics = metrics
+        self.metrics = metrics or Metrics()
         self.transport: Transport | None = None
         self.discovery: Discovery | None = None
         self.informers: InformerPool | None = None
@@ -75,6 +83,11 @@ class Manager:
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.elector: LeaderElector | None = None
+        self.leadership: asyncio.Event | None = None
+        self.probes: ProbeServer | None = None
+        self.exit_code = 0
+        self._stop: asyncio.Event | None = None
 
     # -- start ---------------------------------------------------------------------------------
     async def _discover(self) -> Discovery:
@@ -112,6 +125,7 @@ class Manager:
                 "in the files or modules you pass to 'declop run'"
             )
         self.transport = Transport(self.configuration, user_agent=self.options.user_agent)
+        self.transport.observer = self.metrics.request
         self.discovery = await self._discover()
         self.informers = InformerPool(self.transport, namespaces=self.options.namespaces)
         loop = asyncio.get_running_loop()
@@ -126,6 +140,7 @@ class Manager:
             self.informers,
             loop,
             field_manager=self.options.field_manager,
+            recorder=EventRecorder(self.transport),
         )
         self.context = ctx
         # resolve every name up front (refreshing discovery once for a CRD installed just now)
@@ -140,6 +155,27 @@ class Manager:
         for ix in self.registry.indexes:
             self.informers.add_indexer(self._resolve(ix.resource), ix.name, ix.fn)
         self.controllers = [self._build(reg, ctx) for reg in registrations]
+        for c in self.controllers:
+            self.metrics.watch_queue(c.queue.statistics)
+        if self.options.leader_elect:
+            self.leadership = asyncio.Event()
+            self.elector = LeaderElector(
+                self.transport,
+                name=self.options.leader_election_id,
+                namespace=self.options.leader_election_namespace or _pod_namespace(),
+                lease_duration=self.options.lease_duration,
+                renew_deadline=self.options.renew_deadline,
+                retry_period=self.options.retry_period,
+                on_change=lambda leading: self.metrics.leader.labels(self.options.leader_election_id).set(int(leading)),
+            )
+            self.metrics.leader.labels(self.options.leader_election_id).set(0)
+        if self.options.health_port or self.options.metrics_port:
+            self.probes = ProbeServer(
+                health_port=self.options.health_port,
+                metrics_port=self.options.metrics_port,
+                checks=self.checks,
+                metrics=self.metrics.exposition,
+            )
 
     async def _check(self, name: str, who: str) -> None:
         assert self.discovery is not None
@@ -173,15 +209,42 @@ class Manager:
             sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), enqueue_mapped(fn)))
         return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics)
 
+    def checks(self) -> list[Check]:
+        """Readiness: one check per controller, failing until its caches synced."""
+
+        def synced(c: Controller) -> str:
+            if c.synced.is_set():
+                return ""
+            waiting = [f"{i.name}: {i.last_error}" if i.last_error else i.name for i in c.informers() if not i.synced.is_set()]
+            return "caches not synced: " + "; ".join(waiting)
+
+        return [(f"informer-sync:{c.name}", lambda c=c: synced(c)) for c in self.controllers]
+
     async def start(self) -> None:
         """Set up (if needed), start informers, and start every controller's sync gate."""
         if self.transport is None:
             await self.setup()
         assert self.informers is not None
+        if self.probes is not None:
+            await self.probes.start()  # before the caches: /healthz answers while they sync
         self.informers.start()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(c.start(), name=f"start {c.name}") for c in self.controllers]
+        self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
+        if self.elector is not None:
+            self._tasks.append(loop.create_task(self._lead(), name="leader election"))
         self.started.set()
+
+    async def _lead(self) -> None:
+        """Acquire the lease, let the workers start, hold it; on loss stop reconciling at once."""
+        assert self.elector is not None and self.leadership is not None
+        await self.elector.acquire()
+        self.leadership.set()
+        await self.elector.hold()
+        # lost: no drain (another replica may already be reconciling), and exit non-zero
+        self.exit_code = 1
+        await asyncio.gather(*(c.stop(0) for c in self.controllers))
+        if self._stop is not None:
+            self._stop.set()
 
     def ready(self) -> bool:
         """True once every controller passed its sync gate."""
@@ -193,6 +256,7 @@ class Manager:
     # -- run / stop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Start, run until ``stop`` is set, then shut down gracefully."""
+        self._stop = stop
         try:
             await self.start()
             await stop.wait()
@@ -208,6 +272,10 @@ class Manager:
         clean = all(results)
         if not clean:
             log.warning("Grace period over; some reconciles did not finish", extra={"kv": {"gracePeriod": self.options.grace_period}})
+        if self.elector is not None:
+            await self.elector.release()  # after the drain: a standby may start at once
+        if self.probes is not None:
+            await self.probes.stop()
         if self.informers is not None:
             await self.informers.stop()
         if self.transport is not None:
@@ -215,3 +283,13 @@ class Manager:
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
         return clean
+
+
+def _pod_namespace() -> str:
+    """The namespace this Pod runs in (from the service-account mount), else "default"."""
+    sa_dir = os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
+    try:
+        with open(os.path.join(sa_dir, "namespace")) as f:
+            return f.read().strip() or "default"
+    except OSError:
+        return "default"

@@ -23,7 +23,7 @@ import json
 import os
 import ssl
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
@@ -157,6 +157,8 @@ class Transport:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._counts: collections.Counter[str] = collections.Counter()
+        #: called with (method, status) after every answered request (metrics)
+        self.observer: Callable[[str, int], None] | None = None
 
     @staticmethod
     def _ssl_context(cfg: Any) -> ssl.SSLContext | bool:
@@ -227,6 +229,8 @@ class Transport:
                     timeout=aiohttp.ClientTimeout(total=timeout),
                 ) as resp:
                     payload = await resp.read()
+                    if self.observer is not None:
+                        self.observer(method, resp.status)
                     if resp.status < 300:
                         return loads(payload) if payload else None
                     if resp.status in (429, 503) and attempt < self._retries:

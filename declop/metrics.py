@@ -1,0 +1,188 @@
+"""Metrics: Prometheus series with the names client-go and controller-runtime use.
+
+One :class:`Metrics` per manager, on its own ``CollectorRegistry`` (several managers in one
+process — tests — never collide). Series, all labelled by ``controller`` (workqueue ones also by
+``name``, which equals the controller name):
+
+- ``workqueue_depth``, ``workqueue_adds_total``, ``workqueue_retries_total``,
+  ``workqueue_queue_duration_seconds``, ``workqueue_work_duration_seconds``,
+  ``workqueue_unfinished_work_seconds``, ``workqueue_longest_running_processor_seconds``;
+- ``controller_runtime_reconcile_total{result=success|error|requeue_after|terminal_error}``,
+  ``controller_runtime_reconcile_errors_total``, ``controller_runtime_terminal_reconcile_errors_total``,
+  ``controller_runtime_reconcile_time_seconds``, ``controller_runtime_active_workers``,
+  ``controller_runtime_max_concurrent_reconciles``;
+- ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``.
+
+Invariant: hot-path hooks (queue adds, reconcile results) only increment pre-bound children;
+gauges that describe state (depth, in-flight ages) are read from the queues at scrape time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .controller import ControllerMetrics
+from .workqueue import QueueMetrics, QueueStatistics
+
+__all__ = ["Metrics"]
+
+#: client-go's ExponentialBuckets(10e-9, 10, 12): 1 ns … 1000 s
+QUEUE_BUCKETS = tuple(10e-9 * 10**i for i in range(12))
+#: controller-runtime's reconcile_time_seconds buckets
+RECONCILE_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60,
+)
+
+
+class _QueueHooks:
+    """QueueMetrics for one controller's queue; children are bound once."""
+
+    __slots__ = ("_adds", "_retries", "_queued", "_work")
+
+    def __init__(self, m: Metrics, controller: str) -> None:
+        self._adds = m.adds.labels(controller, controller)
+        self._retries = m.retries.labels(controller, controller)
+        self._queued = m.queue_duration.labels(controller, controller)
+        self._work = m.work_duration.labels(controller, controller)
+
+    def added(self, name: str) -> None:
+        self._adds.inc()
+
+    def got(self, name: str, queued_seconds: float) -> None:
+        self._queued.observe(queued_seconds)
+
+    def done(self, name: str, work_seconds: float) -> None:
+        self._work.observe(work_seconds)
+
+    def retried(self, name: str) -> None:
+        self._retries.inc()
+
+
+class _QueueState(Collector):
+    """Depth and in-flight ages, read from the queues when scraped."""
+
+    def __init__(self, sources: Callable[[], Iterable[QueueStatistics]]) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterable[Any]:
+        depth = GaugeMetricFamily("workqueue_depth", "Current depth of workqueue", labels=["name", "controller"])
+        unfinished = GaugeMetricFamily(
+            "workqueue_unfinished_work_seconds",
+            "Seconds of work in progress not yet observed by work_duration; large values indicate stuck workers.",
+            labels=["name", "controller"],
+        )
+        longest = GaugeMetricFamily(
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds the longest running processor has been running.",
+            labels=["name", "controller"],
+        )
+        for s in self._sources():
+            depth.add_metric([s.name, s.name], s.depth)
+            unfinished.add_metric([s.name, s.name], s.unfinished_work)
+            longest.add_metric([s.name, s.name], s.longest_running)
+        yield depth
+        yield unfinished
+        yield longest
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+
+class Metrics(ControllerMetrics):
+    """Every metric of one manager."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        qlabels = ["name", "controller"]
+        self.adds = Counter("workqueue_adds_total", "Total number of adds handled by workqueue", qlabels, registry=r)
+        self.retries = Counter("workqueue_retries_total", "Total number of retries handled by workqueue", qlabels, registry=r)
+        self.queue_duration = Histogram(
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            qlabels,
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.work_duration = Histogram(
+            "workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            qlabels,
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile_total", "Total number of reconciliations per controller", ["controller", "result"], registry=r
+        )
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors_total", "Total number of reconciliation errors per controller", ["controller"], registry=r
+        )
+        self.terminal_errors = Counter(
+            "controller_runtime_terminal_reconcile_errors_total",
+            "Total number of terminal reconciliation errors per controller",
+            ["controller"],
+            registry=r,
+        )
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            ["controller"],
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.active_workers = Gauge(
+            "controller_runtime_active_workers", "Number of currently used workers per controller", ["controller"], registry=r
+        )
+        self.max_concurrent = Gauge(
+            "controller_runtime_max_concurrent_reconciles", "Maximum number of concurrent reconciles per controller", ["controller"], registry=r
+        )
+        self.leader = Gauge(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master.",
+            ["name"],
+            registry=r,
+        )
+        self.rest_requests = Counter(
+            "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
+        )
+        self._queues: list[Callable[[], QueueStatistics]] = []
+        r.register(_QueueState(lambda: [q() for q in self._queues]))
+
+    def watch_queue(self, statistics: Callable[[], QueueStatistics]) -> None:
+        """Report depth and in-flight ages of a queue at scrape time."""
+        self._queues.append(statistics)
+
+    # -- ControllerMetrics hooks ----------------------------------------------------------------
+    def queue(self, controller: str) -> QueueMetrics | None:
+        return _QueueHooks(self, controller)
+
+    def started(self, controller: str, max_concurrent: int) -> None:
+        self.max_concurrent.labels(controller).set(max_concurrent)
+        self.active_workers.labels(controller).set(0)
+        for result in ("success", "error", "requeue_after", "terminal_error"):
+            self.reconcile_total.labels(controller, result)
+        self.reconcile_errors.labels(controller)
+        self.terminal_errors.labels(controller)
+
+    def reconciled(self, controller: str, result: str, seconds: float) -> None:
+        self.reconcile_total.labels(controller, result).inc()
+        self.reconcile_time.labels(controller).observe(seconds)
+        if result == "error":
+            self.reconcile_errors.labels(controller).inc()
+        elif result == "terminal_error":
+            self.terminal_errors.labels(controller).inc()
+
+    def active(self, controller: str, delta: int) -> None:
+        self.active_workers.labels(controller).inc(delta)
+
+    def request(self, method: str, code: int) -> None:
+        self.rest_requests.labels(method, str(code)).inc()
+
+    def exposition(self) -> bytes:
+        """The text format served on /metrics."""
+        return generate_latest(self.registry)

@@ -1,0 +1,88 @@
+"""Probes: ``/healthz``, ``/readyz`` and ``/metrics`` over HTTP (aiohttp on the manager's loop).
+
+- ``/healthz`` answers 200 ``ok`` while the event loop runs (the answer itself proves it).
+- ``/readyz`` answers 200 once every controller passed its cache-sync gate, 503 before; it does
+  not depend on leadership (a standby is ready). ``?verbose`` lists each check as
+  ``[+]name ok`` / ``[-]name failed: reason``, like the apiserver.
+- ``/metrics`` serves the Prometheus text format.
+
+Health and metrics may share a port or use two; a port of ``None`` or ``0`` disables it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from aiohttp import web
+
+from .errors import ConfigError
+
+__all__ = ["Check", "ProbeServer"]
+
+log = logging.getLogger("declop.probes")
+
+#: a named readiness check: returns "" when fine, else the reason it fails
+Check = tuple[str, Callable[[], str]]
+
+
+class ProbeServer:
+    """Serves health, readiness and metrics on one or two ports."""
+
+    def __init__(
+        self,
+        *,
+        health_port: int | None,
+        metrics_port: int | None,
+        checks: Callable[[], Iterable[Check]],
+        metrics: Callable[[], bytes] | None = None,
+        host: str = "0.0.0.0",
+    ) -> None:
+        self.health_port, self.metrics_port = health_port or None, metrics_port or None
+        self.checks = checks
+        self.metrics = metrics
+        self.host = host
+        self._runners: list[web.AppRunner] = []
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        results = [(name, check()) for name, check in self.checks()]
+        failed = [r for r in results if r[1]]
+        if "verbose" in request.query:
+            lines = [f"[-]{n} failed: {why}" if why else f"[+]{n} ok" for n, why in results]
+            lines.append("readyz check failed" if failed else "readyz check passed")
+            return web.Response(text="\n".join(lines) + "\n", status=503 if failed else 200)
+        if failed:
+            return web.Response(text="not ready: " + ", ".join(n for n, _ in failed), status=503)
+        return web.Response(text="ok")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.metrics() if self.metrics is not None else b""
+        return web.Response(body=body, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+
+    async def start(self) -> None:
+        ports: dict[int, list[tuple[str, Callable[[web.Request], object]]]] = {}
+        if self.health_port:
+            ports.setdefault(self.health_port, []).extend([("/healthz", self._healthz), ("/readyz", self._readyz)])
+        if self.metrics_port:
+            ports.setdefault(self.metrics_port, []).append(("/metrics", self._metrics))
+        for port, routes in ports.items():
+            app = web.Application()
+            for path, handler in routes:
+                app.router.add_get(path, handler)  # type: ignore[arg-type]
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            try:
+                await web.TCPSite(runner, self.host, port).start()
+            except OSError as exc:
+                await runner.cleanup()
+                raise ConfigError(f"cannot serve probes on port {port}: {exc.strerror or exc}; pick another port") from exc
+            self._runners.append(runner)
+            log.info("Serving probes", extra={"kv": {"port": port, "paths": [p for p, _ in routes]}})
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners = []
