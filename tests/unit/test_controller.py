@@ -1,0 +1,245 @@
+"""The controller's outcome table, phase-driven finalizer protocol and worker behaviour, without an
+apiserver: a real WorkQueue on a fake clock, a real Store, and a fake transport for the finalizer
+patches (the only API calls a controller itself makes)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+import declop
+from declop.cache import Store, Writer
+from declop.clock import FakeClock
+from declop.controller import Controller, Source
+from declop.discovery import ResourceInfo
+from declop.keys import Request
+from declop.logs import ReconcileLogger
+from declop.mapping import enqueue_self
+from declop.ratelimit import ItemExponential
+from declop.workqueue import QueueEmpty, WorkQueue
+
+CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+KEY = Request("ns", "a")
+
+
+class FakeInformer:
+    def __init__(self) -> None:
+        self.store = Store("configmaps")
+        self.writer = Writer(self.store)
+        self.namespace = ""
+        self.name = "configmaps"
+        self.synced = asyncio.Event()
+        self.last_error = ""
+        self.subscribers: list[Any] = []
+
+    def subscribe(self, handler: Any) -> None:
+        self.subscribers.append(handler)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        self.calls.append((method, path, kw.get("body")))
+        return {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "2", "finalizers": ["x.io/f"]}}
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.transport = FakeTransport()
+        self.recorder = None
+
+
+def make(handler: Any, *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, FakeClock]:
+    registry = declop.Registry()
+    registry.reconciler("configmaps", finalizer=finalizer)(handler)
+    reg = registry.registrations[0]
+    informer = FakeInformer()
+    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    clock = FakeClock()
+    c.queue = WorkQueue(name=reg.name, rate_limiter=ItemExponential(), clock=clock)
+    return c, informer, clock
+
+
+def cm(name: str = "a", **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1", "uid": "u1", **meta}}
+
+
+def logger() -> ReconcileLogger:
+    return ReconcileLogger(logging.getLogger("test"), {})
+
+
+# -- the outcome table ---------------------------------------------------------------------------
+def queued(c: Controller) -> list[Request]:
+    out = []
+    while True:
+        try:
+            item = c.queue.get_nowait()
+        except QueueEmpty:
+            return out
+        out.append(item)
+        c.queue.done(item)
+
+
+@pytest.mark.parametrize("outcome", [None, declop.Result()])
+def test_success_forgets_failures_and_does_not_requeue(outcome: Any) -> None:
+    c, _, clock = make(lambda **_: None)
+    c.queue.add_rate_limited(KEY)  # a previous failure
+    assert c.queue.num_requeues(KEY) == 1
+    clock.advance(1)
+    assert queued(c) == [KEY]
+    c._settle(KEY, outcome, None, logger(), 0.0)
+    assert c.queue.num_requeues(KEY) == 0
+    clock.advance(10_000)
+    assert queued(c) == []
+
+
+def test_requeue_after_forgets_then_adds_after_the_delay() -> None:
+    c, _, clock = make(lambda **_: None)
+    c.queue.add_rate_limited(KEY)
+    clock.advance(1)
+    queued(c)
+    c._settle(KEY, declop.Result(requeue_after=30), None, logger(), 0.0)
+    assert c.queue.num_requeues(KEY) == 0
+    clock.advance(29.9)
+    assert queued(c) == []
+    clock.advance(0.2)
+    assert queued(c) == [KEY]
+
+
+def test_an_exception_requeues_with_growing_backoff() -> None:
+    c, _, clock = make(lambda **_: None)
+    delays = []
+    for _ in range(4):
+        c._settle(KEY, None, RuntimeError("x"), logger(), 0.0)
+        deadline = c.queue.next_deadline()
+        assert deadline is not None
+        delays.append(round(deadline - clock(), 6))
+        clock.advance(delays[-1])
+        assert queued(c) == [KEY]
+    assert delays == [0.005, 0.01, 0.02, 0.04]
+
+
+def test_an_exception_wins_over_a_result() -> None:
+    c, _, clock = make(lambda **_: None)
+    c._settle(KEY, declop.Result(requeue_after=300), RuntimeError("x"), logger(), 0.0)
+    assert c.queue.next_deadline() == pytest.approx(clock() + 0.005)
+
+
+def test_terminal_error_is_counted_not_retried(caplog: pytest.LogCaptureFixture) -> None:
+    c, _, clock = make(lambda **_: None)
+    c._settle(KEY, None, declop.TerminalError("bad spec"), logger(), 0.0)
+    clock.advance(10_000)
+    assert queued(c) == [] and c.queue.num_requeues(KEY) == 0
+    assert "terminal" in caplog.text
+
+
+def test_returning_something_else_is_an_error_with_a_hint(caplog: pytest.LogCaptureFixture) -> None:
+    c, _, _ = make(lambda **_: None)
+    c._settle(KEY, True, None, logger(), 0.0)
+    assert c.queue.num_requeues(KEY) == 1
+    assert "return None or declop.Result" in caplog.text
+
+
+# -- processing a key ----------------------------------------------------------------------------
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_phase_and_kwargs_reach_the_handler() -> None:
+    seen: dict[str, Any] = {}
+
+    def handler(request: Request, name: str, namespace: str, phase: declop.Phase, obj: Any, reconcile_id: str, logger: Any, client: Any) -> None:
+        seen.update(request=request, name=name, namespace=namespace, phase=phase, obj=obj, rid=reconcile_id, client=client)
+
+    c, informer, _ = make(handler)
+    informer.writer.upsert(cm())
+    run(c._process(KEY))
+    assert seen["request"] == KEY and seen["name"] == "a" and seen["namespace"] == "ns"
+    assert seen["phase"] is declop.Phase.UPDATED
+    assert seen["obj"] == informer.store.get(KEY) and seen["obj"] is not informer.store.get(KEY)
+    assert isinstance(seen["client"], declop.Client)
+    assert len(seen["rid"]) == 36
+
+
+def test_missing_object_is_deleted_phase_with_none() -> None:
+    seen: list[Any] = []
+    c, _, _ = make(lambda phase, obj, **_: seen.append((phase, obj)))
+    run(c._process(KEY))
+    assert seen == [(declop.Phase.DELETED, None)]
+
+
+def test_created_adds_the_finalizer_first_with_a_guarded_json_patch() -> None:
+    seen: list[Any] = []
+    c, informer, _ = make(lambda phase, **_: seen.append(phase), finalizer="x.io/f")
+    informer.writer.upsert(cm())
+    run(c._process(KEY))
+    method, path, body = c.ctx.transport.calls[0]  # type: ignore[attr-defined]
+    assert method == "PATCH" and path == "/api/v1/namespaces/ns/configmaps/a"
+    assert body[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "1"}
+    assert body[1] == {"op": "add", "path": "/metadata/finalizers", "value": ["x.io/f"]}
+    assert seen == [declop.Phase.CREATED]
+
+
+def test_deleting_removes_only_our_finalizer_after_success() -> None:
+    c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
+    informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["other.io/g", "x.io/f"]))
+    run(c._process(KEY))
+    (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
+    assert method == "PATCH"
+    assert body[-1] == {"op": "remove", "path": "/metadata/finalizers/1"}
+    assert {"op": "test", "path": "/metadata/finalizers/1", "value": "x.io/f"} in body
+
+
+def test_deleting_keeps_the_finalizer_when_cleanup_fails() -> None:
+    def cleanup(**_: Any) -> None:
+        raise RuntimeError("external system down")
+
+    c, informer, _ = make(cleanup, finalizer="x.io/f")
+    informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f"]))
+    run(c._process(KEY))
+    assert c.ctx.transport.calls == []  # type: ignore[attr-defined]
+    assert c.queue.num_requeues(KEY) == 1
+
+
+def test_our_finalizer_echo_is_not_enqueued_but_real_changes_are() -> None:
+    c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
+    on_event = c._subscriber(c.sources[0])
+    before = cm()
+    after = cm(finalizers=["x.io/f"])
+    after["metadata"]["resourceVersion"] = "2"
+    on_event(before, after)
+    assert len(c.queue) == 0
+    changed = cm(finalizers=["x.io/f"], labels={"a": "b"})
+    on_event(before, changed)
+    assert len(c.queue) == 1
+
+
+def test_predicates_filter_before_the_queue() -> None:
+    registry = declop.Registry()
+    registry.reconciler("configmaps", predicates=[declop.predicates.generation_changed])(lambda **_: None)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    on_event = c._subscriber(c.sources[0])
+    on_event(cm(generation=1), cm(generation=1, labels={"x": "y"}))
+    assert len(c.queue) == 0
+    on_event(cm(generation=1), cm(generation=2))
+    assert len(c.queue) == 1
+
+
+def test_async_handlers_run_on_the_loop_with_the_async_client() -> None:
+    seen: list[Any] = []
+
+    async def handler(client: Any, **_: Any) -> declop.Result:
+        seen.append(client)
+        return declop.Result(requeue_after=5)
+
+    c, informer, clock = make(handler)
+    informer.writer.upsert(cm())
+    run(c._process(KEY))
+    assert isinstance(seen[0], declop.AsyncClient)
+    assert c.queue.next_deadline() == pytest.approx(clock() + 5)

@@ -1,0 +1,70 @@
+"""The event recorder's spam filter and series folding, with a fake transport and a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from declop.clock import FakeClock
+from declop.errors import ApiError
+from declop.events import EventRecorder
+
+OBJ = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}}
+
+
+class Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.fail = fail
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.calls.append((method, path, body))
+        if self.fail:
+            raise ApiError(500, "boom")
+        return {}
+
+
+def record(rec: EventRecorder, n: int, message: Any = "same") -> None:
+    async def go() -> None:
+        for i in range(n):
+            await rec.record(OBJ, "Reason", message(i) if callable(message) else message, controller="c")
+
+    asyncio.run(go())
+
+
+def test_an_event_is_posted_with_the_required_fields() -> None:
+    t = Recorder()
+    record(EventRecorder(t, clock=FakeClock()), 1)
+    method, path, body = t.calls[0]
+    assert method == "POST" and path == "/apis/events.k8s.io/v1/namespaces/ns/events"
+    assert body["reason"] == "Reason" and body["type"] == "Normal" and body["note"] == "same"
+    assert body["reportingController"] == "declop.io/c" and body["action"] == "Reconcile"
+    assert body["regarding"] == {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}
+    assert body["eventTime"].endswith("Z")
+
+
+def test_a_hot_loop_is_capped_at_the_burst_per_object() -> None:
+    t, clock = Recorder(), FakeClock()
+    rec = EventRecorder(t, clock=clock)
+    record(rec, 200, message=lambda i: f"m{i}")
+    assert len(t.calls) == 25 and rec.dropped == 175
+    clock.advance(300)  # one token every five minutes
+    record(rec, 5, message=lambda i: f"later{i}")
+    assert len(t.calls) == 26
+
+
+def test_repeats_fold_into_a_series() -> None:
+    t, clock = Recorder(), FakeClock()
+    rec = EventRecorder(t, clock=clock)
+    record(rec, 10)
+    assert [c[0] for c in t.calls] == ["POST"]
+    clock.advance(11)
+    record(rec, 1)
+    assert [c[0] for c in t.calls] == ["POST", "PATCH"]
+    assert t.calls[1][2]["series"]["count"] == 11
+
+
+def test_failures_never_raise() -> None:
+    t = Recorder(fail=True)
+    record(EventRecorder(t, clock=FakeClock()), 3, message=lambda i: f"m{i}")
+    assert len(t.calls) == 3
