@@ -1,0 +1,98 @@
+"""`declop dev` (what `make run` starts) and the control-plane build script, as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from declop.testing.runner import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "tools" / "controlplane" / "build.sh"
+
+
+def test_declop_dev_serves_a_cluster_until_ctrl_c(tmp_path):
+    out = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "declop", "dev", str(ROOT / "examples" / "pods.py"), "--kubeconfig-out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if "Starting workers" in line or time.monotonic() > deadline:
+                break
+        assert f"export KUBECONFIG={out}" in lines, "\n".join(lines)
+        assets = next(re.search(r"export PATH=(\S+):", l).group(1) for l in lines if "export PATH=" in l)
+        env = {**os.environ, "KUBECONFIG": str(out), "PATH": f"{assets}:{os.environ['PATH']}"}
+        got = subprocess.run(["kubectl", "get", "ns", "default", "-o", "name"], env=env, capture_output=True, text=True, timeout=30)
+        assert got.stdout.strip() == "namespace/default", got.stderr
+        subprocess.run(["kubectl", "run", "web", "--image", "nginx"], env=env, check=True, capture_output=True, timeout=30)
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if '"name": "web"' in line:
+                break
+        assert any(l.startswith("INFO Pod created") and '"name": "web"' in l for l in lines)
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]
+        assert children, "the control plane runs as child processes"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rest, _ = proc.communicate(timeout=60)
+        lines.extend(rest.splitlines())
+        assert proc.returncode == 0, "\n".join(lines)
+        assert "Control plane stopped." in lines
+        for pid in children:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_build_script_is_idempotent_and_fast_when_built():
+    start = time.monotonic()
+    result = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    folder = result.stdout.strip().splitlines()[-1]
+    for binary in ("kube-apiserver", "kube-controller-manager", "etcd", "kubectl", "helm"):
+        assert os.access(os.path.join(folder, binary), os.X_OK), binary
+    again = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip() == folder and "up to date" in again.stderr
+    assert time.monotonic() - start < 600
+
+
+def test_kubectl_reports_the_pinned_version():
+    folder = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=600).stdout.strip()
+    out = subprocess.run([os.path.join(folder, "kubectl"), "version", "--client", "-o", "json"], capture_output=True, text=True)
+    assert '"gitVersion": "v1.36.3"' in out.stdout
+
+
+def test_build_script_without_go_says_what_to_install(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "sha256sum", "cut", "date", "mkdir"):
+        path = shutil.which(tool)
+        if path:
+            os.symlink(path, bin_dir / tool)
+    result = subprocess.run(
+        ["bash", str(BUILD)],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert "'go' is not on PATH; install Go >= 1.26" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
