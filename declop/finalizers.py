@@ -43,7 +43,7 @@ JSON_PATCH = "application/json-patch+json"
 
 
 class _Requester(Protocol):
-    async def request(self, method: str, path: str, **kwargs: Any) -> Any: ...
+    async def request(self, method: str, path: str, *, body: Any = ..., content_type: str | None = ...) -> Any: ...
 
 
 def contains_finalizer(obj: Any, name: str) -> bool:

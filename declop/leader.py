@@ -92,17 +92,18 @@ class LeaderElector:
         try:
             lease = await self.transport.request("GET", f"{self._path}/{self.name}")
         except NotFound:
-            body = {
+            spec = self._spec(None)
+            body: dict[str, Any] = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": self._spec(None),
+                "spec": spec,
             }
             try:
                 await self.transport.request("POST", self._path, body=body)
             except Conflict:
                 return False  # someone else created it first
-            self._observe(body["spec"])
+            self._observe(spec)
             return True
         spec = lease.get("spec") or {}
         self._observe(spec)

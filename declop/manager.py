@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import ClientContext
+from .client import AsyncClient, ClientContext
 from .controller import Controller, ControllerMetrics, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
@@ -206,7 +207,7 @@ class Manager:
             sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), mapper))
         for watched, fn in reg.watches:
             info = self._resolve(watched, f"controller {reg.name!r} watches=")
-            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), enqueue_mapped(fn)))
+            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), enqueue_mapped(fn, AsyncClient(ctx))))
         return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics)
 
     def checks(self) -> list[Check]:
@@ -218,7 +219,7 @@ class Manager:
             waiting = [f"{i.name}: {i.last_error}" if i.last_error else i.name for i in c.informers() if not i.synced.is_set()]
             return "caches not synced: " + "; ".join(waiting)
 
-        return [(f"informer-sync:{c.name}", lambda c=c: synced(c)) for c in self.controllers]
+        return [(f"informer-sync:{c.name}", functools.partial(synced, c)) for c in self.controllers]
 
     async def start(self) -> None:
         """Set up (if needed), start informers, and start every controller's sync gate."""

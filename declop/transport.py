@@ -84,7 +84,7 @@ def load_configuration(
     if in_cluster:
         sa_dir = service_account_dir or os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
         try:
-            InClusterConfigLoader(
+            InClusterConfigLoader(  # type: ignore[no-untyped-call]
                 token_filename=os.path.join(sa_dir, "token"),
                 cert_filename=os.path.join(sa_dir, "ca.crt"),
                 try_refresh_token=True,
@@ -100,7 +100,7 @@ def load_configuration(
             "or start a local control plane with 'declop dev'"
         )
     try:
-        config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+        config.load_kube_config(config_file=path, context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
     except ConfigException as exc:
         raise ConfigError(f"cannot use kubeconfig {path}: {exc}") from exc
     return cfg
@@ -289,9 +289,10 @@ def _query(params: Mapping[str, Any] | None) -> dict[str, str] | None:
 
 def _retry_after(value: str | None, attempt: int) -> float:
     try:
-        return min(max(float(value or 0), 0.1), 30.0)
+        seconds: float = float(value or 0)
+        return min(max(seconds, 0.1), 30.0)
     except ValueError:
-        return min(0.2 * 2**attempt, 30.0)
+        return min(0.2 * 2.0**attempt, 30.0)
 
 
 def error_from(status: int, reason: str, payload: bytes, method: str, path: str) -> ApiError:

@@ -25,7 +25,7 @@ __all__ = ["OperatorProcess", "OperatorRunner", "wait_for"]
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+def wait_for(condition: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
     """Poll ``condition`` until it returns something truthy; return it or raise AssertionError."""
     deadline = time.monotonic() + timeout
     while True:
