@@ -8,13 +8,18 @@ Three mappers, each a callable ``(old, new) -> set[Request]``:
   child that changes owner wakes both;
 - :func:`enqueue_mapped` — whatever a user function returns for the old and the new object.
 
-Invariant: mappers never read the cache or the API; they only look at the objects they are given.
+Invariant: mappers never read the API. They look at the objects they are given; only a user map
+function that declares a ``client`` parameter reads the cache through it (e.g. an index lookup:
+"which Widgets name this Secret?"), and a cache that has not synced yet maps to no keys (the
+primary's own initial list enqueues every object anyway).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterable, Mapping
 
+from .errors import CacheNotSyncedError
 from .keys import Request, key_of
 
 __all__ = ["KeyMapper", "enqueue_mapped", "enqueue_owner", "enqueue_self", "to_request"]
@@ -67,14 +72,37 @@ def to_request(value: Any) -> Request:
     raise TypeError(f"a map function returned {value!r}; return Requests, 'ns/name' strings or objects")
 
 
-def enqueue_mapped(fn: Callable[[Any], Iterable[Any] | None]) -> KeyMapper:
-    """Map with a user function ``fn(obj) -> iterable of keys``, run on old and new objects."""
+def _takes_client(fn: Callable[..., Any]) -> bool:
+    try:
+        return "client" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+
+
+def enqueue_mapped(fn: Callable[..., Iterable[Any] | None], client: Any = None) -> KeyMapper:
+    """Map with a user function ``fn(obj) -> iterable of keys``, run on old and new objects.
+
+    When ``fn`` declares a ``client`` parameter it is called as ``fn(obj, client=client)``: a
+    cache reader (``client.get``/``client.list``, with indexes) to look up the objects that refer
+    to ``obj``. It runs on the event loop: read only, never write.
+    """
+    if _takes_client(fn):
+        reader = client
+
+        def call(obj: Any) -> Iterable[Any] | None:
+            try:
+                return fn(obj, client=reader)
+            except CacheNotSyncedError:
+                return ()
+
+    else:
+        call = fn
 
     def mapper(old: Any, new: Any) -> set[Request]:
         keys: set[Request] = set()
         for obj in (old, new):
             if obj is not None:
-                keys.update(to_request(v) for v in (fn(obj) or ()))
+                keys.update(to_request(v) for v in (call(obj) or ()))
         return keys
 
     mapper.__qualname__ = f"enqueue_mapped({getattr(fn, '__name__', fn)})"
