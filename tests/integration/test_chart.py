@@ -1,0 +1,994 @@
+"""The Helm chart (charts/declop) and the Dockerfile, checked the way a user meets them.
+
+- ``helm lint --strict`` and ``helm template`` for the default values and every ``ci/*-values.yaml``
+  scenario; every rendered set is accepted by ``kubectl apply --dry-run=server`` on the real
+  apiserver (schema, defaulting, admission, PodSecurity warnings);
+- ``helm install`` into the control plane creates the objects, and the ServiceAccount gets exactly
+  the permissions ``kubectl auth can-i`` should show — no more;
+- the installed Deployment's container is "run" as a kubelet would: its env, its ConfigMap laid
+  out as a volume, a token of its ServiceAccount — so ``declop run`` proves that the chart's
+  interface (DECLOP_* variables, RBAC, Lease Role, probes) is the one declop implements;
+- the rules of the chart: one handler source, the checksum annotation, the Lease Role, the
+  schema, the kubeVersion; the Dockerfile's key properties, read as text (no engine here).
+
+There is no kubelet: installed Pods never run, which is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import declop
+from declop.testing.runner import OperatorProcess, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "declop"
+DOCKERFILE = ROOT / "Dockerfile"
+SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+CI_NAMESPACES = ("declop-ci-team-a", "declop-ci-team-b")  # ci/namespaced-values.yaml
+SCENARIOS = {"default": None} | {
+    p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))
+}
+
+# A minimal monitoring.coreos.com/v1 ServiceMonitor CRD (the real one is prometheus-operator's).
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+            "kind": "ServiceMonitor",
+            "listKind": "ServiceMonitorList",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["selector", "endpoints"],
+                                "properties": {
+                                    "selector": {
+                                        "type": "object",
+                                        "x-kubernetes-preserve-unknown-fields": True,
+                                    },
+                                    "namespaceSelector": {
+                                        "type": "object",
+                                        "properties": {
+                                            "any": {"type": "boolean"},
+                                            "matchNames": {
+                                                "type": "array",
+                                                "items": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                    "endpoints": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "x-kubernetes-preserve-unknown-fields": True,
+                                            "properties": {
+                                                "port": {"type": "string"},
+                                                "path": {"type": "string"},
+                                                "interval": {
+                                                    "type": "string",
+                                                    "pattern": "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$",
+                                                },
+                                                "scrapeTimeout": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                },
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+# -- tools -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tool_env(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """control_plane.env() (KUBECONFIG, kubectl/helm on PATH) with helm's homes in a temp folder."""
+    home = tmp_path_factory.mktemp("helm-home")
+    return control_plane.env() | {
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+
+
+def run(
+    env: dict[str, str], *cmd: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        list(cmd), env=env, input=stdin, capture_output=True, text=True, timeout=120
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{shlex.join(cmd)} exited {result.returncode}\n"
+            f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        )
+    return result
+
+
+def template(env: dict[str, str], *args: str, namespace: str = "ops", release: str = "op") -> str:
+    return run(
+        env, "helm", "template", release, str(CHART), "-n", namespace, "--skip-tests", *args
+    ).stdout
+
+
+def render(
+    env: dict[str, str], *args: str, namespace: str = "ops", release: str = "op"
+) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in yaml.safe_load_all(template(env, *args, namespace=namespace, release=release))
+        if d
+    ]
+
+
+def render_error(env: dict[str, str], *args: str) -> str:
+    result = run(env, "helm", "template", "op", str(CHART), "-n", "ops", *args, check=False)
+    assert result.returncode != 0, (
+        f"expected helm template {shlex.join(args)} to fail:\n{result.stdout}"
+    )
+    return result.stderr
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, (
+        f"{len(found)} {kind} {name or ''} in {[(d['kind'], d['metadata']['name']) for d in docs]}"
+    )
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["declop"]
+    return containers[0]
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container(docs)["env"]}
+
+
+def values_args(scenario: str) -> list[str]:
+    path = SCENARIOS[scenario]
+    return ["-f", str(path)] if path else []
+
+
+def kubectl_json(env: dict[str, str], *args: str) -> Any:
+    return json.loads(run(env, "kubectl", *args, "-o", "json").stdout)
+
+
+def can_i(env: dict[str, str], sa: str, *args: str) -> bool:
+    result = run(env, "kubectl", "auth", "can-i", *args, f"--as={sa}", check=False)
+    assert result.stdout.strip() in ("yes", "no"), result.stdout + result.stderr
+    return result.stdout.strip() == "yes"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def service_monitor_crd(tool_env: dict[str, str]) -> Any:
+    run(tool_env, "kubectl", "apply", "-f", "-", stdin=json.dumps(SERVICE_MONITOR_CRD))
+    run(
+        tool_env,
+        "kubectl",
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/servicemonitors.monitoring.coreos.com",
+    )
+    yield
+    run(
+        tool_env,
+        "kubectl",
+        "delete",
+        "crd",
+        "servicemonitors.monitoring.coreos.com",
+        "--wait=false",
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def ci_namespaces(tool_env: dict[str, str]) -> Any:
+    for name in CI_NAMESPACES:
+        run(tool_env, "kubectl", "create", "namespace", name)
+    yield CI_NAMESPACES
+    run(tool_env, "kubectl", "delete", "namespace", *CI_NAMESPACES, "--wait=false", check=False)
+
+
+# -- lint, render, server-side dry run --------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_lint_strict(tool_env: dict[str, str], scenario: str) -> None:
+    result = run(tool_env, "helm", "lint", "--strict", str(CHART), *values_args(scenario))
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+    # lint turns a template's `fail` into an [INFO] line and passes: look for it explicitly.
+    assert "Fail:" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_rendered_manifests_pass_server_side_dry_run(
+    tool_env: dict[str, str],
+    namespace: str,
+    scenario: str,
+    service_monitor_crd: Any,
+    ci_namespaces: Any,
+) -> None:
+    # PodSecurity admission warns about workloads (Deployments) too: the restricted level must hold.
+    run(
+        tool_env,
+        "kubectl",
+        "label",
+        "namespace",
+        namespace,
+        "pod-security.kubernetes.io/warn=restricted",
+    )
+    manifests = template(
+        tool_env, *values_args(scenario), "--api-versions", SERVICE_MONITOR_API, namespace=namespace
+    )
+    result = run(tool_env, "kubectl", "apply", "--dry-run=server", "-f", "-", stdin=manifests)
+    assert "would violate PodSecurity" not in result.stderr, result.stderr
+    applied = result.stdout
+    assert "deployment.apps/op-declop created (server dry run)" in applied
+    if scenario == "ha":
+        assert "servicemonitor.monitoring.coreos.com/op-declop created (server dry run)" in applied
+        assert "poddisruptionbudget.policy/op-declop created (server dry run)" in applied
+
+
+def test_kube_version_floor(tool_env: dict[str, str]) -> None:
+    assert "chart requires kubeVersion" in render_error(tool_env, "--kube-version", "1.28.9")
+    render(tool_env, "--kube-version", "1.29.0")
+    render(tool_env, "--kube-version", "v1.31.4-eks-ac2d5a0")  # provider pre-release tags match
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "replicaz=2"],
+        ["--set", "image.tga=1.0"],
+        ["--set", "logFormat=xml"],
+        ["--set", "rbac.scope=everywhere"],
+        ["--set", "rbac.watch[0].group=apps/v1", "--set", "rbac.watch[0].resource=deployments"],
+        ["--set", "rbac.watch[0].resource=pods", "--set", "rbac.watch[0].finalizer=true"],
+        ["--set", "handlers.files.bad/name\\.py=x"],
+    ],
+    ids=[
+        "top-level typo",
+        "nested typo",
+        "enum",
+        "scope",
+        "group with version",
+        "watch typo",
+        "file name",
+    ],
+)
+def test_schema_rejects(tool_env: dict[str, str], bad: list[str]) -> None:
+    assert "values don't meet the specifications of the schema" in render_error(tool_env, *bad)
+
+
+def test_schema_and_values_have_the_same_keys() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if node.get("additionalProperties") is not False:
+            return
+        declared = set(node["properties"]) - {"global"}
+        assert set(value) == declared, (
+            f"{path or 'values'}: values.yaml {sorted(value)} vs schema {sorted(declared)}"
+        )
+        for key, child in value.items():
+            if isinstance(child, dict) and node["properties"][key].get("type") == "object":
+                walk(child, node["properties"][key], f"{path}.{key}".lstrip("."))
+
+    walk(values, schema, "")
+
+
+def test_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    opaque = {"resources", "podSecurityContext", "securityContext", "affinity"}
+
+    def leaves(value: Any, prefix: str = "") -> list[str]:
+        if isinstance(value, dict) and value and prefix not in opaque:
+            return [
+                leaf for k, v in value.items() for leaf in leaves(v, f"{prefix}.{k}".lstrip("."))
+            ]
+        return [prefix]
+
+    missing = [key for key in leaves(values) if f"| `{key}` |" not in readme]
+    assert not missing, f"charts/declop/README.md has no row for {missing}"
+
+
+# -- handler sources ---------------------------------------------------------------------------
+
+
+def test_defaults_run_the_example_from_a_configmap(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env)
+    data = one(docs, "ConfigMap", "op-declop-handlers")["data"]
+    assert list(data) == ["handlers.py"]
+    assert data["handlers.py"] == (CHART / "files" / "example-handlers.py").read_text()
+    compile(data["handlers.py"], "handlers.py", "exec")
+    assert '@declop.reconciler("pods")' in data["handlers.py"]
+    assert env_of(docs)["DECLOP_PATHS"] == "/handlers"
+    # the example needs pods, and gets only read access to them
+    rules = one(docs, "ClusterRole")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in rules
+
+
+def test_configmap_mode_from_set_file(tool_env: dict[str, str], tmp_path: Path) -> None:
+    handlers = tmp_path / "handlers.py"
+    handlers.write_text(
+        'import declop\n\n@declop.reconciler("configmaps")\ndef h(**_):\n    return None\n'
+    )
+    docs = render(
+        tool_env,
+        "--set-file",
+        f"handlers.files.handlers\\.py={handlers}",
+        "--set",
+        "rbac.watch[0].resource=configmaps",
+    )
+    assert one(docs, "ConfigMap", "op-declop-handlers")["data"] == {
+        "handlers.py": handlers.read_text()
+    }
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "handlers")
+    assert mount == {
+        "name": "handlers",
+        "mountPath": "/handlers",
+        "readOnly": True,
+    }  # a directory, no subPath
+    volume = next(v for v in spec["volumes"] if v["name"] == "handlers")
+    assert volume["configMap"]["name"] == "op-declop-handlers"
+    assert env_of(docs)["DECLOP_PATHS"] == "/handlers"
+    assert "DECLOP_MODULES" not in env_of(docs)
+    rules = one(docs, "ClusterRole")["rules"]
+    assert not any("pods" in r["resources"] for r in rules), (
+        "the example's pods rule must go with the example"
+    )
+
+
+def test_image_mode(tool_env: dict[str, str]) -> None:
+    docs = render(
+        tool_env,
+        "--set",
+        "handlers.module=widgets.handlers",
+        "--set",
+        "handlers.path=/app/extra.py",
+    )
+    env = env_of(docs)
+    assert env["DECLOP_MODULES"] == "widgets.handlers"
+    assert env["DECLOP_PATHS"] == "/app/extra.py"
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    pod = one(docs, "Deployment")["spec"]["template"]
+    assert "checksum/handlers" not in pod["metadata"]["annotations"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["tmp"]
+
+
+def test_existing_configmap_mode(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "--set", "handlers.existingConfigMap=team-handlers")
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    pod = one(docs, "Deployment")["spec"]["template"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "handlers")
+    assert volume["configMap"]["name"] == "team-handlers"
+    assert env_of(docs)["DECLOP_PATHS"] == "/handlers"
+
+
+NO_SOURCE = "declop: no handlers given (and handlers.example=false). Give exactly one source"
+TWO_SOURCES = "declop: handlers are given twice"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "handlers.example=false"], NO_SOURCE),
+        (
+            ["--set", "handlers.module=a.b", "--set", "handlers.files.h\\.py=x"],
+            f"{TWO_SOURCES}: handlers.files (h.py) and handlers.module=a.b.",
+        ),
+        (
+            ["--set", "handlers.path=/app/h.py", "--set", "handlers.existingConfigMap=cm"],
+            f"{TWO_SOURCES}: handlers.existingConfigMap=cm and handlers.path=/app/h.py.",
+        ),
+        (
+            ["--set", "handlers.existingConfigMap=cm", "--set", "handlers.files.h\\.py=x"],
+            f"{TWO_SOURCES}: handlers.files (h.py) and handlers.existingConfigMap=cm.",
+        ),
+        (
+            ["--set", "handlers.files.notes\\.txt=x"],
+            "declop: handlers.files has no *.py file (notes.txt)",
+        ),
+    ],
+    ids=["neither", "module and files", "path and existing", "files and existing", "no python"],
+)
+def test_handler_sources_fail_clearly(
+    tool_env: dict[str, str], args: list[str], message: str
+) -> None:
+    error = render_error(tool_env, *args)
+    assert message in error, error
+    if message == NO_SOURCE:
+        assert "--set-file handlers.files.handlers\\.py=./handlers.py" in error
+
+
+def test_checksum_annotation_follows_handler_content(
+    tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    def checksum(source: str) -> str:
+        path = tmp_path / "handlers.py"
+        path.write_text(source)
+        docs = render(tool_env, "--set-file", f"handlers.files.handlers\\.py={path}")
+        value: str = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"][
+            "checksum/handlers"
+        ]
+        assert re.fullmatch(r"[0-9a-f]{64}", value)
+        return value
+
+    first = checksum("import declop\n# v1\n")
+    assert checksum("import declop\n# v1\n") == first
+    assert checksum("import declop\n# v2\n") != first
+
+
+# -- RBAC, leader election, pod ----------------------------------------------------------------
+
+
+def test_leader_election_role_is_restricted_to_the_lease(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "--set", "replicaCount=2", "--set", "leaderElection.leaseName=my-lease")
+    role = one(docs, "Role", "op-declop-leader-election")
+    assert role["metadata"]["namespace"] == "ops"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["my-lease"],
+            "verbs": ["get", "update", "patch"],
+        },
+    ]
+    binding = one(docs, "RoleBinding", "op-declop-leader-election")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "op-declop-leader-election",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}
+    ]
+    env = env_of(docs)
+    assert (
+        env["DECLOP_LEADER_ELECT"],
+        env["DECLOP_LEADER_ELECTION_ID"],
+        env["DECLOP_LEADER_ELECTION_NAMESPACE"],
+    ) == ("true", "my-lease", "ops")
+    assert one(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+
+
+def test_leader_election_follows_replicas(tool_env: dict[str, str]) -> None:
+    single = render(tool_env)
+    assert env_of(single)["DECLOP_LEADER_ELECT"] == "false"
+    assert not [d for d in single if d["kind"] == "Role"]
+    assert one(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    forced = render(tool_env, "--set", "leaderElection.enabled=true")
+    assert env_of(forced)["DECLOP_LEADER_ELECT"] == "true"
+    error = render_error(
+        tool_env, "--set", "replicaCount=3", "--set", "leaderElection.enabled=false"
+    )
+    assert "declop: replicaCount=3 with leaderElection.enabled=false" in error
+
+
+def test_watch_rules(tool_env: dict[str, str]) -> None:
+    docs = render(
+        tool_env,
+        "--set",
+        "handlers.module=m",
+        "--set",
+        "handlers.example=false",
+        "--set-json",
+        'rbac.watch=[{"group":"example.com","resource":"widgets","finalizers":true,"status":true},'
+        '{"resource":"configmaps","verbs":["create","delete"]}]',
+        "--set-json",
+        'rbac.rules=[{"apiGroups":[""],"resources":["secrets"],"resourceNames":["x"],"verbs":["get"]}]',
+    )
+    assert one(docs, "ClusterRole", "ops-op-declop")["rules"] == [
+        {
+            "apiGroups": ["example.com"],
+            "resources": ["widgets"],
+            "verbs": ["get", "list", "watch", "patch", "update"],
+        },
+        {
+            "apiGroups": ["example.com"],
+            "resources": ["widgets/status"],
+            "verbs": ["patch", "update"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "create", "delete"],
+        },
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["x"], "verbs": ["get"]},
+    ]
+    binding = one(docs, "ClusterRoleBinding", "ops-op-declop")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}
+    ]
+
+
+def test_namespaced_rbac(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "-f", str(SCENARIOS["namespaced"]))
+    assert not [d for d in docs if d["kind"].startswith("Cluster")]
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == set(CI_NAMESPACES)
+    for ns in CI_NAMESPACES:
+        assert {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "patch", "update"],
+        } in roles[ns]["rules"]
+        assert bindings[ns]["subjects"] == [
+            {"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}
+        ]
+    assert env_of(docs)["DECLOP_NAMESPACES"] == " ".join(CI_NAMESPACES)
+    error = render_error(tool_env, "--set", "rbac.scope=namespaces")
+    assert "declop: rbac.scope=namespaces needs the namespaces in watchNamespaces" in error
+
+
+def test_pod_spec(tool_env: dict[str, str]) -> None:
+    docs = render(
+        tool_env, "--set", "gracePeriod=50", "--set", "logLevel=debug", "--set", "logFormat=json"
+    )
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "declop",
+        "app.kubernetes.io/instance": "op",
+    }
+    pod = deployment["spec"]["template"]
+    spec = pod["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 55  # grace period + 5
+    assert (
+        spec["serviceAccountName"] == "op-declop" and spec["automountServiceAccountToken"] is True
+    )
+    assert spec["enableServiceLinks"] is False
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    c = container(docs)
+    assert "command" not in c and "args" not in c  # the image's ENTRYPOINT ["declop", "run"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8081, "metrics": 8080}
+    env = env_of(docs)
+    assert env == {
+        "DECLOP_PATHS": "/handlers",
+        "DECLOP_LOG_FORMAT": "json",
+        "DECLOP_VERBOSE": "1",
+        "DECLOP_GRACE_PERIOD": "50",
+        "DECLOP_HEALTH_PORT": "8081",
+        "DECLOP_METRICS_PORT": "8080",
+        "DECLOP_LEADER_ELECT": "false",
+    }
+    service = one(docs, "Service", "op-declop-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        assert (
+            labels["app.kubernetes.io/managed-by"] == "Helm"
+            and labels["app.kubernetes.io/instance"] == "op"
+        )
+
+
+def test_optional_objects(tool_env: dict[str, str]) -> None:
+    kinds = {d["kind"] for d in render(tool_env)}
+    assert not kinds & {"ServiceMonitor", "PodDisruptionBudget"}
+    ha = render(tool_env, "-f", str(SCENARIOS["ha"]))
+    assert "ServiceMonitor" not in {d["kind"] for d in ha}  # the cluster does not serve the API
+    ha = render(tool_env, "-f", str(SCENARIOS["ha"]), "--api-versions", SERVICE_MONITOR_API)
+    monitor = one(ha, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    pdb = one(ha, "PodDisruptionBudget")["spec"]
+    assert pdb["minAvailable"] == 1 and "maxUnavailable" not in pdb
+    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    off = render(tool_env, "--set", "metrics.enabled=false")
+    assert "DECLOP_METRICS_PORT" not in env_of(off) and "Service" not in {d["kind"] for d in off}
+
+
+# -- helm install on the control plane ---------------------------------------------------------
+
+
+def test_helm_install(
+    tool_env: dict[str, str], namespace: str, service_monitor_crd: Any, tmp_path: Path
+) -> None:
+    sa = f"system:serviceaccount:{namespace}:op-declop"
+    install = run(
+        tool_env,
+        "helm",
+        "install",
+        "op",
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "podDisruptionBudget.enabled=true",
+        "--set",
+        "serviceMonitor.enabled=true",
+    )
+    try:
+        assert f"kubectl logs -n {namespace} deployment/op-declop -f" in install.stdout
+        assert "EXAMPLE handler" in install.stdout
+        names = set(
+            run(
+                tool_env,
+                "kubectl",
+                "get",
+                "-n",
+                namespace,
+                "-o",
+                "name",
+                "deployments,serviceaccounts,configmaps,services,poddisruptionbudgets,servicemonitors,roles,rolebindings",
+            ).stdout.split()
+        )
+        assert {
+            "deployment.apps/op-declop",
+            "serviceaccount/op-declop",
+            "configmap/op-declop-handlers",
+            "service/op-declop-metrics",
+            "poddisruptionbudget.policy/op-declop",
+            "servicemonitor.monitoring.coreos.com/op-declop",
+            "role.rbac.authorization.k8s.io/op-declop-leader-election",
+            "rolebinding.rbac.authorization.k8s.io/op-declop-leader-election",
+        } <= names
+        kubectl_json(tool_env, "get", "clusterrole", f"{namespace}-op-declop")
+        kubectl_json(tool_env, "get", "clusterrolebinding", f"{namespace}-op-declop")
+
+        expect = {
+            ("list", "pods", "-A"): True,
+            ("watch", "pods", "-A"): True,
+            ("create", "events", "-n", "default"): True,
+            ("patch", "events.events.k8s.io", "-n", "default"): True,
+            ("create", "leases.coordination.k8s.io", "-n", namespace): True,
+            ("update", "leases.coordination.k8s.io/op-declop", "-n", namespace): True,
+            ("get", "leases.coordination.k8s.io/op-declop", "-n", namespace): True,
+            ("patch", "pods", "-n", "default"): False,
+            ("delete", "pods", "-n", "default"): False,
+            ("get", "secrets", "-n", namespace): False,
+            ("list", "configmaps", "-n", namespace): False,
+            ("update", "leases.coordination.k8s.io/other", "-n", namespace): False,
+            ("list", "leases.coordination.k8s.io", "-n", namespace): False,
+            ("delete", "leases.coordination.k8s.io/op-declop", "-n", namespace): False,
+            ("create", "leases.coordination.k8s.io", "-n", "default"): False,
+        }
+        assert {k: can_i(tool_env, sa, *k) for k in expect} == expect
+
+        # The pod template is admitted by PodSecurity "restricted" as a real Pod.
+        run(
+            tool_env,
+            "kubectl",
+            "label",
+            "namespace",
+            namespace,
+            "pod-security.kubernetes.io/enforce=restricted",
+        )
+        template_ = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)[
+            "spec"
+        ]["template"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "op-declop-pss",
+                "namespace": namespace,
+                "labels": template_["metadata"]["labels"],
+            },
+            "spec": template_["spec"],
+        }
+        run(tool_env, "kubectl", "create", "--dry-run=server", "-f", "-", stdin=json.dumps(pod))
+
+        # helm upgrade: new handlers roll the Pods; one replica switches election and strategy off.
+        handlers = tmp_path / "handlers.py"
+        handlers.write_text('import declop\n\n@declop.reconciler("pods")\ndef h(**_):\n    pass\n')
+        before = template_["metadata"]["annotations"]["checksum/handlers"]
+        run(
+            tool_env,
+            "helm",
+            "upgrade",
+            "op",
+            str(CHART),
+            "-n",
+            namespace,
+            "--reuse-values",
+            "--set",
+            "replicaCount=1",
+            "--set",
+            "podDisruptionBudget.enabled=false",
+            "--set-file",
+            f"handlers.files.handlers\\.py={handlers}",
+            "--set-json",
+            'rbac.watch=[{"resource": "pods"}]',
+        )
+        deployment = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+        assert (
+            deployment["spec"]["template"]["metadata"]["annotations"]["checksum/handlers"] != before
+        )
+        cm = kubectl_json(tool_env, "get", "configmap", "op-declop-handlers", "-n", namespace)
+        assert cm["data"] == {"handlers.py": handlers.read_text()}
+        roles = run(tool_env, "kubectl", "get", "roles", "-n", namespace, "-o", "name").stdout
+        assert "leader-election" not in roles
+    finally:
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+    gone = run(tool_env, "kubectl", "get", "clusterrole", f"{namespace}-op-declop", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_installed_container_runs_declop(
+    control_plane: Any, tool_env: dict[str, str], namespace: str, tmp_path: Path
+) -> None:
+    """Play kubelet for the installed Deployment: its env, volume and token; then `declop run`."""
+    run(
+        tool_env,
+        "helm",
+        "install",
+        "op",
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "gracePeriod=5",
+    )
+    try:
+        spec = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)["spec"][
+            "template"
+        ]["spec"]
+        (c,) = spec["containers"]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "handlers")
+        assert env["DECLOP_PATHS"] == mount["mountPath"]
+
+        # Laid out as by the kubelet: ..<time>/NAME, ..data -> ..<time>, NAME -> ..data/NAME
+        cm_name = next(v for v in spec["volumes"] if v["name"] == "handlers")["configMap"]["name"]
+        data = kubectl_json(tool_env, "get", "configmap", cm_name, "-n", namespace)["data"]
+        volume = tmp_path / "handlers"
+        (volume / "..2026_01_01_00_00_00.000000001").mkdir(parents=True)
+        for key, text in data.items():
+            (volume / "..2026_01_01_00_00_00.000000001" / key).write_text(text)
+            (volume / key).symlink_to(f"..data/{key}")
+        (volume / "..data").symlink_to("..2026_01_01_00_00_00.000000001")
+
+        sa_dir = tmp_path / "serviceaccount"
+        sa_dir.mkdir()
+        (sa_dir / "token").write_text(
+            control_plane.service_account_token(namespace, spec["serviceAccountName"])
+        )
+        (sa_dir / "ca.crt").write_text(Path(control_plane.ca_file).read_text())
+        (sa_dir / "namespace").write_text(namespace)
+
+        health, metrics = free_port(), free_port()
+        host, port = control_plane.host.removeprefix("https://").rsplit(":", 1)
+        process_env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+            "DECLOP_SERVICE_ACCOUNT_DIR": str(sa_dir),
+            **env,
+            "DECLOP_PATHS": str(volume),
+            "DECLOP_HEALTH_PORT": str(health),
+            "DECLOP_METRICS_PORT": str(metrics),
+        }
+        with OperatorProcess(c.get("args", []), env=process_env) as op:
+            wait_for(
+                lambda: (
+                    run(
+                        tool_env,
+                        "kubectl",
+                        "run",
+                        "web",
+                        "--image=nginx",
+                        "-n",
+                        namespace,
+                        check=False,
+                    ).returncode
+                    == 0
+                ),
+                timeout=30,
+                what="kubectl run web (the namespace's default ServiceAccount)",
+            )
+            try:
+                wait_for(
+                    lambda: [
+                        line
+                        for line in op.lines
+                        if "Pod created" in line and f'"{namespace}"' in line and '"web"' in line
+                    ],
+                    timeout=30,
+                    what=f"'Pod created' for {namespace}/web",
+                )
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}; declop printed:\n" + "\n".join(op.lines + op.stderr)
+                ) from None
+            lease = kubectl_json(
+                tool_env, "get", "lease", env["DECLOP_LEADER_ELECTION_ID"], "-n", namespace
+            )
+            assert lease["spec"].get("holderIdentity")
+
+            def get(port_: int, path: str) -> tuple[int, str]:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port_}{path}", timeout=5) as r:
+                        return r.status, r.read().decode()
+                except urllib.error.HTTPError as exc:
+                    return exc.code, exc.read().decode()
+
+            assert get(health, "/healthz")[0] == 200
+            assert wait_for(
+                lambda: get(health, "/readyz")[0] == 200, timeout=10, what="/readyz 200"
+            )
+            status, text = get(metrics, "/metrics")
+            assert status == 200 and "# TYPE" in text
+            code = op.stop()
+        assert code == 0, "\n".join(op.lines + op.stderr)
+        # released on SIGTERM, so that a RollingUpdate's new Pod takes over at once
+        lease = kubectl_json(
+            tool_env, "get", "lease", env["DECLOP_LEADER_ELECTION_ID"], "-n", namespace
+        )
+        assert not lease["spec"].get("holderIdentity"), lease["spec"]
+    finally:
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+
+
+# -- the Dockerfile, read as text --------------------------------------------------------------
+
+
+def dockerfile_stages() -> tuple[dict[str, str], list[list[tuple[str, str]]]]:
+    """(global ARG defaults, stages as [(INSTRUCTION, arguments)]), continuation lines joined."""
+    text = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(
+            line
+            for line in DOCKERFILE.read_text().splitlines()
+            if not line.lstrip().startswith("#")
+        ),
+    )
+    global_args: dict[str, str] = {}
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        instruction, _, rest = line.strip().partition(" ")
+        instruction, rest = instruction.upper(), " ".join(rest.split())
+        if instruction == "FROM":
+            stages.append([])
+        if not stages:
+            assert instruction == "ARG", f"{instruction} before the first FROM"
+            name, _, default = rest.partition("=")
+            global_args[name] = default
+            continue
+        stages[-1].append((instruction, rest))
+    return global_args, stages
+
+
+def test_dockerfile() -> None:
+    global_args, stages = dockerfile_stages()
+    assert len(stages) >= 2, "multi-stage: a builder and a runtime stage"
+    assert global_args["PYTHON_IMAGE"] == "python:3.11-slim"
+    froms = [stage[0][1] for stage in stages]
+    assert all(f.startswith("${PYTHON_IMAGE}") for f in froms), froms  # same Python in both stages
+    builder, final = stages[0], stages[-1]
+    assert froms[0].endswith(" AS builder")
+    builder_runs = " ".join(rest for ins, rest in builder if ins == "RUN")
+    assert "[fast]" in builder_runs and "venv /opt/declop" in builder_runs
+    copies = [rest for ins, rest in builder if ins == "COPY"]
+    assert any("declop/" in c for c in copies) and any("setup.cfg" in c for c in copies)
+
+    final_ = dict((ins, rest) for ins, rest in final)  # last of each instruction wins, as in Docker
+    assert "--from=builder /opt/declop /opt/declop" in [
+        rest for ins, rest in final if ins == "COPY"
+    ]
+    assert not [rest for ins, rest in final if ins == "RUN"], (
+        "nothing is installed in the runtime stage"
+    )
+    assert re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", final_["USER"]), (
+        "USER must be numeric and non-root"
+    )
+    assert final_["USER"] == "65532:65532"
+    assert json.loads(final_["ENTRYPOINT"]) == ["declop", "run"], "exec form"
+    assert "CMD" not in final_, "handlers come from DECLOP_PATHS / DECLOP_MODULES, or arguments"
+    env = " ".join(rest for ins, rest in final if ins == "ENV")
+    for setting in (
+        "PYTHONUNBUFFERED=1",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "HOME=/tmp",
+        "PATH=/opt/declop/bin:$PATH",
+    ):
+        assert setting in env.split(), setting
+    assert final_["EXPOSE"].split() == ["8080", "8081"]
+    labels = " ".join(rest for ins, rest in final if ins == "LABEL")
+    for key in ("title", "version", "source", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    assert f"ARG VERSION={declop.__version__}" in [
+        f"ARG {rest}" for ins, rest in final if ins == "ARG"
+    ]
+
+
+def test_image_chart_and_package_agree() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["kubeVersion"] == ">=1.29.0-0"
+    assert chart["appVersion"] == declop.__version__
+    _, stages = dockerfile_stages()
+    user, group = dict(stages[-1])["USER"].split(":")
+    security = values["podSecurityContext"]
+    assert (security["runAsUser"], security["runAsGroup"]) == (int(user), int(group))
+    assert dict(stages[-1])["EXPOSE"].split() == [
+        str(values["metrics"]["port"]),
+        str(values["health"]["port"]),
+    ]
+    # the build context is a whitelist holding what the builder copies
+    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    ignore = [line for line in ignore if line and not line.startswith("#")]
+    assert ignore[0] == "*"
+    for needed in ("pyproject.toml", "setup.cfg", "README.md", "declop/"):
+        assert f"!{needed}" in ignore
