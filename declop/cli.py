@@ -57,6 +57,8 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--leader-elect/--no-leader-elect", default=False, envvar=_env("LEADER_ELECT"), help="Reconcile only while holding a Lease."),
         click.option("--leader-election-id", default="declop", envvar=_env("LEADER_ELECTION_ID"), show_default=True),
         click.option("--leader-election-namespace", default=None, envvar=_env("LEADER_ELECTION_NAMESPACE")),
+        click.option("--qps", type=float, default=20.0, show_default=True, envvar=_env("QPS"), help="Client-side limit on API requests per second."),
+        click.option("--burst", type=int, default=30, show_default=True, envvar=_env("BURST"), help="Requests allowed above --qps in a burst."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -80,6 +82,8 @@ def _options(kw: dict[str, Any]) -> Options:
         leader_election_id=kw["leader_election_id"],
         leader_election_namespace=kw["leader_election_namespace"],
         user_agent=f"declop/{__version__}",
+        qps=kw["qps"],
+        burst=kw["burst"],
     )
 
 

@@ -59,6 +59,8 @@ class Options:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    qps: float = 20.0
+    burst: int = 30
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,7 +127,9 @@ class Manager:
                 "no reconciler is registered; decorate a function with @declop.reconciler(\"pods\") "
                 "in the files or modules you pass to 'declop run'"
             )
-        self.transport = Transport(self.configuration, user_agent=self.options.user_agent)
+        self.transport = Transport(
+            self.configuration, user_agent=self.options.user_agent, qps=self.options.qps, burst=self.options.burst
+        )
         self.transport.observer = self.metrics.request
         self.discovery = await self._discover()
         self.informers = InformerPool(self.transport, namespaces=self.options.namespaces)

@@ -4,6 +4,8 @@ Owns:
 - loading credentials with the official ``kubernetes`` package (kubeconfig, context, in-cluster
   service-account token with periodic re-read) into a private ``Configuration``;
 - one ``aiohttp`` session (TLS from that configuration) on the manager's event loop;
+- a client-side token bucket for requests (20 qps, burst 30 — controller-runtime's defaults), so
+  a handler in a hot loop cannot flood the apiserver; watches are long-lived and not counted;
 - ``request()`` for JSON calls and ``stream()`` for watch lines; 429/503 ``Retry-After`` honoured;
 - request counters by verb, used by tests and benchmarks to prove "no reads on the hot path".
 
@@ -28,6 +30,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 import aiohttp
 
 from .errors import ApiError, ConfigError, Conflict, Forbidden, NotFound
+from .ratelimit import TokenBucket
 
 try:  # optional speed-up: declop[fast]
     import orjson
@@ -148,6 +151,8 @@ class Transport:
         user_agent: str = "declop",
         max_connections: int = 100,
         retries: int = 5,
+        qps: float = 20.0,
+        burst: int = 30,
     ) -> None:
         self.configuration = configuration
         self.host = configuration.host.rstrip("/")
@@ -157,6 +162,7 @@ class Transport:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._counts: collections.Counter[str] = collections.Counter()
+        self._bucket = TokenBucket(qps, burst)
         #: called with (method, status) after every answered request (metrics)
         self.observer: Callable[[str, int], None] | None = None
 
@@ -217,6 +223,9 @@ class Transport:
         if accept:
             headers["Accept"] = accept
         self._counts[_verb(method, path, params)] += 1
+        delay = self._bucket.when(None)
+        if delay > 0:
+            await asyncio.sleep(delay)
         url = self.host + path
         for attempt in range(self._retries + 1):
             try:
