@@ -41,6 +41,12 @@ from .keys import Request as Request
 from .logs import ReconcileLogger as ReconcileLogger
 from .manager import Manager as Manager
 from .manager import Options as Options
+from .ownership import AlreadyOwnedError as AlreadyOwnedError
+from .ownership import acreate_or_update as acreate_or_update
+from .ownership import aretry_on_conflict as aretry_on_conflict
+from .ownership import create_or_update as create_or_update
+from .ownership import retry_on_conflict as retry_on_conflict
+from .ownership import set_controller_reference as set_controller_reference
 from .registry import Registry as Registry
 from .registry import index as index
 from .registry import reconciler as reconciler
@@ -48,6 +54,7 @@ from .result import Phase as Phase
 from .result import Result as Result
 
 __all__ = [
+    "AlreadyOwnedError",
     "ApiError",
     "AsyncClient",
     "CacheNotSyncedError",
@@ -66,13 +73,18 @@ __all__ = [
     "Request",
     "Result",
     "TerminalError",
+    "acreate_or_update",
     "add_finalizer",
+    "aretry_on_conflict",
     "clone",
     "contains_finalizer",
+    "create_or_update",
     "index",
     "predicates",
     "reconciler",
     "remove_finalizer",
+    "retry_on_conflict",
+    "set_controller_reference",
 ]
 
 for _name in __all__:

@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .errors import CacheNotSyncedError
@@ -24,6 +25,8 @@ from .keys import Request, key_of
 from .labels import Selector, parse_selector
 
 __all__ = ["IndexFunc", "Store", "Transform", "Writer", "clone", "strip_managed_fields"]
+
+log = logging.getLogger("declop.cache")
 
 Obj = dict[str, Any]
 IndexFunc = Callable[[Mapping[str, Any]], Iterable[str | None]]
@@ -120,7 +123,11 @@ class Store:
 
     # -- writer-only internals ------------------------------------------------------------
     def _index(self, name: str, key: Request, obj: Obj) -> None:
-        values = tuple(v for v in self._indexers[name](obj) if v is not None)
+        try:
+            values = tuple(v for v in (self._indexers[name](obj) or ()) if v is not None)
+        except Exception:  # a user index function must never stop the cache
+            log.exception("Index function failed; the object is left out of this index", extra={"kv": {"index": name, "key": str(key)}})
+            values = ()
         self._index_values[name][key] = values
         index = self._indexes[name]
         for v in values:

@@ -232,25 +232,13 @@ class Controller:
 
     async def _call(self, key: Request, obj: Any, phase: Phase, logger: ReconcileLogger, reconcile_id: str) -> Any:
         reg = self.registration
-        wants = reg.wants
         client: Client | AsyncClient
         client = (
             AsyncClient(self.ctx, self.resource, key, self.name)
             if reg.is_async
             else Client(self.ctx, self.resource, key, self.name)
         )
-        available = {
-            "request": key,
-            "name": key.name,
-            "namespace": key.namespace,
-            "client": client,
-            "logger": logger,
-            "reconcile_id": reconcile_id,
-            "phase": phase,
-        }
-        kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
-        if wants is None or "obj" in wants:
-            kwargs["obj"] = clone(obj) if obj is not None else None
+        kwargs = reg.arguments(key, obj, phase, client, logger, reconcile_id)
         self.reconciles += 1
         if reg.is_async:
             return await reg.fn(**kwargs)

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+from .cache import clone
 from .errors import RegistrationError
 from .labels import parse_selector
 from .predicates import Predicate
@@ -53,6 +54,26 @@ class Registration:
     is_async: bool = False
     #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
     wants: frozenset[str] | None = field(default=None)
+
+    def arguments(
+        self, request: Any, obj: Any, phase: Any, client: Any, logger: Any, reconcile_id: str
+    ) -> dict[str, Any]:
+        """The keyword arguments for one call: only those the handler declares. ``obj`` is a
+        deep copy of the cached object (made only when declared), so the cache stays intact."""
+        available = {
+            "request": request,
+            "name": request.name,
+            "namespace": request.namespace,
+            "client": client,
+            "logger": logger,
+            "reconcile_id": reconcile_id,
+            "phase": phase,
+        }
+        wants = self.wants
+        kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
+        if wants is None or "obj" in wants:
+            kwargs["obj"] = clone(obj) if obj is not None else None
+        return kwargs
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ ORDER = [
     "finalizers",
     "logs",
     "client",
+    "ownership",
     "registry",
     "controller",
     "probes",

@@ -11,6 +11,7 @@ import declop
 
 #: the public names of ``declop``; changing this set is an API change
 EXPECTED = {
+    "AlreadyOwnedError",
     "ApiError",
     "AsyncClient",
     "CacheNotSyncedError",
@@ -29,17 +30,22 @@ EXPECTED = {
     "Request",
     "Result",
     "TerminalError",
+    "acreate_or_update",
     "add_finalizer",
+    "aretry_on_conflict",
     "clone",
     "contains_finalizer",
+    "create_or_update",
     "index",
     "predicates",
     "reconciler",
     "remove_finalizer",
+    "retry_on_conflict",
+    "set_controller_reference",
 }
 
 #: the public names of ``declop.testing``
-EXPECTED_TESTING = {"ControlPlane", "OperatorProcess", "OperatorRunner", "find_assets", "wait_for"}
+EXPECTED_TESTING = {"ControlPlane", "FakeClient", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "find_assets", "run_reconcile", "wait_for"}
 
 
 def test_all_is_sorted() -> None:
@@ -102,6 +108,12 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "add_finalizer": "declop.finalizers",
         "contains_finalizer": "declop.finalizers",
         "remove_finalizer": "declop.finalizers",
+        "AlreadyOwnedError": "declop.ownership",
+        "acreate_or_update": "declop.ownership",
+        "aretry_on_conflict": "declop.ownership",
+        "create_or_update": "declop.ownership",
+        "retry_on_conflict": "declop.ownership",
+        "set_controller_reference": "declop.ownership",
     }.get(name, "declop.errors")
     assert getattr(importlib.import_module(defining), name) is obj
 

@@ -1,18 +1,25 @@
-"""declop's public test kit: a real control plane for integration tests, runners, and its pytest plugin.
+"""declop's public test kit.
 
-``declop.testing.plugin`` is registered as a pytest plugin (entry point ``declop``) and provides
-the ``control_plane``, ``kubeconfig``, ``k8s_api`` and ``namespace`` fixtures.
+- :class:`ControlPlane`, and the pytest plugin (entry point ``declop``) with the ``control_plane``,
+  ``kubeconfig``, ``k8s_api`` and ``namespace`` fixtures: a real etcd + kube-apiserver.
+- :class:`OperatorRunner` / :class:`OperatorProcess`: run an operator in a thread or as
+  ``declop run``; :func:`wait_for` polls a condition.
+- :func:`run_reconcile`, :class:`FakeClient`: unit-test a reconciler with no apiserver at all.
 """
 
 from __future__ import annotations
 
 from declop.testing.controlplane import ControlPlane, find_assets
+from declop.testing.fake import FakeClient, ReconcileOutcome, run_reconcile
 from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
 
 __all__ = [
     "ControlPlane",
+    "FakeClient",
     "OperatorProcess",
     "OperatorRunner",
+    "ReconcileOutcome",
     "find_assets",
+    "run_reconcile",
     "wait_for",
 ]

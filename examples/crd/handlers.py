@@ -1,59 +1,152 @@
-"""A Widget operator: each Widget owns a ConfigMap holding its message, and reports status.
+"""A Widget operator: each Widget owns a Deployment and a Service, and reports a Ready condition.
 
     kubectl apply -f examples/crd/widget-crd.yaml
     declop run examples/crd/handlers.py
     kubectl apply -f examples/crd/widget.yaml
-    kubectl get widgets,configmaps
+    kubectl get widgets,deployments,services
 
-The ConfigMap carries a controller ownerReference, so deleting the Widget deletes it (garbage
-collection), and editing or deleting the ConfigMap by hand wakes the Widget's reconciler
-(``owns=``), which puts it back.
+* **Children.** The Deployment and the Service carry a controller ownerReference
+  (``declop.set_controller_reference``): deleting the Widget deletes them (garbage collection),
+  and ``owns=`` makes any change to them — a ``kubectl delete``, a ``kubectl scale``, the
+  Deployment's status moving — wake the Widget's reconciler, which puts back what it owns.
+* **No needless writes.** ``declop.create_or_update`` compares before writing: a reconcile that
+  finds everything in place sends nothing (so the Deployment's status updates, which wake us,
+  never cause a write loop). The mutate functions set only the fields this operator owns, and
+  spell out the values the apiserver would default inside lists (``protocol: TCP``).
+* **Status.** ``status.conditions`` holds a ``Ready`` condition with ``observedGeneration``; its
+  ``lastTransitionTime`` changes only when its status does. Status is written only when it differs.
+* **Predicates.** ``generation_changed`` drops the Widget's own status-only updates (our writes
+  coming back); events on the children are not filtered.
+
+The pure functions below (``desired_*``, ``set_condition``) are what ``examples/test_widget_unit.py``
+tests without any cluster, through ``declop.testing.fake.run_reconcile``.
 """
+
+import datetime
 
 import declop
 
+MANAGED_BY = {"app.kubernetes.io/managed-by": "declop"}
 
-def desired_configmap(widget):
+
+def selector(widget):
+    return {"example.com/widget": widget["metadata"]["name"]}
+
+
+def skeleton(widget, api_version, kind):
+    """Which object: the child's identity, named after its Widget."""
     meta = widget["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": f"{meta['name']}-widget",
-            "namespace": meta["namespace"],
-            "labels": {"app.kubernetes.io/managed-by": "declop", "example.com/widget": meta["name"]},
-            "ownerReferences": [
-                {
-                    "apiVersion": widget["apiVersion"],
-                    "kind": widget["kind"],
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "data": {"message": widget["spec"].get("message", "")},
-    }
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": meta["name"], "namespace": meta["namespace"]}}
 
 
-@declop.reconciler("widgets.example.com", owns=["configmaps"])
+def desired_deployment(widget):
+    """A mutate function for the Deployment: sets only the fields this operator owns."""
+    spec = widget.get("spec") or {}
+
+    def mutate(deployment):
+        declop.set_controller_reference(deployment, widget)
+        deployment["metadata"].setdefault("labels", {}).update({**MANAGED_BY, **selector(widget)})
+        ds = deployment.setdefault("spec", {})
+        ds["replicas"] = spec.get("replicas", 1)
+        ds["selector"] = {"matchLabels": selector(widget)}  # immutable: always the same value
+        template = ds.setdefault("template", {})
+        template.setdefault("metadata", {}).setdefault("labels", {}).update(selector(widget))
+        containers = template.setdefault("spec", {}).setdefault("containers", [])
+        web = next((c for c in containers if c.get("name") == "web"), None)
+        if web is None:
+            web = {"name": "web"}
+            containers.append(web)
+        web["image"] = spec.get("image") or "nginx:1.27"
+        web["env"] = [{"name": "MESSAGE", "value": spec.get("message", "")}]
+        web["ports"] = [{"name": "http", "containerPort": 80, "protocol": "TCP"}]
+
+    return mutate
+
+
+def desired_service(widget):
+    """A mutate function for the Service (clusterIP and the other defaults stay the server's)."""
+
+    def mutate(service):
+        declop.set_controller_reference(service, widget)
+        service["metadata"].setdefault("labels", {}).update({**MANAGED_BY, **selector(widget)})
+        ss = service.setdefault("spec", {})
+        ss["selector"] = selector(widget)
+        ss["ports"] = [{"name": "http", "port": 80, "targetPort": 80, "protocol": "TCP"}]
+
+    return mutate
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(conditions, type, status, reason, message, observed_generation):
+    """Set one condition in place; ``lastTransitionTime`` moves only when ``status`` changes."""
+    for c in conditions:
+        if c.get("type") == type:
+            if c.get("status") != status:
+                c["lastTransitionTime"] = now()
+            c.update(status=status, reason=reason, message=message, observedGeneration=observed_generation)
+            return conditions
+    conditions.append(
+        {
+            "type": type,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": observed_generation,
+            "lastTransitionTime": now(),
+        }
+    )
+    return conditions
+
+
+def desired_status(widget, deployment):
+    """The Widget's status given its Deployment as the cache shows it (None: not there yet)."""
+    status = declop.clone(widget.get("status") or {})
+    generation = widget["metadata"].get("generation")
+    want = (widget.get("spec") or {}).get("replicas", 1)
+    if deployment is None:
+        ready, settled = 0, False
+    else:
+        ds = deployment.get("status") or {}
+        ready = ds.get("readyReplicas", 0)
+        settled = ds.get("observedGeneration") == deployment["metadata"].get("generation")
+    if settled and ready >= want:
+        condition = ("True", "Available", f"{ready}/{want} replicas ready")
+    else:
+        condition = ("False", "Progressing", f"{ready}/{want} replicas ready")
+    status["observedGeneration"] = generation
+    status["readyReplicas"] = ready
+    set_condition(status.setdefault("conditions", []), "Ready", *condition, generation)
+    return status
+
+
+@declop.reconciler(
+    "widgets.example.com",
+    owns=["deployments.apps", "services"],
+    predicates=[declop.predicates.generation_changed],
+)
 def widget(request, client, logger, obj, **_):
     if obj is None:
-        logger.info("Widget deleted; its ConfigMap is garbage-collected")
+        logger.info("Widget deleted; the garbage collector removes its Deployment and Service")
         return None
-    want = desired_configmap(obj)
-    name = want["metadata"]["name"]
+
+    for api_version, kind, mutate in (
+        ("apps/v1", "Deployment", desired_deployment(obj)),
+        ("v1", "Service", desired_service(obj)),
+    ):
+        operation = declop.create_or_update(client, skeleton(obj, api_version, kind), mutate)
+        if operation != "unchanged":
+            logger.info(f"{kind} {operation}", name=obj["metadata"]["name"])
+
     try:
-        have = client.get("configmaps", name)
+        deployment = client.get("deployments.apps", obj["metadata"]["name"])
     except declop.NotFound:
-        client.create(want)
-        logger.info("Created ConfigMap", configmap=name)
-    else:
-        if have.get("data") != want["data"]:
-            client.patch("configmaps", name, {"data": want["data"]})
-            logger.info("Repaired ConfigMap", configmap=name)
-    status = {"observedGeneration": obj["metadata"].get("generation"), "configMap": name}
-    if {k: (obj.get("status") or {}).get(k) for k in status} != status:
+        deployment = None  # just created: the cache sees it a moment later, and that wakes us
+    status = desired_status(obj, deployment)
+    if status != (obj.get("status") or {}):
         client.patch_status(request, {"status": status})
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        logger.info("Status updated", ready=ready["status"], reason=ready["reason"])
     return None

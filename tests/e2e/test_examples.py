@@ -37,12 +37,17 @@ def get_json(env: dict[str, str], *args: str) -> dict | None:
 
 
 def test_seed_scenario_pods(control_plane, namespace):
-    """kubectl run / label / delete give the seed's three lines, each with a fresh reconcileID."""
+    """kubectl run / label / delete give the seed's three lines, each with a fresh reconcileID.
+
+    The operator watches all namespaces, as `declop run examples/pods.py` does; only the lines
+    about this test's namespace are looked at (other tests may leave pods elsewhere).
+    """
     env = control_plane.env()
+    here = f'"namespace": "{namespace}", "name": "nginx"'
     with OperatorProcess([str(EXAMPLES / "pods.py")], env=env) as op:
         op.wait_for_line("Starting workers")
         kubectl(env, "run", "nginx", "--image", "nginx", "-n", namespace)
-        created = op.wait_for_line('"name": "nginx"')
+        created = op.wait_for_line(here)
         line = re.compile(
             r'^INFO Pod created \{"controller": "example", "namespace": "%s", "name": "nginx", "reconcileID": "(%s)"\}$'
             % (re.escape(namespace), UUID4)
@@ -51,24 +56,23 @@ def test_seed_scenario_pods(control_plane, namespace):
         assert first, created[0]
 
         kubectl(env, "label", "pod", "nginx", "env=prod", "-n", namespace)
-        again = op.wait_for_line("INFO Pod created", count=2)
+        again = op.wait_for_line(here, count=2)
         second = line.match(again[1])
         assert second, again[1]
         assert second.group(1) != first.group(1)
+        assert len([x for x in op.lines if here in x]) == 2, "\n".join(op.lines)
 
-        assert len([line for line in op.lines if "Pod created" in line]) == 2, "\n".join(op.lines)
         # No kubelet runs here, so delete as a kubelet would finish it. The apiserver first
         # records the deletionTimestamp (an update: the seed's handler still finds the pod and
         # may log "Pod created" once more), then removes the pod: NotFound in the cache.
         kubectl(env, "delete", "pod", "nginx", "-n", namespace, "--grace-period=0", "--force")
-        gone = op.wait_for_line("The pod was deleted")
+        gone = op.wait_for_line('The pod was deleted {"controller": "example", ' + here)
         assert re.match(
             r'^INFO The pod was deleted \{"controller": "example", "namespace": "%s", "name": "nginx", "reconcileID": "%s"\}$'
             % (re.escape(namespace), UUID4),
             gone[0],
         ), gone[0]
     assert op.returncode == 0
-
 
 def test_finalizer_example(control_plane, namespace):
     env = control_plane.env()
@@ -93,41 +97,94 @@ def test_finalizer_example(control_plane, namespace):
 
 
 def test_crd_example(control_plane, namespace):
+    """A Widget gets a Deployment and a Service it owns, a Ready condition, and its children repaired."""
+    import time
+
     env = control_plane.env()
     kubectl(env, "apply", "-f", str(EXAMPLES / "crd" / "widget-crd.yaml"))
     kubectl(env, "wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s")
+
+    def widget() -> dict:
+        return get_json(env, "widget", "hello", "-n", namespace)
+
+    def ready() -> dict | None:
+        return next((c for c in (widget().get("status") or {}).get("conditions") or () if c["type"] == "Ready"), None)
+
     with OperatorProcess([str(EXAMPLES / "crd" / "handlers.py"), "-n", namespace], env=env) as op:
         op.wait_for_line("Starting workers")
         kubectl(env, "apply", "-n", namespace, "-f", str(EXAMPLES / "crd" / "widget.yaml"))
-        cm = wait_for(lambda: get_json(env, "configmap", "hello-widget", "-n", namespace), 10)
-        assert cm["data"] == {"message": "Hello from a Widget"}
-        owner = cm["metadata"]["ownerReferences"][0]
-        assert owner["kind"] == "Widget" and owner["controller"] is True
-        wait_for(lambda: (get_json(env, "widget", "hello", "-n", namespace).get("status") or {}).get("configMap") == "hello-widget", 10)
+        deploy = wait_for(lambda: get_json(env, "deployment", "hello", "-n", namespace), 10)
+        svc = wait_for(lambda: get_json(env, "service", "hello", "-n", namespace), 10)
+        container = deploy["spec"]["template"]["spec"]["containers"][0]
+        assert container["env"] == [{"name": "MESSAGE", "value": "Hello from a Widget"}]
+        assert deploy["spec"]["replicas"] == 1
+        assert svc["spec"]["selector"] == {"example.com/widget": "hello"}
+        for child in (deploy, svc):
+            owner = child["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["name"], owner["controller"], owner["blockOwnerDeletion"]) == ("Widget", "hello", True, True)
+        op.wait_for_line("Deployment created")
+        op.wait_for_line("Service created")
 
-        # someone deletes the child by hand: the owner's reconciler puts it back
-        kubectl(env, "delete", "configmap", "hello-widget", "-n", namespace)
-        fresh = wait_for(
-            lambda: (lambda o: o if o and o["metadata"]["uid"] != cm["metadata"]["uid"] else None)(
-                get_json(env, "configmap", "hello-widget", "-n", namespace)
+        # no kubelet runs pods here: 0 of 1 replicas ready
+        cond = wait_for(ready, 10)
+        assert (cond["status"], cond["reason"], cond["observedGeneration"]) == ("False", "Progressing", 1)
+        assert widget()["status"]["observedGeneration"] == 1
+
+        # zero replicas are all ready: Ready turns True and lastTransitionTime moves. (Done before
+        # the repairs below: after a Deployment is deleted and recreated under the same name, the
+        # controller-manager took ~40 s to report the new one's status here.)
+        kubectl(env, "patch", "widget", "hello", "-n", namespace, "--type=merge", "-p", '{"spec":{"replicas":0}}')
+        cond = wait_for(lambda: (lambda c: c if c and c["status"] == "True" else None)(ready()), 20)
+        assert (cond["reason"], cond["observedGeneration"]) == ("Available", 2)
+        op.wait_for_line('"ready": "True"')
+        # a spec change the Deployment does not depend on keeps it Ready: observedGeneration
+        # follows, lastTransitionTime (second precision: wait past this second) stays
+        time.sleep(1.1)
+        kubectl(env, "patch", "widget", "hello", "-n", namespace, "--type=merge", "-p", '{"spec":{"secretName":"x"}}')
+        later = wait_for(lambda: (lambda c: c if c and c["observedGeneration"] == 3 else None)(ready()), 20)
+        assert later["status"] == "True"
+        assert later["lastTransitionTime"] == cond["lastTransitionTime"]
+        # a message change rolls the Deployment out: its container gets the new message
+        kubectl(env, "patch", "widget", "hello", "-n", namespace, "--type=merge", "-p", '{"spec":{"message":"changed"}}')
+        wait_for(
+            lambda: get_json(env, "deployment", "hello", "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["env"]
+            == [{"name": "MESSAGE", "value": "changed"}],
+            10,
+        )
+
+        # someone deletes a child by hand: the owner's reconciler puts it back
+        kubectl(env, "delete", "deployment", "hello", "-n", namespace)
+        wait_for(
+            lambda: (lambda o: o if o and o["metadata"]["uid"] != deploy["metadata"]["uid"] else None)(
+                get_json(env, "deployment", "hello", "-n", namespace)
             ),
             10,
         )
-        assert fresh["data"] == {"message": "Hello from a Widget"}
-        # someone edits it by hand: repaired
-        kubectl(env, "patch", "configmap", "hello-widget", "-n", namespace, "-p", '{"data":{"message":"tampered"}}')
-        wait_for(lambda: get_json(env, "configmap", "hello-widget", "-n", namespace)["data"] == {"message": "Hello from a Widget"}, 10)
-        op.wait_for_line("Repaired ConfigMap")
+        kubectl(env, "delete", "service", "hello", "-n", namespace)
+        wait_for(
+            lambda: (lambda o: o if o and o["metadata"]["uid"] != svc["metadata"]["uid"] else None)(
+                get_json(env, "service", "hello", "-n", namespace)
+            ),
+            10,
+        )
+        # someone edits one by hand: repaired
+        updates = len([line for line in op.lines if "Deployment updated" in line])
+        kubectl(env, "scale", "deployment", "hello", "-n", namespace, "--replicas=3")
+        op.wait_for_line("Deployment updated", count=updates + 1)
+        wait_for(lambda: get_json(env, "deployment", "hello", "-n", namespace)["spec"]["replicas"] == 0, 10)
 
-        # the Widget goes: the garbage collector removes its ConfigMap
+        # the Widget goes: the garbage collector removes its children
         kubectl(env, "delete", "widget", "hello", "-n", namespace)
         op.wait_for_line("Widget deleted")
-        wait_for(lambda: get_json(env, "configmap", "hello-widget", "-n", namespace) is None, 60)
+        wait_for(lambda: get_json(env, "deployment", "hello", "-n", namespace) is None, 60)
+        wait_for(lambda: get_json(env, "service", "hello", "-n", namespace) is None, 60)
     assert op.returncode == 0
 
 
 def test_every_example_is_exercised():
-    tested = {"pods.py", "finalizer.py", "crd"}
+    # watches.py runs in tests/integration/test_relations.py; test_widget_unit.py is itself a
+    # test module that pytest collects (testpaths includes examples/)
+    tested = {"pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py"}
     present = {p.name for p in EXAMPLES.iterdir() if p.suffix == ".py" or p.is_dir()} - {"__pycache__"}
     untested = present - tested - set(os.environ.get("DECLOP_EXAMPLES_TESTED_ELSEWHERE", "").split(","))
     assert not untested, f"examples without a test: {sorted(untested)}"
