@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .cache import clone
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, TerminalError
@@ -38,7 +36,7 @@ from .predicates import Predicate
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .registry import Registration
 from .result import Phase, Result, phase_of
-from .workqueue import QueueMetrics, QueueShutDown, WorkQueue
+from .workqueue import QueueEmpty, QueueMetrics, QueueShutDown, WorkQueue
 
 __all__ = ["Controller", "ControllerMetrics", "Source"]
 
@@ -176,6 +174,8 @@ class Controller:
     # -- the worker loop -----------------------------------------------------------------------
     async def _worker(self) -> None:
         queue = self.queue
+        batching = not self.registration.is_async
+        workers = self.registration.max_concurrent
         while True:
             try:
                 key = await queue.get()
@@ -184,19 +184,34 @@ class Controller:
             if self._stopping:
                 queue.done(key)
                 return
-            self._inflight += 1
+            keys = [key]
+            if batching:
+                # Plain handlers run in a thread: one hop per batch instead of one per key.
+                # Take more ready keys, but never more than this worker's share of the backlog,
+                # so other workers are not starved. Taken keys are "processing": no other worker
+                # can take them, and re-adds meanwhile cause exactly one more run after done().
+                extra = min(BATCH - 1, len(queue) // workers)
+                while extra > 0:
+                    try:
+                        keys.append(queue.get_nowait())
+                    except (QueueEmpty, QueueShutDown):
+                        break
+                    extra -= 1
+            self._inflight += len(keys)
             self.metrics.active(self.name, 1)
             try:
-                await self._process(key)
+                await self._process(keys)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a framework bug: never kill the worker
-                log.exception("Unexpected error while processing a key", extra={"kv": {"controller": self.name, "key": str(key)}})
-                queue.add_rate_limited(key)
+                log.exception("Unexpected error while processing keys", extra={"kv": {"controller": self.name, "keys": [str(k) for k in keys]}})
+                for k in keys:
+                    queue.add_rate_limited(k)
             finally:
-                self._inflight -= 1
+                self._inflight -= len(keys)
                 self.metrics.active(self.name, -1)
-                queue.done(key)
+                for k in keys:
+                    queue.done(k)
 
     def _lookup(self, key: Request) -> Any:
         for informer in self._primary:
@@ -206,44 +221,65 @@ class Controller:
                     return obj
         return None
 
-    async def _process(self, key: Request) -> None:
-        started = time.monotonic()
+    async def _process(self, keys: list[Request]) -> None:
+        """Reconcile ``keys``: prepare each on the loop (cache read, phase, finalizer added before
+        the handler sees CREATED), call the handler, release the finalizer after a successful
+        DELETING call, and settle every outcome."""
         reg = self.registration
-        reconcile_id = str(uuid.uuid4())
-        logger = ReconcileLogger(
-            self._log,
-            {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": reconcile_id},
-        )
-        outcome: Any = None
-        error: BaseException | None = None
-        try:
-            obj = self._lookup(key)
-            phase = phase_of(obj, reg.finalizer)
-            if phase is Phase.CREATED and reg.finalizer is not None:
-                # persist the finalizer before the handler can cause side effects
-                obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
-            outcome = await self._call(key, obj, phase, logger, reconcile_id)
-            if phase is Phase.DELETING and reg.finalizer is not None and (outcome is None or isinstance(outcome, Result)):
-                # cleanup succeeded: only now may the object go
-                await release_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
-        except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
-            error = exc
-        self._settle(key, outcome, error, logger, time.monotonic() - started)
-
-    async def _call(self, key: Request, obj: Any, phase: Phase, logger: ReconcileLogger, reconcile_id: str) -> Any:
-        reg = self.registration
-        client: Client | AsyncClient
-        client = (
-            AsyncClient(self.ctx, self.resource, key, self.name)
-            if reg.is_async
-            else Client(self.ctx, self.resource, key, self.name)
-        )
-        kwargs = reg.arguments(key, obj, phase, client, logger, reconcile_id)
-        self.reconciles += 1
+        calls: list[_Call] = []
+        for key in keys:
+            call = _Call(key, time.monotonic(), str(uuid.uuid4()))
+            call.logger = ReconcileLogger(
+                self._log,
+                {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
+            )
+            try:
+                obj = self._lookup(key)
+                call.phase = phase_of(obj, reg.finalizer)
+                if call.phase is Phase.CREATED and reg.finalizer is not None:
+                    # persist the finalizer before the handler can cause side effects
+                    obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
+                call.obj = obj
+                client = (
+                    AsyncClient(self.ctx, self.resource, key, self.name)
+                    if reg.is_async
+                    else Client(self.ctx, self.resource, key, self.name)
+                )
+                call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id)
+            except Exception as exc:  # noqa: BLE001 - settled below like a handler error
+                call.error, call.ran = exc, True
+            calls.append(call)
+        pending = [c for c in calls if not c.ran]
+        self.reconciles += len(pending)
         if reg.is_async:
-            return await reg.fn(**kwargs)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(reg.fn, **kwargs))
+            for call in pending:
+                if self._stopping and call is not pending[0]:
+                    break
+                call.ran = True
+                try:
+                    call.outcome = await reg.fn(**call.kwargs)
+                except Exception as exc:  # noqa: BLE001
+                    call.error = exc
+        elif pending:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.executor, _run_batch, reg.fn, pending, self._is_stopping)
+        for call in calls:
+            if not call.ran:
+                continue  # dropped at shutdown, like keys still queued
+            if (
+                call.error is None
+                and call.phase is Phase.DELETING
+                and reg.finalizer is not None
+                and (call.outcome is None or isinstance(call.outcome, Result))
+            ):
+                try:  # cleanup succeeded: only now may the object go
+                    await release_finalizer(self.ctx.transport, self.resource, call.obj, reg.finalizer)
+                except Exception as exc:  # noqa: BLE001
+                    call.error = exc
+            self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     def _settle(
         self, key: Request, outcome: Any, error: BaseException | None, logger: ReconcileLogger, seconds: float
@@ -273,6 +309,39 @@ class Controller:
         else:
             queue.forget(key)
             self.metrics.reconciled(self.name, "success", seconds)
+
+
+#: at most this many keys per thread hop for plain handlers
+BATCH = 64
+
+
+class _Call:
+    """One reconcile in flight: what the handler gets and what came of it."""
+
+    __slots__ = ("key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "ran", "outcome", "error")
+
+    def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
+        self.key, self.started, self.reconcile_id = key, started, reconcile_id
+        self.logger: ReconcileLogger
+        self.phase: Phase = Phase.DELETED
+        self.obj: Any = None
+        self.kwargs: dict[str, Any] = {}
+        self.ran = False
+        self.outcome: Any = None
+        self.error: BaseException | None = None
+
+
+def _run_batch(fn: Callable[..., Any], calls: list[_Call], stopping: Callable[[], bool]) -> None:
+    """In a worker thread: call ``fn`` for each prepared call, in order; stop early at shutdown
+    (the first call always runs: it was taken before the stop)."""
+    for i, call in enumerate(calls):
+        if i and stopping():
+            return
+        call.ran = True
+        try:
+            call.outcome = fn(**call.kwargs)
+        except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
+            call.error = exc
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

@@ -39,6 +39,10 @@ RECONCILE_BUCKETS = (
 )
 
 
+#: the ``result`` label values of controller_runtime_reconcile_total
+RESULTS = ("success", "error", "requeue_after", "terminal_error")
+
+
 class _QueueHooks:
     """QueueMetrics for one controller's queue; children are bound once."""
 
@@ -151,6 +155,7 @@ class Metrics(ControllerMetrics):
             "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
         )
         self._queues: list[Callable[[], QueueStatistics]] = []
+        self._bound: dict[str, dict[str, Any]] = {}
         r.register(_QueueState(lambda: [q() for q in self._queues]))
 
     def watch_queue(self, statistics: Callable[[], QueueStatistics]) -> None:
@@ -164,21 +169,29 @@ class Metrics(ControllerMetrics):
     def started(self, controller: str, max_concurrent: int) -> None:
         self.max_concurrent.labels(controller).set(max_concurrent)
         self.active_workers.labels(controller).set(0)
-        for result in ("success", "error", "requeue_after", "terminal_error"):
-            self.reconcile_total.labels(controller, result)
-        self.reconcile_errors.labels(controller)
-        self.terminal_errors.labels(controller)
+        self._children(controller)  # every series exists (at 0) from the start
+
+    def _children(self, controller: str) -> dict[str, Any]:
+        children = self._bound.get(controller)
+        if children is None:
+            children = self._bound[controller] = {
+                "time": self.reconcile_time.labels(controller),
+                "error": self.reconcile_errors.labels(controller),
+                "terminal_error": self.terminal_errors.labels(controller),
+                "active": self.active_workers.labels(controller),
+                **{f"total:{r}": self.reconcile_total.labels(controller, r) for r in RESULTS},
+            }
+        return children
 
     def reconciled(self, controller: str, result: str, seconds: float) -> None:
-        self.reconcile_total.labels(controller, result).inc()
-        self.reconcile_time.labels(controller).observe(seconds)
-        if result == "error":
-            self.reconcile_errors.labels(controller).inc()
-        elif result == "terminal_error":
-            self.terminal_errors.labels(controller).inc()
+        c = self._children(controller)
+        c[f"total:{result}"].inc()
+        c["time"].observe(seconds)
+        if result in ("error", "terminal_error"):
+            c[result].inc()
 
     def active(self, controller: str, delta: int) -> None:
-        self.active_workers.labels(controller).inc(delta)
+        self._children(controller)["active"].inc(delta)
 
     def request(self, method: str, code: int) -> None:
         self.rest_requests.labels(method, str(code)).inc()

@@ -402,12 +402,9 @@ def _live_children() -> set[int]:
     return children
 
 
-def _control_plane_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("declop-cp-*"))
-
-
-def test_interrupted_start_leaves_no_process() -> None:
-    before, dirs_before = _live_children(), _control_plane_dirs()
+def test_interrupted_start_leaves_no_process(mocker: Any) -> None:
+    made = mocker.spy(tempfile, "mkdtemp")  # this plane's own dirs (other runs may share /tmp)
+    before = _live_children()
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     plane = ControlPlane(controller_manager=False)
     timer.start()
@@ -420,23 +417,24 @@ def test_interrupted_start_leaves_no_process() -> None:
         plane.stop()
     assert plane.startup_seconds is None  # the interrupt landed inside start()
     assert _live_children() <= before
-    assert _control_plane_dirs() <= dirs_before
+    assert made.spy_return_list and not any(Path(d).exists() for d in made.spy_return_list)
 
 
 def test_component_that_dies_during_start_is_reported_with_its_log(
-    control_plane: ControlPlane, tmp_path: Path
+    control_plane: ControlPlane, tmp_path: Path, mocker: Any
 ) -> None:
     for name in ("etcd", "kubectl"):
         (tmp_path / name).symlink_to(control_plane.binary(name))
     fake = tmp_path / "kube-apiserver"
     fake.write_text("#!/bin/sh\necho 'E0101 flag provided but not defined: --boom'\nexit 3\n")
     fake.chmod(0o755)
-    before, dirs_before = _live_children(), _control_plane_dirs()
+    before = _live_children()
+    made = mocker.spy(tempfile, "mkdtemp")
     plane = ControlPlane(assets_dir=str(tmp_path), controller_manager=False)
     with pytest.raises(RuntimeError, match="kube-apiserver exited with code 3") as info:
         plane.start()
     assert "flag provided but not defined: --boom" in str(info.value)
-    assert _control_plane_dirs() <= dirs_before
+    assert made.spy_return_list and not any(Path(d).exists() for d in made.spy_return_list)
     assert _live_children() <= before
 
 

@@ -158,7 +158,7 @@ def test_phase_and_kwargs_reach_the_handler() -> None:
 
     c, informer, _ = make(handler)
     informer.writer.upsert(cm())
-    run(c._process(KEY))
+    run(c._process([KEY]))
     assert seen["request"] == KEY and seen["name"] == "a" and seen["namespace"] == "ns"
     assert seen["phase"] is declop.Phase.UPDATED
     assert seen["obj"] == informer.store.get(KEY) and seen["obj"] is not informer.store.get(KEY)
@@ -169,7 +169,7 @@ def test_phase_and_kwargs_reach_the_handler() -> None:
 def test_missing_object_is_deleted_phase_with_none() -> None:
     seen: list[Any] = []
     c, _, _ = make(lambda phase, obj, **_: seen.append((phase, obj)))
-    run(c._process(KEY))
+    run(c._process([KEY]))
     assert seen == [(declop.Phase.DELETED, None)]
 
 
@@ -177,7 +177,7 @@ def test_created_adds_the_finalizer_first_with_a_guarded_json_patch() -> None:
     seen: list[Any] = []
     c, informer, _ = make(lambda phase, **_: seen.append(phase), finalizer="x.io/f")
     informer.writer.upsert(cm())
-    run(c._process(KEY))
+    run(c._process([KEY]))
     method, path, body = c.ctx.transport.calls[0]  # type: ignore[attr-defined]
     assert method == "PATCH" and path == "/api/v1/namespaces/ns/configmaps/a"
     assert body[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "1"}
@@ -188,7 +188,7 @@ def test_created_adds_the_finalizer_first_with_a_guarded_json_patch() -> None:
 def test_deleting_removes_only_our_finalizer_after_success() -> None:
     c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
     informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["other.io/g", "x.io/f"]))
-    run(c._process(KEY))
+    run(c._process([KEY]))
     (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
     assert method == "PATCH"
     assert body[-1] == {"op": "remove", "path": "/metadata/finalizers/1"}
@@ -201,7 +201,7 @@ def test_deleting_keeps_the_finalizer_when_cleanup_fails() -> None:
 
     c, informer, _ = make(cleanup, finalizer="x.io/f")
     informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f"]))
-    run(c._process(KEY))
+    run(c._process([KEY]))
     assert c.ctx.transport.calls == []  # type: ignore[attr-defined]
     assert c.queue.num_requeues(KEY) == 1
 
@@ -240,6 +240,60 @@ def test_async_handlers_run_on_the_loop_with_the_async_client() -> None:
 
     c, informer, clock = make(handler)
     informer.writer.upsert(cm())
-    run(c._process(KEY))
+    run(c._process([KEY]))
     assert isinstance(seen[0], declop.AsyncClient)
     assert c.queue.next_deadline() == pytest.approx(clock() + 5)
+
+
+def test_a_batch_of_plain_calls_settles_each_key_on_its_own() -> None:
+    import threading
+
+    threads: list[int] = []
+
+    def handler(name: str, **_: Any) -> Any:
+        threads.append(threading.get_ident())
+        if name == "b":
+            raise RuntimeError("b fails")
+        if name == "c":
+            return declop.Result(requeue_after=60)
+        return None
+
+    c, informer, clock = make(handler)
+    keys = [Request("ns", n) for n in ("a", "b", "c")]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+    run(c._process(keys))
+    assert len(threads) == 3 and len(set(threads)) == 1  # one hop to one thread for the batch
+    assert c.queue.num_requeues(keys[0]) == 0
+    assert c.queue.num_requeues(keys[1]) == 1
+    assert c.queue.next_deadline() == pytest.approx(clock() + 0.005)  # b's backoff comes first
+    clock.advance(59.99)
+    assert queued(c) == [keys[1]]
+    clock.advance(0.02)
+    assert queued(c) == [keys[2]]
+
+
+def test_workers_take_only_their_share_of_the_backlog() -> None:
+    taken: list[list[str]] = []
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(lambda **_: None)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+
+    async def record(keys: list[Request]) -> None:
+        taken.append([k.name for k in keys])
+
+    c._process = record  # type: ignore[method-assign]
+
+    async def main() -> None:
+        for i in range(11):
+            c.queue.add(Request("ns", f"k{i}"))
+        worker = asyncio.ensure_future(c._worker())
+        await asyncio.sleep(0)
+        c.queue.shutdown()
+        await worker
+
+    asyncio.run(main())
+    # the first batch: one key plus half of the 10 still waiting (two workers share them)
+    assert taken[0] == ["k0", "k1", "k2", "k3", "k4", "k5"]
+    assert sum(len(t) for t in taken) == 11
