@@ -57,6 +57,9 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--leader-elect/--no-leader-elect", default=False, envvar=_env("LEADER_ELECT"), help="Reconcile only while holding a Lease."),
         click.option("--leader-election-id", default="declop", envvar=_env("LEADER_ELECTION_ID"), show_default=True),
         click.option("--leader-election-namespace", default=None, envvar=_env("LEADER_ELECTION_NAMESPACE")),
+        click.option("--lease-duration", type=float, default=15.0, show_default=True, envvar=_env("LEASE_DURATION"), help="Seconds a standby waits before taking an unrenewed Lease."),
+        click.option("--renew-deadline", type=float, default=10.0, show_default=True, envvar=_env("RENEW_DEADLINE"), help="Seconds the leader keeps trying to renew before it gives up."),
+        click.option("--retry-period", type=float, default=2.0, show_default=True, envvar=_env("RETRY_PERIOD"), help="Seconds between Lease attempts."),
         click.option("--qps", type=float, default=20.0, show_default=True, envvar=_env("QPS"), help="Client-side limit on API requests per second."),
         click.option("--burst", type=int, default=30, show_default=True, envvar=_env("BURST"), help="Requests allowed above --qps in a burst."),
     ]
@@ -82,6 +85,9 @@ def _options(kw: dict[str, Any]) -> Options:
         leader_election_id=kw["leader_election_id"],
         leader_election_namespace=kw["leader_election_namespace"],
         user_agent=f"declop/{__version__}",
+        lease_duration=kw["lease_duration"],
+        renew_deadline=kw["renew_deadline"],
+        retry_period=kw["retry_period"],
         qps=kw["qps"],
         burst=kw["burst"],
     )
