@@ -22,7 +22,7 @@ if ! command -v go >/dev/null 2>&1; then
     exit 2
 fi
 
-sum="$(sha256sum "$HERE/go.sum" "$HERE/go.mod" | sha256sum | cut -c1-12)"
+sum="$(cat "$HERE/go.mod" "$HERE/go.sum" | sha256sum | cut -c1-12)"  # contents only: any checkout shares the cache
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/controlplane"
 out="${DECLOP_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 
