@@ -49,3 +49,19 @@ test-unit: venv
 
 clean:
 	rm -rf $(VENV) .declop .pytest_cache build *.egg-info
+
+# Benchmarks (bench/README.md): declop vs Kopf vs controller-runtime on a local control plane.
+# Results go to bench/results/<date>[-quick]/ (CSVs, summary.md, PNGs). BENCH_ARGS passes flags,
+# e.g. make bench BENCH_ARGS="--resource crd" or BENCH_ARGS="--stall-100k".
+.PHONY: bench bench-quick bench-deps
+$(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
+	$(PY) -m pip install -q -r bench/requirements.txt
+	@touch $@
+
+bench-deps: $(VENV)/.bench-installed
+
+bench: setup bench-deps
+	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) bench/run.py $(BENCH_ARGS)
+
+bench-quick: setup bench-deps
+	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) bench/run.py --quick $(BENCH_ARGS)

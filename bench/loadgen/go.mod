@@ -1,0 +1,3 @@
+module github.com/declop/declop/bench/loadgen
+
+go 1.26

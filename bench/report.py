@@ -1,0 +1,405 @@
+"""Turns a results folder's CSVs into summary.md and PNG plots. Every figure is computed here from
+the CSVs next to it; nothing is typed by hand.
+
+    python bench/report.py bench/results/<date>            # regenerate summary.md and the plots
+    python bench/report.py --readme bench/results/<date>   # write bench/README-section.md from it
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+COLUMNS = ["declop", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+TITLES = {
+    "declop": "declop",
+    "kopf-event": "Kopf on.event",
+    "kopf-event-nopost": "Kopf on.event, no posting",
+    "kopf-cu": "Kopf on.create/update",
+    "kopf-cu-nopost": "Kopf on.create/update, no posting",
+    "controller-runtime": "controller-runtime",
+}
+RATIO_VS = [("kopf-event", "Kopf ev"), ("kopf-cu", "Kopf c/u"), ("controller-runtime", "c-r")]
+
+
+def read(out: Path, name: str) -> list[dict[str, str]]:
+    path = out / f"{name}.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def num(v: str | None) -> float | None:
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+class Metric:
+    """One row of the summary: per operator, the values of every run (median, min–max shown)."""
+
+    def __init__(self, title: str, unit: str, target: str = "", check: Callable[[float], bool] | None = None,
+                 digits: int = 2, note: str = "") -> None:
+        self.title, self.unit, self.target, self.check, self.digits, self.note = title, unit, target, check, digits, note
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, op: str, v: float | None) -> None:
+        if v is not None:
+            self.values.setdefault(op, []).append(v)
+
+    def median(self, op: str) -> float | None:
+        vs = self.values.get(op)
+        return statistics.median(vs) if vs else None
+
+    def cell(self, op: str) -> str:
+        vs = self.values.get(op)
+        if not vs:
+            return "—"
+        med = statistics.median(vs)
+        text = _f(med, self.digits)
+        if len(vs) > 1:
+            text += f" ({_f(min(vs), self.digits)}–{_f(max(vs), self.digits)})"
+        return text
+
+    def ratio(self, other: str) -> str:
+        a, b = self.median("declop"), self.median(other)
+        if a is None or b is None or b == 0:
+            return "—"
+        r = a / b
+        return f"{r:.2g}×" if r < 10 else f"{r:.0f}×"
+
+    def verdict(self) -> str:
+        m = self.median("declop")
+        if self.check is None or m is None:
+            return ""
+        return "✓" if self.check(m) else "✗ miss"
+
+    def runs(self) -> str:
+        counts = sorted({len(v) for v in self.values.values()})
+        return "/".join(str(c) for c in counts) if counts else "0"
+
+
+def _f(v: float, digits: int) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:.{max(digits, 2)}g}" if abs(v) < 10 else f"{v:.0f}"
+
+
+def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
+    rows: list[Metric] = []
+    s = meta.get("settings", {})
+    churn_n = s.get("churn_objects", 1000)
+
+    a1 = read(out, "a1")
+    for n in sorted({int(r["n"]) for r in a1}):
+        m = Metric(f"a1 drain lag after the last create, N={n:,}", "s",
+                   "≤ 1 s at 10k" if n >= 10000 else "", (lambda v: v <= 1.0) if n >= 10000 else None)
+        for r in a1:
+            if int(r["n"]) == n:
+                m.add(r["operator"], num(r["drain_lag_s"]))
+        rows.append(m)
+    a2 = read(out, "a2")
+    for n in sorted({int(r["n"]) for r in a2}):
+        target = {10000: ("≤ 2 s", 2.0), 100000: ("≤ 20 s", 20.0)}.get(n)
+        m = Metric(f"a2 process start → all reconciled once, N={n:,}", "s", target[0] if target else "",
+                   (lambda v, t=target[1]: v <= t) if target else None)
+        for r in a2:
+            if int(r["n"]) == n and r["operator"] != "declop-inproc":
+                m.add(r["operator"], num(r["start_to_all_reconciled_s"]))
+        if "declop" not in m.values:  # only the probe run has this size (bench-quick at 10k)
+            for r in a2:
+                if int(r["n"]) == n and r["operator"] == "declop-inproc":
+                    m.add("declop", num(r["start_to_all_reconciled_s"]))
+            if "declop" in m.values:
+                m.title += " (declop: the in-process probe run)"
+        rows.append(m)
+
+    b = read(out, "b")
+    for rate in sorted({float(r["rate"]) for r in b}):
+        for p in ("p50", "p99"):
+            target, check = "", None
+            if p == "p99":
+                target, check = "≤ 100 ms (e2e, unloaded)", (lambda v: v <= 100)
+            m = Metric(f"b end-to-end latency {p}, {rate:g} updates/s over {churn_n:,} objects", "ms", target,
+                       check)
+            for r in b:
+                if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] != "declop-inproc":
+                    m.add(r["operator"], num(r[f"{p}_ms"]))
+            rows.append(m)
+        m = Metric(f"b achieved update rate (target {rate:g}/s)", "updates/s", digits=3)
+        for r in b:
+            if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] != "declop-inproc":
+                m.add(r["operator"], num(r["achieved_rate"]))
+        rows.append(m)
+        m = Metric(f"b operator CPU at {rate:g} updates/s", "cores")
+        per_k = Metric(f"b operator CPU per 1k updates/s (at {rate:g}/s: cores ÷ achieved rate × 1000)", "cores",
+                       "≤ 0.15", lambda v: v <= 0.15)
+        for r in b:
+            if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] != "declop-inproc":
+                cores, achieved = num(r["cpu_cores"]), num(r["achieved_rate"])
+                m.add(r["operator"], cores)
+                if cores is not None and achieved:
+                    per_k.add(r["operator"], cores / achieved * 1000)
+        rows.append(m)
+        if rate == max(float(x["rate"]) for x in b):
+            rows.append(per_k)
+
+    inproc = [r for r in b if r["latency"] == "in-process"]
+    top_cached = max((int(r.get("cached") or 0) for r in inproc), default=0)
+    for cached, rate in sorted({(int(r.get("cached") or 0), float(r["rate"])) for r in inproc}):
+        for p in ("p50", "p99"):
+            t = {"p50": ("≤ 2 ms", 2.0), "p99": ("≤ 20 ms", 20.0)}[p]
+            at_target = rate == 1000 and cached == top_cached
+            m = Metric(f"b in-process event→reconcile start {p}, {rate:g} ev/s, {cached:,} cached (synthetic watch)",
+                       "ms", t[0] + " at 1k ev/s" if at_target else "",
+                       (lambda v, lim=t[1]: v <= lim) if at_target else None)
+            for r in inproc:
+                if float(r["rate"]) == rate and int(r.get("cached") or 0) == cached:
+                    m.add("declop", num(r[f"{p}_ms"]))
+            rows.append(m)
+
+    c = read(out, "c")
+    sizes = sorted({int(r["n"]) for r in c})
+    if sizes and sizes[-1] > 0:
+        top = sizes[-1]
+        m = Metric(f"c RSS per cached object, slope N=0 → {top:,}", "KiB", "≤ 20 KiB", lambda v: v <= 20)
+        base = Metric("c RSS with no objects (baseline)", "MiB", "≤ 50 MB", lambda v: v <= 47.7)
+        by: dict[tuple[str, str], dict[int, float]] = {}
+        for r in c:
+            by.setdefault((r["operator"], r["run"]), {}).setdefault(int(r["n"]), float(r["rss_kib"]))
+        for (op, _run), vals in by.items():
+            if 0 in vals:
+                base.add(op, vals[0] / 1024)
+            if 0 in vals and top in vals:
+                m.add(op, (vals[top] - vals[0]) / top)
+        rows += [m, base]
+
+    d = read(out, "d")
+    churn_windows = sorted({r["window"] for r in d if r["window"].startswith("churn")},
+                           key=lambda w: float(w.split()[1].rstrip("/s")))
+    for w in churn_windows[:1] or []:
+        reads = Metric(f"d API reads (GET+LIST) per reconcile, {w}", "req", "0", lambda v: v == 0, digits=2)
+        writes = Metric(f"d API writes (POST/PUT/PATCH/DELETE) per reconcile, {w}", "req", digits=2)
+        for r in d:
+            if r["window"] == w:
+                recs = num(r["reconciles"]) or 0
+                if recs:
+                    reads.add(r["operator"], (int(r["req_get"]) + int(r["req_list"])) / recs)
+                    writes.add(r["operator"], sum(int(r[f"req_{v}"]) for v in ("create", "update", "patch",
+                                                                                   "delete")) / recs)
+        rows += [reads, writes]
+    idle = Metric("d idle requests per minute", "req/min", "≈ 0 (no leader election)", lambda v: v <= 1)
+    idle_cpu = Metric("d idle CPU", "cores", "< 0.01", lambda v: v < 0.01, digits=2)
+    for r in d:
+        if r["window"] == "idle":
+            total = sum(int(r[f"req_{v}"]) for v in ("get", "list", "watch", "create", "update", "patch",
+                                                       "delete", "other"))
+            idle.add(r["operator"], total / float(r["seconds"]) * 60)
+            idle_cpu.add(r["operator"], num(r["cpu_cores"]))
+    rows += [idle, idle_cpu]
+
+    e = read(out, "e")
+    for case, target, check in (("busy", "2", lambda v: v == 2), ("idle burst", "1–2", lambda v: 1 <= v <= 2)):
+        m = Metric(f"e reconciles for 100 updates, {case}" + (" (one 2 s reconcile)" if case == "busy" else ""),
+                   "reconciles", target, check, digits=3)
+        for r in e:
+            if r["case"] == case:
+                m.add(r["operator"], num(r["reconciles"]))
+        rows.append(m)
+
+    f = read(out, "f")
+    for n in sorted({int(r["n"]) for r in f}):
+        target = ("≤ 1 s", 1.0) if n <= 1000 else ("≤ 3 s", 3.0)
+        m = Metric(f"f process start → first reconcile, N={n:,}" + (" (+1 probe object)" if n == 0 else ""), "s",
+                   target[0], lambda v, t=target[1]: v <= t)
+        for r in f:
+            if int(r["n"]) == n:
+                m.add(r["operator"], num(r["start_to_first_reconcile_s"]))
+        rows.append(m)
+
+    g = read(out, "g")
+    for n in sorted({int(r["n"]) for r in g}):
+        m = Metric(f"g longest event-loop stall during a2, N={n:,}", "ms", "≤ 100 ms", lambda v: v <= 100,
+                   note="declop: in-process probe run (bench/ops/declop_inproc.py); Go: n/a")
+        for r in g:
+            if int(r["n"]) == n:
+                m.add("declop" if r["operator"] == "declop-inproc" else r["operator"], num(r["max_stall_ms"]))
+        rows.append(m)
+    return rows
+
+
+def table(out: Path, meta: dict[str, Any]) -> str:
+    rows = metrics(out, meta)
+    present = [c for c in COLUMNS if any(c in m.values for m in rows)]
+    head = ["scenario", "unit", *[TITLES[c] for c in present],
+            *[f"declop ÷ {t}" for c, t in RATIO_VS if c in present], "target (declop)", "declop", "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in rows:
+        cells = [m.title, m.unit, *[m.cell(c) for c in present], *[m.ratio(c) for c, _ in RATIO_VS if c in present],
+                 m.target, m.verdict(), m.runs()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def environment(meta: dict[str, Any]) -> str:
+    s = meta.get("settings", {})
+    return "\n".join([
+        f"- **Machine:** {meta.get('cpu')}, {meta.get('vcpus')} vCPU, {meta.get('memory')} RAM, Linux "
+        f"{meta.get('kernel')}; everything (etcd, kube-apiserver, load generator, operator) on the same host.",
+        f"- **Versions:** declop {meta.get('declop')} (commit {meta.get('declop_commit')}"
+        f"{', declop/ modified' if meta.get('declop_dirty') else ''}), CPython {meta.get('python')}, orjson "
+        f"{meta.get('orjson')}, aiohttp {meta.get('aiohttp')}; Kopf {meta.get('kopf')}; controller-runtime "
+        f"{meta.get('controller_runtime')} with client-go {meta.get('client_go')} ({meta.get('go')}); "
+        f"Kubernetes {meta.get('kubernetes')}, {meta.get('etcd')}.",
+        f"- **Settings:** {s.get('runs')} run(s) per figure (median, min–max when > 1); objects "
+        f"{s.get('resource')} of ~{s.get('size_bytes')} B payload; a1 N={s.get('a1_sizes')}; cold N={s.get('cold_sizes')}; "
+        f"churn {s.get('rates')} updates/s over {s.get('churn_objects')} objects for {s.get('churn_seconds')} s each; "
+        f"idle window {s.get('idle_seconds')} s; e: {s.get('burst')} updates, one reconcile blocking "
+        f"{s.get('block_ms')} ms. Every operator: defaults, one namespace, its own client-cert user and "
+        f"User-Agent {meta.get('user_agents', {})}.",
+        (f"- **Wall time of this run:** {meta.get('wall_seconds')} s." if meta.get("wall_seconds") else
+         "- **Wall time of this run:** not recorded (the harness did not finish).") +
+        (" **declop/ changed while this run was going on**: lifecycles before and after the change "
+         "measured different code." if meta.get("declop_changed_during_run") else "") +
+        (f" **Interrupted** {meta['interrupted']}: figures cover the lifecycles completed before that "
+         f"(the runs column counts them)." if meta.get("interrupted") else "") +
+        (f" **Failed measurements:** {meta.get('failures')}" if meta.get("failures") else ""),
+    ])
+
+
+def plots(out: Path, meta: dict[str, Any]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made = []
+    raw = out / "raw"
+    rates = sorted({float(p.name.split("_")[3]) for p in raw.glob("b_*_e2e_*.csv.gz")}) if raw.exists() else []
+    if rates:
+        fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.2), squeeze=False)
+        for ax, rate in zip(axes[0], rates):
+            for op in [*COLUMNS, "declop-inproc"]:
+                for kind in ("e2e", "in-process"):
+                    vals = []
+                    pattern = f"b_{op}_{kind}_{rate:g}_r*.csv.gz"
+                    if kind == "in-process":  # the synthetic watch at the largest cache size
+                        found = sorted(raw.glob(f"b_{op}_{kind}_{rate:g}_n*_r*.csv.gz"))
+                        if found:
+                            top = max(int(f.name.split("_n")[-1].split("_")[0]) for f in found)
+                            pattern = f"b_{op}_{kind}_{rate:g}_n{top}_r*.csv.gz"
+                    for p in sorted(raw.glob(pattern)):
+                        with gzip.open(p, "rt") as fh:
+                            for row in csv.DictReader(fh):
+                                if row["latency_us"]:
+                                    vals.append(max(int(row["latency_us"]), 1) / 1000)
+                    if not vals or (op == "declop-inproc" and kind == "e2e"):
+                        continue
+                    vals.sort()
+                    ys = [(i + 1) / len(vals) for i in range(len(vals))]
+                    label = TITLES.get(op, op) if kind == "e2e" else "declop in-process (synthetic watch)"
+                    ax.plot(vals, ys, label=label, linestyle="--" if kind == "in-process" else "-")
+            ax.set_xscale("log")
+            ax.set_xlabel("update sent (solid) or received (dashed) → reconcile start (ms, log)")
+            ax.set_ylabel("share of updates")
+            ax.set_title(f"b: {rate:g} updates/s over {meta.get('settings', {}).get('churn_objects')} objects")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        fig.savefig(out / "b_latency_cdf.png", dpi=90)
+        plt.close(fig)
+        made.append("b_latency_cdf.png")
+    c = read(out, "c")
+    if c:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for op in COLUMNS:
+            by_n: dict[int, list[float]] = {}
+            for r in c:
+                if r["operator"] == op:
+                    by_n.setdefault(int(r["n"]), []).append(float(r["rss_kib"]) / 1024)
+            if not by_n:
+                continue
+            ns = sorted(by_n)
+            med = [statistics.median(by_n[n]) for n in ns]
+            lo = [med[i] - min(by_n[n]) for i, n in enumerate(ns)]
+            hi = [max(by_n[n]) - med[i] for i, n in enumerate(ns)]
+            ax.errorbar(ns, med, yerr=[lo, hi], marker="o", capsize=3, label=TITLES[op])
+        ax.set_xlabel("cached objects (N)")
+        ax.set_ylabel("RSS after sync (MiB)")
+        ax.set_title("c: RSS vs cached objects")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "c_rss.png", dpi=90)
+        plt.close(fig)
+        made.append("c_rss.png")
+    return made
+
+
+def write(out: Path) -> str:
+    meta = json.loads((out / "meta.json").read_text())
+    pics = plots(out, meta)
+    s = meta.get("settings", {})
+    mode = "bench-quick" if s.get("quick") else "bench"
+    text = "\n".join([
+        f"# declop benchmark — {meta.get('date')} (`make {mode}`)",
+        "",
+        "Generated by `bench/report.py` from the CSVs in this folder; raw per-update latencies are in `raw/`.",
+        "Cells: median of the runs (min–max when more than one). Ratios: declop's median ÷ the other's.",
+        "Method, fairness and caveats: [bench/README.md](../../README.md).",
+        "",
+        table(out, meta),
+        "",
+        environment(meta),
+        "",
+        *[f"![{p}]({p})" for p in pics],
+        "",
+    ])
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def readme_section(out: Path) -> str:
+    """The README section (bench/README-section.md): the same table, from one results folder."""
+    meta = json.loads((out / "meta.json").read_text())
+    s = meta.get("settings", {})
+    rel = out.resolve().relative_to(Path(__file__).resolve().parent)
+    text = "\n".join([
+        "## Performance",
+        "",
+        f"declop against Kopf (both handler styles, with and without Event posting) and a controller-runtime "
+        f"no-op controller, on one local kube-apiserver, same no-op logic, each a separate process "
+        f"(`make bench`; `make bench-quick` in about 5 minutes). Figures from "
+        f"[bench/{rel}](bench/{rel}/summary.md), {s.get('runs')} run(s) each "
+        f"(median, min–max); method and caveats in [bench/README.md](bench/README.md), misses and "
+        f"fixes in [bench/FINDINGS.md](bench/FINDINGS.md).",
+        "",
+        table(out, meta).replace("](", "](bench/" + str(rel) + "/"),
+        "",
+        environment(meta),
+        "",
+    ])
+    (Path(__file__).resolve().parent / "README-section.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "--readme":
+        print(readme_section(Path(args[1])))
+    else:
+        for arg in args:
+            print(write(Path(arg)))
