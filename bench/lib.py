@@ -146,7 +146,7 @@ def install_crd(cp: BenchControlPlane) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         crd = cp.json("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.bench.declop.dev")
-        conds = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+        conds = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
         if conds.get("Established") == "True":
             status, _ = cp.request("GET", "/apis/bench.declop.dev/v1/widgets")
             if status == 200:

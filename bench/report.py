@@ -383,9 +383,11 @@ def readme_section(out: Path) -> str:
         f"declop against Kopf (both handler styles, with and without Event posting) and a controller-runtime "
         f"no-op controller, on one local kube-apiserver, same no-op logic, each a separate process "
         f"(`make bench`; `make bench-quick` in about 5 minutes). Figures from "
-        f"[bench/{rel}](bench/{rel}/summary.md), {s.get('runs')} run(s) each "
-        f"(median, min–max); method and caveats in [bench/README.md](bench/README.md), misses and "
-        f"fixes in [bench/FINDINGS.md](bench/FINDINGS.md).",
+        f"[bench/{rel}](bench/{rel}/summary.md): median and min–max of up to {s.get('runs')} runs (the runs "
+        f"column says how many each figure has"
+        + (f"; the run was interrupted {meta['interrupted']}" if meta.get("interrupted") else "")
+        + "); method and caveats in [bench/README.md](bench/README.md), misses and fixes in "
+        "[bench/FINDINGS.md](bench/FINDINGS.md).",
         "",
         table(out, meta).replace("](", "](bench/" + str(rel) + "/"),
         "",
