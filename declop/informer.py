@@ -183,7 +183,7 @@ class Informer:
         kind = self.resource.kind
         api_version = self.resource.api_version
         while True:
-            page = await self.transport.request("GET", self.path, params=params, timeout=120)
+            page = await self.transport.request("GET", self.path, params=params, timeout=120, lane="informer")
             for item in page.get("items") or ():
                 # list items carry no kind/apiVersion; watch events do: make them alike
                 item["kind"] = kind

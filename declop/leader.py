@@ -90,7 +90,7 @@ class LeaderElector:
     async def try_acquire_or_renew(self) -> bool:
         """One attempt; True if we hold the Lease afterwards."""
         try:
-            lease = await self.transport.request("GET", f"{self._path}/{self.name}")
+            lease = await self.transport.request("GET", f"{self._path}/{self.name}", lane="leader")
         except NotFound:
             spec = self._spec(None)
             body: dict[str, Any] = {
@@ -100,7 +100,7 @@ class LeaderElector:
                 "spec": spec,
             }
             try:
-                await self.transport.request("POST", self._path, body=body)
+                await self.transport.request("POST", self._path, body=body, lane="leader")
             except Conflict:
                 return False  # someone else created it first
             self._observe(spec)
@@ -114,7 +114,7 @@ class LeaderElector:
                 return False  # held by someone else and not expired as far as we have seen
         lease["spec"] = self._spec(spec)
         try:
-            await self.transport.request("PUT", f"{self._path}/{self.name}", body=lease)
+            await self.transport.request("PUT", f"{self._path}/{self.name}", body=lease, lane="leader")
         except Conflict:
             return False
         self._observe(lease["spec"])
@@ -162,12 +162,12 @@ class LeaderElector:
             return
         self._set_leader(False)
         try:
-            lease = await self.transport.request("GET", f"{self._path}/{self.name}")
+            lease = await self.transport.request("GET", f"{self._path}/{self.name}", lane="leader")
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
             spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
-            await self.transport.request("PUT", f"{self._path}/{self.name}", body=lease)
+            await self.transport.request("PUT", f"{self._path}/{self.name}", body=lease, lane="leader")
             log.info("Released leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
         except ApiError as exc:
             log.warning("Could not release lease", extra={"kv": {"error": str(exc)}})

@@ -165,6 +165,18 @@ class TokenBucket:
     def num_requeues(self, item: Hashable) -> int:
         return 0
 
+    def refund(self) -> None:
+        """Give back the token of a reservation that was abandoned (its wait was cancelled).
+
+        Like golang's ``Reservation.Cancel``: without it, every cancelled wait would keep its
+        token and the backlog behind a busy bucket would only grow. The balance never exceeds
+        ``burst``.
+        """
+        if self._qps == math.inf:
+            return
+        tokens = self._tokens + 1.0
+        self._tokens = tokens if tokens < self._burst else float(self._burst)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(qps={self._qps!r}, burst={self._burst!r}, "

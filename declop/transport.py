@@ -4,8 +4,12 @@ Owns:
 - loading credentials with the official ``kubernetes`` package (kubeconfig, context, in-cluster
   service-account token with periodic re-read) into a private ``Configuration``;
 - one ``aiohttp`` session (TLS from that configuration) on the manager's event loop;
-- a client-side token bucket for requests (20 qps, burst 30 — controller-runtime's defaults), so
-  a handler in a hot loop cannot flood the apiserver; watches are long-lived and not counted;
+- client-side token buckets for requests (20 qps, burst 30 each — controller-runtime's defaults),
+  one per *lane*, so a handler in a hot loop cannot flood the apiserver and cannot starve anyone
+  else: ``"handler"`` (handler writes, finalizers, Events, discovery), ``"informer"`` (lists) and
+  ``"leader"`` (Lease traffic: no client-side limit at all; it is one request per retry period).
+  client-go gives each client its own limiter for the same reason. Watches are long-lived and not
+  counted. A wait that is cancelled gives its token back;
 - ``request()`` for JSON calls and ``stream()`` for watch lines; 429/503 ``Retry-After`` honoured;
 - request counters by verb, used by tests and benchmarks to prove "no reads on the hot path".
 
@@ -50,7 +54,10 @@ except ImportError:  # pragma: no cover - exercised when orjson is absent
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["Transport", "TransportStatistics", "dumps", "load_configuration", "loads"]
+__all__ = ["LANES", "Transport", "TransportStatistics", "dumps", "load_configuration", "loads"]
+
+#: client-side rate-limit lanes of :meth:`Transport.request`
+LANES = ("handler", "informer", "leader")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -162,7 +169,12 @@ class Transport:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._counts: collections.Counter[str] = collections.Counter()
-        self._bucket = TokenBucket(qps, burst)
+        #: one bucket per lane; ``None`` means unlimited (see :data:`LANES`)
+        self._buckets: dict[str, TokenBucket | None] = {
+            "handler": TokenBucket(qps, burst),
+            "informer": TokenBucket(qps, burst),
+            "leader": None,
+        }
         #: called with (method, status) after every answered request (metrics)
         self.observer: Callable[[str, int], None] | None = None
 
@@ -216,8 +228,13 @@ class Transport:
         content_type: str | None = None,
         accept: str | None = None,
         timeout: float = 30.0,
+        lane: str = "handler",
     ) -> Any:
-        """Send one request and return the decoded JSON body (``None`` when empty)."""
+        """Send one request and return the decoded JSON body (``None`` when empty).
+
+        ``lane`` picks the client-side rate limit the request waits on (``"handler"``,
+        ``"informer"`` or ``"leader"``); lanes never wait behind each other.
+        """
         data = None if body is None else (body if isinstance(body, bytes) else dumps(body))
         if data is not None and content_type is None:
             content_type = "application/json"
@@ -225,9 +242,15 @@ class Transport:
         if accept:
             headers["Accept"] = accept
         self._counts[_verb(method, path, params)] += 1
-        delay = self._bucket.when(None)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        bucket = self._buckets[lane]
+        if bucket is not None:
+            delay = bucket.when(None)
+            if delay > 0:
+                try:
+                    await asyncio.sleep(delay)
+                except asyncio.CancelledError:
+                    bucket.refund()  # the request will never be sent: free its slot
+                    raise
         url = self.host + path
         for attempt in range(self._retries + 1):
             try:

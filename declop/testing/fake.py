@@ -522,6 +522,7 @@ class FakeApiServer:
         content_type: str | None = None,
         accept: str | None = None,
         timeout: float = 30.0,
+        lane: str = "handler",
     ) -> Any:
         """Serve one request like the apiserver would; raise the errors the transport raises."""
         info, namespace, name, sub = self._route(method, path)

@@ -105,6 +105,18 @@ def test_bucket_is_global_and_keeps_no_item_state() -> None:
     assert bucket.when("a") == pytest.approx(2.0)  # forget does not refill
 
 
+def test_bucket_refund_returns_an_abandoned_token_up_to_burst() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(qps=10.0, burst=2, clock=clock)
+    bucket.when("x"), bucket.when("x")
+    assert bucket.when("x") == pytest.approx(0.1)  # balance -1: this one would wait
+    bucket.refund()  # ...but its wait was cancelled
+    assert bucket.when("x") == pytest.approx(0.1)  # so the next waits 0.1 s, not 0.2 s
+    for _ in range(5):
+        bucket.refund()
+    assert [bucket.when("x") for _ in range(3)] == pytest.approx([0.0, 0.0, 0.1])  # capped at burst
+
+
 def test_bucket_infinite_qps_and_validation() -> None:
     bucket = TokenBucket(qps=math.inf, burst=1, clock=FakeClock())
     assert [bucket.when("x") for _ in range(10)] == [0.0] * 10

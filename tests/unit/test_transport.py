@@ -237,3 +237,89 @@ def test_json_round_trip() -> None:
 def test_patch_types() -> None:
     assert PATCH_TYPES["json"] == "application/json-patch+json"
     assert PATCH_TYPES["merge"] == "application/merge-patch+json"
+
+
+# -- rate-limit lanes ---------------------------------------------------------------------------
+
+
+class _Config:
+    """The few attributes of kubernetes.client.Configuration the transport reads."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    def auth_settings(self) -> dict[str, Any]:
+        return {}
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_lanes_never_wait_behind_each_other() -> None:
+    """500 queued handler writes (25 s of budget at 20 qps) do not delay a Lease renewal or a list."""
+    import asyncio
+    import time
+
+    from aiohttp import web
+
+    from declop.transport import LANES, Transport
+
+    async def main() -> tuple[float, float, int]:
+        async def ok(request: web.Request) -> web.Response:
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        transport = Transport(_Config(f"http://127.0.0.1:{port}"), qps=20, burst=30)
+        try:
+            writes = [asyncio.ensure_future(transport.request("PATCH", "/api/v1/namespaces/d/pods/p", body={}))
+                      for _ in range(500)]
+            await asyncio.sleep(0.05)  # the burst went out; 470 writes now wait on the handler lane
+            t0 = time.monotonic()
+            await transport.request("PUT", "/apis/coordination.k8s.io/v1/namespaces/d/leases/l", body={}, lane="leader")
+            leader = time.monotonic() - t0
+            t0 = time.monotonic()
+            await transport.request("GET", "/api/v1/pods", lane="informer")
+            informer = time.monotonic() - t0
+            sent = sum(w.done() for w in writes)
+            for w in writes:
+                w.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
+            return leader, informer, sent
+        finally:
+            await transport.close()
+            await runner.cleanup()
+
+    leader, informer, sent = _run(main())
+    assert sent < 60, "the handler lane must actually be saturated for this test to mean anything"
+    assert leader < 0.5 and informer < 0.5
+    assert LANES == ("handler", "informer", "leader")
+
+
+def test_a_cancelled_wait_gives_its_token_back() -> None:
+    import asyncio
+
+    from declop.transport import Transport
+
+    async def main() -> float:
+        transport = Transport(_Config("http://127.0.0.1:9"), qps=10, burst=1)
+        bucket = transport._buckets["handler"]
+        assert bucket is not None
+        bucket.when(None)  # the burst is used
+        waiters = [asyncio.ensure_future(transport.request("GET", "/api/v1/pods")) for _ in range(20)]
+        await asyncio.sleep(0.01)
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        await transport.close()
+        return bucket.when(None)  # 20 abandoned reservations left nothing behind them
+
+    assert _run(main()) <= 0.1 + 1e-6
