@@ -263,7 +263,9 @@ class Informer:
                 log.debug("Watch idle, re-watching", extra={"kv": self._kv})
             elif isinstance(ended, StreamInterrupted):
                 if self._events == 0 and elapsed < 1.0:
-                    raise ended  # died before delivering anything: the request failed
+                    # died before delivering anything: the request failed; the RV is still good
+                    await self._throttled(None, ended)
+                    continue
                 log.info(f"Watch interrupted ({ended}), re-watching", extra={"kv": self._kv})
             elif isinstance(ended, _Throttled):
                 await self._throttled(ended.retry_after)

@@ -156,6 +156,8 @@ class ListWatchServer:
         self._runner: web.AppRunner | None = None
         self._transports: list[Transport] = []
         self.port = 0
+        self._open: set[Any] = set()  # transports of watches being served
+        self._expired = 0  # bumped by compact(): live watches end with a 410
         #: while set, every request (list or watch) is answered with this status
         self.failing: int | None = None
 
@@ -242,9 +244,19 @@ class ListWatchServer:
         return self._change("DELETED", json.loads(json.dumps(self._state.objects[name])))
 
     def compact(self) -> None:
-        """Forget the history: watches from an older resourceVersion get a 410."""
+        """Forget the history: watches from an older resourceVersion get a 410, and so do the
+        watches open now (an in-stream ERROR), as when etcd compacts past a lagging watcher."""
         self._state.compacted = self._state.rv
         self._state.history.clear()
+        self._expired += 1
+        asyncio.get_running_loop().create_task(self._notify())
+
+    def cut(self) -> int:
+        """Drop every open watch connection mid-stream (no terminating chunk); returns how many."""
+        cut = list(self._open)
+        for transport in cut:
+            transport.abort()
+        return len(cut)
 
     # -- scripts --------------------------------------------------------------------------------
 
@@ -276,7 +288,12 @@ class ListWatchServer:
         if script is not None and script.steps and script.steps[0].kind == "status":
             step = script.steps[0]
             return _status(step.code, step.payload or "", "scripted", step.retry_after)
-        return await self._watch(request, query, script)
+        assert request.transport is not None
+        self._open.add(request.transport)
+        try:
+            return await self._watch(request, query, script)
+        finally:
+            self._open.discard(request.transport)
 
     def _list(self, query: dict[str, str], step: Step | None) -> web.Response:
         if step is not None and step.kind == "status":
@@ -301,6 +318,7 @@ class ListWatchServer:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         streaming = query.get("sendInitialEvents") == "true"
+        expired = self._expired
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1e9)
         since = int(query.get("resourceVersion") or 0) if not streaming else self._state.rv
         if script is None:
@@ -344,13 +362,13 @@ class ListWatchServer:
         if not script.then_live:
             return await _finish(resp)
         while time.monotonic() < deadline:
-            if self._state.rv <= since and self._state.compacted <= since:
+            if self._state.rv <= since and self._state.compacted <= since and self._expired == expired:
                 async with self._changed:  # woken by a change; a short timeout covers a missed wake-up
                     try:
                         await asyncio.wait_for(self._changed.wait(), timeout=min(0.1, max(0.0, deadline - time.monotonic())))
                     except asyncio.TimeoutError:
                         continue
-            if self._state.compacted > since:
+            if self._state.compacted > since or self._expired != expired:
                 await _send(resp, {"type": "ERROR", "object": _status_body(410, "Expired", "too old resource version")})
                 return await _finish(resp)
             since = await self._send_history(resp, since)
