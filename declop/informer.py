@@ -516,10 +516,12 @@ class InformerPool:
         *,
         namespaces: tuple[str, ...] = (),
         transform: Transform | None = strip_managed_fields,
+        list_mode: ListMode = "auto",
     ) -> None:
         self.transport = transport
         self.namespaces = tuple(namespaces)
         self.transform = transform
+        self.list_mode = list_mode
         self._informers: dict[tuple[str, str, str], Informer] = {}
         self._started = False
         self.indexers: dict[str, dict[str, Any]] = {}
@@ -536,7 +538,12 @@ class InformerPool:
         informer = self._informers.get(key)
         if informer is None:
             informer = Informer(
-                self.transport, resource, namespace=key[1], label_selector=label_selector, transform=self.transform
+                self.transport,
+                resource,
+                namespace=key[1],
+                label_selector=label_selector,
+                transform=self.transform,
+                list_mode=self.list_mode,
             )
             for name, fn in self.indexers.get(resource.group_resource, {}).items():
                 informer.store.add_indexer(name, fn)
