@@ -234,6 +234,8 @@ class Informer:
                 ended = exc
             if self._stream_synced:
                 streaming = False  # the streaming list is in; that stream went on as the watch
+            if self._events and not streaming:
+                self.last_error = ""  # a watch delivered something: whatever failed before works
             elapsed = time.monotonic() - started
             if streaming:
                 # the streaming list did not complete: refused, failed, or cut short
