@@ -218,6 +218,7 @@ class OperatorSpec:
 
 OPERATORS = {
     "declop": OperatorSpec("declop", "declop", "declop"),
+    "declop-paged": OperatorSpec("declop-paged", "declop, paged lists", "declop", {"DECLOP_LIST_MODE": "paged"}),
     "kopf-event": OperatorSpec("kopf-event", "Kopf on.event", "kopf", {"BENCH_KOPF_MODE": "event"}),
     "kopf-event-nopost": OperatorSpec("kopf-event-nopost", "Kopf on.event, no posting", "kopf",
                                       {"BENCH_KOPF_MODE": "event", "BENCH_KOPF_POSTING": "0"}),

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-COLUMNS = ["declop", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+COLUMNS = ["declop", "declop-paged", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
 TITLES = {
     "declop": "declop",
+    "declop-paged": "declop, paged lists",
     "kopf-event": "Kopf on.event",
     "kopf-event-nopost": "Kopf on.event, no posting",
     "kopf-cu": "Kopf on.create/update",

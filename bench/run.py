@@ -33,7 +33,7 @@ from lib import (  # noqa: E402
     kopf_version, pair_latencies, percentiles, progress, wait_until, write_gz_csv,
 )
 
-DEFAULT_OPERATORS = ["declop", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+DEFAULT_OPERATORS = ["declop", "declop-paged", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
 AUX_OPERATORS = ["declop-inproc"]
 
 
