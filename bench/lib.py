@@ -184,6 +184,8 @@ def kopf_venv() -> Path:
 
 
 def kopf_version() -> str:
+    if not (KOPF_VENV / "bin" / "python").exists():  # no Kopf column in this run
+        return "not installed"
     out = subprocess.run([str(KOPF_VENV / "bin" / "python"), "-c",
                           "import importlib.metadata as m; print(m.version('kopf'))"],
                          capture_output=True, text=True)

@@ -185,6 +185,13 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
             if 0 in vals and top in vals:
                 m.add(op, (vals[top] - vals[0]) / top)
         rows += [m, base]
+        for n in [x for x in sizes if x > 0]:
+            peak = Metric(f"c peak RSS (VmHWM) after the cold start, N={n:,}", "MiB")
+            for r in c:
+                if int(r["n"]) == n and num(r.get("hwm_kib")) is not None:
+                    peak.add(r["operator"], float(r["hwm_kib"]) / 1024)
+            if peak.values:
+                rows.append(peak)
 
     d = read(out, "d")
     churn_windows = sorted({r["window"] for r in d if r["window"].startswith("churn")},

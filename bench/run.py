@@ -511,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir()
     began = time.monotonic()
     progress(f"declop bench ({'quick' if quick else 'full'}): results in {_rel(out)}")
-    go_build(GO_BASELINE, "baseline")
+    if any(OPERATORS[o].kind == "go" for o in settings.operators):
+        go_build(GO_BASELINE, "baseline")
     go_build(LOADGEN, "loadgen")
     if any(OPERATORS[o].kind == "kopf" for o in settings.operators):
         kopf_venv()
