@@ -635,3 +635,32 @@ def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
     finally:
         gc.unfreeze()
         gc.collect()
+
+
+def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> None:
+    """The client's total deadline for a watch is above the server's timeoutSeconds (so the
+    server ends it normally), drawn from [5, 10) minutes per watch; the idle read timeout is
+    the informer's idle_timeout."""
+    from declop.discovery import ResourceInfo
+
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    class Recording:
+        async def stream(self, path: str, params: dict[str, str], **kw: Any) -> Any:
+            seen.append((dict(params), kw))
+            if False:  # pragma: no cover - an async generator that yields nothing
+                yield b""
+
+    resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+
+    async def scenario() -> None:
+        informer = Informer(Recording(), resource, namespace="default", list_mode="paged")  # type: ignore[arg-type]
+        for _ in range(20):
+            await informer._watch(initial=False, resource_version="7")
+
+    run(scenario())
+    values = [int(params["timeoutSeconds"]) for params, _ in seen]
+    assert all(300 <= v < 600 for v in values) and len(set(values)) > 1
+    for params, kw in seen:
+        assert kw["total_timeout"] > int(params["timeoutSeconds"])
+        assert kw["read_timeout"] == 90.0
