@@ -229,6 +229,8 @@ OPERATORS = {
                                    {"BENCH_KOPF_MODE": "cu", "BENCH_KOPF_POSTING": "0"}),
     "controller-runtime": OperatorSpec("controller-runtime", "controller-runtime", "go"),
     "declop-inproc": OperatorSpec("declop-inproc", "declop (in-process probes)", "declop-inproc", aux=True),
+    "declop-inproc-paged": OperatorSpec("declop-inproc-paged", "declop, paged lists (in-process probes)",
+                                        "declop-inproc", {"DECLOP_LIST_MODE": "paged"}, aux=True),
 }
 
 

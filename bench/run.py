@@ -34,7 +34,7 @@ from lib import (  # noqa: E402
 )
 
 DEFAULT_OPERATORS = ["declop", "declop-paged", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
-AUX_OPERATORS = ["declop-inproc"]
+AUX_OPERATORS = ["declop-inproc", "declop-inproc-paged"]
 
 
 @dataclass
