@@ -402,7 +402,9 @@ def test_idle_watch_rewatches_at_once_quietly(caplog: pytest.LogCaptureFixture) 
             informer, _ = await start(server, list_mode="paged", idle_timeout=0.3)
             await until(lambda: server.count("watch") >= 4, what="three idle re-watches")
             watches = [r.at for r in server.requests if r.verb == "watch"]
-            assert all(0.25 < b - a < 0.25 + 0.5 for a, b in zip(watches, watches[1:]))
+            # the idle timeout, then at once (generous for a loaded machine: the logs below prove
+            # that no backoff was taken)
+            assert all(0.25 < b - a < 0.3 + 1.0 for a, b in zip(watches, watches[1:]))
             assert server.count("list") == 1
             await informer.stop()
 
@@ -426,7 +428,7 @@ def test_working_watch_cut_by_the_server_rewatches_without_delay(caplog: pytest.
             await until(lambda: server.count("watch") >= 6, what="five cuts")
             assert {f"s{i}" for i in range(5)} <= names(informer)
             watches = [r.at for r in server.requests if r.verb == "watch"]
-            assert max(b - a for a, b in zip(watches, watches[1:])) < 0.2 + 0.5
+            assert max(b - a for a, b in zip(watches, watches[1:])) < 0.2 + 1.0
             assert server.count("list") == 1 and backoff.delays == []
             resumed = [r.query["resourceVersion"] for r in server.requests if r.verb == "watch"][1:]
             assert resumed == [str(100 + i) for i in range(5)]
