@@ -13,6 +13,8 @@ Invariants:
   the shared objects themselves: framework-internal only.
 - Index values are recomputed on every write of an object; deleting an object removes it from
   every index.
+- A relist is computed beside the store and swapped in at once (:meth:`Writer.begin_replace`):
+  readers, on any thread, see the old content or the new one, never a mix.
 """
 
 from __future__ import annotations

@@ -34,8 +34,10 @@ Invariants:
   or without metadata is logged and skipped, never applied;
 - resourceVersions are opaque strings, compared for equality only;
 - no relist without a backoff delay before it; no re-watch delay after a watch that was working;
+- a sync swaps the new content into the store in one step, computed aside in chunks with the
+  loop running in between; no step of a sync walks or builds more than a chunk of objects;
 - the cyclic GC is paused while any informer syncs, and the garbage of that time is collected
-  before the heap is frozen: nothing is pinned but what survives (the cache).
+  before the heap is frozen (after every page or chunk): nothing is pinned but what survives.
 """
 
 from __future__ import annotations
