@@ -11,7 +11,15 @@ Invariants:
 - a key is never reconciled by two workers at once (the queue guarantees it);
 - :meth:`Controller._settle` is the only place where outcomes become queue operations;
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
-- a reconcile reads only the cache: it makes no GET or LIST against the apiserver.
+- a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
+- with a ``fence`` (leader election), no reconcile starts — neither its finalizer write nor its
+  handler call, checked just before each one, also inside a batch — unless ``fence()`` is True
+  at that moment; a key the fence stops is dropped (the fence closes only when leadership is
+  over, and the next leader lists every object);
+- the echo filter drops an event only when its resourceVersion is one our own finalizer patch
+  produced *and* it differs from the previous state by our finalizer alone; our finalizer taken
+  off a live object by someone else always enqueues the key (predicates notwithstanding), so the
+  finalizer is added back before a delete can skip the cleanup.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any, Callable, Iterable
 
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
-from .errors import Conflict, TerminalError
+from .errors import Conflict, NotFound, TerminalError
 from .finalizers import ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
@@ -82,6 +90,7 @@ class Controller:
         executor: concurrent.futures.Executor | None = None,
         rate_limiter: RateLimiter | None = None,
         metrics: ControllerMetrics | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -102,25 +111,43 @@ class Controller:
         self._stopping = False
         self.synced = asyncio.Event()
         self.reconciles = 0  # total handler calls, for tests and statistics
+        #: may a reconcile start now? (the manager's Lease fence; None: always)
+        self.fence = fence
+        self.fenced = 0  # keys the fence stopped before their reconcile started
+        # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
+        self._own_writes: dict[tuple[str | None, str], str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
     def _subscriber(self, source: Source) -> Callable[[Any, Any], None]:
         add = self.queue.add
         mapper, predicates = source.mapper, source.predicates
         own_finalizer = self.registration.finalizer if source.primary else None
+        own_writes = self._own_writes
 
         def on_event(old: Any, new: Any) -> None:
+            if own_finalizer is not None and old is not None:
+                if new is None:
+                    if own_writes:
+                        own_writes.pop(_ident(old), None)
+                elif own_writes and _is_our_echo(own_writes, old, new, own_finalizer):
+                    return  # our own finalizer write coming back: nothing new to reconcile
+                elif _finalizer_taken(old, new, own_finalizer):
+                    for key in mapper(old, new):  # past the predicates: it must be added back
+                        add(key)
+                    return
             for p in predicates:
                 if not p(old, new):
                     return
-            if own_finalizer is not None and old is not None and new is not None and _only_our_finalizer(
-                old, new, own_finalizer
-            ):
-                return  # our own finalizer write coming back: nothing new to reconcile
             for key in mapper(old, new):
                 add(key)
 
         return on_event
+
+    def _remember(self, written: Any) -> None:
+        """Note the resourceVersion a finalizer patch of ours produced, for the echo filter."""
+        meta = written.get("metadata") if isinstance(written, dict) else None
+        if meta and meta.get("resourceVersion"):
+            self._own_writes[(meta.get("namespace"), meta.get("name"))] = meta["resourceVersion"]
 
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
@@ -226,8 +253,12 @@ class Controller:
         the handler sees CREATED), call the handler, release the finalizer after a successful
         DELETING call, and settle every outcome."""
         reg = self.registration
+        fence = self.fence
         calls: list[_Call] = []
         for key in keys:
+            if fence is not None and not fence():
+                self._fence_closed(len(keys) - len(calls))
+                break  # the rest of the batch never starts
             call = _Call(key, time.monotonic(), str(uuid.uuid4()))
             call.logger = ReconcileLogger(
                 self._log,
@@ -239,6 +270,7 @@ class Controller:
                 if call.phase is Phase.CREATED and reg.finalizer is not None:
                     # persist the finalizer before the handler can cause side effects
                     obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
+                    self._remember(obj)
                 call.obj = obj
                 client = (
                     AsyncClient(self.ctx, self.resource, key, self.name)
@@ -255,6 +287,9 @@ class Controller:
             for call in pending:
                 if self._stopping and call is not pending[0]:
                     break
+                if fence is not None and not fence():
+                    self._fence_closed(len(pending) - pending.index(call))
+                    break
                 call.ran = True
                 try:
                     call.outcome = await reg.fn(**call.kwargs)
@@ -262,10 +297,12 @@ class Controller:
                     call.error = exc
         elif pending:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self.executor, _run_batch, reg.fn, pending, self._is_stopping)
+            await loop.run_in_executor(self.executor, _run_batch, reg.fn, pending, self._is_stopping, fence)
+            if fence is not None and not pending[-1].ran and not self._stopping:
+                self._fence_closed(sum(not c.ran for c in pending))
         for call in calls:
             if not call.ran:
-                continue  # dropped at shutdown, like keys still queued
+                continue  # dropped at shutdown (like keys still queued) or by the fence
             if (
                 call.error is None
                 and call.phase is Phase.DELETING
@@ -273,10 +310,42 @@ class Controller:
                 and (call.outcome is None or isinstance(call.outcome, Result))
             ):
                 try:  # cleanup succeeded: only now may the object go
-                    await release_finalizer(self.ctx.transport, self.resource, call.obj, reg.finalizer)
+                    await self._release(call)
                 except Exception as exc:  # noqa: BLE001
                     call.error = exc
             self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+
+    async def _release(self, call: _Call) -> None:
+        """Remove our finalizer after a successful DELETING call. Works from the newest cached
+        copy of the same object (the handler may have written it meanwhile); if that is stale
+        (a failed ``test``), reads the object once and tries again before retrying with backoff."""
+        finalizer = self.registration.finalizer
+        assert finalizer is not None and call.obj is not None
+        uid = (call.obj.get("metadata") or {}).get("uid")
+        latest = self._lookup(call.key)
+        base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
+        transport, resource = self.ctx.transport, self.resource
+        try:
+            written = await release_finalizer(transport, resource, base, finalizer)
+        except Conflict:
+            meta = call.obj["metadata"]
+            try:
+                live = await transport.request("GET", resource.path(namespace=meta.get("namespace"), name=meta["name"]))
+            except NotFound:
+                return  # gone
+            if (live.get("metadata") or {}).get("uid") != uid:
+                return  # a namesake: ours is gone
+            written = await release_finalizer(transport, resource, live, finalizer)
+        if written is not None and written is not base:
+            self._remember(written)
+
+    def _fence_closed(self, keys: int) -> None:
+        if not self.fenced:
+            self._log.warning(
+                "Not starting reconciles: the leader Lease is not known to be valid",
+                extra={"kv": {"controller": self.name}},
+            )
+        self.fenced += keys
 
     def _is_stopping(self) -> bool:
         return self._stopping
@@ -331,17 +400,48 @@ class _Call:
         self.error: BaseException | None = None
 
 
-def _run_batch(fn: Callable[..., Any], calls: list[_Call], stopping: Callable[[], bool]) -> None:
+def _run_batch(
+    fn: Callable[..., Any],
+    calls: list[_Call],
+    stopping: Callable[[], bool],
+    fence: Callable[[], bool] | None = None,
+) -> None:
     """In a worker thread: call ``fn`` for each prepared call, in order; stop early at shutdown
-    (the first call always runs: it was taken before the stop)."""
+    (the first call always runs: it was taken before the stop) and as soon as ``fence()`` is
+    False (checked just before *every* call, the first one included)."""
     for i, call in enumerate(calls):
-        if i and stopping():
+        if (i and stopping()) or (fence is not None and not fence()):
             return
         call.ran = True
         try:
             call.outcome = fn(**call.kwargs)
         except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
             call.error = exc
+
+
+def _ident(obj: Any) -> tuple[str | None, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace"), meta.get("name")
+
+
+def _is_our_echo(own_writes: dict[tuple[str | None, str], str], old: Any, new: Any, finalizer: str) -> bool:
+    """``new`` is the object one of our finalizer patches produced, and nothing else changed."""
+    ident = _ident(new)
+    rv = own_writes.get(ident)
+    if rv is None or rv != (new.get("metadata") or {}).get("resourceVersion"):
+        return False
+    del own_writes[ident]
+    return _only_our_finalizer(old, new, finalizer)
+
+
+def _finalizer_taken(old: Any, new: Any, finalizer: str) -> bool:
+    """Our finalizer was on ``old`` and is not on ``new``, which is not being deleted."""
+    nm = new.get("metadata") or {}
+    return (
+        finalizer in ((old.get("metadata") or {}).get("finalizers") or ())
+        and finalizer not in (nm.get("finalizers") or ())
+        and not nm.get("deletionTimestamp")
+    )
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:
