@@ -96,6 +96,7 @@ class LeaderElector:
         self.problem = ""
         #: the holder in the last record we read or wrote
         self.holder = ""
+        self._expired = False  # valid() saw the renew deadline pass while we were leading
         self._lease: dict[str, Any] | None = None  # the Lease as we last wrote it (fast-path renew)
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
@@ -105,11 +106,21 @@ class LeaderElector:
     # -- the fence ------------------------------------------------------------------------------
     def valid(self) -> bool:
         """True while we hold the Lease and its last successful renewal is less than
-        ``renew_deadline`` old on our monotonic clock. Cheap; safe to call from any thread."""
+        ``renew_deadline`` old on our monotonic clock. Cheap; safe to call from any thread.
+
+        Once it has returned False while leading, it stays False: :meth:`hold` then reports the
+        loss even if a renewal in flight succeeds late, so a fence that closed never reopens."""
         at = self.renewed_at
-        return self.is_leader and at is not None and self.clock() < at + self.renew_deadline
+        if not self.is_leader or self._expired or at is None:
+            return False
+        if self.clock() < at + self.renew_deadline:
+            return True
+        self._expired = True
+        return False
 
     def _set_leader(self, value: bool) -> None:
+        if value:
+            self._expired = False
         if value != self.is_leader:
             self.is_leader = value
             if self.on_change is not None:
@@ -246,10 +257,12 @@ class LeaderElector:
             while True:  # one renew round
                 assert self.renewed_at is not None
                 deadline = self.renewed_at + self.renew_deadline
-                if self.clock() >= deadline:
+                if self._expired or self.clock() >= deadline:
                     return self._lose(f"no successful renewal for {self.clock() - self.renewed_at:.3g} s")
                 try:
                     if await self.try_acquire_or_renew(deadline):
+                        if self._expired:  # the fence closed while this renewal was in flight
+                            continue
                         break
                     if self.holder and self.holder != self.identity:
                         return self._lose(f"the Lease is held by {self.holder}")

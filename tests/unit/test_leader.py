@@ -424,3 +424,33 @@ def test_500_queued_handler_writes_do_not_delay_a_renewal() -> None:
     assert sent < 60, "the handler lane must be saturated for this test to mean anything"
     assert before is not None
     assert took < 0.5, f"a renewal behind 500 queued writes took {took:.2f} s"
+
+
+def test_a_closed_fence_never_reopens() -> None:
+    """The fence closed (a worker saw the deadline pass) while a renewal was in flight; its late
+    success must not reopen it: workers already dropped keys, so the loss has to follow."""
+    clock = FakeClock()
+    t0 = clock()
+    frozen = {"on": False, "fence": True}
+
+    class Frozen(LeaseServer):
+        async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            answer = await super().request(method, path, body, **kw)
+            if frozen["on"]:
+                clock.advance(8.5)  # the process froze with the answer on its way
+                frozen["fence"] = a.valid()  # a worker thread checks the fence first
+            return answer
+
+    a = LeaderElector(Frozen(), name="lock", namespace="ns", identity="a", clock=clock)
+
+    async def main() -> float:
+        await a.acquire()
+        frozen["on"] = True
+        await a.hold()
+        return clock()
+
+    lost_at = run_virtual(clock, main)
+    assert frozen["fence"] is False
+    assert a.renewed_at == t0 + 2  # the renewal did succeed, from t0 + 2 ...
+    assert not a.valid() and not a.is_leader  # ... but the closed fence stays closed
+    assert lost_at == pytest.approx(t0 + 2 + 8.5)
