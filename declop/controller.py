@@ -17,9 +17,13 @@ Invariants:
   at that moment; a key the fence stops is dropped (the fence closes only when leadership is
   over, and the next leader lists every object);
 - the echo filter drops an event only when its resourceVersion is one our own finalizer patch
-  produced *and* it differs from the previous state by our finalizer alone; our finalizer taken
-  off a live object by someone else always enqueues the key (predicates notwithstanding), so the
-  finalizer is added back before a delete can skip the cleanup.
+  produced *and* it differs from the previous state by our finalizer alone;
+- the finalizer protocol does not depend on predicates: our finalizer taken off a live object
+  (it is added back before a delete can skip the cleanup) and the start of the deletion of an
+  object that carries it always enqueue the key;
+- after our finalizer was released from an object being deleted, a cached copy of that object
+  (same uid) still showing it is stale — the apiserver never lets a finalizer be added to an
+  object being deleted — so the handler is not called again for it.
 """
 
 from __future__ import annotations
@@ -116,23 +120,26 @@ class Controller:
         self.fenced = 0  # keys the fence stopped before their reconcile started
         # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
         self._own_writes: dict[tuple[str | None, str], str] = {}
+        # (namespace, name) -> uid of the object being deleted whose finalizer we released
+        self._released: dict[tuple[str | None, str], str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
     def _subscriber(self, source: Source) -> Callable[[Any, Any], None]:
         add = self.queue.add
         mapper, predicates = source.mapper, source.predicates
         own_finalizer = self.registration.finalizer if source.primary else None
-        own_writes = self._own_writes
+        own_writes, released = self._own_writes, self._released
 
         def on_event(old: Any, new: Any) -> None:
             if own_finalizer is not None and old is not None:
                 if new is None:
-                    if own_writes:
+                    if own_writes or released:
                         own_writes.pop(_ident(old), None)
+                        released.pop(_ident(old), None)
                 elif own_writes and _is_our_echo(own_writes, old, new, own_finalizer):
                     return  # our own finalizer write coming back: nothing new to reconcile
-                elif _finalizer_taken(old, new, own_finalizer):
-                    for key in mapper(old, new):  # past the predicates: it must be added back
+                elif _finalizer_work(old, new, own_finalizer):
+                    for key in mapper(old, new):  # past the predicates: the protocol needs it
                         add(key)
                     return
             for p in predicates:
@@ -267,6 +274,10 @@ class Controller:
             try:
                 obj = self._lookup(key)
                 call.phase = phase_of(obj, reg.finalizer)
+                if call.phase is Phase.DELETING and self._released and self._stale(obj):
+                    call.ran = call.stale = True  # its cleanup already succeeded: the cache lags
+                    calls.append(call)
+                    continue
                 if call.phase is Phase.CREATED and reg.finalizer is not None:
                     # persist the finalizer before the handler can cause side effects
                     obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
@@ -305,6 +316,7 @@ class Controller:
                 continue  # dropped at shutdown (like keys still queued) or by the fence
             if (
                 call.error is None
+                and not call.stale
                 and call.phase is Phase.DELETING
                 and reg.finalizer is not None
                 and (call.outcome is None or isinstance(call.outcome, Result))
@@ -338,6 +350,15 @@ class Controller:
             written = await release_finalizer(transport, resource, live, finalizer)
         if written is not None and written is not base:
             self._remember(written)
+        if uid:
+            self._released[_ident(call.obj)] = uid
+
+    def _stale(self, obj: Any) -> bool:
+        """``obj`` (being deleted) still shows our finalizer although we released it from this
+        very object: the cache has not caught up with our own write."""
+        meta = obj.get("metadata") or {}
+        uid = self._released.get((meta.get("namespace"), meta.get("name")))
+        return uid is not None and uid == meta.get("uid") and self.registration.finalizer in (meta.get("finalizers") or ())
 
     def _fence_closed(self, keys: int) -> None:
         if not self.fenced:
@@ -387,7 +408,7 @@ BATCH = 64
 class _Call:
     """One reconcile in flight: what the handler gets and what came of it."""
 
-    __slots__ = ("key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "ran", "outcome", "error")
+    __slots__ = ("key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "ran", "outcome", "error", "stale")
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
         self.key, self.started, self.reconcile_id = key, started, reconcile_id
@@ -398,6 +419,7 @@ class _Call:
         self.ran = False
         self.outcome: Any = None
         self.error: BaseException | None = None
+        self.stale = False  # a cached copy behind our own finalizer release: nothing to call
 
 
 def _run_batch(
@@ -434,14 +456,13 @@ def _is_our_echo(own_writes: dict[tuple[str | None, str], str], old: Any, new: A
     return _only_our_finalizer(old, new, finalizer)
 
 
-def _finalizer_taken(old: Any, new: Any, finalizer: str) -> bool:
-    """Our finalizer was on ``old`` and is not on ``new``, which is not being deleted."""
-    nm = new.get("metadata") or {}
-    return (
-        finalizer in ((old.get("metadata") or {}).get("finalizers") or ())
-        and finalizer not in (nm.get("finalizers") or ())
-        and not nm.get("deletionTimestamp")
-    )
+def _finalizer_work(old: Any, new: Any, finalizer: str) -> bool:
+    """The finalizer protocol must act: the deletion of an object carrying our finalizer began,
+    or our finalizer was taken off an object that is not being deleted."""
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if nm.get("deletionTimestamp"):
+        return not om.get("deletionTimestamp") and finalizer in (nm.get("finalizers") or ())
+    return finalizer in (om.get("finalizers") or ()) and finalizer not in (nm.get("finalizers") or ())
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

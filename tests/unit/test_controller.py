@@ -291,6 +291,41 @@ def test_the_release_works_from_the_newest_cached_copy_and_ignores_the_handler_s
     ]
 
 
+def test_the_start_of_a_deletion_reaches_the_cleanup_past_predicates() -> None:
+    """ConfigMaps have no generation: generation_changed would drop the deletionTimestamp update
+    and the object would wait for its cleanup forever."""
+    registry = declop.Registry()
+    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.predicates.generation_changed])(lambda **_: None)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    on_event = c._subscriber(c.sources[0])
+    live = cm(finalizers=["x.io/f"])
+    on_event(live, cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="4"))
+    assert queued(c) == [KEY]
+    on_event(cm(labels={"a": "b"}), cm(labels={"a": "c"}, resourceVersion="5"))  # predicates still apply
+    assert queued(c) == []
+
+
+def test_a_cached_copy_behind_our_own_release_is_not_cleaned_up_twice() -> None:
+    """The handler's status write during DELETING wakes the key again; if the cache has not seen
+    our release yet, the object still shows our finalizer. It is the same object (uid), and a
+    finalizer cannot come back on an object being deleted: the cleanup is not called again."""
+    calls: list[Any] = []
+    c, informer, _ = make(lambda phase, **_: calls.append(phase), finalizer="x.io/f")
+    deleting = cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z")
+    informer.writer.upsert(deleting)
+    run(c._process([KEY]))
+    assert calls == [declop.Phase.DELETING] and len(c.ctx.transport.calls) == 1  # type: ignore[attr-defined]
+    informer.writer.upsert(cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="3"))
+    run(c._process([KEY]))  # stale: the status write arrived before our release did
+    assert calls == [declop.Phase.DELETING] and len(c.ctx.transport.calls) == 1  # type: ignore[attr-defined]
+    assert c.queue.num_requeues(KEY) == 0
+    # a namesake (new uid) being deleted is a different object: its cleanup runs
+    informer.writer.upsert(cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", uid="u2"))
+    run(c._process([KEY]))
+    assert calls == [declop.Phase.DELETING, declop.Phase.DELETING]
+
+
 # -- the fence ---------------------------------------------------------------------------------
 
 
