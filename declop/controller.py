@@ -189,6 +189,12 @@ class Controller:
         loop = asyncio.get_running_loop()
         self._workers = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
 
+    def halt(self) -> None:
+        """Stop intake now, synchronously: the queue shuts down and no worker takes another key
+        (the manager calls it the moment the Lease is lost; :meth:`stop` then cancels workers)."""
+        self._stopping = True
+        self.queue.shutdown()
+
     async def stop(self, grace: float = 30.0) -> bool:
         """Stop taking keys, let in-flight reconciles finish within ``grace`` seconds.
 

@@ -270,7 +270,7 @@ class Manager:
         # lost: no drain (another replica may already be reconciling), and exit non-zero
         self.exit_code = 1
         for c in self.controllers:
-            c.queue.shutdown()  # intake stops now, before any await
+            c.halt()  # intake stops now, before any await
         await asyncio.gather(*(c.stop(0) for c in self.controllers))
         if self._stop is not None:
             self._stop.set()
