@@ -258,14 +258,14 @@ class LeaderElector:
                 assert self.renewed_at is not None
                 deadline = self.renewed_at + self.renew_deadline
                 if self._expired or self.clock() >= deadline:
-                    return self._lose(f"no successful renewal for {self.clock() - self.renewed_at:.3g} s")
+                    return self.lose(f"no successful renewal for {self.clock() - self.renewed_at:.3g} s")
                 try:
                     if await self.try_acquire_or_renew(deadline):
                         if self._expired:  # the fence closed while this renewal was in flight
                             continue
                         break
                     if self.holder and self.holder != self.identity:
-                        return self._lose(f"the Lease is held by {self.holder}")
+                        return self.lose(f"the Lease is held by {self.holder}")
                 except ApiError as exc:
                     log.warning("Failed to renew lease", extra={"kv": {"lease": lease, "error": str(exc)}})
                 remaining = deadline - self.clock()
@@ -273,7 +273,8 @@ class LeaderElector:
                     continue  # the check above reports the loss
                 await asyncio.sleep(min(self.retry_period, remaining))
 
-    def _lose(self, why: str) -> None:
+    def lose(self, why: str) -> None:
+        """Stop leading now (the fence closes); the Lease is left to expire, not released."""
         self._set_leader(False)
         self._lease = None
         log.error("Leader election lost", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "reason": why}})
