@@ -313,24 +313,32 @@ class Manager:
             self._leading = None
         if self.elector is not None:
             await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
-        budget = 1.0 if lost else 10.0
+        # after a loss every remaining step shares one budget, so the exit comes within 2 s
+        loop = asyncio.get_running_loop()
+        until = loop.time() + (LOST_CLEANUP_SECONDS if lost else 30.0)
         if self.informers is not None:
-            await _bounded(self.informers.stop(), budget, "stopping the informers")
+            await _bounded(self.informers.stop(), until - loop.time(), "stopping the informers")
         if self.transport is not None:
-            await _bounded(self.transport.close(), budget, "closing the connections")
+            await _bounded(self.transport.close(), until - loop.time(), "closing the connections")
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
         if self.probes is not None:  # last: /healthz answers until the process goes
-            await _bounded(self.probes.stop(), budget, "stopping the probe server")
+            await _bounded(self.probes.stop(), until - loop.time(), "stopping the probe server")
         return clean
 
 
+#: seconds the clean-up after a lost Lease may take in all (the process must be gone within 2 s)
+LOST_CLEANUP_SECONDS = 1.5
+
+
 async def _bounded(step: Any, seconds: float, what: str) -> None:
-    """Await one shutdown step for at most ``seconds``; log and go on if it takes longer."""
+    """Await one shutdown step for at most ``seconds`` (at least 50 ms); log and go on if it
+    takes longer."""
+    seconds = max(seconds, 0.05)
     try:
         await asyncio.wait_for(step, seconds)
     except asyncio.TimeoutError:
-        log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": seconds}})
+        log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(seconds, 3)}})
 
 
 def _pod_namespace() -> str:

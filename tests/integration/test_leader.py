@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -145,6 +146,7 @@ def test_rollout_renews_during_the_drain_and_the_standby_starts_after_the_last_r
         last_end = max(r["at"] for r in records(a, "reconcile end"))
         first_b = min(starts(b))
         assert last_end - sigterm > LEASE_DURATION * 5, "the reconcile ran through many lease durations after SIGTERM"
+        print(f"measured: a's reconcile ended {last_end - sigterm:.3f} s after SIGTERM; b's first start {first_b - last_end:+.3f} s after that")
         assert first_b > last_end, f"overlap: b started {first_b - last_end:+.3f} s after a's last reconcile ended"
         released = records(a, "Released leader lease")
         assert released and ts(released[0]) >= last_end - 0.01  # released only after the drain
@@ -192,7 +194,8 @@ def test_a_black_holed_leader_stops_reconciling_within_the_renew_deadline(cluste
             assert a_last > blackholed, "the leader must have been reconciling during the black hole"
             # the fence: no start after last renewal + renew deadline (the handler's own clock
             # read comes a moment after the framework's check, hence the small allowance)
-            assert a_last <= renewed + RENEW_DEADLINE + 0.25, f"a started {a_last - renewed:.3f} s after its last renewal"
+            print(f"measured: last start {a_last - renewed:.3f} s, standby's first {b_first - renewed:.3f} s after the last renewal")
+            assert a_last <= renewed + RENEW_DEADLINE + 0.5, f"a started {a_last - renewed:.3f} s after its last renewal"
             assert b_first > a_last
             assert b_first >= renewed + RENEW_DEADLINE
             assert records(a, "Leader election lost")
@@ -255,6 +258,9 @@ def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Clus
             cluster.configmap("stuck")
             a.wait_for_line('"reconcile start"')
             assert list(scratch.iterdir()), "the kubernetes client keeps the embedded certificates in temporary files"
+            exits: list[float] = []
+            waiter = threading.Thread(target=lambda: (a.proc.wait(), exits.append(time.time())), daemon=True)
+            waiter.start()
             proxy.blackhole()
             answers: list[tuple[float, int]] = []
 
@@ -264,14 +270,15 @@ def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Clus
                         answers.append((time.time(), resp.status))
                 except (urllib.error.URLError, ConnectionError, OSError):
                     pass
-                return a.proc.poll() is not None
+                return bool(exits)
 
             wait_for(healthz_until_exit, RENEW_DEADLINE + 15, interval=0.05, what="the process to exit")
-            exited = time.time()
             assert a.proc.returncode == 1
             lost = records(a, "Leader election lost")
             assert lost, a.lines[-20:]
-            assert exited - ts(lost[0]) <= 2.0 + 0.1, f"exited {exited - ts(lost[0]):.2f} s after the loss"  # + polling
+            took = exits[0] - ts(lost[0])
+            print(f"measured: exit {took:.3f} s after the loss was logged")
+            assert took <= 2.0, f"exited {took:.2f} s after the loss"
             assert any(at >= ts(lost[0]) - 0.5 and status == 200 for at, status in answers), "/healthz answers until the exit"
             assert not any(r["msg"] == "reconcile end" for r in records(a)), "the handler really was stuck"
             assert list(scratch.iterdir()) == [], "temporary credential files must be removed on exit"
