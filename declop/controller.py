@@ -14,8 +14,8 @@ Invariants:
 - a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
 - with a ``fence`` (leader election), no reconcile starts — neither its finalizer write nor its
   handler call, checked just before each one, also inside a batch — unless ``fence()`` is True
-  at that moment; a key the fence stops is dropped (the fence closes only when leadership is
-  over, and the next leader lists every object);
+  at that moment. A closed fence is final (it closes only when leadership is over): the
+  controller halts, and the keys it held are dropped — the next leader lists every object;
 - the echo filter drops an event only when its resourceVersion is one our own finalizer patch
   produced *and* it differs from the previous state by our finalizer alone;
 - the finalizer protocol does not depend on predicates: our finalizer taken off a live object
@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
-from .errors import Conflict, NotFound, TerminalError
+from .errors import Conflict, TerminalError
 from .finalizers import ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
@@ -286,8 +286,10 @@ class Controller:
                     continue
                 if call.phase is Phase.CREATED and reg.finalizer is not None:
                     # persist the finalizer before the handler can cause side effects
-                    obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
-                    self._remember(obj)
+                    patched = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
+                    if patched is not obj:
+                        self._remember(patched)
+                    obj = patched
                 call.obj = obj
                 client = (
                     AsyncClient(self.ctx, self.resource, key, self.name)
@@ -335,25 +337,15 @@ class Controller:
 
     async def _release(self, call: _Call) -> None:
         """Remove our finalizer after a successful DELETING call. Works from the newest cached
-        copy of the same object (the handler may have written it meanwhile); if that is stale
-        (a failed ``test``), reads the object once and tries again before retrying with backoff."""
+        copy of the same object (the handler may have written it meanwhile, and the entries'
+        indices must be current). If another controller changed the list first (a failed
+        ``test``), :class:`~declop.errors.Conflict` retries the key with backoff."""
         finalizer = self.registration.finalizer
         assert finalizer is not None and call.obj is not None
         uid = (call.obj.get("metadata") or {}).get("uid")
         latest = self._lookup(call.key)
         base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
-        transport, resource = self.ctx.transport, self.resource
-        try:
-            written = await release_finalizer(transport, resource, base, finalizer)
-        except Conflict:
-            meta = call.obj["metadata"]
-            try:
-                live = await transport.request("GET", resource.path(namespace=meta.get("namespace"), name=meta["name"]))
-            except NotFound:
-                return  # gone
-            if (live.get("metadata") or {}).get("uid") != uid:
-                return  # a namesake: ours is gone
-            written = await release_finalizer(transport, resource, live, finalizer)
+        written = await release_finalizer(self.ctx.transport, self.resource, base, finalizer)
         if written is not None and written is not base:
             self._remember(written)
         if uid:
@@ -367,12 +359,14 @@ class Controller:
         return uid is not None and uid == meta.get("uid") and self.registration.finalizer in (meta.get("finalizers") or ())
 
     def _fence_closed(self, keys: int) -> None:
+        """The fence stopped ``keys`` keys. It never reopens: halt (the manager exits next)."""
         if not self.fenced:
             self._log.warning(
                 "Not starting reconciles: the leader Lease is not known to be valid",
                 extra={"kv": {"controller": self.name}},
             )
         self.fenced += keys
+        self.halt()
 
     def _is_stopping(self) -> bool:
         return self._stopping

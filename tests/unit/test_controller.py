@@ -349,6 +349,7 @@ def test_the_fence_is_checked_before_every_call_inside_a_batch() -> None:
     assert called == ["a", "b"]
     assert c.fenced == 2  # prepared, but c and d never started
     assert c.queue.num_requeues(keys[2]) == 0 and c.queue.next_deadline() is None  # dropped, not retried
+    assert c.queue.shutting_down, "a closed fence never reopens: the controller halts"
 
 
 def test_a_closed_fence_starts_nothing_not_even_the_finalizer_write() -> None:
