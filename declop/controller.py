@@ -17,7 +17,8 @@ Invariants:
   at that moment. A closed fence is final (it closes only when leadership is over): the
   controller halts, and the keys it held are dropped — the next leader lists every object;
 - the echo filter drops an event only when its resourceVersion is one our own finalizer patch
-  produced *and* it differs from the previous state by our finalizer alone;
+  produced *and* it differs from the previous state by our finalizer alone (an event that arrives
+  while the patch is in flight is held until the answer tells whose it was);
 - the finalizer protocol does not depend on predicates: our finalizer taken off a live object
   (it is added back before a delete can skip the cleanup) and the start of the deletion of an
   object that carries it always enqueue the key;
@@ -34,7 +35,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
@@ -120,6 +121,9 @@ class Controller:
         self.fenced = 0  # keys the fence stopped before their reconcile started
         # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
         self._own_writes: dict[tuple[str | None, str], str] = {}
+        # (namespace, name) -> resourceVersions of finalizer-only events seen while our finalizer
+        # patch of that object was in flight (ours or not is known once it answers)
+        self._writing: dict[tuple[str | None, str], list[str]] = {}
         # (namespace, name) -> uid of the object being deleted whose finalizer we released
         self._released: dict[tuple[str | None, str], str] = {}
 
@@ -128,7 +132,7 @@ class Controller:
         add = self.queue.add
         mapper, predicates = source.mapper, source.predicates
         own_finalizer = self.registration.finalizer if source.primary else None
-        own_writes, released = self._own_writes, self._released
+        own_writes, released, writing = self._own_writes, self._released, self._writing
 
         def on_event(old: Any, new: Any) -> None:
             if own_finalizer is not None and old is not None:
@@ -136,8 +140,8 @@ class Controller:
                     if own_writes or released:
                         own_writes.pop(_ident(old), None)
                         released.pop(_ident(old), None)
-                elif own_writes and _is_our_echo(own_writes, old, new, own_finalizer):
-                    return  # our own finalizer write coming back: nothing new to reconcile
+                elif (writing or own_writes) and _is_our_echo(own_writes, writing, old, new, own_finalizer):
+                    return  # our own finalizer write coming back (or held until we know)
                 elif _finalizer_work(old, new, own_finalizer):
                     for key in mapper(old, new):  # past the predicates: the protocol needs it
                         add(key)
@@ -150,11 +154,24 @@ class Controller:
 
         return on_event
 
-    def _remember(self, written: Any) -> None:
-        """Note the resourceVersion a finalizer patch of ours produced, for the echo filter."""
-        meta = written.get("metadata") if isinstance(written, dict) else None
-        if meta and meta.get("resourceVersion"):
-            self._own_writes[(meta.get("namespace"), meta.get("name"))] = meta["resourceVersion"]
+    async def _own_write(self, key: Request, obj: Any, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Run one finalizer patch of ours on ``obj`` and note what it produced, so that the echo
+        filter drops its event and nothing else. Events that looked like it and arrived while it
+        was in flight were held: those that were not ours are enqueued now."""
+        ident = _ident(obj)
+        self._writing[ident] = []
+        written: Any = None
+        try:
+            written = await write()
+            return written
+        finally:
+            held = self._writing.pop(ident, [])
+            meta = written.get("metadata") if isinstance(written, dict) and written is not obj else None
+            rv = meta.get("resourceVersion") if meta else None
+            if rv and rv not in held and self._lookup(key) is not None:
+                self._own_writes[ident] = rv  # its event is still to come
+            if any(r != rv for r in held):
+                self.queue.add(key)  # someone else's change: it must be reconciled
 
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
@@ -286,10 +303,10 @@ class Controller:
                     continue
                 if call.phase is Phase.CREATED and reg.finalizer is not None:
                     # persist the finalizer before the handler can cause side effects
-                    patched = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
-                    if patched is not obj:
-                        self._remember(patched)
-                    obj = patched
+                    finalizer = reg.finalizer
+                    obj = await self._own_write(
+                        key, obj, lambda: ensure_finalizer(self.ctx.transport, self.resource, obj, finalizer)
+                    )
                 call.obj = obj
                 client = (
                     AsyncClient(self.ctx, self.resource, key, self.name)
@@ -345,10 +362,10 @@ class Controller:
         uid = (call.obj.get("metadata") or {}).get("uid")
         latest = self._lookup(call.key)
         base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
-        written = await release_finalizer(self.ctx.transport, self.resource, base, finalizer)
-        if written is not None and written is not base:
-            self._remember(written)
-        if uid:
+        await self._own_write(
+            call.key, base, lambda: release_finalizer(self.ctx.transport, self.resource, base, finalizer)
+        )
+        if uid and self._lookup(call.key) is not None:  # (its deletion event pops it)
             self._released[_ident(call.obj)] = uid
 
     def _stale(self, obj: Any) -> bool:
@@ -446,11 +463,25 @@ def _ident(obj: Any) -> tuple[str | None, str]:
     return meta.get("namespace"), meta.get("name")
 
 
-def _is_our_echo(own_writes: dict[tuple[str | None, str], str], old: Any, new: Any, finalizer: str) -> bool:
-    """``new`` is the object one of our finalizer patches produced, and nothing else changed."""
+def _is_our_echo(
+    own_writes: dict[tuple[str | None, str], str],
+    writing: dict[tuple[str | None, str], list[str]],
+    old: Any,
+    new: Any,
+    finalizer: str,
+) -> bool:
+    """``new`` is the object one of our finalizer patches produced and nothing else changed — or
+    it may be (a patch of that object is in flight and only our finalizer changed): then its
+    resourceVersion is held for :meth:`Controller._own_write` to decide, and True is returned."""
     ident = _ident(new)
-    rv = own_writes.get(ident)
-    if rv is None or rv != (new.get("metadata") or {}).get("resourceVersion"):
+    rv = (new.get("metadata") or {}).get("resourceVersion")
+    held = writing.get(ident) if writing else None
+    if held is not None:
+        if not _only_our_finalizer(old, new, finalizer):
+            return False
+        held.append(rv)
+        return True
+    if own_writes.get(ident) != rv or rv is None:
         return False
     del own_writes[ident]
     return _only_our_finalizer(old, new, finalizer)

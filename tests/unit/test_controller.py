@@ -222,6 +222,38 @@ def test_our_finalizer_echo_is_not_enqueued_but_real_changes_are() -> None:
     assert len(c.queue) == 1
 
 
+def test_our_echo_arriving_before_the_patch_answer_is_still_dropped() -> None:
+    """The watch event of our finalizer patch can come before the PATCH response (both come from
+    the apiserver): it is held while the patch is in flight and dropped once the answer shows it
+    was ours; a look-alike that was not ours is enqueued then."""
+    for echo_rv, expect_queued in (("2", []), ("7", [KEY])):
+        c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
+        on_event = c._subscriber(c.sources[0])
+        before = cm()
+        informer.writer.upsert(before)
+        transport = c.ctx.transport  # type: ignore[attr-defined]
+        answer = transport.request
+
+        async def request(method: str, path: str, **kw: Any) -> Any:
+            # the event arrives first; our patch produced resourceVersion "2"
+            on_event(before, cm(finalizers=["x.io/f"], resourceVersion=echo_rv))
+            return await answer(method, path, **kw)
+
+        transport.request = request
+
+        async def main() -> list[Request]:
+            c.queue.add(KEY)
+            key = c.queue.get_nowait()
+            await c._process([key])
+            c.queue.done(key)
+            return queued(c)
+
+        assert run(main()) == expect_queued, echo_rv
+        assert c._writing == {}
+        # our own event is still to come when the held one was someone else's
+        assert c._own_writes == ({} if echo_rv == "2" else {("ns", "a"): "2"})
+
+
 def test_a_finalizer_only_change_we_did_not_write_is_not_taken_for_our_echo() -> None:
     """Same shape as our echo, but no patch of ours produced that resourceVersion: it is real."""
     c, _, _ = make(lambda **_: None, finalizer="x.io/f")
