@@ -372,7 +372,7 @@ class Controller:
         """``obj`` (being deleted) still shows our finalizer although we released it from this
         very object: the cache has not caught up with our own write."""
         meta = obj.get("metadata") or {}
-        uid = self._released.get((meta.get("namespace"), meta.get("name")))
+        uid = self._released.get(_ident(obj))
         return uid is not None and uid == meta.get("uid") and self.registration.finalizer in (meta.get("finalizers") or ())
 
     def _fence_closed(self, keys: int) -> None:
@@ -460,7 +460,7 @@ def _run_batch(
 
 def _ident(obj: Any) -> tuple[str | None, str]:
     meta = obj.get("metadata") or {}
-    return meta.get("namespace"), meta.get("name")
+    return meta.get("namespace"), meta.get("name") or ""
 
 
 def _is_our_echo(
@@ -474,12 +474,12 @@ def _is_our_echo(
     it may be (a patch of that object is in flight and only our finalizer changed): then its
     resourceVersion is held for :meth:`Controller._own_write` to decide, and True is returned."""
     ident = _ident(new)
-    rv = (new.get("metadata") or {}).get("resourceVersion")
+    rv: str | None = (new.get("metadata") or {}).get("resourceVersion")
     held = writing.get(ident) if writing else None
     if held is not None:
         if not _only_our_finalizer(old, new, finalizer):
             return False
-        held.append(rv)
+        held.append(rv or "")
         return True
     if own_writes.get(ident) != rv or rv is None:
         return False
