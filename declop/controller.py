@@ -9,6 +9,9 @@ drive the finalizer protocol, call the handler and settle the outcome.
 Invariants:
 - workers start only after every informer of every source has listed once (the sync gate);
 - a key is never reconciled by two workers at once (the queue guarantees it);
+- every key a worker takes ends with exactly one ``queue.done()``, or ``queue.give_back()`` when
+  a slow call of a plain handler's batch hands the keys behind it to other workers
+  (:mod:`declop.batches`): a slow call holds no key but its own;
 - :meth:`Controller._settle` is the only place where outcomes become queue operations;
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
 - a reconcile reads only the cache: it makes no GET or LIST against the apiserver.
@@ -24,6 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from .batches import STALL_AFTER, Batch, batch_size
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, TerminalError
@@ -98,7 +102,6 @@ class Controller:
         self._primary = [i for s in self.sources if s.primary for i in s.informers]
         self._log = logging.getLogger(f"declop.controller.{self.name}")
         self._workers: list[asyncio.Task[None]] = []
-        self._inflight = 0
         self._stopping = False
         self.synced = asyncio.Event()
         self.reconciles = 0  # total handler calls, for tests and statistics
@@ -190,28 +193,18 @@ class Controller:
                 # Take more ready keys, but never more than this worker's share of the backlog,
                 # so other workers are not starved. Taken keys are "processing": no other worker
                 # can take them, and re-adds meanwhile cause exactly one more run after done().
-                extra = min(BATCH - 1, len(queue) // workers)
+                extra = batch_size(len(queue), workers) - 1
                 while extra > 0:
                     try:
                         keys.append(queue.get_nowait())
                     except (QueueEmpty, QueueShutDown):
                         break
                     extra -= 1
-            self._inflight += len(keys)
             self.metrics.active(self.name, 1)
             try:
                 await self._process(keys)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a framework bug: never kill the worker
-                log.exception("Unexpected error while processing keys", extra={"kv": {"controller": self.name, "keys": [str(k) for k in keys]}})
-                for k in keys:
-                    queue.add_rate_limited(k)
             finally:
-                self._inflight -= len(keys)
                 self.metrics.active(self.name, -1)
-                for k in keys:
-                    queue.done(k)
 
     def _lookup(self, key: Request) -> Any:
         for informer in self._primary:
@@ -222,64 +215,165 @@ class Controller:
         return None
 
     async def _process(self, keys: list[Request]) -> None:
-        """Reconcile ``keys``: prepare each on the loop (cache read, phase, finalizer added before
-        the handler sees CREATED), call the handler, release the finalizer after a successful
-        DELETING call, and settle every outcome."""
-        reg = self.registration
-        calls: list[_Call] = []
-        for key in keys:
-            call = _Call(key, time.monotonic(), str(uuid.uuid4()))
-            call.logger = ReconcileLogger(
-                self._log,
-                {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
-            )
-            try:
-                obj = self._lookup(key)
-                call.phase = phase_of(obj, reg.finalizer)
-                if call.phase is Phase.CREATED and reg.finalizer is not None:
-                    # persist the finalizer before the handler can cause side effects
-                    obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
-                call.obj = obj
-                client = (
-                    AsyncClient(self.ctx, self.resource, key, self.name)
-                    if reg.is_async
-                    else Client(self.ctx, self.resource, key, self.name)
-                )
-                call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id)
-            except Exception as exc:  # noqa: BLE001 - settled below like a handler error
-                call.error, call.ran = exc, True
-            calls.append(call)
-        pending = [c for c in calls if not c.ran]
-        self.reconciles += len(pending)
-        if reg.is_async:
-            for call in pending:
-                if self._stopping and call is not pending[0]:
-                    break
-                call.ran = True
-                try:
-                    call.outcome = await reg.fn(**call.kwargs)
-                except Exception as exc:  # noqa: BLE001
-                    call.error = exc
-        elif pending:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self.executor, _run_batch, reg.fn, pending, self._is_stopping)
-        for call in calls:
-            if not call.ran:
-                continue  # dropped at shutdown, like keys still queued
-            if (
-                call.error is None
-                and call.phase is Phase.DELETING
-                and reg.finalizer is not None
-                and (call.outcome is None or isinstance(call.outcome, Result))
-            ):
-                try:  # cleanup succeeded: only now may the object go
-                    await release_finalizer(self.ctx.transport, self.resource, call.obj, reg.finalizer)
-                except Exception as exc:  # noqa: BLE001
-                    call.error = exc
-            self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+        """Reconcile ``keys`` (taken from the queue by one worker) and settle every outcome.
 
-    def _is_stopping(self) -> bool:
-        return self._stopping
+        Each key ends with exactly one ``queue.done()`` — or ``queue.give_back()`` when a slow
+        call in a batch hands the keys behind it to other workers (:mod:`declop.batches`).
+        """
+        held = dict.fromkeys(keys)  # keys this worker still owes a done() or give_back()
+        try:
+            if self.registration.is_async:
+                for key in keys:
+                    if self._stopping and key is not keys[0]:
+                        break
+                    call = self._prepare(key)
+                    if call.error is None and call.add_finalizer:
+                        try:
+                            call.obj = await ensure_finalizer(
+                                self.ctx.transport, self.resource, call.obj, self.registration.finalizer or ""
+                            )
+                        except Exception as exc:  # noqa: BLE001 - settled like a handler error
+                            call.error = exc
+                    if call.error is None:
+                        self._arguments(call)
+                        call.called = True
+                        try:
+                            call.outcome = await self.registration.fn(**call.kwargs)
+                        except Exception as exc:  # noqa: BLE001
+                            call.error = exc
+                    await self._finish(call, held)
+            else:
+                await self._process_batch(keys, held)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a framework bug: never kill the worker
+            log.exception(
+                "Unexpected error while processing keys",
+                extra={"kv": {"controller": self.name, "keys": [str(k) for k in held]}},
+            )
+            for k in held:
+                self.queue.add_rate_limited(k)
+        finally:
+            for k in held:  # settled keys are gone; the rest (dropped at shutdown, or a bug) end here
+                self.queue.done(k)
+
+    async def _process_batch(self, keys: list[Request], held: dict[Request, None]) -> None:
+        """Plain handlers: run the batch in one executor job; if a call stalls while keys wait
+        behind it (and another worker could run them), give those keys back to the queue and
+        settle the calls that already finished, then wait for the slow one."""
+        loop = asyncio.get_running_loop()
+        batch: Batch[Request] = Batch(keys)
+        calls: list[_Call] = []
+        job = loop.run_in_executor(self.executor, self._run_batch, batch, calls, loop)
+        if len(keys) > 1 and self.registration.max_concurrent > 1:
+            watch = _Watch(batch, loop.create_future(), held)
+            job.add_done_callback(watch.wake)
+            watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
+            try:
+                await watch.woken
+            finally:
+                watch.timer.cancel()
+            if not job.done():  # stalled: the waiting keys went back; settle what finished
+                for call in list(calls):
+                    if call.finished:
+                        await self._finish(call, held)
+        await job
+        for call in calls:
+            if call.key in held:
+                await self._finish(call, held)
+        # keys left in the batch were dropped at shutdown, like keys still queued: done() follows
+
+    def _watch(self, watch: _Watch) -> None:
+        """Timer on the loop while a batch runs: once a call has run for ``STALL_AFTER`` with keys
+        waiting behind it, give those keys back to the head of the queue and wake the worker."""
+        batch = watch.batch
+        if watch.woken.done() or not len(batch):
+            return  # finished, or nothing waits behind the running call
+        if not batch.stalled():
+            delay = max(STALL_AFTER - batch.running_for(), 0.001)
+            watch.timer = asyncio.get_running_loop().call_later(delay, self._watch, watch)
+            return
+        back = batch.take_back()
+        for k in back:
+            del watch.held[k]
+        self.queue.give_back(*back)
+        watch.wake()
+
+    def _run_batch(self, batch: Batch[Request], calls: list[_Call], loop: asyncio.AbstractEventLoop) -> None:
+        """In a worker thread: prepare and call the handler for each key the batch hands out, in
+        order; stop early at shutdown (the first call always runs: it was taken before the stop).
+        The cache is read here, at call time; a finalizer is added through the loop."""
+        fn = self.registration.fn
+        first = True
+        while first or not self._stopping:
+            key = batch.next()
+            if key is None:
+                return
+            first = False
+            call = self._prepare(key)
+            calls.append(call)
+            if call.error is None and call.add_finalizer:
+                try:
+                    call.obj = asyncio.run_coroutine_threadsafe(
+                        ensure_finalizer(self.ctx.transport, self.resource, call.obj, self.registration.finalizer or ""),
+                        loop,
+                    ).result()
+                except Exception as exc:  # noqa: BLE001 - settled like a handler error
+                    call.error = exc
+            if call.error is None:
+                try:
+                    self._arguments(call)
+                    call.called = True
+                    call.outcome = fn(**call.kwargs)
+                except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
+                    call.error = exc
+            call.finished = True
+
+    def _prepare(self, key: Request) -> _Call:
+        """Read the cache and deduce the phase (on the loop or in a handler thread: both only read)."""
+        call = _Call(key, time.monotonic(), str(uuid.uuid4()))
+        call.logger = ReconcileLogger(
+            self._log,
+            {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
+        )
+        try:
+            call.obj = self._lookup(key)
+            call.phase = phase_of(call.obj, self.registration.finalizer)
+            # the finalizer is persisted before the handler can cause side effects
+            call.add_finalizer = call.phase is Phase.CREATED and self.registration.finalizer is not None
+        except Exception as exc:  # noqa: BLE001 - settled like a handler error
+            call.error = exc
+        return call
+
+    def _arguments(self, call: _Call) -> None:
+        reg = self.registration
+        client = (
+            AsyncClient(self.ctx, self.resource, call.key, self.name)
+            if reg.is_async
+            else Client(self.ctx, self.resource, call.key, self.name)
+        )
+        call.kwargs = reg.arguments(call.key, call.obj, call.phase, client, call.logger, call.reconcile_id)
+
+    async def _finish(self, call: _Call, held: dict[Request, None]) -> None:
+        """After the handler: release the finalizer after a successful DELETING call, settle the
+        outcome, and mark the key done."""
+        reg = self.registration
+        if call.called:
+            self.reconciles += 1
+        if (
+            call.error is None
+            and call.phase is Phase.DELETING
+            and reg.finalizer is not None
+            and (call.outcome is None or isinstance(call.outcome, Result))
+        ):
+            try:  # cleanup succeeded: only now may the object go
+                await release_finalizer(self.ctx.transport, self.resource, call.obj, reg.finalizer)
+            except Exception as exc:  # noqa: BLE001
+                call.error = exc
+        self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+        if call.key in held:
+            del held[call.key]
+            self.queue.done(call.key)
 
     def _settle(
         self, key: Request, outcome: Any, error: BaseException | None, logger: ReconcileLogger, seconds: float
@@ -302,7 +396,8 @@ class Controller:
             logger.error("Reconciler error", exc_info=error)
             queue.add_rate_limited(key)
             self.metrics.reconciled(self.name, "error", seconds)
-        elif isinstance(outcome, Result) and outcome.requeue_after is not None:
+        elif isinstance(outcome, Result) and outcome.requeue_after:
+            # only a positive delay requeues: 0 is plain success, as in controller-runtime
             queue.forget(key)
             queue.add_after(key, outcome.requeue_after)
             self.metrics.reconciled(self.name, "requeue_after", seconds)
@@ -311,14 +406,27 @@ class Controller:
             self.metrics.reconciled(self.name, "success", seconds)
 
 
-#: at most this many keys per thread hop for plain handlers
-BATCH = 64
+class _Watch:
+    """A running batch, watched from the loop for stalls (see :meth:`Controller._watch`)."""
+
+    __slots__ = ("batch", "held", "timer", "woken")
+
+    def __init__(self, batch: Batch[Request], woken: asyncio.Future[None], held: dict[Request, None]) -> None:
+        self.batch, self.woken, self.held = batch, woken, held
+        self.timer: asyncio.TimerHandle
+
+    def wake(self, _: object = None) -> None:
+        if not self.woken.done():
+            self.woken.set_result(None)
 
 
 class _Call:
-    """One reconcile in flight: what the handler gets and what came of it."""
+    """One reconcile: what the handler gets and what came of it."""
 
-    __slots__ = ("key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "ran", "outcome", "error")
+    __slots__ = (
+        "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
+        "finished", "outcome", "error",
+    )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
         self.key, self.started, self.reconcile_id = key, started, reconcile_id
@@ -326,22 +434,11 @@ class _Call:
         self.phase: Phase = Phase.DELETED
         self.obj: Any = None
         self.kwargs: dict[str, Any] = {}
-        self.ran = False
+        self.add_finalizer = False
+        self.called = False  # the handler was called
+        self.finished = False  # set last by the thread that ran it: everything above is final
         self.outcome: Any = None
         self.error: BaseException | None = None
-
-
-def _run_batch(fn: Callable[..., Any], calls: list[_Call], stopping: Callable[[], bool]) -> None:
-    """In a worker thread: call ``fn`` for each prepared call, in order; stop early at shutdown
-    (the first call always runs: it was taken before the stop)."""
-    for i, call in enumerate(calls):
-        if i and stopping():
-            return
-        call.ran = True
-        try:
-            call.outcome = fn(**call.kwargs)
-        except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
-            call.error = exc
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

@@ -297,3 +297,76 @@ def test_workers_take_only_their_share_of_the_backlog() -> None:
     # the first batch: one key plus half of the 10 still waiting (two workers share them)
     assert taken[0] == ["k0", "k1", "k2", "k3", "k4", "k5"]
     assert sum(len(t) for t in taken) == 11
+
+
+def test_requeue_after_zero_is_plain_success_not_an_immediate_requeue() -> None:
+    c, _, clock = make(lambda **_: None)
+    c.queue.add_rate_limited(KEY)
+    clock.advance(1)
+    queued(c)
+    c._settle(KEY, declop.Result(requeue_after=0), None, logger(), 0.0)
+    assert c.queue.num_requeues(KEY) == 0
+    assert c.queue.next_deadline() is None and queued(c) == []
+    assert c.queue.statistics().retries == 1  # only the earlier failure's
+
+
+# -- no head-of-line blocking in a batch ---------------------------------------------------------
+def test_a_stalled_call_gives_the_keys_behind_it_back_and_settles_those_before_it() -> None:
+    import threading
+
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        ran.append(name)
+        if name == "b":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "abcd"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        taken = [q.get_nowait() for _ in keys]
+        task = asyncio.ensure_future(c._process(taken))
+        for _ in range(500):  # up to 5 s: the stall is noticed after 5 ms
+            await asyncio.sleep(0.01)
+            if len(q) == 2 and q.statistics().processing == 1:
+                break
+        assert ran == ["a", "b"]  # b hangs; c and d have not started
+        assert q.statistics().processing == 1  # only b is still held: a is settled, c and d are back
+        q.add(keys[0])  # a change to a runs at once (a is done, not held behind b)
+        assert [q.get_nowait() for _ in range(3)] == [keys[2], keys[3], keys[0]]
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert q.statistics().processing == 3  # the three this test took; b is done
+        assert c.reconciles == 2 and ran == ["a", "b"]
+
+    run(main())
+
+
+def test_with_one_worker_a_batch_is_never_split() -> None:
+    seen: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        seen.append(name)
+        if name == "a":
+            import time
+
+            time.sleep(0.05)  # far past the stall threshold: nobody else could run b anyway
+
+    c, informer, _ = make(handler)
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+        c.queue.add(k)
+    taken = [c.queue.get_nowait() for _ in keys]
+    run(c._process(taken))
+    assert seen == ["a", "b"] and c.queue.statistics().processing == 0 and len(c.queue) == 0
