@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .batches import STALL_AFTER, Batch, batch_size
+from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, TerminalError
@@ -36,7 +37,7 @@ from .informer import Informer
 from .keys import Request
 from .logs import ReconcileLogger
 from .mapping import KeyMapper
-from .predicates import Predicate
+from .predicates import Predicate, is_builtin
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .registry import Registration
 from .result import Phase, Result, phase_of
@@ -112,10 +113,17 @@ class Controller:
         mapper, predicates = source.mapper, source.predicates
         own_finalizer = self.registration.finalizer if source.primary else None
 
+        if all(is_builtin(p) for p in predicates):
+            guard = None  # the built-ins only read: they get the cache's objects
+        else:
+            guard = readonly  # a user predicate gets read-only views (all of the source's do)
+
         def on_event(old: Any, new: Any) -> None:
-            for p in predicates:
-                if not p(old, new):
-                    return
+            if predicates:
+                o, n = (old, new) if guard is None else (guard(old), guard(new))
+                for p in predicates:
+                    if not p(o, n):
+                        return
             if own_finalizer is not None and old is not None and new is not None and _only_our_finalizer(
                 old, new, own_finalizer
             ):

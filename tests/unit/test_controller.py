@@ -370,3 +370,41 @@ def test_with_one_worker_a_batch_is_never_split() -> None:
     taken = [c.queue.get_nowait() for _ in keys]
     run(c._process(taken))
     assert seen == ["a", "b"] and c.queue.statistics().processing == 0 and len(c.queue) == 0
+
+
+def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    import declop.controller
+    from declop.cache import ReadOnlyDict, readonly
+
+    views: list[Any] = []
+    monkeypatch.setattr(declop.controller, "readonly", lambda o: views.append(o) or readonly(o))
+
+    seen: list[Any] = []
+
+    def meddling(old: Any, new: Any) -> bool:
+        seen.append(new)
+        new["metadata"].setdefault("labels", {})["seen"] = "yes"  # raises: read-only
+        return True
+
+    def spy(old: Any, new: Any) -> bool:
+        seen.append(new)
+        return True
+
+    informer = FakeInformer()
+    registry = declop.Registry()
+    registry.reconciler("configmaps")(lambda **_: None)
+    reg = registry.registrations[0]
+    user = Controller(reg, CM, [Source((informer,), enqueue_self, (meddling,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    new = cm()
+    with pytest.raises(TypeError, match="read-only"):
+        user._subscriber(user.sources[0])(None, new)
+    assert type(seen[0]) is ReadOnlyDict and new == cm() and len(user.queue) == 0
+
+    builtin = declop.predicates.all_of(declop.predicates.generation_changed, declop.predicates.labels_changed)
+    fast = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    views.clear()
+    fast._subscriber(fast.sources[0])(None, new)
+    assert len(fast.queue) == 1 and views == []  # built-ins only: no view is made
+    mixed = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin, spy), primary=True)], FakeContext())  # type: ignore[arg-type]
+    mixed._subscriber(mixed.sources[0])(None, new)
+    assert type(seen[-1]) is ReadOnlyDict and len(mixed.queue) == 1
