@@ -274,7 +274,7 @@ class Controller:
         calls: list[_Call] = []
         job = loop.run_in_executor(self.executor, self._run_batch, batch, calls, loop)
         if len(keys) > 1 and self.registration.max_concurrent > 1:
-            watch = _Watch(batch, loop.create_future(), held)
+            watch = _Watch(batch, calls, loop.create_future(), held)
             job.add_done_callback(watch.wake)
             watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
             try:
@@ -292,20 +292,23 @@ class Controller:
         # keys left in the batch were dropped at shutdown, like keys still queued: done() follows
 
     def _watch(self, watch: _Watch) -> None:
-        """Timer on the loop while a batch runs: once a call has run for ``STALL_AFTER`` with keys
-        waiting behind it, give those keys back to the head of the queue and wake the worker."""
+        """Timer on the loop while a batch runs. Once a call has run for ``STALL_AFTER``, the keys
+        waiting behind it go back to the head of the queue, and the worker is woken to settle the
+        calls that finished before it; then the timer stops (nothing is left but the slow call)."""
+        if watch.woken.done():
+            return
         batch = watch.batch
-        if watch.woken.done() or not len(batch):
-            return  # finished, or nothing waits behind the running call
-        if not batch.stalled():
-            delay = max(STALL_AFTER - batch.running_for(), 0.001)
-            watch.timer = asyncio.get_running_loop().call_later(delay, self._watch, watch)
+        running = batch.running_for()
+        if running < STALL_AFTER:
+            watch.timer = asyncio.get_running_loop().call_later(STALL_AFTER - running, self._watch, watch)
             return
         back = batch.take_back()
-        for k in back:
-            del watch.held[k]
-        self.queue.give_back(*back)
-        watch.wake()
+        if back:
+            for k in back:
+                del watch.held[k]
+            self.queue.give_back(*back)
+        if back or any(c.finished for c in watch.calls):
+            watch.wake()
 
     def _run_batch(self, batch: Batch[Request], calls: list[_Call], loop: asyncio.AbstractEventLoop) -> None:
         """In a worker thread: prepare and call the handler for each key the batch hands out, in
@@ -417,10 +420,12 @@ class Controller:
 class _Watch:
     """A running batch, watched from the loop for stalls (see :meth:`Controller._watch`)."""
 
-    __slots__ = ("batch", "held", "timer", "woken")
+    __slots__ = ("batch", "calls", "held", "timer", "woken")
 
-    def __init__(self, batch: Batch[Request], woken: asyncio.Future[None], held: dict[Request, None]) -> None:
-        self.batch, self.woken, self.held = batch, woken, held
+    def __init__(
+        self, batch: Batch[Request], calls: list[_Call], woken: asyncio.Future[None], held: dict[Request, None]
+    ) -> None:
+        self.batch, self.calls, self.woken, self.held = batch, calls, woken, held
         self.timer: asyncio.TimerHandle
 
     def wake(self, _: object = None) -> None:

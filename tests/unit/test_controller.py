@@ -408,3 +408,40 @@ def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monk
     mixed = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin, spy), primary=True)], FakeContext())  # type: ignore[arg-type]
     mixed._subscriber(mixed.sources[0])(None, new)
     assert type(seen[-1]) is ReadOnlyDict and len(mixed.queue) == 1
+
+
+def test_a_call_that_finished_before_the_last_call_of_its_batch_hangs_is_settled_at_once() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def handler(name: str, **_: Any) -> None:
+        if name == "b":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if q.statistics().processing == 1:
+                break
+        assert q.statistics().processing == 1 and not task.done()  # a is done, b still hangs
+        q.add(keys[0])
+        assert q.get_nowait() == keys[0]  # a change to a runs now, not after b
+        q.done(keys[0])
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert q.statistics().processing == 0 and c.reconciles == 2
+
+    run(main())
