@@ -1,16 +1,16 @@
 """Batches: many keys per thread hop for plain handlers, without head-of-line blocking.
 
-A worker of a plain ``def`` handler takes the key it waited for plus more ready keys and runs
-them one after another in one executor job: handing a single reconcile to a thread and back
+A worker of a plain ``def`` handler takes the key it waited for plus more ready keys, prepares
+them on the loop and runs the calls one after another in one executor job: handing a single reconcile to a thread and back
 costs ~150 µs on 2 cores, most of a cold start's reconcile phase at 10k objects
 (bench/FINDINGS.md, F2). The risk is head-of-line blocking: one slow or hanging call would hold
 every key queued behind it in its batch while other workers sit idle. A :class:`Batch` is the
-hand-over between the worker (on the event loop) and the thread that avoids it:
+hand-over of those calls between the worker (on the event loop) and the thread that avoids it:
 
-- the thread takes keys from the front with :meth:`Batch.next`, which notes when each started;
-- once the running call has run for :data:`STALL_AFTER` (:meth:`Batch.stalled`), the loop takes
-  the keys that have not started back from the end with :meth:`Batch.take_back` and gives them
-  back to the queue, where idle workers take them at once.
+- the thread takes calls from the front with :meth:`Batch.next`, which notes when each started;
+- once the running call has run for :data:`STALL_AFTER` (:meth:`Batch.running_for`), the loop
+  takes the calls that have not started back from the end with :meth:`Batch.take_back` and gives
+  their keys back to the queue, where idle workers take them at once.
 
 A call that runs past :data:`STALL_AFTER` costs at least 30 times the hop it saves, so giving its
 followers back loses nothing measurable; fast calls never stall and keep the whole batch in one hop.
@@ -25,7 +25,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, Hashable, Iterable, TypeVar
+from typing import Generic, Hashable, Iterable, Iterator, TypeVar
 
 from declop.clock import MONOTONIC, Clock
 
@@ -63,12 +63,20 @@ class Batch(Generic[T]):
 
     def next(self) -> T | None:
         """Thread side: the next item to run, or None when none is left; marks its start."""
+        pending = self._pending
+        if not pending:  # the common end of a batch, without raising
+            return None
         try:
-            item = self._pending.popleft()
-        except IndexError:
+            item = pending.popleft()
+        except IndexError:  # the loop took the rest back meanwhile
             return None
         self.started_at = self._clock()
         return item
+
+    def __iter__(self) -> Iterator[T]:
+        """Thread side: :meth:`next` until the batch is empty (or taken back)."""
+        while (item := self.next()) is not None:
+            yield item
 
     def running_for(self) -> float:
         """Seconds since the current call (or the batch) started."""

@@ -32,7 +32,7 @@ from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, TerminalError
-from .finalizers import ensure_finalizer, release_finalizer
+from .finalizers import contains_finalizer, ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
 from .logs import ReconcileLogger
@@ -104,6 +104,8 @@ class Controller:
         self._log = logging.getLogger(f"declop.controller.{self.name}")
         self._workers: list[asyncio.Task[None]] = []
         self._stopping = False
+        # keys whose finalizer we added for a CREATED call that was given back before it ran
+        self._created: set[Request] = set()
         self.synced = asyncio.Event()
         self.reconciles = 0  # total handler calls, for tests and statistics
 
@@ -225,76 +227,111 @@ class Controller:
     async def _process(self, keys: list[Request]) -> None:
         """Reconcile ``keys`` (taken from the queue by one worker) and settle every outcome.
 
-        Each key ends with exactly one ``queue.done()`` — or ``queue.give_back()`` when a slow
-        call in a batch hands the keys behind it to other workers (:mod:`declop.batches`).
+        Each key is prepared on the loop (cache read, phase, the finalizer added before the
+        handler can see CREATED), called (plain handlers in one thread hop for the batch), then
+        settled, and ends with exactly one ``queue.done()`` — or ``queue.give_back()`` when a slow
+        call hands the keys behind it to other workers (:mod:`declop.batches`).
         """
-        held = dict.fromkeys(keys)  # keys this worker still owes a done() or give_back()
+        reg = self.registration
+        calls: list[_Call] = []  # every call is "held" until its key is done() or given back
         try:
-            if self.registration.is_async:
-                for key in keys:
-                    if self._stopping and key is not keys[0]:
-                        break
-                    call = self._prepare(key)
-                    if call.error is None and call.add_finalizer:
-                        try:
-                            call.obj = await ensure_finalizer(
-                                self.ctx.transport, self.resource, call.obj, self.registration.finalizer or ""
-                            )
-                        except Exception as exc:  # noqa: BLE001 - settled like a handler error
-                            call.error = exc
+            finalizer, created = reg.finalizer, self._created
+            for key in keys:
+                call = _Call(key, time.monotonic(), str(uuid.uuid4()))
+                call.logger = ReconcileLogger(
+                    self._log,
+                    {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
+                )
+                try:
+                    obj = self._lookup(key)
+                    call.phase = phase_of(obj, finalizer)
+                    if created and key in created:
+                        # its CREATED call was given back after we added the finalizer: still CREATED
+                        created.discard(key)
+                        if call.phase is Phase.UPDATED:
+                            call.phase = Phase.CREATED
+                    if call.phase is Phase.CREATED and finalizer is not None and not contains_finalizer(obj, finalizer):
+                        # persist the finalizer before the handler can cause side effects
+                        call.add_finalizer = True
+                        obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, finalizer)
+                    call.obj = obj
+                    client = (
+                        AsyncClient(self.ctx, self.resource, key, self.name)
+                        if reg.is_async
+                        else Client(self.ctx, self.resource, key, self.name)
+                    )
+                    call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id)
+                except Exception as exc:  # noqa: BLE001 - settled like a handler error
+                    call.error = exc
+                    call.finished = True
+                calls.append(call)
+            if reg.is_async:
+                for call in calls:
                     if call.error is None:
-                        self._arguments(call)
+                        if self._stopping and call is not calls[0]:
+                            break  # dropped at shutdown, like keys still queued
                         call.called = True
                         try:
-                            call.outcome = await self.registration.fn(**call.kwargs)
+                            call.outcome = await reg.fn(**call.kwargs)
                         except Exception as exc:  # noqa: BLE001
                             call.error = exc
-                    await self._finish(call, held)
+                    await self._finish(call)
             else:
-                await self._process_batch(keys, held)
+                # Plain handlers: the prepared calls run in one executor job. With more than one
+                # worker, a timer gives the calls that have not started back (their keys to the
+                # queue) once a call has run STALL_AFTER; the calls that finished are settled then.
+                runnable = [c for c in calls if c.error is None]
+                if len(runnable) < len(calls):
+                    for call in calls:
+                        if call.finished:  # a failed preparation: settled now, not after the batch
+                            self._complete(call)
+                if runnable:
+                    loop = asyncio.get_running_loop()
+                    fn, stopping = reg.fn, self._is_stopping
+                    if len(runnable) == 1 or reg.max_concurrent == 1:
+                        # nothing to give back, or nobody to give it to: the plain loop, no timer
+                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping)
+                    else:
+                        batch: Batch[_Call] = Batch(runnable)
+                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping)
+                        watch = _Watch(batch, calls, loop.create_future())
+                        job.add_done_callback(watch.wake)
+                        watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
+                        try:
+                            await watch.woken
+                        finally:
+                            watch.timer.cancel()
+                        if not job.done():  # stalled: settle what finished before the slow call
+                            for call in calls:
+                                if call.finished and call.held:
+                                    await self._finish(call)
+                        await job
+                deleting = reg.finalizer is not None
+                for call in calls:
+                    if call.finished and call.held:
+                        if deleting and call.phase is Phase.DELETING:
+                            await self._finish(call)
+                        else:
+                            self._complete(call)
+                # calls not started (the thread stopped at shutdown) are dropped like queued keys: done()
         except asyncio.CancelledError:
             raise
         except Exception:  # a framework bug: never kill the worker
             log.exception(
                 "Unexpected error while processing keys",
-                extra={"kv": {"controller": self.name, "keys": [str(k) for k in held]}},
+                extra={"kv": {"controller": self.name, "keys": [str(k) for k in keys]}},
             )
-            for k in held:
+            for k in _held(keys, calls):
                 self.queue.add_rate_limited(k)
         finally:
-            for k in held:  # settled keys are gone; the rest (dropped at shutdown, or a bug) end here
+            for k in _held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
 
-    async def _process_batch(self, keys: list[Request], held: dict[Request, None]) -> None:
-        """Plain handlers: run the batch in one executor job; if a call stalls while keys wait
-        behind it (and another worker could run them), give those keys back to the queue and
-        settle the calls that already finished, then wait for the slow one."""
-        loop = asyncio.get_running_loop()
-        batch: Batch[Request] = Batch(keys)
-        calls: list[_Call] = []
-        job = loop.run_in_executor(self.executor, self._run_batch, batch, calls, loop)
-        if len(keys) > 1 and self.registration.max_concurrent > 1:
-            watch = _Watch(batch, calls, loop.create_future(), held)
-            job.add_done_callback(watch.wake)
-            watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
-            try:
-                await watch.woken
-            finally:
-                watch.timer.cancel()
-            if not job.done():  # stalled: the waiting keys went back; settle what finished
-                for call in list(calls):
-                    if call.finished:
-                        await self._finish(call, held)
-        await job
-        for call in calls:
-            if call.key in held:
-                await self._finish(call, held)
-        # keys left in the batch were dropped at shutdown, like keys still queued: done() follows
-
     def _watch(self, watch: _Watch) -> None:
-        """Timer on the loop while a batch runs. Once a call has run for ``STALL_AFTER``, the keys
-        waiting behind it go back to the head of the queue, and the worker is woken to settle the
-        calls that finished before it; then the timer stops (nothing is left but the slow call)."""
+        """Timer on the loop while a batch runs. Once a call has run for ``STALL_AFTER``, the calls
+        waiting behind it are given back (their keys to the head of the queue), and the worker is
+        woken to settle the calls that finished before it; then the timer stops (nothing is left
+        but the slow call)."""
         if watch.woken.done():
             return
         batch = watch.batch
@@ -304,87 +341,43 @@ class Controller:
             return
         back = batch.take_back()
         if back:
-            for k in back:
-                del watch.held[k]
-            self.queue.give_back(*back)
-        if back or any(c.finished for c in watch.calls):
+            for call in back:
+                call.held = False
+                if call.add_finalizer:  # we added it for a CREATED call that never ran
+                    self._created.add(call.key)
+            self.queue.give_back(*(call.key for call in back))
+            self._log.debug(
+                "A call is slow; the keys behind it go back to the queue",
+                extra={"kv": {"controller": self.name, "running_seconds": round(running, 3), "keys": len(back)}},
+            )
+        if back or any(c.finished and c.held for c in watch.calls):
             watch.wake()
 
-    def _run_batch(self, batch: Batch[Request], calls: list[_Call], loop: asyncio.AbstractEventLoop) -> None:
-        """In a worker thread: prepare and call the handler for each key the batch hands out, in
-        order; stop early at shutdown (the first call always runs: it was taken before the stop).
-        The cache is read here, at call time; a finalizer is added through the loop."""
-        fn = self.registration.fn
-        first = True
-        while first or not self._stopping:
-            key = batch.next()
-            if key is None:
-                return
-            first = False
-            call = self._prepare(key)
-            calls.append(call)
-            if call.error is None and call.add_finalizer:
-                try:
-                    call.obj = asyncio.run_coroutine_threadsafe(
-                        ensure_finalizer(self.ctx.transport, self.resource, call.obj, self.registration.finalizer or ""),
-                        loop,
-                    ).result()
-                except Exception as exc:  # noqa: BLE001 - settled like a handler error
-                    call.error = exc
-            if call.error is None:
-                try:
-                    self._arguments(call)
-                    call.called = True
-                    call.outcome = fn(**call.kwargs)
-                except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
-                    call.error = exc
-            call.finished = True
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
-    def _prepare(self, key: Request) -> _Call:
-        """Read the cache and deduce the phase (on the loop or in a handler thread: both only read)."""
-        call = _Call(key, time.monotonic(), str(uuid.uuid4()))
-        call.logger = ReconcileLogger(
-            self._log,
-            {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
-        )
-        try:
-            call.obj = self._lookup(key)
-            call.phase = phase_of(call.obj, self.registration.finalizer)
-            # the finalizer is persisted before the handler can cause side effects
-            call.add_finalizer = call.phase is Phase.CREATED and self.registration.finalizer is not None
-        except Exception as exc:  # noqa: BLE001 - settled like a handler error
-            call.error = exc
-        return call
-
-    def _arguments(self, call: _Call) -> None:
-        reg = self.registration
-        client = (
-            AsyncClient(self.ctx, self.resource, call.key, self.name)
-            if reg.is_async
-            else Client(self.ctx, self.resource, call.key, self.name)
-        )
-        call.kwargs = reg.arguments(call.key, call.obj, call.phase, client, call.logger, call.reconcile_id)
-
-    async def _finish(self, call: _Call, held: dict[Request, None]) -> None:
-        """After the handler: release the finalizer after a successful DELETING call, settle the
-        outcome, and mark the key done."""
-        reg = self.registration
-        if call.called:
-            self.reconciles += 1
+    async def _finish(self, call: _Call) -> None:
+        """After the handler: release the finalizer after a successful DELETING call, then
+        :meth:`_complete`."""
         if (
-            call.error is None
-            and call.phase is Phase.DELETING
-            and reg.finalizer is not None
+            call.phase is Phase.DELETING
+            and call.error is None
+            and self.registration.finalizer is not None
             and (call.outcome is None or isinstance(call.outcome, Result))
         ):
             try:  # cleanup succeeded: only now may the object go
-                await release_finalizer(self.ctx.transport, self.resource, call.obj, reg.finalizer)
+                await release_finalizer(self.ctx.transport, self.resource, call.obj, self.registration.finalizer)
             except Exception as exc:  # noqa: BLE001
                 call.error = exc
+        self._complete(call)
+
+    def _complete(self, call: _Call) -> None:
+        """Settle the outcome and mark the key done."""
+        if call.called:
+            self.reconciles += 1
         self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
-        if call.key in held:
-            del held[call.key]
-            self.queue.done(call.key)
+        call.held = False
+        self.queue.done(call.key)
 
     def _settle(
         self, key: Request, outcome: Any, error: BaseException | None, logger: ReconcileLogger, seconds: float
@@ -420,12 +413,12 @@ class Controller:
 class _Watch:
     """A running batch, watched from the loop for stalls (see :meth:`Controller._watch`)."""
 
-    __slots__ = ("batch", "calls", "held", "timer", "woken")
+    __slots__ = ("batch", "calls", "timer", "woken")
 
     def __init__(
-        self, batch: Batch[Request], calls: list[_Call], woken: asyncio.Future[None], held: dict[Request, None]
+        self, batch: Batch[_Call], calls: list[_Call], woken: asyncio.Future[None]
     ) -> None:
-        self.batch, self.calls, self.woken, self.held = batch, calls, woken, held
+        self.batch, self.calls, self.woken = batch, calls, woken
         self.timer: asyncio.TimerHandle
 
     def wake(self, _: object = None) -> None:
@@ -438,7 +431,7 @@ class _Call:
 
     __slots__ = (
         "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
-        "finished", "outcome", "error",
+        "finished", "held", "outcome", "error",
     )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
@@ -449,9 +442,31 @@ class _Call:
         self.kwargs: dict[str, Any] = {}
         self.add_finalizer = False
         self.called = False  # the handler was called
-        self.finished = False  # set last by the thread that ran it: everything above is final
+        self.finished = False  # prepared with an error, or the handler returned: ready to settle
+        self.held = True  # the worker still owes its key a done() (False: done, or given back)
         self.outcome: Any = None
         self.error: BaseException | None = None
+
+
+def _held(keys: list[Request], calls: list[_Call]) -> list[Request]:
+    """Keys a worker still owes a ``done()``: calls neither settled nor given back, and keys it
+    took but had not prepared yet."""
+    return [c.key for c in calls if c.held] + keys[len(calls):]
+
+
+def _run_batch(fn: Callable[..., Any], calls: Iterable[_Call], stopping: Callable[[], bool]) -> None:
+    """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
+    :class:`~declop.batches.Batch` the loop may take calls back from; stop early at shutdown (the
+    first call always runs: it was taken before the stop)."""
+    for i, call in enumerate(calls):
+        if i and stopping():
+            return
+        call.called = True
+        try:
+            call.outcome = fn(**call.kwargs)
+        except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
+            call.error = exc
+        call.finished = True  # last: everything above is final when the loop sees it
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

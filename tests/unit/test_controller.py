@@ -445,3 +445,44 @@ def test_a_call_that_finished_before_the_last_call_of_its_batch_hangs_is_settled
         assert q.statistics().processing == 0 and c.reconciles == 2
 
     run(main())
+
+
+def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_created() -> None:
+    import threading
+
+    release = threading.Event()
+    seen: list[tuple[str, declop.Phase]] = []
+
+    def handler(name: str, phase: declop.Phase, **_: Any) -> None:
+        seen.append((name, phase))
+        if name == "a":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2, finalizer="x.io/f")(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "abc"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if len(q) == 2:
+                break
+        assert len(q) == 2 and len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]
+        for n in "bc":  # our finalizer writes come back through the watch
+            informer.writer.upsert(cm(n, finalizers=["x.io/f"]))
+        await asyncio.wait_for(c._process([q.get_nowait(), q.get_nowait()]), 10)
+        release.set()
+        await asyncio.wait_for(task, 10)
+
+    run(main())
+    assert sorted(seen) == [("a", declop.Phase.CREATED), ("b", declop.Phase.CREATED), ("c", declop.Phase.CREATED)]
+    assert len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]  # no second finalizer write
+    assert c._created == set()
