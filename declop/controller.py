@@ -32,7 +32,7 @@ from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, TerminalError
-from .finalizers import contains_finalizer, ensure_finalizer, release_finalizer
+from .finalizers import ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
 from .logs import ReconcileLogger
@@ -246,11 +246,13 @@ class Controller:
                     obj = self._lookup(key)
                     call.phase = phase_of(obj, finalizer)
                     if created and key in created:
-                        # its CREATED call was given back after we added the finalizer: still CREATED
-                        created.discard(key)
-                        if call.phase is Phase.UPDATED:
+                        # a CREATED call was given back after we added the finalizer: it is still
+                        # CREATED (whether the cache shows our finalizer yet or not) until it runs
+                        if call.phase is Phase.UPDATED or call.phase is Phase.CREATED:
                             call.phase = Phase.CREATED
-                    if call.phase is Phase.CREATED and finalizer is not None and not contains_finalizer(obj, finalizer):
+                        else:
+                            created.discard(key)  # being deleted, or gone
+                    elif call.phase is Phase.CREATED and finalizer is not None:
                         # persist the finalizer before the handler can cause side effects
                         call.add_finalizer = True
                         obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, finalizer)
@@ -343,7 +345,7 @@ class Controller:
         if back:
             for call in back:
                 call.held = False
-                if call.add_finalizer:  # we added it for a CREATED call that never ran
+                if call.add_finalizer:  # we added it for a CREATED call that has not run
                     self._created.add(call.key)
             self.queue.give_back(*(call.key for call in back))
             self._log.debug(
@@ -375,6 +377,8 @@ class Controller:
         """Settle the outcome and mark the key done."""
         if call.called:
             self.reconciles += 1
+            if self._created:
+                self._created.discard(call.key)
         self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
         call.held = False
         self.queue.done(call.key)
