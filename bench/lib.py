@@ -184,6 +184,8 @@ def kopf_venv() -> Path:
 
 
 def kopf_version() -> str:
+    if not (KOPF_VENV / "bin" / "python").exists():  # no Kopf column in this run
+        return "not installed"
     out = subprocess.run([str(KOPF_VENV / "bin" / "python"), "-c",
                           "import importlib.metadata as m; print(m.version('kopf'))"],
                          capture_output=True, text=True)
@@ -218,6 +220,7 @@ class OperatorSpec:
 
 OPERATORS = {
     "declop": OperatorSpec("declop", "declop", "declop"),
+    "declop-paged": OperatorSpec("declop-paged", "declop, paged lists", "declop", {"DECLOP_LIST_MODE": "paged"}),
     "kopf-event": OperatorSpec("kopf-event", "Kopf on.event", "kopf", {"BENCH_KOPF_MODE": "event"}),
     "kopf-event-nopost": OperatorSpec("kopf-event-nopost", "Kopf on.event, no posting", "kopf",
                                       {"BENCH_KOPF_MODE": "event", "BENCH_KOPF_POSTING": "0"}),
@@ -226,6 +229,8 @@ OPERATORS = {
                                    {"BENCH_KOPF_MODE": "cu", "BENCH_KOPF_POSTING": "0"}),
     "controller-runtime": OperatorSpec("controller-runtime", "controller-runtime", "go"),
     "declop-inproc": OperatorSpec("declop-inproc", "declop (in-process probes)", "declop-inproc", aux=True),
+    "declop-inproc-paged": OperatorSpec("declop-inproc-paged", "declop, paged lists (in-process probes)",
+                                        "declop-inproc", {"DECLOP_LIST_MODE": "paged"}, aux=True),
 }
 
 

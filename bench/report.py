@@ -16,15 +16,18 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-COLUMNS = ["declop", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+COLUMNS = ["declop", "declop-paged", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
 TITLES = {
     "declop": "declop",
+    "declop-paged": "declop, paged lists",
     "kopf-event": "Kopf on.event",
     "kopf-event-nopost": "Kopf on.event, no posting",
     "kopf-cu": "Kopf on.create/update",
     "kopf-cu-nopost": "Kopf on.create/update, no posting",
     "controller-runtime": "controller-runtime",
 }
+#: in-process probe runs, reported in the column of the operator they stand for
+PROBES = {"declop-inproc": "declop", "declop-inproc-paged": "declop-paged"}
 RATIO_VS = [("kopf-event", "Kopf ev"), ("kopf-cu", "Kopf c/u"), ("controller-runtime", "c-r")]
 
 
@@ -115,14 +118,14 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
         m = Metric(f"a2 process start → all reconciled once, N={n:,}", "s", target[0] if target else "",
                    (lambda v, t=target[1]: v <= t) if target else None)
         for r in a2:
-            if int(r["n"]) == n and r["operator"] != "declop-inproc":
+            if int(r["n"]) == n and r["operator"] not in PROBES:
                 m.add(r["operator"], num(r["start_to_all_reconciled_s"]))
-        if "declop" not in m.values:  # only the probe run has this size (bench-quick at 10k)
+        if not any(c in m.values for c in PROBES.values()):  # only the probe runs have this size
             for r in a2:
-                if int(r["n"]) == n and r["operator"] == "declop-inproc":
-                    m.add("declop", num(r["start_to_all_reconciled_s"]))
-            if "declop" in m.values:
-                m.title += " (declop: the in-process probe run)"
+                if int(r["n"]) == n and r["operator"] in PROBES:
+                    m.add(PROBES[r["operator"]], num(r["start_to_all_reconciled_s"]))
+            if m.values:
+                m.title += " (declop: the in-process probe runs)"
         rows.append(m)
 
     b = read(out, "b")
@@ -134,19 +137,19 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
             m = Metric(f"b end-to-end latency {p}, {rate:g} updates/s over {churn_n:,} objects", "ms", target,
                        check)
             for r in b:
-                if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] != "declop-inproc":
+                if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] not in PROBES:
                     m.add(r["operator"], num(r[f"{p}_ms"]))
             rows.append(m)
         m = Metric(f"b achieved update rate (target {rate:g}/s)", "updates/s", digits=3)
         for r in b:
-            if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] != "declop-inproc":
+            if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] not in PROBES:
                 m.add(r["operator"], num(r["achieved_rate"]))
         rows.append(m)
         m = Metric(f"b operator CPU at {rate:g} updates/s", "cores")
         per_k = Metric(f"b operator CPU per 1k updates/s (at {rate:g}/s: cores ÷ achieved rate × 1000)", "cores",
                        "≤ 0.15", lambda v: v <= 0.15)
         for r in b:
-            if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] != "declop-inproc":
+            if float(r["rate"]) == rate and r["latency"] == "e2e" and r["operator"] not in PROBES:
                 cores, achieved = num(r["cpu_cores"]), num(r["achieved_rate"])
                 m.add(r["operator"], cores)
                 if cores is not None and achieved:
@@ -166,7 +169,7 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
                        (lambda v, lim=t[1]: v <= lim) if at_target else None)
             for r in inproc:
                 if float(r["rate"]) == rate and int(r.get("cached") or 0) == cached:
-                    m.add("declop", num(r[f"{p}_ms"]))
+                    m.add(PROBES.get(r["operator"], "declop"), num(r[f"{p}_ms"]))
             rows.append(m)
 
     c = read(out, "c")
@@ -184,6 +187,13 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
             if 0 in vals and top in vals:
                 m.add(op, (vals[top] - vals[0]) / top)
         rows += [m, base]
+        for n in [x for x in sizes if x > 0]:
+            peak = Metric(f"c peak RSS (VmHWM) after the cold start, N={n:,}", "MiB")
+            for r in c:
+                if int(r["n"]) == n and num(r.get("hwm_kib")) is not None:
+                    peak.add(r["operator"], float(r["hwm_kib"]) / 1024)
+            if peak.values:
+                rows.append(peak)
 
     d = read(out, "d")
     churn_windows = sorted({r["window"] for r in d if r["window"].startswith("churn")},
@@ -234,7 +244,7 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
                    note="declop: in-process probe run (bench/ops/declop_inproc.py); Go: n/a")
         for r in g:
             if int(r["n"]) == n:
-                m.add("declop" if r["operator"] == "declop-inproc" else r["operator"], num(r["max_stall_ms"]))
+                m.add(PROBES.get(r["operator"], r["operator"]), num(r["max_stall_ms"]))
         rows.append(m)
     return rows
 

@@ -33,8 +33,8 @@ from lib import (  # noqa: E402
     kopf_version, pair_latencies, percentiles, progress, wait_until, write_gz_csv,
 )
 
-DEFAULT_OPERATORS = ["declop", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
-AUX_OPERATORS = ["declop-inproc"]
+DEFAULT_OPERATORS = ["declop", "declop-paged", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+AUX_OPERATORS = ["declop-inproc", "declop-inproc-paged"]
 
 
 @dataclass
@@ -511,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir()
     began = time.monotonic()
     progress(f"declop bench ({'quick' if quick else 'full'}): results in {_rel(out)}")
-    go_build(GO_BASELINE, "baseline")
+    if any(OPERATORS[o].kind == "go" for o in settings.operators):
+        go_build(GO_BASELINE, "baseline")
     go_build(LOADGEN, "loadgen")
     if any(OPERATORS[o].kind == "kopf" for o in settings.operators):
         kopf_venv()

@@ -48,7 +48,10 @@ class RegistrationError(ConfigError, TypeError):
 
 
 class ApiError(DeclopError):
-    """The apiserver answered ``status`` (non-2xx). ``body`` is the decoded Status, if any."""
+    """The apiserver answered ``status`` (non-2xx). ``body`` is the decoded Status, if any.
+    ``retry_after`` is the server's ``Retry-After`` in seconds, when it sent one (429, 503)."""
+
+    retry_after: float | None = None
 
     def __init__(self, status: int, reason: str, message: str = "", body: object = None) -> None:
         self.status = status

@@ -61,6 +61,9 @@ class Options:
     retry_period: float = 2.0
     qps: float = 20.0
     burst: int = 30
+    #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
+    #: apiserver refuses it), "stream" or "paged" (forced)
+    list_mode: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,7 +135,9 @@ class Manager:
         )
         self.transport.observer = self.metrics.request
         self.discovery = await self._discover()
-        self.informers = InformerPool(self.transport, namespaces=self.options.namespaces)
+        self.informers = InformerPool(
+            self.transport, namespaces=self.options.namespaces, list_mode=self.options.list_mode  # type: ignore[arg-type]
+        )
         loop = asyncio.get_running_loop()
         sync_workers = sum(r.max_concurrent for r in registrations if not r.is_async)
         self.executor = concurrent.futures.ThreadPoolExecutor(

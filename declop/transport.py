@@ -18,7 +18,9 @@ Invariants:
 - the Authorization header is computed per request from ``Configuration.auth_settings()``, so a
   rotated projected token is picked up without a restart;
 - a non-2xx answer raises an :class:`~declop.errors.ApiError` subclass carrying the Status message;
-  a connection failure raises ``ApiError(status=0, reason="Unreachable")``.
+  a connection failure raises ``ApiError(status=0, reason="Unreachable")``;
+- a watch stream that had begun and then ended abnormally raises :class:`StreamIdle` (silence) or
+  :class:`StreamInterrupted` (cut), never "Unreachable": a working watch that ends is not a failure.
 """
 
 from __future__ import annotations
@@ -54,7 +56,16 @@ except ImportError:  # pragma: no cover - exercised when orjson is absent
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["LANES", "Transport", "TransportStatistics", "dumps", "load_configuration", "loads"]
+__all__ = [
+    "LANES",
+    "StreamIdle",
+    "StreamInterrupted",
+    "Transport",
+    "TransportStatistics",
+    "dumps",
+    "load_configuration",
+    "loads",
+]
 
 #: client-side rate-limit lanes of :meth:`Transport.request`
 LANES = ("handler", "informer", "leader")
@@ -278,23 +289,41 @@ class Transport:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def stream(
-        self, path: str, params: Mapping[str, Any], *, read_timeout: float = 90.0
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        *,
+        read_timeout: float = 90.0,
+        total_timeout: float | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield the body of a streaming GET (a watch) line by line, without decoding.
 
-        ``read_timeout`` is an idle timeout: silence that long ends the stream with
-        ``asyncio.TimeoutError`` (half-open connections never hang forever).
+        How it ends tells the caller what happened (the informer re-watches at once after the
+        first two and backs off only after the last two):
+
+        - the server closed it normally (its ``timeoutSeconds`` elapsed): the iteration stops;
+        - silence for ``read_timeout`` once the response has begun (an idle watch, or a half-open
+          connection), or ``total_timeout`` elapsed: :class:`StreamIdle`;
+        - the connection broke after the response had begun (reset, EOF mid-chunk):
+          :class:`StreamInterrupted`;
+        - the request itself failed (refused, TLS, no response headers within ``read_timeout``):
+          ``ApiError(0, "Unreachable")``; a non-2xx answer: the :func:`error_from` error.
         """
         self._counts[_verb("GET", path, params)] += 1
+        started = False
         try:
             async with self.session.get(
                 self.host + path,
                 params=_query(params),
                 headers=self._headers(None),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout),
+                timeout=aiohttp.ClientTimeout(total=total_timeout, sock_connect=10, sock_read=read_timeout),
             ) as resp:
                 if resp.status >= 300:
-                    raise error_from(resp.status, resp.reason or "", await resp.read(), "WATCH", path)
+                    error = error_from(resp.status, resp.reason or "", await resp.read(), "WATCH", path)
+                    if resp.status in (429, 503) and resp.headers.get("Retry-After"):
+                        error.retry_after = _retry_after(resp.headers.get("Retry-After"), 0)
+                    raise error
+                started = True
                 buffer = b""
                 async for chunk in resp.content.iter_any():
                     buffer += chunk
@@ -306,8 +335,24 @@ class Transport:
                             yield line
                 if buffer.strip():
                     yield buffer
-        except aiohttp.ClientConnectionError as exc:
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            # aiohttp's read timeout is a ClientConnectionError *and* a TimeoutError: test it first
+            if started:
+                raise StreamIdle(0, "Idle", f"watch {path}: no data for {read_timeout} s") from exc
+            raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            if started:
+                raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost: {exc}") from exc
             raise ApiError(0, "Unreachable", f"watch {path}: {exc}") from exc
+
+
+class StreamIdle(ApiError):
+    """A watch stream that had begun went silent for the read timeout (or hit its total timeout).
+    Normal for quiet resources without bookmarks; also how a half-open connection ends."""
+
+
+class StreamInterrupted(ApiError):
+    """A watch stream that had begun was cut (connection reset, EOF mid-chunk)."""
 
 
 def _query(params: Mapping[str, Any] | None) -> dict[str, str] | None:

@@ -45,7 +45,7 @@ EXPECTED = {
 }
 
 #: the public names of ``declop.testing``
-EXPECTED_TESTING = {"ControlPlane", "FakeClient", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "find_assets", "run_reconcile", "wait_for"}
+EXPECTED_TESTING = {"ControlPlane", "FakeClient", "ListWatchServer", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "find_assets", "run_reconcile", "wait_for"}
 
 
 def test_all_is_sorted() -> None:

@@ -7,8 +7,9 @@ with default Options, plus two probes that need to live inside the process:
   watch loop calls on every received line) is wrapped to note ``time.time_ns()``, the key and the
   bench/seq of each watch event; the list goes to ``$BENCH_RECV_OUT`` at exit. The harness pairs
   each received event with the first reconcile of that key that read a seq at least as new.
-* ``$BENCH_SYNTH=rate:seconds[,rate:seconds…]`` (optional): the initial LIST comes from the real
-  apiserver, but the watch stream is replaced by a synthetic one, generated in this process, that
+* ``$BENCH_SYNTH=rate:seconds[,rate:seconds…]`` (optional): the initial sync (streaming list or
+  LIST; ``$DECLOP_LIST_MODE`` as for ``declop run``) comes from the real apiserver, but the watch
+  stream (after the streaming list's initial-events-end bookmark) is replaced by a synthetic one, generated in this process, that
   sends MODIFIED events of the listed objects (round-robin, ``bench/seq`` = phase×10,000,000 + i)
   at each rate for that many seconds, after a 2 s pause, with 1 s between phases. This isolates
   declop's own pipeline (decode → cache → queue → worker → handler) from apiserver load on a
@@ -78,13 +79,41 @@ class SyntheticWatchTransport(declop.manager.Transport):  # type: ignore[misc,na
             self._templates.extend(orjson.loads(orjson.dumps(result["items"])))
         return result
 
-    async def stream(self, path, params, *, read_timeout=90.0):
+    async def stream(self, path, params, **kw):
+        plural = "/" + os.environ.get("BENCH_PLURAL", "configmaps")
+        if params.get("sendInitialEvents") == "true" and path.endswith(plural) and not self._templates:
+            # a streaming list: pass its initial events through (keeping copies as templates) up
+            # to the initial-events-end bookmark, then the same stream turns synthetic
+            rv = None
+            real = super().stream(path, params, **kw)
+            try:
+                async for line in real:
+                    event = orjson.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ADDED":
+                        self._templates.append(obj)
+                    yield line
+                    meta = obj.get("metadata") or {}
+                    if event.get("type") == "BOOKMARK" and (meta.get("annotations") or {}).get(
+                        "k8s.io/initial-events-end"
+                    ) == "true":
+                        rv = int(meta["resourceVersion"])
+                        break
+            finally:
+                await real.aclose()
+            if rv is not None:
+                async for line in self._synthetic(rv):
+                    yield line
+            return
         if not self._templates:
-            async for line in super().stream(path, params, read_timeout=read_timeout):
+            async for line in super().stream(path, params, **kw):
                 yield line
             return
+        async for line in self._synthetic(int(params.get("resourceVersion") or 1)):
+            yield line
+
+    async def _synthetic(self, rv):
         templates = self._templates
-        rv = int(params.get("resourceVersion") or 1)
         await asyncio.sleep(2.0)
         for phase, (rate, seconds) in enumerate(self.phases, start=1):
             start = time.monotonic()
@@ -118,7 +147,8 @@ async def main(namespace: str, kubeconfig: str) -> None:
     probe = None
     if os.environ.get("BENCH_STALL_OUT"):
         probe = loop.create_task(stall_probe(os.environ["BENCH_STALL_OUT"]))
-    options = Options(namespaces=(namespace,), user_agent=f"declop/{__version__}")
+    options = Options(namespaces=(namespace,), user_agent=f"declop/{__version__}",
+                      list_mode=os.environ.get("DECLOP_LIST_MODE", "auto"))
     manager = Manager(load_configuration(kubeconfig), default_registry, options)
     try:
         await manager.run(stop)

@@ -323,3 +323,82 @@ def test_a_cancelled_wait_gives_its_token_back() -> None:
         return bucket.when(None)  # 20 abandoned reservations left nothing behind them
 
     assert _run(main()) <= 0.1 + 1e-6
+
+
+# -- how a watch stream ends (stream()) ------------------------------------------------------
+
+
+async def _drain(transport: Any, path: str, **kw: Any) -> list[bytes]:
+    return [line async for line in transport.stream(path, {"watch": "1"}, **kw)]
+
+
+def _watch_outcome(steps: tuple[Any, ...], **kw: Any) -> Any:
+    import asyncio
+
+    from declop.testing.listwatch import ListWatchServer
+
+    async def scenario() -> Any:
+        async with ListWatchServer() as server:
+            server.script_watch(*steps)
+            try:
+                return await _drain(server.transport(), server.path, **kw)
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                return exc
+
+    return asyncio.run(scenario())
+
+
+def test_stream_idle_read_is_stream_idle_not_unreachable() -> None:
+    """aiohttp's read timeout is a ClientConnectionError subclass: it must not read as Unreachable."""
+    from declop.testing.listwatch import Step
+    from declop.transport import StreamIdle
+
+    outcome = _watch_outcome((Step.bookmark(), Step.idle(2)), read_timeout=0.2)
+    assert isinstance(outcome, StreamIdle) and outcome.reason == "Idle"
+
+
+def test_stream_cut_after_it_began_is_interrupted() -> None:
+    from declop.testing.listwatch import Step
+    from declop.transport import StreamInterrupted
+
+    outcome = _watch_outcome((Step.bookmark(), Step.abort()))
+    assert isinstance(outcome, StreamInterrupted) and outcome.reason == "Interrupted"
+
+
+def test_stream_closed_by_the_server_just_ends() -> None:
+    from declop.testing.listwatch import Step
+
+    outcome = _watch_outcome((Step.bookmark(), Step.close()))
+    assert isinstance(outcome, list) and len(outcome) == 1
+
+
+def test_stream_error_status_carries_retry_after() -> None:
+    from declop.testing.listwatch import Step
+
+    outcome = _watch_outcome((Step.status(429, "TooManyRequests", retry_after=3),))
+    assert isinstance(outcome, ApiError) and outcome.status == 429 and outcome.retry_after == 3.0
+
+
+def test_stream_refused_connection_is_unreachable() -> None:
+    import asyncio
+    import socket
+
+    from declop.testing.listwatch import ListWatchServer
+    from declop.transport import StreamIdle, StreamInterrupted
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+
+    async def scenario() -> Any:
+        async with ListWatchServer() as server:
+            transport = server.transport()
+            transport.host = f"http://127.0.0.1:{port}"
+            try:
+                await _drain(transport, server.path)
+            except Exception as exc:  # noqa: BLE001
+                return exc
+
+    outcome = asyncio.run(scenario())
+    assert isinstance(outcome, ApiError) and outcome.reason == "Unreachable"
+    assert not isinstance(outcome, (StreamIdle, StreamInterrupted))

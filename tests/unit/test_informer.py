@@ -1,0 +1,668 @@
+"""The informer against a scripted fake list/watch server (declop.testing.ListWatchServer).
+
+Tests named ``test_reflector_*`` mirror the client-go reflector test of that name
+(``tools/cache/reflector_test.go``, ``reflector_watchlist_test.go``, v0.36.3); the others cover
+what the reflector's tests do not (idle watches, cuts, bad events, GC). Backoffs are real
+(client-go's numbers) unless a test compresses them to stay short, and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import random
+import time
+import weakref
+from typing import Any, Awaitable, Callable, TypeVar
+
+import pytest
+
+from declop.informer import Backoff, Informer
+from declop.testing.listwatch import ListWatchServer, Step
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(main())
+
+
+async def until(condition: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what or condition}")
+
+
+def informer_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "declop.informer"]
+
+
+class Recorder:
+    """A subscriber: every (old, new) as (old name or None, new name or None)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str | None, str | None]] = []
+
+    def __call__(self, old: Any, new: Any) -> None:
+        self.events.append((old and old["metadata"]["name"], new and new["metadata"]["name"]))
+
+
+class RecordingBackoff(Backoff):
+    """The real backoff (optionally compressed), remembering every delay it handed out."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.delays: list[float] = []
+
+    def next(self) -> float:
+        delay = super().next()
+        self.delays.append(delay)
+        return delay
+
+
+async def start(server: ListWatchServer, **kw: Any) -> tuple[Informer, Recorder]:
+    informer = Informer(server.transport(), server.resource, namespace="default", **kw)
+    recorder = Recorder()
+    informer.subscribe(recorder)
+    informer.start()
+    await asyncio.wait_for(informer.synced.wait(), 15)
+    return informer, recorder
+
+
+def names(informer: Informer) -> set[str]:
+    return {o["metadata"]["name"] for o in informer.store}
+
+
+def gaps(server: ListWatchServer, verbs: tuple[str, ...] = ("list", "watch", "stream")) -> list[float]:
+    times = [r.at for r in server.requests if r.verb in verbs]
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+MODES = pytest.mark.parametrize("mode", ["stream", "paged"])
+
+
+# -- sync and watch ---------------------------------------------------------------------------
+
+
+@MODES
+def test_reflector_list_and_watch(mode: str) -> None:
+    """TestReflectorListAndWatch: sync, then watch from the synced resourceVersion; a watch the
+    server closes is resumed from the last resourceVersion without a relist."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            server.add("b")
+            if mode == "paged":
+                server.script_watch(Step.history(), Step.bookmark(), Step.idle(0.2), Step.close())
+            else:
+                server.script_watch(Step.initial_events(), Step.bookmark(initial_end=True), Step.idle(0.2), Step.close())
+            informer, rec = await start(server, list_mode=mode)
+            assert names(informer) == {"a", "b"} and informer.last_sync_mode == mode
+            synced_rv = informer.store.resource_version
+            assert synced_rv == server.resource_version
+            await until(lambda: len(server.requests) >= 2 if mode == "stream" else len(server.requests) >= 3)
+            server.add("c")
+            server.delete("a")
+            await until(lambda: names(informer) == {"b", "c"})
+            assert rec.events[-2:] == [(None, "c"), ("a", None)]
+            rewatch = server.requests[-1]
+            assert rewatch.verb == "watch" and rewatch.query["resourceVersion"] == synced_rv
+            assert server.count("list") == (1 if mode == "paged" else 0)
+            assert server.count("stream") == (1 if mode == "stream" else 0)
+            assert informer.lists == 1
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_reflector_watch_list_one_stream_is_list_and_watch() -> None:
+    """TestWatchList: the streaming list's request carries sendInitialEvents,
+    resourceVersionMatch=NotOlderThan and bookmarks; nothing is visible before the
+    initial-events-end bookmark; the same stream then carries the watch."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in "abc":
+                server.add(name)
+            server.script_watch(Step.initial_events(), Step.idle(0.3), Step.bookmark(initial_end=True), then_live=True)
+            informer = Informer(server.transport(), server.resource, namespace="default")
+            informer.start()
+            await until(lambda: server.requests)
+            await asyncio.sleep(0.15)
+            assert not informer.synced.is_set() and len(informer.store) == 0  # collected aside
+            await asyncio.wait_for(informer.synced.wait(), 10)
+            assert names(informer) == {"a", "b", "c"}
+            query = server.requests[0].query
+            assert query["sendInitialEvents"] == "true"
+            assert query["resourceVersionMatch"] == "NotOlderThan"
+            assert query["allowWatchBookmarks"] == "true"
+            assert query["resourceVersion"] == ""  # first sync: a consistent snapshot
+            server.modify("b", {"k": "v"})
+            await until(lambda: (informer.store.get(_key("b")) or {}).get("data") == {"k": "v"})
+            assert [r.verb for r in server.requests] == ["stream"]
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_reflector_watch_list_refused_falls_back_to_paginated_list(caplog: pytest.LogCaptureFixture) -> None:
+    """TestNewReflectorWithDisablementWatchList (server side): an apiserver that refuses
+    sendInitialEvents (422) gets one logged fallback, then paginated LISTs only."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer(streaming=False) as server:
+            server.add("a")
+            server.script_watch(Step.status(422, "Invalid"))  # the streaming attempt
+            server.script_watch(Step.history(), Step.error(410, "Expired"))  # the watch after the list
+            informer, _ = await start(server)
+            assert names(informer) == {"a"} and informer.last_sync_mode == "paged"
+            await until(lambda: informer.lists == 2, what="the relist after the 410")
+            assert [r.verb for r in server.requests][:4] == ["stream", "list", "watch", "list"]
+            assert server.count("stream") == 1  # never tried again
+            await informer.stop()
+
+    run(scenario())
+    fallbacks = [r for r in informer_records(caplog) if "refused a streaming list" in r.getMessage()]
+    assert len(fallbacks) == 1 and fallbacks[0].levelno == logging.INFO
+
+
+def test_forced_stream_mode_does_not_fall_back(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with ListWatchServer(streaming=False) as server:
+            informer = Informer(
+                server.transport(), server.resource, namespace="default", list_mode="stream",
+                backoff=RecordingBackoff(initial=0.05, cap=0.1),
+            )
+            informer.start()
+            await until(lambda: server.count("stream") >= 2)
+            assert server.count("list") == 0 and not informer.synced.is_set()
+            assert "422" in informer.last_error or "WatchList" in informer.last_error
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_reflector_watch_list_resource_version_expired_restarts_from_empty() -> None:
+    """TestWatchListResourceVersion: a relist by streaming asks for the last known
+    resourceVersion; when that is gone (410 on connect) it asks again at once with "" (a
+    consistent snapshot), without a backoff."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            backoff = RecordingBackoff()
+            informer, _ = await start(server, backoff=backoff)
+            rv = informer.store.resource_version
+            server.script_watch(Step.status(410, "Expired"))  # the relist's first attempt
+            server.compact()  # the live watch gets an in-stream 410 and relists
+            await until(lambda: informer.lists == 2, what="the relist")
+            streams = [r for r in server.requests if r.verb == "stream"]
+            assert [s.query["resourceVersion"] for s in streams] == ["", rv, ""]
+            assert len(backoff.delays) == 1  # only before the relist, none before the retry
+            await informer.stop()
+
+    run(scenario())
+
+
+def _key(name: str) -> Any:
+    from declop.keys import Request
+
+    return Request("default", name)
+
+
+# -- relist backoff ---------------------------------------------------------------------------
+
+
+def test_in_stream_410_storm_is_backed_off_at_client_go_rates() -> None:
+    """Issue 10 item 1: a server answering every watch with an in-stream 410 got 769 LISTs in
+    2 s. With the real defaults (0.8 s doubling, jitter in [d, 2d)), 2.3 s hold at most 3."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            for _ in range(20):
+                server.script_watch(Step.error(410, "Expired"))
+            backoff = RecordingBackoff()
+            informer, _ = await start(server, list_mode="paged", backoff=backoff)
+            await asyncio.sleep(2.3)
+            assert server.count("list") <= 3
+            lists = [r.at for r in server.requests if r.verb == "list"]
+            for (a, b), delay in zip(zip(lists, lists[1:]), backoff.delays):
+                assert b - a >= delay >= 0.8
+            await informer.stop()
+
+    run(scenario())
+
+
+@MODES
+def test_every_relist_waits_for_a_growing_backoff(mode: str) -> None:
+    """Every relist, in-stream 410 included, waits for the next backoff delay; the delays double
+    (compressed here: 0.05 s doubling to 0.4 s, same code path)."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            for _ in range(6):
+                if mode == "stream":
+                    server.script_watch(Step.initial_events(), Step.bookmark(initial_end=True), Step.error(410, "Expired"))
+                else:
+                    server.script_watch(Step.error(410, "Expired"))
+            backoff = RecordingBackoff(initial=0.05, cap=0.4)
+            informer, _ = await start(server, list_mode=mode, backoff=backoff)
+            await until(lambda: informer.lists >= 6, what="six syncs")
+            syncs = [r.at for r in server.requests if r.verb == ("stream" if mode == "stream" else "list")]
+            for (a, b), delay in zip(zip(syncs, syncs[1:]), backoff.delays):
+                assert b - a >= delay
+            base = [min(0.05 * 2**i, 0.4) for i in range(5)]
+            assert all(b <= d < min(2 * b, 0.4) + 1e-9 for d, b in zip(backoff.delays, base))
+            await informer.stop()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("code", [500, 503, 400, 404, 403])
+def test_reflector_every_in_stream_error_but_429_relists(code: int, caplog: pytest.LogCaptureFixture) -> None:
+    """TestRetryInternalError (with MaxInternalErrorRetryDuration 0, the default): any ERROR event
+    but 429 ends the watch and relists, so an object the watch could not deliver (deleted while
+    the apiserver could not decode it) leaves the cache."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            server.add("broken")
+            server.script_watch(Step.error(code, "InternalError"))
+            informer, rec = await start(server, list_mode="paged", backoff=RecordingBackoff(initial=0.05))
+            server._state.objects.pop("broken")  # gone, and no watch event will ever say so
+            await until(lambda: informer.lists == 2, what="a relist")
+            assert names(informer) == {"a"}
+            assert ("broken", None) in rec.events  # the deletion, synthesised by the relist
+            await informer.stop()
+
+    run(scenario())
+    assert any(f"{code} InternalError" in r.getMessage() and "relisting in" in r.getMessage() for r in informer_records(caplog))
+
+
+@pytest.mark.parametrize("where", ["in-stream", "on-connect"])
+def test_reflector_no_relist_on_too_many_requests(where: str) -> None:
+    """TestNoRelistOnTooManyRequests / TestBackoffOnTooManyRequests: 429 backs off (at least
+    Retry-After / retryAfterSeconds) and re-watches from the same resourceVersion: no LIST."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            if where == "in-stream":
+                server.script_watch(Step.error(429, "TooManyRequests", retry_after=1))
+            else:
+                server.script_watch(Step.status(429, "TooManyRequests", retry_after=1))
+            informer, _ = await start(server, list_mode="paged", backoff=RecordingBackoff(initial=0.05))
+            rv = informer.store.resource_version
+            await until(lambda: server.count("watch") >= 2, what="the re-watch")
+            watches = [r for r in server.requests if r.verb == "watch"]
+            assert watches[1].at - watches[0].at >= 1.0  # Retry-After honoured
+            assert watches[1].query["resourceVersion"] == rv
+            assert server.count("list") == 1
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_outage_of_500s_backs_off_logs_each_attempt_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    """Bad input and faults: every request answered with 500, then recovery. One ERROR line per
+    attempt with the next delay; attempts spaced by the doubling backoff; after recovery the
+    cache holds exactly what changed during the outage. Compressed: 0.05 s doubling to 0.4 s
+    over ~2 s stands for 0.8 s doubling to 30 s over a minute (the count at real defaults is
+    checked by test_backoff_at_real_defaults_allows_about_ten_lists_a_minute)."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in "abc":
+                server.add(name)
+            backoff = RecordingBackoff(initial=0.05, cap=0.4)
+            informer, rec = await start(server, list_mode="paged", backoff=backoff)
+            await until(lambda: server._open, what="the watch")
+            server.failing = 500
+            server.compact()  # the watch breaks with a 410; every attempt after that meets a 500
+            await until(lambda: server.count("list") >= 6, what="attempts during the outage")
+            server.add("d")
+            server.modify("b", {"changed": "yes"})
+            server.delete("c")
+            outage = list(server.requests)
+            server.failing = None
+            await until(lambda: names(informer) == {"a", "b", "d"}, what="recovery")
+            assert informer.store.get(_key("b"))["data"] == {"changed": "yes"}
+            assert ("c", None) in rec.events and (None, "d") in rec.events and ("b", "b") in rec.events
+            lists = [r.at for r in outage if r.verb == "list"][1:]
+            failing_delays = backoff.delays[1 : len(lists)]
+            for (a, b), delay in zip(zip(lists, lists[1:]), failing_delays):
+                assert b - a >= delay
+            assert informer.last_error == ""
+            await informer.stop()
+            return backoff.delays
+
+    delays = run(scenario())
+    errors = [r.getMessage() for r in informer_records(caplog) if r.levelno == logging.ERROR]
+    assert errors and all("failed" in m and "retrying in" in m for m in errors)
+    # one ERROR line per failed attempt, each naming the delay it was followed by
+    assert len(errors) == len(delays) - 1
+    assert [float(m.rsplit("retrying in ", 1)[1].split()[0]) for m in errors] == [round(d, 1) for d in delays[1:]]
+
+
+def test_backoff_at_real_defaults_allows_about_ten_lists_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.8 s doubling to 30 s with jitter in [d, 2d) (capped at 30 s): at most 7 attempts fit in
+    a minute even with the smallest jitter, 6 with the largest — "no more than ~10"."""
+    for jitter, most in ((0.0, 7), (0.999999, 6)):
+        monkeypatch.setattr(random, "random", lambda j=jitter: j)
+        clock = [0.0]
+        backoff = Backoff(clock=lambda: clock[0])
+        attempts = 1
+        while True:
+            clock[0] += backoff.next()
+            if clock[0] > 60:
+                break
+            attempts += 1
+        assert attempts == most
+
+
+def test_backoff_doubles_caps_and_resets_after_two_quiet_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(random, "random", lambda: 0.0)
+    now = [0.0]
+    backoff = Backoff(clock=lambda: now[0])
+    assert [backoff.next() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    now[0] += 119
+    assert backoff.next() == 30.0
+    now[0] += 121  # a healthy watch of two minutes
+    assert backoff.next() == 0.8
+
+
+# -- watches that end -------------------------------------------------------------------------
+
+
+def test_idle_watch_rewatches_at_once_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 10 item 3: a watch silent for the idle timeout (no bookmarks: watch cache off) is
+    normal. DEBUG only, re-watch at once from the last resourceVersion, no LIST."""
+    caplog.set_level(logging.DEBUG, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            for _ in range(3):
+                server.script_watch(Step.history(), Step.idle(5))
+            informer, _ = await start(server, list_mode="paged", idle_timeout=0.3)
+            await until(lambda: server.count("watch") >= 4, what="three idle re-watches")
+            watches = [r.at for r in server.requests if r.verb == "watch"]
+            # the idle timeout, then at once (generous for a loaded machine: the logs below prove
+            # that no backoff was taken)
+            assert all(0.25 < b - a < 0.3 + 1.0 for a, b in zip(watches, watches[1:]))
+            assert server.count("list") == 1
+            await informer.stop()
+
+    run(scenario())
+    assert [r for r in informer_records(caplog) if r.levelno >= logging.INFO] == []
+    assert any("idle" in r.getMessage() for r in informer_records(caplog))
+
+
+def test_working_watch_cut_by_the_server_rewatches_without_delay(caplog: pytest.LogCaptureFixture) -> None:
+    """The server drops the connection mid-stream after events (EOF, no terminating chunk):
+    re-watched at once (INFO), no backoff taken, no LIST."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            backoff = RecordingBackoff()
+            for i in range(5):
+                server.script_watch(Step.history(), Step.idle(0.2), Step.event("ADDED", _cm(f"s{i}", 100 + i)), Step.abort())
+            informer, _ = await start(server, list_mode="paged", backoff=backoff)
+            await until(lambda: server.count("watch") >= 6, what="five cuts")
+            assert {f"s{i}" for i in range(5)} <= names(informer)
+            watches = [r.at for r in server.requests if r.verb == "watch"]
+            assert max(b - a for a, b in zip(watches, watches[1:])) < 0.2 + 1.0
+            assert server.count("list") == 1 and backoff.delays == []
+            resumed = [r.query["resourceVersion"] for r in server.requests if r.verb == "watch"][1:]
+            assert resumed == [str(100 + i) for i in range(5)]
+            await informer.stop()
+
+    run(scenario())
+    assert not [r for r in informer_records(caplog) if r.levelno >= logging.WARNING]
+
+
+def test_stream_that_dies_before_delivering_anything_backs_off(caplog: pytest.LogCaptureFixture) -> None:
+    """A watch request whose stream dies at once with nothing in it is a failure: ERROR, backoff."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            backoff = RecordingBackoff(initial=0.2)
+            server.script_watch(Step.abort())
+            server.script_watch(Step.abort())
+            informer, _ = await start(server, list_mode="paged", backoff=backoff)
+            await until(lambda: server.count("watch") >= 3)
+            watches = [r.at for r in server.requests if r.verb == "watch"]
+            assert watches[1] - watches[0] >= backoff.delays[0] >= 0.2
+            assert watches[2] - watches[1] >= backoff.delays[1] >= 0.4
+            assert server.count("list") == 1  # unreachable-like: re-watch, the RV is still good
+            await informer.stop()
+
+    run(scenario())
+    assert len([r for r in informer_records(caplog) if r.levelno == logging.ERROR]) == 2
+
+
+def test_reflector_very_short_watch_backs_off_and_relists() -> None:
+    """client-go's VeryShortWatchError: a watch closed normally at once with no events."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            backoff = RecordingBackoff(initial=0.2)
+            server.script_watch(Step.close())
+            informer, _ = await start(server, list_mode="paged", backoff=backoff)
+            await until(lambda: informer.lists == 2)
+            lists = [r.at for r in server.requests if r.verb == "list"]
+            assert lists[1] - lists[0] >= backoff.delays[0] >= 0.2
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_reflector_watch_timeout_is_randomised_and_the_client_deadline_above_it() -> None:
+    """TestWatchTimeout: timeoutSeconds in [min, 2 min)."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            informer, _ = await start(server, list_mode="paged", min_watch_timeout=1)
+            await until(lambda: server.count("watch") >= 4, what="server-timed-out watches")
+            values = {int(r.query["timeoutSeconds"]) for r in server.requests if r.verb == "watch"}
+            assert values <= {1}
+            await informer.stop()
+            informer2, _ = await start(server, list_mode="paged")
+            await until(lambda: server.count("watch") >= 5)
+            last = int(server.requests[-1].query["timeoutSeconds"])
+            assert 300 <= last < 600
+            await informer2.stop()
+
+    run(scenario())
+
+
+# -- pagination -------------------------------------------------------------------------------
+
+
+def test_reflector_full_list_if_expired() -> None:
+    """TestReflectorFullListIfExpired: a 410 on a page with a continue token falls back to one
+    full unpaged LIST, then the informer watches normally."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for i in range(5):
+                server.add(f"o{i}")
+            server.script_list(Step.expire_continue(), Step.expire_continue())
+            informer, _ = await start(server, list_mode="paged", page_size=2)
+            assert names(informer) == {f"o{i}" for i in range(5)}
+            lists = [r.query for r in server.requests if r.verb == "list"]
+            assert [(q.get("limit"), q.get("continue")) for q in lists] == [("2", None), ("2", "2"), (None, None)]
+            server.add("late")
+            await until(lambda: "late" in names(informer))
+            assert server.count("list") == 3 and informer.lists == 1
+            await informer.stop()
+
+    run(scenario())
+
+
+# -- bookmarks and bad input ------------------------------------------------------------------
+
+
+def test_reflector_bookmarks_advance_the_resource_version_only() -> None:
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            informer, rec = await start(server, list_mode="paged")
+            before = list(rec.events)
+            server._state.rv += 5
+            server.script_watch(Step.bookmark(), Step.idle(5))
+            await until(lambda: server._open, what="the watch")
+            assert server.cut() == 1
+            await until(lambda: informer.store.resource_version == server.resource_version)
+            assert rec.events == before
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_bad_events_are_logged_once_each_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    """Bad input: an event of an unknown type, an object without metadata, another kind, a line
+    that is not JSON. Each is logged once and skipped; the informer goes on (the next good
+    event is applied on the same stream)."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            server.script_watch(
+                Step.history(),
+                Step.event("WEIRD", _cm("w", 50)),
+                Step.event("ADDED", {"kind": "ConfigMap", "data": {}}),
+                Step.event("MODIFIED", {"kind": "ConfigMap", "metadata": "nope"}),
+                Step.event("ADDED", {**_cm("p", 51), "kind": "Pod"}),
+                Step.raw(b"{not json"),
+                Step.event("ADDED", _cm("good", 52)),
+                then_live=True,
+            )
+            informer, _ = await start(server, list_mode="paged")
+            await until(lambda: "good" in names(informer))
+            assert names(informer) == {"a", "good"} and informer.store.resource_version == "52"
+            assert server.count("watch") == 1 and server.count("list") == 1
+            await informer.stop()
+
+    run(scenario())
+    skipped = [r for r in informer_records(caplog) if r.getMessage().startswith("Skipped a watch event")]
+    assert len(skipped) == 5 and all(r.levelno == logging.WARNING for r in skipped)
+
+
+def _cm(name: str, rv: int) -> dict[str, Any]:
+    return {"kind": "ConfigMap", "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": "default", "resourceVersion": str(rv)}, "data": {}}
+
+
+# -- GC ---------------------------------------------------------------------------------------
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+@MODES
+def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
+    """Issue 10 item 4: cycles that become garbage while the collector is paused for a sync are
+    collected, not frozen forever; tracked objects return to their baseline after relists.
+
+    A second informer whose streaming list never ends keeps the collector paused (as when many
+    informers sync at start-up), so nothing but the informer's own collection can free them."""
+    gc.collect()
+    gc.unfreeze()
+    made: list[weakref.ref[Cycle]] = []
+
+    async def churn() -> None:  # the garbage some other part of the process makes meanwhile
+        while True:
+            if not gc.isenabled():
+                made.append(weakref.ref(Cycle()))
+            await asyncio.sleep(0.001)
+
+    async def scenario() -> tuple[int, int]:
+        async with ListWatchServer() as server, ListWatchServer() as slow:
+            for i in range(1200):  # > 1000 changes per relist: every relist freezes
+                server.add(f"o{i}")
+            informer, _ = await start(server, list_mode=mode, backoff=RecordingBackoff(initial=0.01, cap=0.02))
+            gc.collect()
+            baseline = len(gc.get_objects()) + gc.get_freeze_count()
+            slow.add("s")
+            slow.script_watch(Step.initial_events(), Step.idle(60))
+            holder = Informer(slow.transport(), slow.resource, namespace="default", list_mode="stream")
+            holder.start()
+            await until(lambda: not gc.isenabled(), what="the collector paused by a sync")
+            task = asyncio.get_running_loop().create_task(churn())
+            for round_ in range(3):
+                for i in range(1200):
+                    server._state.objects[f"o{i}"]["metadata"]["resourceVersion"] = f"{10_000 * (round_ + 1) + i}"
+                await until(lambda: server._open, what="the watch")
+                server.compact()
+                await until(lambda r=round_: informer.lists == r + 2, what="a relist")
+            task.cancel()
+            await holder.stop()
+            assert gc.isenabled()
+            gc.collect()
+            after = len(gc.get_objects()) + gc.get_freeze_count()
+            assert informer.store.get(_key("o7"))["metadata"]["resourceVersion"] == "30007"
+            await informer.stop()
+            return baseline, after
+
+    try:
+        baseline, after = run(scenario())
+        gc.collect()
+        assert len(made) >= 10  # cycles were made while the collector was paused
+        assert [r for r in made if r() is not None] == []  # and none of them was pinned
+        assert after < baseline + 300, (baseline, after)
+    finally:
+        gc.unfreeze()
+        gc.collect()
+
+
+def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> None:
+    """The client's total deadline for a watch is above the server's timeoutSeconds (so the
+    server ends it normally), drawn from [5, 10) minutes per watch; the idle read timeout is
+    the informer's idle_timeout."""
+    from declop.discovery import ResourceInfo
+
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    class Recording:
+        async def stream(self, path: str, params: dict[str, str], **kw: Any) -> Any:
+            seen.append((dict(params), kw))
+            if False:  # pragma: no cover - an async generator that yields nothing
+                yield b""
+
+    resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+
+    async def scenario() -> None:
+        informer = Informer(Recording(), resource, namespace="default", list_mode="paged")  # type: ignore[arg-type]
+        for _ in range(20):
+            await informer._watch(initial=False, resource_version="7")
+
+    run(scenario())
+    values = [int(params["timeoutSeconds"]) for params, _ in seen]
+    assert all(300 <= v < 600 for v in values) and len(set(values)) > 1
+    for params, kw in seen:
+        assert kw["total_timeout"] > int(params["timeoutSeconds"])
+        assert kw["read_timeout"] == 90.0
