@@ -10,6 +10,10 @@ The queue knows nothing about Kubernetes; it moves opaque hashable items (declop
 * **Re-adds while processing are kept** — adding an item that a worker is processing does not
   queue it again right away; it marks the item *dirty*, and :meth:`WorkQueue.done` re-queues it
   once. However many adds arrive during one run, exactly one follow-up run happens.
+* **Untaken work goes back to the front** — a worker that took items it has not started on (a
+  batch stuck behind a slow call) may :meth:`WorkQueue.give_back` them: they return to the head of
+  the queue for another worker, as if never taken. Not in client-go, which hands out one item per
+  ``Get``.
 * **Shutdown drains** — after :meth:`WorkQueue.shutdown` new adds are ignored, but workers keep
   receiving what is already queued; only an empty, shut-down queue raises :class:`QueueShutDown`.
   :meth:`WorkQueue.shutdown_with_drain` additionally waits for in-flight items to be ``done``;
@@ -38,8 +42,9 @@ flight):
 
 Concurrency: a queue belongs to **one** asyncio event-loop thread. It is *not* thread-safe; call
 every method from that loop (producers on other threads must use ``loop.call_soon_threadsafe``).
-A worker that takes an item must call :meth:`WorkQueue.done` for it, or the item never runs again
-and ``shutdown_with_drain`` waits forever.
+A worker that takes an item must call :meth:`WorkQueue.done` for it (or, if it never started on
+it, :meth:`WorkQueue.give_back`), or the item never runs again and ``shutdown_with_drain`` waits
+forever.
 """
 
 from __future__ import annotations
@@ -349,10 +354,35 @@ class WorkQueue(Generic[T]):
             if self._getters:
                 self._wake_one()
         if not self._processing and self._drainers:
-            drainers, self._drainers = self._drainers, []
-            for drainer in drainers:
-                if not drainer.done():
-                    drainer.set_result(None)
+            self._wake_drainers()
+
+    def give_back(self, *items: T) -> None:
+        """Return items taken with :meth:`get` that no worker has started on: they leave
+        processing and go back to the **head** of the ready queue, in the order given, as if
+        they had never been taken (another worker may take them at once).
+
+        For each item this replaces :meth:`done` for that get: call one or the other, never both.
+        An item re-added while it was held is still queued once (that run serves the re-add).
+        Items that are not being processed are ignored. No metrics callback runs: the next get
+        reports the queue time since the item was given back (or re-added). After shutdown the
+        items are queued all the same: they were accepted before it.
+        """
+        back: list[T] = []
+        for item in items:
+            if self._processing.pop(item, None) is None:
+                continue
+            if item not in self._dirty:
+                self._dirty[item] = 0.0 if self._metrics is None else self._clock()
+            back.append(item)
+        if not back:
+            return
+        self._queue.extendleft(reversed(back))
+        for _ in back:
+            if not self._getters:
+                break
+            self._wake_one()
+        if not self._processing and self._drainers:
+            self._wake_drainers()
 
     # ------------------------------------------------------------------ shutdown
 
@@ -459,6 +489,12 @@ class WorkQueue(Generic[T]):
         if self._metrics is not None:
             self._metrics.got(self._name, now - added)
         return item
+
+    def _wake_drainers(self) -> None:
+        drainers, self._drainers = self._drainers, []
+        for drainer in drainers:
+            if not drainer.done():
+                drainer.set_result(None)
 
     def _wake_one(self) -> None:
         """Resolve the oldest still-pending getter future (skipping cancelled ones)."""

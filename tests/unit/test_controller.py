@@ -488,3 +488,194 @@ def test_workers_take_only_their_share_of_the_backlog() -> None:
     # the first batch: one key plus half of the 10 still waiting (two workers share them)
     assert taken[0] == ["k0", "k1", "k2", "k3", "k4", "k5"]
     assert sum(len(t) for t in taken) == 11
+
+
+def test_requeue_after_zero_is_plain_success_not_an_immediate_requeue() -> None:
+    c, _, clock = make(lambda **_: None)
+    c.queue.add_rate_limited(KEY)
+    clock.advance(1)
+    queued(c)
+    c._settle(KEY, declop.Result(requeue_after=0), None, logger(), 0.0)
+    assert c.queue.num_requeues(KEY) == 0
+    assert c.queue.next_deadline() is None and queued(c) == []
+    assert c.queue.statistics().retries == 1  # only the earlier failure's
+
+
+# -- no head-of-line blocking in a batch ---------------------------------------------------------
+def test_a_stalled_call_gives_the_keys_behind_it_back_and_settles_those_before_it() -> None:
+    import threading
+
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        ran.append(name)
+        if name == "b":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "abcd"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        taken = [q.get_nowait() for _ in keys]
+        task = asyncio.ensure_future(c._process(taken))
+        for _ in range(500):  # up to 5 s: the stall is noticed after 5 ms
+            await asyncio.sleep(0.01)
+            if len(q) == 2 and q.statistics().processing == 1:
+                break
+        assert ran == ["a", "b"]  # b hangs; c and d have not started
+        assert q.statistics().processing == 1  # only b is still held: a is settled, c and d are back
+        q.add(keys[0])  # a change to a runs at once (a is done, not held behind b)
+        assert [q.get_nowait() for _ in range(3)] == [keys[2], keys[3], keys[0]]
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert q.statistics().processing == 3  # the three this test took; b is done
+        assert c.reconciles == 2 and ran == ["a", "b"]
+
+    run(main())
+
+
+def test_with_one_worker_a_batch_is_never_split() -> None:
+    seen: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        seen.append(name)
+        if name == "a":
+            import time
+
+            time.sleep(0.05)  # far past the stall threshold: nobody else could run b anyway
+
+    c, informer, _ = make(handler)
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+        c.queue.add(k)
+    taken = [c.queue.get_nowait() for _ in keys]
+    run(c._process(taken))
+    assert seen == ["a", "b"] and c.queue.statistics().processing == 0 and len(c.queue) == 0
+
+
+def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    import declop.controller
+    from declop.cache import ReadOnlyDict, readonly
+
+    views: list[Any] = []
+    monkeypatch.setattr(declop.controller, "readonly", lambda o: views.append(o) or readonly(o))
+
+    seen: list[Any] = []
+
+    def meddling(old: Any, new: Any) -> bool:
+        seen.append(new)
+        new["metadata"].setdefault("labels", {})["seen"] = "yes"  # raises: read-only
+        return True
+
+    def spy(old: Any, new: Any) -> bool:
+        seen.append(new)
+        return True
+
+    informer = FakeInformer()
+    registry = declop.Registry()
+    registry.reconciler("configmaps")(lambda **_: None)
+    reg = registry.registrations[0]
+    user = Controller(reg, CM, [Source((informer,), enqueue_self, (meddling,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    new = cm()
+    with pytest.raises(TypeError, match="read-only"):
+        user._subscriber(user.sources[0])(None, new)
+    assert type(seen[0]) is ReadOnlyDict and new == cm() and len(user.queue) == 0
+
+    builtin = declop.predicates.all_of(declop.predicates.generation_changed, declop.predicates.labels_changed)
+    fast = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    views.clear()
+    fast._subscriber(fast.sources[0])(None, new)
+    assert len(fast.queue) == 1 and views == []  # built-ins only: no view is made
+    mixed = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin, spy), primary=True)], FakeContext())  # type: ignore[arg-type]
+    mixed._subscriber(mixed.sources[0])(None, new)
+    assert type(seen[-1]) is ReadOnlyDict and len(mixed.queue) == 1
+
+
+def test_a_call_that_finished_before_the_last_call_of_its_batch_hangs_is_settled_at_once() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def handler(name: str, **_: Any) -> None:
+        if name == "b":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if q.statistics().processing == 1:
+                break
+        assert q.statistics().processing == 1 and not task.done()  # a is done, b still hangs
+        q.add(keys[0])
+        assert q.get_nowait() == keys[0]  # a change to a runs now, not after b
+        q.done(keys[0])
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert q.statistics().processing == 0 and c.reconciles == 2
+
+    run(main())
+
+
+@pytest.mark.parametrize("echo", [True, False], ids=["finalizer-in-cache", "cache-not-yet-updated"])
+def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_created(echo: bool) -> None:
+    import threading
+
+    release = threading.Event()
+    seen: list[tuple[str, declop.Phase]] = []
+
+    def handler(name: str, phase: declop.Phase, **_: Any) -> None:
+        seen.append((name, phase))
+        if name == "a":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2, finalizer="x.io/f")(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "abc"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if len(q) == 2:
+                break
+        assert len(q) == 2 and len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]
+        if echo:
+            for n in "bc":  # our finalizer writes come back through the watch
+                informer.writer.upsert(cm(n, finalizers=["x.io/f"]))
+        await asyncio.wait_for(c._process([q.get_nowait(), q.get_nowait()]), 10)
+        release.set()
+        await asyncio.wait_for(task, 10)
+
+    run(main())
+    assert sorted(seen) == [("a", declop.Phase.CREATED), ("b", declop.Phase.CREATED), ("c", declop.Phase.CREATED)]
+    assert len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]  # no second finalizer write
+    assert c._created == set()
