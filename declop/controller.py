@@ -14,7 +14,20 @@ Invariants:
   (:mod:`declop.batches`): a slow call holds no key but its own;
 - :meth:`Controller._settle` is the only place where outcomes become queue operations;
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
-- a reconcile reads only the cache: it makes no GET or LIST against the apiserver.
+- a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
+- with a ``fence`` (leader election), no reconcile starts — neither its finalizer write nor its
+  handler call, checked just before each one, also inside a batch — unless ``fence()`` is True
+  at that moment. A closed fence is final (it closes only when leadership is over): the
+  controller halts, and the keys it held are dropped — the next leader lists every object;
+- the echo filter drops an event only when its resourceVersion is one our own finalizer patch
+  produced *and* it differs from the previous state by our finalizer alone (an event that arrives
+  while the patch is in flight is held until the answer tells whose it was);
+- the finalizer protocol does not depend on predicates: our finalizer taken off a live object
+  (it is added back before a delete can skip the cleanup) and the start of the deletion of an
+  object that carries it always enqueue the key;
+- after our finalizer was released from an object being deleted, a cached copy of that object
+  (same uid) still showing it is stale — the apiserver never lets a finalizer be added to an
+  object being deleted — so the handler is not called again for it.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from .batches import STALL_AFTER, Batch, batch_size
 from .cache import readonly
@@ -87,6 +100,7 @@ class Controller:
         executor: concurrent.futures.Executor | None = None,
         rate_limiter: RateLimiter | None = None,
         metrics: ControllerMetrics | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -108,12 +122,23 @@ class Controller:
         self._created: set[Request] = set()
         self.synced = asyncio.Event()
         self.reconciles = 0  # total handler calls, for tests and statistics
+        #: may a reconcile start now? (the manager's Lease fence; None: always)
+        self.fence = fence
+        self.fenced = 0  # keys the fence stopped before their reconcile started
+        # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
+        self._own_writes: dict[tuple[str | None, str], str] = {}
+        # (namespace, name) -> resourceVersions of finalizer-only events seen while our finalizer
+        # patch of that object was in flight (ours or not is known once it answers)
+        self._writing: dict[tuple[str | None, str], list[str]] = {}
+        # (namespace, name) -> uid of the object being deleted whose finalizer we released
+        self._released: dict[tuple[str | None, str], str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
     def _subscriber(self, source: Source) -> Callable[[Any, Any], None]:
         add = self.queue.add
         mapper, predicates = source.mapper, source.predicates
         own_finalizer = self.registration.finalizer if source.primary else None
+        own_writes, released, writing = self._own_writes, self._released, self._writing
 
         if all(is_builtin(p) for p in predicates):
             guard = None  # the built-ins only read: they get the cache's objects
@@ -121,19 +146,45 @@ class Controller:
             guard = readonly  # a user predicate gets read-only views (all of the source's do)
 
         def on_event(old: Any, new: Any) -> None:
+            if own_finalizer is not None and old is not None:
+                if new is None:
+                    if own_writes or released:
+                        own_writes.pop(_ident(old), None)
+                        released.pop(_ident(old), None)
+                elif (writing or own_writes) and _is_our_echo(own_writes, writing, old, new, own_finalizer):
+                    return  # our own finalizer write coming back (or held until we know)
+                elif _finalizer_work(old, new, own_finalizer):
+                    for key in mapper(old, new):  # past the predicates: the protocol needs it
+                        add(key)
+                    return
             if predicates:
                 o, n = (old, new) if guard is None else (guard(old), guard(new))
                 for p in predicates:
                     if not p(o, n):
                         return
-            if own_finalizer is not None and old is not None and new is not None and _only_our_finalizer(
-                old, new, own_finalizer
-            ):
-                return  # our own finalizer write coming back: nothing new to reconcile
             for key in mapper(old, new):
                 add(key)
 
         return on_event
+
+    async def _own_write(self, key: Request, obj: Any, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Run one finalizer patch of ours on ``obj`` and note what it produced, so that the echo
+        filter drops its event and nothing else. Events that looked like it and arrived while it
+        was in flight were held: those that were not ours are enqueued now."""
+        ident = _ident(obj)
+        self._writing[ident] = []
+        written: Any = None
+        try:
+            written = await write()
+            return written
+        finally:
+            held = self._writing.pop(ident, [])
+            meta = written.get("metadata") if isinstance(written, dict) and written is not obj else None
+            rv = meta.get("resourceVersion") if meta else None
+            if rv and rv not in held and self._lookup(key) is not None:
+                self._own_writes[ident] = rv  # its event is still to come
+            if any(r != rv for r in held):
+                self.queue.add(key)  # someone else's change: it must be reconciled
 
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
@@ -167,6 +218,12 @@ class Controller:
         self._log.info("Starting workers", extra={"kv": {"controller": self.name, "worker count": n}})
         loop = asyncio.get_running_loop()
         self._workers = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
+
+    def halt(self) -> None:
+        """Stop intake now, synchronously: the queue shuts down and no worker takes another key
+        (the manager calls it the moment the Lease is lost; :meth:`stop` then cancels workers)."""
+        self._stopping = True
+        self.queue.shutdown()
 
     async def stop(self, grace: float = 30.0) -> bool:
         """Stop taking keys, let in-flight reconciles finish within ``grace`` seconds.
@@ -235,8 +292,11 @@ class Controller:
         reg = self.registration
         calls: list[_Call] = []  # every call is "held" until its key is done() or given back
         try:
-            finalizer, created = reg.finalizer, self._created
+            finalizer, created, fence = reg.finalizer, self._created, self.fence
             for key in keys:
+                if fence is not None and not fence():
+                    self._fence_closed(len(keys) - len(calls))
+                    break  # the rest never starts; their keys end with done() below
                 call = _Call(key, time.monotonic(), str(uuid.uuid4()))
                 call.logger = ReconcileLogger(
                     self._log,
@@ -245,6 +305,10 @@ class Controller:
                 try:
                     obj = self._lookup(key)
                     call.phase = phase_of(obj, finalizer)
+                    if call.phase is Phase.DELETING and self._released and self._stale(obj):
+                        call.stale = call.finished = True  # its cleanup already succeeded: the cache lags
+                        calls.append(call)
+                        continue
                     if created and key in created:
                         # a CREATED call was given back after we added the finalizer: it is still
                         # CREATED (whether the cache shows our finalizer yet or not) until it runs
@@ -255,7 +319,9 @@ class Controller:
                     elif call.phase is Phase.CREATED and finalizer is not None:
                         # persist the finalizer before the handler can cause side effects
                         call.add_finalizer = True
-                        obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, finalizer)
+                        obj = await self._own_write(
+                            key, obj, lambda: ensure_finalizer(self.ctx.transport, self.resource, obj, finalizer)
+                        )
                     call.obj = obj
                     client = (
                         AsyncClient(self.ctx, self.resource, key, self.name)
@@ -269,9 +335,12 @@ class Controller:
                 calls.append(call)
             if reg.is_async:
                 for call in calls:
-                    if call.error is None:
+                    if call.error is None and not call.stale:
                         if self._stopping and call is not calls[0]:
                             break  # dropped at shutdown, like keys still queued
+                        if fence is not None and not fence():
+                            self._fence_closed(len(calls) - calls.index(call))
+                            break  # dropped: the fence never reopens
                         call.called = True
                         try:
                             call.outcome = await reg.fn(**call.kwargs)
@@ -282,7 +351,7 @@ class Controller:
                 # Plain handlers: the prepared calls run in one executor job. With more than one
                 # worker, a timer gives the calls that have not started back (their keys to the
                 # queue) once a call has run STALL_AFTER; the calls that finished are settled then.
-                runnable = [c for c in calls if c.error is None]
+                runnable = [c for c in calls if c.error is None and not c.stale]
                 if len(runnable) < len(calls):
                     for call in calls:
                         if call.finished:  # a failed preparation: settled now, not after the batch
@@ -292,10 +361,10 @@ class Controller:
                     fn, stopping = reg.fn, self._is_stopping
                     if len(runnable) == 1 or reg.max_concurrent == 1:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping)
+                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping, fence)
                     else:
                         batch: Batch[_Call] = Batch(runnable)
-                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping)
+                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping, fence)
                         watch = _Watch(batch, calls, loop.create_future())
                         job.add_done_callback(watch.wake)
                         watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
@@ -308,6 +377,8 @@ class Controller:
                                 if call.finished and call.held:
                                     await self._finish(call)
                         await job
+                if fence is not None and runnable and not runnable[-1].called and not self._stopping and not fence():
+                    self._fence_closed(sum(not c.called for c in runnable))
                 deleting = reg.finalizer is not None
                 for call in calls:
                     if call.finished and call.held:
@@ -364,14 +435,48 @@ class Controller:
         if (
             call.phase is Phase.DELETING
             and call.error is None
+            and not call.stale
             and self.registration.finalizer is not None
             and (call.outcome is None or isinstance(call.outcome, Result))
         ):
             try:  # cleanup succeeded: only now may the object go
-                await release_finalizer(self.ctx.transport, self.resource, call.obj, self.registration.finalizer)
+                await self._release(call)
             except Exception as exc:  # noqa: BLE001
                 call.error = exc
         self._complete(call)
+
+    async def _release(self, call: _Call) -> None:
+        """Remove our finalizer after a successful DELETING call. Works from the newest cached
+        copy of the same object (the handler may have written it meanwhile, and the entries'
+        indices must be current). If another controller changed the list first (a failed
+        ``test``), :class:`~declop.errors.Conflict` retries the key with backoff."""
+        finalizer = self.registration.finalizer
+        assert finalizer is not None and call.obj is not None
+        uid = (call.obj.get("metadata") or {}).get("uid")
+        latest = self._lookup(call.key)
+        base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
+        await self._own_write(
+            call.key, base, lambda: release_finalizer(self.ctx.transport, self.resource, base, finalizer)
+        )
+        if uid and self._lookup(call.key) is not None:  # (its deletion event pops it)
+            self._released[_ident(call.obj)] = uid
+
+    def _stale(self, obj: Any) -> bool:
+        """``obj`` (being deleted) still shows our finalizer although we released it from this
+        very object: the cache has not caught up with our own write."""
+        meta = obj.get("metadata") or {}
+        uid = self._released.get(_ident(obj))
+        return uid is not None and uid == meta.get("uid") and self.registration.finalizer in (meta.get("finalizers") or ())
+
+    def _fence_closed(self, keys: int) -> None:
+        """The fence stopped ``keys`` keys. It never reopens: halt (the manager exits next)."""
+        if not self.fenced:
+            self._log.warning(
+                "Not starting reconciles: the leader Lease is not known to be valid",
+                extra={"kv": {"controller": self.name}},
+            )
+        self.fenced += keys
+        self.halt()
 
     def _complete(self, call: _Call) -> None:
         """Settle the outcome and mark the key done."""
@@ -435,7 +540,7 @@ class _Call:
 
     __slots__ = (
         "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
-        "finished", "held", "outcome", "error",
+        "finished", "held", "outcome", "error", "stale",
     )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
@@ -450,6 +555,7 @@ class _Call:
         self.held = True  # the worker still owes its key a done() (False: done, or given back)
         self.outcome: Any = None
         self.error: BaseException | None = None
+        self.stale = False  # a cached copy behind our own finalizer release: nothing to call
 
 
 def _held(keys: list[Request], calls: list[_Call]) -> list[Request]:
@@ -458,12 +564,18 @@ def _held(keys: list[Request], calls: list[_Call]) -> list[Request]:
     return [c.key for c in calls if c.held] + keys[len(calls):]
 
 
-def _run_batch(fn: Callable[..., Any], calls: Iterable[_Call], stopping: Callable[[], bool]) -> None:
+def _run_batch(
+    fn: Callable[..., Any],
+    calls: Iterable[_Call],
+    stopping: Callable[[], bool],
+    fence: Callable[[], bool] | None = None,
+) -> None:
     """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
     :class:`~declop.batches.Batch` the loop may take calls back from; stop early at shutdown (the
-    first call always runs: it was taken before the stop)."""
+    first call always runs: it was taken before the stop) and as soon as ``fence()`` is False
+    (checked just before *every* call, the first one included)."""
     for i, call in enumerate(calls):
-        if i and stopping():
+        if (i and stopping()) or (fence is not None and not fence()):
             return
         call.called = True
         try:
@@ -471,6 +583,44 @@ def _run_batch(fn: Callable[..., Any], calls: Iterable[_Call], stopping: Callabl
         except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
             call.error = exc
         call.finished = True  # last: everything above is final when the loop sees it
+
+
+def _ident(obj: Any) -> tuple[str | None, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace"), meta.get("name") or ""
+
+
+def _is_our_echo(
+    own_writes: dict[tuple[str | None, str], str],
+    writing: dict[tuple[str | None, str], list[str]],
+    old: Any,
+    new: Any,
+    finalizer: str,
+) -> bool:
+    """``new`` is the object one of our finalizer patches produced and nothing else changed — or
+    it may be (a patch of that object is in flight and only our finalizer changed): then its
+    resourceVersion is held for :meth:`Controller._own_write` to decide, and True is returned."""
+    ident = _ident(new)
+    rv: str | None = (new.get("metadata") or {}).get("resourceVersion")
+    held = writing.get(ident) if writing else None
+    if held is not None:
+        if not _only_our_finalizer(old, new, finalizer):
+            return False
+        held.append(rv or "")
+        return True
+    if own_writes.get(ident) != rv or rv is None:
+        return False
+    del own_writes[ident]
+    return _only_our_finalizer(old, new, finalizer)
+
+
+def _finalizer_work(old: Any, new: Any, finalizer: str) -> bool:
+    """The finalizer protocol must act: the deletion of an object carrying our finalizer began,
+    or our finalizer was taken off an object that is not being deleted."""
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if nm.get("deletionTimestamp"):
+        return not om.get("deletionTimestamp") and finalizer in (nm.get("finalizers") or ())
+    return finalizer in (om.get("finalizers") or ()) and finalizer not in (nm.get("finalizers") or ())
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

@@ -16,7 +16,9 @@ The queue knows nothing about Kubernetes; it moves opaque hashable items (declop
   ``Get``.
 * **Shutdown drains** — after :meth:`WorkQueue.shutdown` new adds are ignored, but workers keep
   receiving what is already queued; only an empty, shut-down queue raises :class:`QueueShutDown`.
-  :meth:`WorkQueue.shutdown_with_drain` additionally waits for in-flight items to be ``done``.
+  :meth:`WorkQueue.shutdown_with_drain` additionally waits for in-flight items to be ``done``;
+  a later :meth:`WorkQueue.shutdown` ends that wait at once (client-go's ``ShutDown`` after
+  ``ShutDownWithDrain``), so a caller can give up on a drain it started elsewhere.
 
 Delays (:meth:`WorkQueue.add_after`, :meth:`WorkQueue.add_rate_limited`):
 
@@ -155,6 +157,7 @@ class WorkQueue(Generic[T]):
         "_adds",
         "_clock",
         "_dirty",
+        "_drain",
         "_drainers",
         "_getters",
         "_heap",
@@ -199,6 +202,7 @@ class WorkQueue(Generic[T]):
         self._seq = itertools.count()
         self._getters: deque[asyncio.Future[None]] = deque()
         self._drainers: list[asyncio.Future[None]] = []
+        self._drain = False  # a shutdown_with_drain() is waiting and no shutdown() ended it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # the heap deadline the timer was armed for
         self._shutting_down = False
@@ -385,7 +389,16 @@ class WorkQueue(Generic[T]):
     def shutdown(self) -> None:
         """Stop intake: later adds are ignored and delayed items are dropped. Wakes every
         waiting getter; getters still receive the queued items, then :class:`QueueShutDown`.
+        A pending :meth:`shutdown_with_drain` returns (False if items are still in flight).
         Idempotent."""
+        self._drain = False
+        drainers, self._drainers = self._drainers, []
+        for drainer in drainers:
+            if not drainer.done():
+                drainer.set_result(None)
+        self._stop_intake()
+
+    def _stop_intake(self) -> None:
         self._shutting_down = True
         self._heap.clear()
         self._waiting.clear()
@@ -398,14 +411,18 @@ class WorkQueue(Generic[T]):
     async def shutdown_with_drain(self, timeout: float | None = None) -> bool:
         """:meth:`shutdown`, then wait until no item is being processed.
 
-        Returns True when drained, False if ``timeout`` seconds passed first. Items re-added
-        during the drain are lost (the queue is shut down); items made dirty *before* the
-        shutdown are still re-queued by :meth:`done` and count as processing once taken.
+        Returns True when drained, False if ``timeout`` seconds passed first or :meth:`shutdown`
+        was called meanwhile. Items re-added during the drain are lost (the queue is shut down);
+        items made dirty *before* the shutdown are still re-queued by :meth:`done` and count as
+        processing once taken.
         """
-        self.shutdown()
+        self._drain = True
+        self._stop_intake()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self._processing:
+            if not self._drain:
+                return False
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return False

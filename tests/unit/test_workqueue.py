@@ -322,6 +322,29 @@ def test_shutdown_with_drain_timeout_and_empty() -> None:
     asyncio.run(scenario())
 
 
+def test_shutdown_ends_a_pending_drain() -> None:
+    """client-go: ShutDown after ShutDownWithDrain makes the drain stop waiting."""
+
+    async def scenario() -> None:
+        queue, _ = make()
+        queue.add("stuck")
+        assert queue.get_nowait() == "stuck"  # never done(): a handler that hangs
+        drain = asyncio.ensure_future(queue.shutdown_with_drain())
+        await asyncio.sleep(0)
+        assert not drain.done(), "the drain must wait while an item is in flight"
+        queue.shutdown()
+        assert await asyncio.wait_for(drain, timeout=5.0) is False  # ended, not drained
+        assert queue.statistics().processing == 1
+        # a drain started after the forced shutdown still waits for the in-flight item
+        again = asyncio.ensure_future(queue.shutdown_with_drain())
+        await asyncio.sleep(0)
+        assert not again.done()
+        queue.done("stuck")
+        assert await asyncio.wait_for(again, timeout=5.0) is True
+
+    asyncio.run(scenario())
+
+
 # ---------------------------------------------------------------------------- async get
 
 
