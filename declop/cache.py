@@ -8,9 +8,11 @@ Invariants:
   read-only ``Store`` face.
 - Stored objects are never mutated in place: the writer replaces the whole dict. Readers on other
   threads therefore see either the old or the new object, never a half-written one.
-- Readers that hand objects to user code (the client, the controller) call :func:`clone` first,
-  so a handler that mutates what it got cannot corrupt the cache. ``Store.get``/``Store.list`` return
-  the shared objects themselves: framework-internal only.
+- User code never holds a stored object itself. Handlers get copies (:func:`clone`, made by the
+  client and the controller); predicates, map functions and index functions, which run on the
+  loop for every event, get :func:`readonly` views, which cost per field read instead of per
+  object and raise ``TypeError`` on any change. ``Store.get``/``Store.list`` return the shared
+  objects themselves: framework-internal only.
 - Index values are recomputed on every write of an object; deleting an object removes it from
   every index.
 - A relist is computed beside the store and swapped in at once (:meth:`Writer.begin_replace`):
@@ -21,13 +23,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence, overload
 
 from .errors import CacheNotSyncedError
 from .keys import Request, key_of
 from .labels import Selector, parse_selector
 
-__all__ = ["IndexFunc", "Store", "Transform", "Writer", "clone", "strip_managed_fields"]
+__all__ = [
+    "IndexFunc",
+    "ReadOnlyDict",
+    "ReadOnlyList",
+    "Store",
+    "Transform",
+    "Writer",
+    "clone",
+    "readonly",
+    "strip_managed_fields",
+]
 
 log = logging.getLogger("declop.cache")
 
@@ -37,13 +49,162 @@ Transform = Callable[[Obj], Obj]
 
 
 def clone(obj: Any) -> Any:
-    """A deep copy of JSON-shaped data (dicts, lists, scalars), several times faster than deepcopy."""
+    """A deep copy of JSON-shaped data (dicts, lists, scalars), several times faster than deepcopy.
+
+    A :func:`readonly` view is copied into plain, mutable dicts and lists."""
     t = type(obj)
     if t is dict:
         return {k: (clone(v) if type(v) in (dict, list) else v) for k, v in obj.items()}
     if t is list:
         return [(clone(v) if type(v) in (dict, list) else v) for v in obj]
+    if t is ReadOnlyDict or t is ReadOnlyList:
+        return clone(obj._data)
     return obj
+
+
+def readonly(obj: Any) -> Any:
+    """A read-only view of JSON-shaped data: dicts become :class:`ReadOnlyDict`, lists
+    :class:`ReadOnlyList`, anything else is returned as is. Nothing is copied: nested values are
+    wrapped when they are read, so the cost is per field read, not per object."""
+    t = type(obj)
+    if t is dict:
+        return ReadOnlyDict(obj)
+    if t is list:
+        return ReadOnlyList(obj)
+    return obj
+
+
+_HINT = "cached objects are read-only here; declop.clone(obj) gives a mutable copy"
+
+
+def _refuse(*_: Any, **__: Any) -> NoReturn:
+    raise TypeError(_HINT)
+
+
+class ReadOnlyDict(Mapping[str, Any]):
+    """A read-only view of a cached dict (see :func:`readonly`). Reads work as on a dict; any
+    change raises ``TypeError``. ``copy()``, ``copy.deepcopy`` and :func:`clone` give a mutable
+    deep copy (a plain dict); ``json.dumps`` needs that copy."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        v = self._data[key]
+        t = type(v)
+        if t is dict:
+            return ReadOnlyDict(v)
+        if t is list:
+            return ReadOnlyList(v)
+        return v
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self._data.get(key, default)
+        t = type(v)
+        if t is dict:
+            return ReadOnlyDict(v)
+        if t is list:
+            return ReadOnlyList(v)
+        return v
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is ReadOnlyDict:
+            return self._data == other._data
+        if isinstance(other, dict):
+            return self._data == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyDict({self._data!r})"
+
+    def copy(self) -> dict[str, Any]:
+        """A mutable deep copy."""
+        return clone(self._data)  # type: ignore[no-any-return]
+
+    def __copy__(self) -> ReadOnlyDict:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> dict[str, Any]:
+        return self.copy()
+
+    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = __ior__ = _refuse
+
+
+class ReadOnlyList(Sequence[Any]):
+    """A read-only view of a cached list (see :func:`readonly`); like :class:`ReadOnlyDict`."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: list[Any]) -> None:
+        self._data = data
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> ReadOnlyList: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        v: Any = self._data[index]
+        t = type(v)
+        if t is dict:
+            return ReadOnlyDict(v)
+        if t is list:
+            return ReadOnlyList(v)
+        return v
+
+    def __iter__(self) -> Iterator[Any]:
+        for v in self._data:
+            t = type(v)
+            if t is dict:
+                yield ReadOnlyDict(v)
+            elif t is list:
+                yield ReadOnlyList(v)
+            else:
+                yield v
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is ReadOnlyList:
+            return self._data == other._data
+        if isinstance(other, list):
+            return self._data == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyList({self._data!r})"
+
+    def copy(self) -> list[Any]:
+        """A mutable deep copy."""
+        return clone(self._data)  # type: ignore[no-any-return]
+
+    def __copy__(self) -> ReadOnlyList:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> list[Any]:
+        return self.copy()
+
+    __setitem__ = __delitem__ = append = extend = insert = remove = pop = sort = reverse = clear = __iadd__ = __imul__ = _refuse
 
 
 def strip_managed_fields(obj: Obj) -> Obj:
@@ -136,7 +297,7 @@ class Store:
     # -- writer-only internals ------------------------------------------------------------
     def _index(self, name: str, key: Request, obj: Obj) -> None:
         try:
-            values = tuple(v for v in (self._indexers[name](obj) or ()) if v is not None)
+            values = tuple(v for v in (self._indexers[name](readonly(obj)) or ()) if v is not None)
         except Exception:  # a user index function must never stop the cache
             log.exception("Index function failed; the object is left out of this index", extra={"kv": {"index": name, "key": str(key)}})
             values = ()

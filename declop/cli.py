@@ -4,7 +4,12 @@ This is the only module that configures logging and turns errors into exit codes
 
 - a :class:`~declop.errors.ConfigError` (anything the user can fix) prints one line
   ``declop: error: <what is wrong and what to do>`` on stderr and exits 1; ``-v`` adds the traceback;
-- SIGTERM/SIGINT stop intake, let in-flight reconciles finish within ``--grace-period`` and exit 0.
+- SIGTERM/SIGINT stop intake, let in-flight reconciles finish within ``--grace-period`` (the
+  leader Lease is renewed meanwhile and released after) and exit 0;
+- a lost leader Lease exits 1 within 2 s, even with a plain handler stuck in its thread;
+- every exit goes through :func:`_exit`: flush the logs, remove the temporary files the
+  ``kubernetes`` package wrote for certificates embedded in the kubeconfig (``atexit`` would not
+  run when stuck handler threads force ``os._exit``), then exit.
 
 Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
 """
@@ -35,7 +40,7 @@ __all__ = ["main"]
 
 log = logging.getLogger("declop.cli")
 
-_state: dict[str, Any] = {"verbose": 0}
+_state: dict[str, Any] = {"verbose": 0, "exit_code": 0}
 
 
 def _env(name: str) -> str:
@@ -73,6 +78,23 @@ def _setup_logging(log_format: str, verbose: int, quiet: bool) -> None:
     _state["verbose"] = verbose
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     configure(log_format, level)
+
+
+class _BadOptions(ConfigError):
+    """Options that contradict each other: one line, exit 2 (a usage error)."""
+
+
+def _check_lease_timings(kw: dict[str, Any]) -> None:
+    """client-go's rule, checked before anything connects: duration > deadline > 1.2 × retry."""
+    if not kw["leader_elect"]:
+        return
+    duration, deadline, retry = kw["lease_duration"], kw["renew_deadline"], kw["retry_period"]
+    if not (duration > deadline > 1.2 * retry and retry > 0):
+        raise _BadOptions(
+            f"--lease-duration ({duration:g}) must be greater than --renew-deadline ({deadline:g}), which must be "
+            f"greater than 1.2 × --retry-period ({retry:g} → {1.2 * retry:g}), which must be > 0; "
+            "the defaults are 15, 10 and 2"
+        )
 
 
 def _options(kw: dict[str, Any]) -> Options:
@@ -113,10 +135,14 @@ def _require_registrations(kw: dict[str, Any]) -> None:
         )
 
 
-def _run_manager(configuration: Any, options: Options) -> None:
+def _run_manager(configuration: Any, options: Options) -> int:
+    """Run the manager to its end; return the exit code (1 after a lost Lease).
+
+    Never raises ``SystemExit``: that would skip :func:`_exit`, and the interpreter's exit would
+    then wait for stuck handler threads (``concurrent.futures`` joins them at exit)."""
     code = asyncio.run(_serve(configuration, options))
-    if code:
-        raise SystemExit(code)
+    _state["exit_code"] = code
+    return code
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,6 +158,7 @@ def cli() -> None:
 def run(**kw: Any) -> None:
     """Load handler PATHS (files or directories) and -m modules, then reconcile until stopped."""
     _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
+    _check_lease_timings(kw)
     if not kw["paths"] and not kw["modules"]:
         raise ConfigError("nothing to run: pass handler files (declop run handlers.py) or -m module")
     load(kw["paths"], kw["modules"])
@@ -150,6 +177,7 @@ def dev(**kw: Any) -> None:
     With no PATHS only the control plane runs. Ctrl-C stops everything.
     """
     _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
+    _check_lease_timings(kw)
     from .testing.controlplane import ControlPlane
 
     load(kw["paths"], kw["modules"])
@@ -201,24 +229,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     except DeclopError as exc:
         _fail(exc)
     except KeyboardInterrupt:
-        sys.exit(130)
-    code = 0
-    _exit(code)
+        _exit(130)
+    _exit(int(_state.get("exit_code") or 0))
 
 
 def _fail(exc: BaseException) -> None:
     if _state["verbose"]:
         traceback.print_exception(exc, file=sys.stderr)
     click.echo(f"declop: error: {exc}", err=True)
-    sys.exit(1)
+    _exit(2 if isinstance(exc, _BadOptions) else 1)
 
 
 def _exit(code: int) -> None:
-    """Exit now, even if a sync handler is stuck in a worker thread past the grace period."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """Exit now, even if a sync handler is stuck in a worker thread (past the grace period, or
+    after a lost Lease): flush the logs, remove temporary credential files, then exit."""
+    _remove_credential_files()
     stuck = [t for t in threading.enumerate() if t.name.startswith("declop-handler") and t.is_alive()]
     if stuck:
-        logging.shutdown()
+        logging.shutdown()  # flushes every handler
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
     sys.exit(code)
+
+
+def _remove_credential_files() -> None:
+    """Delete the files ``kubernetes.config`` wrote for ``*-data`` certificates and keys of the
+    kubeconfig (it registers an ``atexit`` hook for this, which ``os._exit`` skips)."""
+    module = sys.modules.get("kubernetes.config.kube_config")
+    if module is None:
+        return
+    cleanup = getattr(module, "_cleanup_temp_files", None)
+    if cleanup is not None:
+        try:
+            cleanup()
+        except OSError:
+            pass

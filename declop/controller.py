@@ -9,9 +9,25 @@ drive the finalizer protocol, call the handler and settle the outcome.
 Invariants:
 - workers start only after every informer of every source has listed once (the sync gate);
 - a key is never reconciled by two workers at once (the queue guarantees it);
+- every key a worker takes ends with exactly one ``queue.done()``, or ``queue.give_back()`` when
+  a slow call of a plain handler's batch hands the keys behind it to other workers
+  (:mod:`declop.batches`): a slow call holds no key but its own;
 - :meth:`Controller._settle` is the only place where outcomes become queue operations;
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
-- a reconcile reads only the cache: it makes no GET or LIST against the apiserver.
+- a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
+- with a ``fence`` (leader election), no reconcile starts — neither its finalizer write nor its
+  handler call, checked just before each one, also inside a batch — unless ``fence()`` is True
+  at that moment. A closed fence is final (it closes only when leadership is over): the
+  controller halts, and the keys it held are dropped — the next leader lists every object;
+- the echo filter drops an event only when its resourceVersion is one our own finalizer patch
+  produced *and* it differs from the previous state by our finalizer alone (an event that arrives
+  while the patch is in flight is held until the answer tells whose it was);
+- the finalizer protocol does not depend on predicates: our finalizer taken off a live object
+  (it is added back before a delete can skip the cleanup) and the start of the deletion of an
+  object that carries it always enqueue the key;
+- after our finalizer was released from an object being deleted, a cached copy of that object
+  (same uid) still showing it is stale — the apiserver never lets a finalizer be added to an
+  object being deleted — so the handler is not called again for it.
 """
 
 from __future__ import annotations
@@ -22,8 +38,10 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
+from .batches import STALL_AFTER, Batch, batch_size
+from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, TerminalError
@@ -32,7 +50,7 @@ from .informer import Informer
 from .keys import Request
 from .logs import ReconcileLogger
 from .mapping import KeyMapper
-from .predicates import Predicate
+from .predicates import Predicate, is_builtin
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .registry import Registration
 from .result import Phase, Result, phase_of
@@ -82,6 +100,7 @@ class Controller:
         executor: concurrent.futures.Executor | None = None,
         rate_limiter: RateLimiter | None = None,
         metrics: ControllerMetrics | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -98,29 +117,74 @@ class Controller:
         self._primary = [i for s in self.sources if s.primary for i in s.informers]
         self._log = logging.getLogger(f"declop.controller.{self.name}")
         self._workers: list[asyncio.Task[None]] = []
-        self._inflight = 0
         self._stopping = False
+        # keys whose finalizer we added for a CREATED call that was given back before it ran
+        self._created: set[Request] = set()
         self.synced = asyncio.Event()
         self.reconciles = 0  # total handler calls, for tests and statistics
+        #: may a reconcile start now? (the manager's Lease fence; None: always)
+        self.fence = fence
+        self.fenced = 0  # keys the fence stopped before their reconcile started
+        # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
+        self._own_writes: dict[tuple[str | None, str], str] = {}
+        # (namespace, name) -> resourceVersions of finalizer-only events seen while our finalizer
+        # patch of that object was in flight (ours or not is known once it answers)
+        self._writing: dict[tuple[str | None, str], list[str]] = {}
+        # (namespace, name) -> uid of the object being deleted whose finalizer we released
+        self._released: dict[tuple[str | None, str], str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
     def _subscriber(self, source: Source) -> Callable[[Any, Any], None]:
         add = self.queue.add
         mapper, predicates = source.mapper, source.predicates
         own_finalizer = self.registration.finalizer if source.primary else None
+        own_writes, released, writing = self._own_writes, self._released, self._writing
+
+        if all(is_builtin(p) for p in predicates):
+            guard = None  # the built-ins only read: they get the cache's objects
+        else:
+            guard = readonly  # a user predicate gets read-only views (all of the source's do)
 
         def on_event(old: Any, new: Any) -> None:
-            for p in predicates:
-                if not p(old, new):
+            if own_finalizer is not None and old is not None:
+                if new is None:
+                    if own_writes or released:
+                        own_writes.pop(_ident(old), None)
+                        released.pop(_ident(old), None)
+                elif (writing or own_writes) and _is_our_echo(own_writes, writing, old, new, own_finalizer):
+                    return  # our own finalizer write coming back (or held until we know)
+                elif _finalizer_work(old, new, own_finalizer):
+                    for key in mapper(old, new):  # past the predicates: the protocol needs it
+                        add(key)
                     return
-            if own_finalizer is not None and old is not None and new is not None and _only_our_finalizer(
-                old, new, own_finalizer
-            ):
-                return  # our own finalizer write coming back: nothing new to reconcile
+            if predicates:
+                o, n = (old, new) if guard is None else (guard(old), guard(new))
+                for p in predicates:
+                    if not p(o, n):
+                        return
             for key in mapper(old, new):
                 add(key)
 
         return on_event
+
+    async def _own_write(self, key: Request, obj: Any, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Run one finalizer patch of ours on ``obj`` and note what it produced, so that the echo
+        filter drops its event and nothing else. Events that looked like it and arrived while it
+        was in flight were held: those that were not ours are enqueued now."""
+        ident = _ident(obj)
+        self._writing[ident] = []
+        written: Any = None
+        try:
+            written = await write()
+            return written
+        finally:
+            held = self._writing.pop(ident, [])
+            meta = written.get("metadata") if isinstance(written, dict) and written is not obj else None
+            rv = meta.get("resourceVersion") if meta else None
+            if rv and rv not in held and self._lookup(key) is not None:
+                self._own_writes[ident] = rv  # its event is still to come
+            if any(r != rv for r in held):
+                self.queue.add(key)  # someone else's change: it must be reconciled
 
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
@@ -154,6 +218,12 @@ class Controller:
         self._log.info("Starting workers", extra={"kv": {"controller": self.name, "worker count": n}})
         loop = asyncio.get_running_loop()
         self._workers = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
+
+    def halt(self) -> None:
+        """Stop intake now, synchronously: the queue shuts down and no worker takes another key
+        (the manager calls it the moment the Lease is lost; :meth:`stop` then cancels workers)."""
+        self._stopping = True
+        self.queue.shutdown()
 
     async def stop(self, grace: float = 30.0) -> bool:
         """Stop taking keys, let in-flight reconciles finish within ``grace`` seconds.
@@ -190,28 +260,18 @@ class Controller:
                 # Take more ready keys, but never more than this worker's share of the backlog,
                 # so other workers are not starved. Taken keys are "processing": no other worker
                 # can take them, and re-adds meanwhile cause exactly one more run after done().
-                extra = min(BATCH - 1, len(queue) // workers)
+                extra = batch_size(len(queue), workers) - 1
                 while extra > 0:
                     try:
                         keys.append(queue.get_nowait())
                     except (QueueEmpty, QueueShutDown):
                         break
                     extra -= 1
-            self._inflight += len(keys)
             self.metrics.active(self.name, 1)
             try:
                 await self._process(keys)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a framework bug: never kill the worker
-                log.exception("Unexpected error while processing keys", extra={"kv": {"controller": self.name, "keys": [str(k) for k in keys]}})
-                for k in keys:
-                    queue.add_rate_limited(k)
             finally:
-                self._inflight -= len(keys)
                 self.metrics.active(self.name, -1)
-                for k in keys:
-                    queue.done(k)
 
     def _lookup(self, key: Request) -> Any:
         for informer in self._primary:
@@ -222,64 +282,211 @@ class Controller:
         return None
 
     async def _process(self, keys: list[Request]) -> None:
-        """Reconcile ``keys``: prepare each on the loop (cache read, phase, finalizer added before
-        the handler sees CREATED), call the handler, release the finalizer after a successful
-        DELETING call, and settle every outcome."""
+        """Reconcile ``keys`` (taken from the queue by one worker) and settle every outcome.
+
+        Each key is prepared on the loop (cache read, phase, the finalizer added before the
+        handler can see CREATED), called (plain handlers in one thread hop for the batch), then
+        settled, and ends with exactly one ``queue.done()`` — or ``queue.give_back()`` when a slow
+        call hands the keys behind it to other workers (:mod:`declop.batches`).
+        """
         reg = self.registration
-        calls: list[_Call] = []
-        for key in keys:
-            call = _Call(key, time.monotonic(), str(uuid.uuid4()))
-            call.logger = ReconcileLogger(
-                self._log,
-                {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
-            )
-            try:
-                obj = self._lookup(key)
-                call.phase = phase_of(obj, reg.finalizer)
-                if call.phase is Phase.CREATED and reg.finalizer is not None:
-                    # persist the finalizer before the handler can cause side effects
-                    obj = await ensure_finalizer(self.ctx.transport, self.resource, obj, reg.finalizer)
-                call.obj = obj
-                client = (
-                    AsyncClient(self.ctx, self.resource, key, self.name)
-                    if reg.is_async
-                    else Client(self.ctx, self.resource, key, self.name)
+        calls: list[_Call] = []  # every call is "held" until its key is done() or given back
+        try:
+            finalizer, created, fence = reg.finalizer, self._created, self.fence
+            for key in keys:
+                if fence is not None and not fence():
+                    self._fence_closed(len(keys) - len(calls))
+                    break  # the rest never starts; their keys end with done() below
+                call = _Call(key, time.monotonic(), str(uuid.uuid4()))
+                call.logger = ReconcileLogger(
+                    self._log,
+                    {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
                 )
-                call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id)
-            except Exception as exc:  # noqa: BLE001 - settled below like a handler error
-                call.error, call.ran = exc, True
-            calls.append(call)
-        pending = [c for c in calls if not c.ran]
-        self.reconciles += len(pending)
-        if reg.is_async:
-            for call in pending:
-                if self._stopping and call is not pending[0]:
-                    break
-                call.ran = True
                 try:
-                    call.outcome = await reg.fn(**call.kwargs)
-                except Exception as exc:  # noqa: BLE001
+                    obj = self._lookup(key)
+                    call.phase = phase_of(obj, finalizer)
+                    if call.phase is Phase.DELETING and self._released and self._stale(obj):
+                        call.stale = call.finished = True  # its cleanup already succeeded: the cache lags
+                        calls.append(call)
+                        continue
+                    if created and key in created:
+                        # a CREATED call was given back after we added the finalizer: it is still
+                        # CREATED (whether the cache shows our finalizer yet or not) until it runs
+                        if call.phase is Phase.UPDATED or call.phase is Phase.CREATED:
+                            call.phase = Phase.CREATED
+                        else:
+                            created.discard(key)  # being deleted, or gone
+                    elif call.phase is Phase.CREATED and finalizer is not None:
+                        # persist the finalizer before the handler can cause side effects
+                        call.add_finalizer = True
+                        obj = await self._own_write(
+                            key, obj, lambda: ensure_finalizer(self.ctx.transport, self.resource, obj, finalizer)
+                        )
+                    call.obj = obj
+                    client = (
+                        AsyncClient(self.ctx, self.resource, key, self.name)
+                        if reg.is_async
+                        else Client(self.ctx, self.resource, key, self.name)
+                    )
+                    call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id)
+                except Exception as exc:  # noqa: BLE001 - settled like a handler error
                     call.error = exc
-        elif pending:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self.executor, _run_batch, reg.fn, pending, self._is_stopping)
-        for call in calls:
-            if not call.ran:
-                continue  # dropped at shutdown, like keys still queued
-            if (
-                call.error is None
-                and call.phase is Phase.DELETING
-                and reg.finalizer is not None
-                and (call.outcome is None or isinstance(call.outcome, Result))
-            ):
-                try:  # cleanup succeeded: only now may the object go
-                    await release_finalizer(self.ctx.transport, self.resource, call.obj, reg.finalizer)
-                except Exception as exc:  # noqa: BLE001
-                    call.error = exc
-            self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+                    call.finished = True
+                calls.append(call)
+            if reg.is_async:
+                for call in calls:
+                    if call.error is None and not call.stale:
+                        if self._stopping and call is not calls[0]:
+                            break  # dropped at shutdown, like keys still queued
+                        if fence is not None and not fence():
+                            self._fence_closed(len(calls) - calls.index(call))
+                            break  # dropped: the fence never reopens
+                        call.called = True
+                        try:
+                            call.outcome = await reg.fn(**call.kwargs)
+                        except Exception as exc:  # noqa: BLE001
+                            call.error = exc
+                    await self._finish(call)
+            else:
+                # Plain handlers: the prepared calls run in one executor job. With more than one
+                # worker, a timer gives the calls that have not started back (their keys to the
+                # queue) once a call has run STALL_AFTER; the calls that finished are settled then.
+                runnable = [c for c in calls if c.error is None and not c.stale]
+                if len(runnable) < len(calls):
+                    for call in calls:
+                        if call.finished:  # a failed preparation: settled now, not after the batch
+                            self._complete(call)
+                if runnable:
+                    loop = asyncio.get_running_loop()
+                    fn, stopping = reg.fn, self._is_stopping
+                    if len(runnable) == 1 or reg.max_concurrent == 1:
+                        # nothing to give back, or nobody to give it to: the plain loop, no timer
+                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping, fence)
+                    else:
+                        batch: Batch[_Call] = Batch(runnable)
+                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping, fence)
+                        watch = _Watch(batch, calls, loop.create_future())
+                        job.add_done_callback(watch.wake)
+                        watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
+                        try:
+                            await watch.woken
+                        finally:
+                            watch.timer.cancel()
+                        if not job.done():  # stalled: settle what finished before the slow call
+                            for call in calls:
+                                if call.finished and call.held:
+                                    await self._finish(call)
+                        await job
+                if fence is not None and runnable and not runnable[-1].called and not self._stopping and not fence():
+                    self._fence_closed(sum(not c.called for c in runnable))
+                deleting = reg.finalizer is not None
+                for call in calls:
+                    if call.finished and call.held:
+                        if deleting and call.phase is Phase.DELETING:
+                            await self._finish(call)
+                        else:
+                            self._complete(call)
+                # calls not started (the thread stopped at shutdown) are dropped like queued keys: done()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a framework bug: never kill the worker
+            log.exception(
+                "Unexpected error while processing keys",
+                extra={"kv": {"controller": self.name, "keys": [str(k) for k in keys]}},
+            )
+            for k in _held(keys, calls):
+                self.queue.add_rate_limited(k)
+        finally:
+            for k in _held(keys, calls):  # dropped at shutdown, or a framework bug
+                self.queue.done(k)
+
+    def _watch(self, watch: _Watch) -> None:
+        """Timer on the loop while a batch runs. Once a call has run for ``STALL_AFTER``, the calls
+        waiting behind it are given back (their keys to the head of the queue), and the worker is
+        woken to settle the calls that finished before it; then the timer stops (nothing is left
+        but the slow call)."""
+        if watch.woken.done():
+            return
+        batch = watch.batch
+        running = batch.running_for()
+        if running < STALL_AFTER:
+            watch.timer = asyncio.get_running_loop().call_later(STALL_AFTER - running, self._watch, watch)
+            return
+        back = batch.take_back()
+        if back:
+            for call in back:
+                call.held = False
+                if call.add_finalizer:  # we added it for a CREATED call that has not run
+                    self._created.add(call.key)
+            self.queue.give_back(*(call.key for call in back))
+            self._log.debug(
+                "A call is slow; the keys behind it go back to the queue",
+                extra={"kv": {"controller": self.name, "running_seconds": round(running, 3), "keys": len(back)}},
+            )
+        if back or any(c.finished and c.held for c in watch.calls):
+            watch.wake()
 
     def _is_stopping(self) -> bool:
         return self._stopping
+
+    async def _finish(self, call: _Call) -> None:
+        """After the handler: release the finalizer after a successful DELETING call, then
+        :meth:`_complete`."""
+        if (
+            call.phase is Phase.DELETING
+            and call.error is None
+            and not call.stale
+            and self.registration.finalizer is not None
+            and (call.outcome is None or isinstance(call.outcome, Result))
+        ):
+            try:  # cleanup succeeded: only now may the object go
+                await self._release(call)
+            except Exception as exc:  # noqa: BLE001
+                call.error = exc
+        self._complete(call)
+
+    async def _release(self, call: _Call) -> None:
+        """Remove our finalizer after a successful DELETING call. Works from the newest cached
+        copy of the same object (the handler may have written it meanwhile, and the entries'
+        indices must be current). If another controller changed the list first (a failed
+        ``test``), :class:`~declop.errors.Conflict` retries the key with backoff."""
+        finalizer = self.registration.finalizer
+        assert finalizer is not None and call.obj is not None
+        uid = (call.obj.get("metadata") or {}).get("uid")
+        latest = self._lookup(call.key)
+        base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
+        await self._own_write(
+            call.key, base, lambda: release_finalizer(self.ctx.transport, self.resource, base, finalizer)
+        )
+        if uid and self._lookup(call.key) is not None:  # (its deletion event pops it)
+            self._released[_ident(call.obj)] = uid
+
+    def _stale(self, obj: Any) -> bool:
+        """``obj`` (being deleted) still shows our finalizer although we released it from this
+        very object: the cache has not caught up with our own write."""
+        meta = obj.get("metadata") or {}
+        uid = self._released.get(_ident(obj))
+        return uid is not None and uid == meta.get("uid") and self.registration.finalizer in (meta.get("finalizers") or ())
+
+    def _fence_closed(self, keys: int) -> None:
+        """The fence stopped ``keys`` keys. It never reopens: halt (the manager exits next)."""
+        if not self.fenced:
+            self._log.warning(
+                "Not starting reconciles: the leader Lease is not known to be valid",
+                extra={"kv": {"controller": self.name}},
+            )
+        self.fenced += keys
+        self.halt()
+
+    def _complete(self, call: _Call) -> None:
+        """Settle the outcome and mark the key done."""
+        if call.called:
+            self.reconciles += 1
+            if self._created:
+                self._created.discard(call.key)
+        self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+        call.held = False
+        self.queue.done(call.key)
 
     def _settle(
         self, key: Request, outcome: Any, error: BaseException | None, logger: ReconcileLogger, seconds: float
@@ -302,7 +509,8 @@ class Controller:
             logger.error("Reconciler error", exc_info=error)
             queue.add_rate_limited(key)
             self.metrics.reconciled(self.name, "error", seconds)
-        elif isinstance(outcome, Result) and outcome.requeue_after is not None:
+        elif isinstance(outcome, Result) and outcome.requeue_after:
+            # only a positive delay requeues: 0 is plain success, as in controller-runtime
             queue.forget(key)
             queue.add_after(key, outcome.requeue_after)
             self.metrics.reconciled(self.name, "requeue_after", seconds)
@@ -311,14 +519,29 @@ class Controller:
             self.metrics.reconciled(self.name, "success", seconds)
 
 
-#: at most this many keys per thread hop for plain handlers
-BATCH = 64
+class _Watch:
+    """A running batch, watched from the loop for stalls (see :meth:`Controller._watch`)."""
+
+    __slots__ = ("batch", "calls", "timer", "woken")
+
+    def __init__(
+        self, batch: Batch[_Call], calls: list[_Call], woken: asyncio.Future[None]
+    ) -> None:
+        self.batch, self.calls, self.woken = batch, calls, woken
+        self.timer: asyncio.TimerHandle
+
+    def wake(self, _: object = None) -> None:
+        if not self.woken.done():
+            self.woken.set_result(None)
 
 
 class _Call:
-    """One reconcile in flight: what the handler gets and what came of it."""
+    """One reconcile: what the handler gets and what came of it."""
 
-    __slots__ = ("key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "ran", "outcome", "error")
+    __slots__ = (
+        "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
+        "finished", "held", "outcome", "error", "stale",
+    )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
         self.key, self.started, self.reconcile_id = key, started, reconcile_id
@@ -326,22 +549,78 @@ class _Call:
         self.phase: Phase = Phase.DELETED
         self.obj: Any = None
         self.kwargs: dict[str, Any] = {}
-        self.ran = False
+        self.add_finalizer = False
+        self.called = False  # the handler was called
+        self.finished = False  # prepared with an error, or the handler returned: ready to settle
+        self.held = True  # the worker still owes its key a done() (False: done, or given back)
         self.outcome: Any = None
         self.error: BaseException | None = None
+        self.stale = False  # a cached copy behind our own finalizer release: nothing to call
 
 
-def _run_batch(fn: Callable[..., Any], calls: list[_Call], stopping: Callable[[], bool]) -> None:
-    """In a worker thread: call ``fn`` for each prepared call, in order; stop early at shutdown
-    (the first call always runs: it was taken before the stop)."""
+def _held(keys: list[Request], calls: list[_Call]) -> list[Request]:
+    """Keys a worker still owes a ``done()``: calls neither settled nor given back, and keys it
+    took but had not prepared yet."""
+    return [c.key for c in calls if c.held] + keys[len(calls):]
+
+
+def _run_batch(
+    fn: Callable[..., Any],
+    calls: Iterable[_Call],
+    stopping: Callable[[], bool],
+    fence: Callable[[], bool] | None = None,
+) -> None:
+    """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
+    :class:`~declop.batches.Batch` the loop may take calls back from; stop early at shutdown (the
+    first call always runs: it was taken before the stop) and as soon as ``fence()`` is False
+    (checked just before *every* call, the first one included)."""
     for i, call in enumerate(calls):
-        if i and stopping():
+        if (i and stopping()) or (fence is not None and not fence()):
             return
-        call.ran = True
+        call.called = True
         try:
             call.outcome = fn(**call.kwargs)
         except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
             call.error = exc
+        call.finished = True  # last: everything above is final when the loop sees it
+
+
+def _ident(obj: Any) -> tuple[str | None, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace"), meta.get("name") or ""
+
+
+def _is_our_echo(
+    own_writes: dict[tuple[str | None, str], str],
+    writing: dict[tuple[str | None, str], list[str]],
+    old: Any,
+    new: Any,
+    finalizer: str,
+) -> bool:
+    """``new`` is the object one of our finalizer patches produced and nothing else changed — or
+    it may be (a patch of that object is in flight and only our finalizer changed): then its
+    resourceVersion is held for :meth:`Controller._own_write` to decide, and True is returned."""
+    ident = _ident(new)
+    rv: str | None = (new.get("metadata") or {}).get("resourceVersion")
+    held = writing.get(ident) if writing else None
+    if held is not None:
+        if not _only_our_finalizer(old, new, finalizer):
+            return False
+        held.append(rv or "")
+        return True
+    if own_writes.get(ident) != rv or rv is None:
+        return False
+    del own_writes[ident]
+    return _only_our_finalizer(old, new, finalizer)
+
+
+def _finalizer_work(old: Any, new: Any, finalizer: str) -> bool:
+    """The finalizer protocol must act: the deletion of an object carrying our finalizer began,
+    or our finalizer was taken off an object that is not being deleted."""
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if nm.get("deletionTimestamp"):
+        return not om.get("deletionTimestamp") and finalizer in (nm.get("finalizers") or ())
+    return finalizer in (om.get("finalizers") or ()) and finalizer not in (nm.get("finalizers") or ())
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

@@ -6,8 +6,10 @@ Expected flow (the controller drives it; see docs/contract.md):
    a JSON patch guarded by a ``test`` of ``metadata.resourceVersion``; the handler then runs with
    ``Phase.CREATED`` on the patched object.
 2. Object being deleted (``deletionTimestamp`` set) → the handler runs with ``Phase.DELETING``;
-   after it returns successfully :func:`release_finalizer` removes our entry only, guarded by
-   ``test`` ops on the resourceVersion and on the entry at that index.
+   after it returns successfully :func:`release_finalizer` removes our entries only (every copy),
+   each guarded by a ``test`` that the entry at that index is ours, plus a ``test`` of the uid.
+   Not of the resourceVersion: a handler that wrote its own object during cleanup (a status
+   condition) would make that test fail on every attempt and the object would never go.
 3. The apiserver deletes the object once no finalizer is left; the next reconcile sees
    ``Phase.DELETED``.
 
@@ -16,9 +18,9 @@ call succeeded — even if the operator was down when ``kubectl delete`` ran. Ot
 finalizers are never touched (a merge patch would replace the whole list). A finalizer is never added
 to an object being deleted (the apiserver would refuse with 422 anyway).
 
-Errors: a stale base (409, or 422 from a failed ``test``) raises :class:`~declop.errors.Conflict`,
-which the controller retries with backoff after a fresh read from the cache. NotFound while
-removing means the object is already gone: success.
+Errors: a stale base (409, or 422 from a failed ``test``) raises :class:`~declop.errors.Conflict`;
+the controller retries with a fresh read. NotFound while removing means the object is already
+gone: success.
 
 The pure helpers :func:`contains_finalizer`, :func:`add_finalizer`, :func:`remove_finalizer` work on
 an object in memory and return whether they changed it.
@@ -103,16 +105,25 @@ async def ensure_finalizer(transport: _Requester, resource: ResourceInfo, obj: A
 
 
 async def release_finalizer(transport: _Requester, resource: ResourceInfo, obj: Any, name: str) -> Any | None:
-    """Remove our ``name`` from the persisted object; returns the new object, or None if it is gone."""
-    finalizers = (obj["metadata"].get("finalizers")) or []
-    if name not in finalizers:
+    """Remove every ``name`` entry from the persisted object; returns the new object, or None if
+    it is gone.
+
+    The patch is guarded by a ``test`` of each entry it removes (the entry at that index is ours)
+    and of ``metadata.uid`` (the object is the one the handler cleaned up, not a namesake created
+    since) — never by the resourceVersion: the handler may well have written its own object
+    (a status condition) after ``obj`` was read, and that must not block the release. Entries are
+    removed from the highest index down, so earlier removals do not shift later indices.
+    """
+    meta = obj["metadata"]
+    at = [i for i, f in enumerate(meta.get("finalizers") or ()) if f == name]
+    if not at:
         return obj
-    i = finalizers.index(name)
-    ops = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
-        {"op": "test", "path": f"/metadata/finalizers/{i}", "value": name},
-        {"op": "remove", "path": f"/metadata/finalizers/{i}"},
-    ]
+    ops: list[dict[str, Any]] = []
+    if meta.get("uid"):
+        ops.append({"op": "test", "path": "/metadata/uid", "value": meta["uid"]})
+    for i in reversed(at):
+        ops.append({"op": "test", "path": f"/metadata/finalizers/{i}", "value": name})
+        ops.append({"op": "remove", "path": f"/metadata/finalizers/{i}"})
     try:
         return await _patch(transport, resource, obj, ops)
     except NotFound:

@@ -553,6 +553,10 @@ class InformerPool:
 
     ``namespaces`` is the operator's scope: empty means all namespaces (one cluster-wide informer
     per resource); otherwise one informer per listed namespace for namespaced resources.
+
+    Informers are created on the loop only; :meth:`existing` is also called from handler threads
+    (cache reads) and reads an immutable snapshot that the loop replaces, never changes, when it
+    adds an informer — so a reader never iterates a dict that is growing.
     """
 
     def __init__(
@@ -568,6 +572,8 @@ class InformerPool:
         self.transform = transform
         self.list_mode = list_mode
         self._informers: dict[tuple[str, str, str], Informer] = {}
+        # group_resource -> its unfiltered informers; copy-on-write, read from any thread
+        self._unfiltered: dict[str, tuple[Informer, ...]] = {}
         self._started = False
         self.indexers: dict[str, dict[str, Any]] = {}
 
@@ -593,6 +599,9 @@ class InformerPool:
             for name, fn in self.indexers.get(resource.group_resource, {}).items():
                 informer.store.add_indexer(name, fn)
             self._informers[key] = informer
+            if not label_selector:
+                gr = resource.group_resource
+                self._unfiltered = {**self._unfiltered, gr: (*self._unfiltered.get(gr, ()), informer)}
             if self._started:
                 informer.start()
         return informer
@@ -603,8 +612,8 @@ class InformerPool:
         return [self.get(resource, ns, label_selector) for ns in self.scope(resource, namespaces)]
 
     def existing(self, resource: ResourceInfo) -> list[Informer]:
-        """Unfiltered informers of ``resource`` that exist already (no creation)."""
-        return [i for (gr, _ns, sel), i in self._informers.items() if gr == resource.group_resource and not sel]
+        """Unfiltered informers of ``resource`` that exist already (no creation). Thread-safe."""
+        return list(self._unfiltered.get(resource.group_resource, ()))
 
     def add_indexer(self, resource: ResourceInfo, name: str, fn: Any) -> None:
         self.indexers.setdefault(resource.group_resource, {})[name] = fn

@@ -2,16 +2,26 @@
 
 Start order: connect and discover → freeze the registry and resolve every resource name → build
 one shared informer per (resource, namespace, selector) and one controller per registration →
-start informers → each controller waits for its caches, then starts its workers. Stop order:
-controllers stop taking keys and drain in-flight reconciles within the grace period → informers
-stop → the transport closes.
+probes → start informers → each controller waits for its caches (and, with leader election, for
+the Lease), then starts its workers.
+
+Graceful stop (SIGTERM): controllers stop taking keys and drain in-flight reconciles within the
+grace period **while the Lease keeps being renewed** → only then is the Lease released (a standby
+may start at once: nothing of ours runs any more, or the stuck rest dies with the process right
+after) → informers stop → the transport closes → probes stop last.
+
+Lease lost: intake stops at once (queues shut down, workers cancelled, the fence is closed), no
+drain — another replica may already reconcile — and the process exits non-zero; ``/healthz``
+answers until the probes stop, right before the exit.
 
 Invariants:
 - everything runs on the one event loop that called :meth:`Manager.run`; plain handlers run in
   one bounded thread pool owned here;
 - an informer is shared by every controller that needs the same (resource, namespace, selector);
 - user errors found at start (unknown resource, unreachable apiserver, nothing registered) raise
-  :class:`~declop.errors.ConfigError` before any controller starts.
+  :class:`~declop.errors.ConfigError` before any controller starts;
+- with leader election every controller gets the elector's :meth:`~declop.leader.LeaderElector.valid`
+  as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock.
 """
 
 from __future__ import annotations
@@ -94,6 +104,7 @@ class Manager:
         self.probes: ProbeServer | None = None
         self.exit_code = 0
         self._stop: asyncio.Event | None = None
+        self._leading: asyncio.Task[None] | None = None
 
     # -- start ---------------------------------------------------------------------------------
     async def _discover(self) -> Discovery:
@@ -164,9 +175,6 @@ class Manager:
                 await self._check(watched, f"controller {reg.name!r} watches=")
         for ix in self.registry.indexes:
             self.informers.add_indexer(self._resolve(ix.resource), ix.name, ix.fn)
-        self.controllers = [self._build(reg, ctx) for reg in registrations]
-        for c in self.controllers:
-            self.metrics.watch_queue(c.queue.statistics)
         if self.options.leader_elect:
             self.leadership = asyncio.Event()
             self.elector = LeaderElector(
@@ -179,6 +187,9 @@ class Manager:
                 on_change=lambda leading: self.metrics.leader.labels(self.options.leader_election_id).set(int(leading)),
             )
             self.metrics.leader.labels(self.options.leader_election_id).set(0)
+        self.controllers = [self._build(reg, ctx) for reg in registrations]
+        for c in self.controllers:
+            self.metrics.watch_queue(c.queue.statistics)
         if self.options.health_port or self.options.metrics_port:
             self.probes = ProbeServer(
                 health_port=self.options.health_port,
@@ -217,10 +228,13 @@ class Manager:
         for watched, fn in reg.watches:
             info = self._resolve(watched, f"controller {reg.name!r} watches=")
             sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), enqueue_mapped(fn, AsyncClient(ctx))))
-        return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics)
+        fence = self.elector.valid if self.elector is not None else None
+        return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence)
 
     def checks(self) -> list[Check]:
-        """Readiness: one check per controller, failing until its caches synced."""
+        """Readiness: one check per controller, failing until its caches synced; with leader
+        election one more, failing while Lease requests are refused (401/403) — a replica that
+        can never lead is not a standby. Leadership itself is not required: standbys are ready."""
 
         def synced(c: Controller) -> str:
             if c.synced.is_set():
@@ -228,7 +242,11 @@ class Manager:
             waiting = [f"{i.name}: {i.last_error}" if i.last_error else i.name for i in c.informers() if not i.synced.is_set()]
             return "caches not synced: " + "; ".join(waiting)
 
-        return [(f"informer-sync:{c.name}", functools.partial(synced, c)) for c in self.controllers]
+        checks: list[Check] = [(f"informer-sync:{c.name}", functools.partial(synced, c)) for c in self.controllers]
+        if self.elector is not None:
+            elector = self.elector
+            checks.append(("leader-election", lambda: elector.problem))
+        return checks
 
     async def start(self) -> None:
         """Set up (if needed), start informers, and start every controller's sync gate."""
@@ -241,17 +259,23 @@ class Manager:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
         if self.elector is not None:
-            self._tasks.append(loop.create_task(self._lead(), name="leader election"))
+            self._leading = loop.create_task(self._lead(), name="leader election")
         self.started.set()
 
     async def _lead(self) -> None:
         """Acquire the lease, let the workers start, hold it; on loss stop reconciling at once."""
         assert self.elector is not None and self.leadership is not None
-        await self.elector.acquire()
-        self.leadership.set()
-        await self.elector.hold()
+        try:
+            await self.elector.acquire()
+            self.leadership.set()
+            await self.elector.hold()
+        except Exception:  # a bug in leader election must not leave a leader without renewals
+            log.exception("Leader election failed; stopping", extra={"kv": {"lease": self.options.leader_election_id}})
+            self.elector.lose("leader election failed")
         # lost: no drain (another replica may already be reconciling), and exit non-zero
         self.exit_code = 1
+        for c in self.controllers:
+            c.halt()  # intake stops now, before any await
         await asyncio.gather(*(c.stop(0) for c in self.controllers))
         if self._stop is not None:
             self._stop.set()
@@ -275,24 +299,51 @@ class Manager:
             await self.shutdown()
 
     async def shutdown(self) -> bool:
-        """Stop intake, drain in-flight reconciles within the grace period, close watches."""
+        """Stop intake and drain in-flight reconciles within the grace period while the Lease is
+        still renewed; then release the Lease and close watches, transport and probes.
+
+        After a lost Lease (``exit_code`` 1) there is no drain and every step is bounded, so the
+        process can exit within 2 s even with a handler stuck in a thread."""
         for task in self._tasks:
             task.cancel()
-        results = await asyncio.gather(*(c.stop(self.options.grace_period) for c in self.controllers))
+        grace = 0.0 if self.exit_code else self.options.grace_period
+        results = await asyncio.gather(*(c.stop(grace) for c in self.controllers))
         clean = all(results)
-        if not clean:
+        lost = self.exit_code != 0  # also when the Lease was lost during the drain
+        if not clean and not lost:
             log.warning("Grace period over; some reconciles did not finish", extra={"kv": {"gracePeriod": self.options.grace_period}})
+        if self._leading is not None:  # renewing stops only now that no worker runs
+            self._leading.cancel()
+            await asyncio.gather(self._leading, return_exceptions=True)
+            self._leading = None
         if self.elector is not None:
-            await self.elector.release()  # after the drain: a standby may start at once
-        if self.probes is not None:
-            await self.probes.stop()
+            await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
+        # after a loss every remaining step shares one budget, so the exit comes within 2 s
+        loop = asyncio.get_running_loop()
+        until = loop.time() + (LOST_CLEANUP_SECONDS if lost else 30.0)
         if self.informers is not None:
-            await self.informers.stop()
+            await _bounded(self.informers.stop(), until - loop.time(), "stopping the informers")
         if self.transport is not None:
-            await self.transport.close()
+            await _bounded(self.transport.close(), until - loop.time(), "closing the connections")
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.probes is not None:  # last: /healthz answers until the process goes
+            await _bounded(self.probes.stop(), until - loop.time(), "stopping the probe server")
         return clean
+
+
+#: seconds the clean-up after a lost Lease may take in all (the process must be gone within 2 s)
+LOST_CLEANUP_SECONDS = 1.5
+
+
+async def _bounded(step: Any, seconds: float, what: str) -> None:
+    """Await one shutdown step for at most ``seconds`` (at least 50 ms); log and go on if it
+    takes longer."""
+    seconds = max(seconds, 0.05)
+    try:
+        await asyncio.wait_for(step, seconds)
+    except asyncio.TimeoutError:
+        log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(seconds, 3)}})
 
 
 def _pod_namespace() -> str:

@@ -8,10 +8,13 @@ Three mappers, each a callable ``(old, new) -> set[Request]``:
   child that changes owner wakes both;
 - :func:`enqueue_mapped` — whatever a user function returns for the old and the new object.
 
-Invariant: mappers never read the API. They look at the objects they are given; only a user map
-function that declares a ``client`` parameter reads the cache through it (e.g. an index lookup:
-"which Widgets name this Secret?"), and a cache that has not synced yet maps to no keys (the
-primary's own initial list enqueues every object anyway).
+Invariants:
+- mappers never read the API. They look at the objects they are given; only a user map function
+  that declares a ``client`` parameter reads the cache through it (e.g. an index lookup: "which
+  Widgets name this Secret?"), and a cache that has not synced yet maps to no keys (the primary's
+  own initial list enqueues every object anyway);
+- a user map function gets read-only views of the cache's objects
+  (:func:`~declop.cache.readonly`): it cannot change the cache.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Iterable, Mapping
 
+from .cache import readonly
 from .errors import CacheNotSyncedError
 from .keys import Request, key_of
 
@@ -84,7 +88,7 @@ def enqueue_mapped(fn: Callable[..., Iterable[Any] | None], client: Any = None) 
 
     When ``fn`` declares a ``client`` parameter it is called as ``fn(obj, client=client)``: a
     cache reader (``client.get``/``client.list``, with indexes) to look up the objects that refer
-    to ``obj``. It runs on the event loop: read only, never write.
+    to ``obj``. It runs on the event loop: read only, never write. ``obj`` is a read-only view.
     """
     if _takes_client(fn):
         reader = client
@@ -102,7 +106,7 @@ def enqueue_mapped(fn: Callable[..., Iterable[Any] | None], client: Any = None) 
         keys: set[Request] = set()
         for obj in (old, new):
             if obj is not None:
-                keys.update(to_request(v) for v in (call(obj) or ()))
+                keys.update(to_request(v) for v in (call(readonly(obj)) or ()))
         return keys
 
     mapper.__qualname__ = f"enqueue_mapped({getattr(fn, '__name__', fn)})"

@@ -6,6 +6,10 @@ is ``None`` for a deletion. Returning False drops the event. As in controller-ru
 
 Every built-in is a small immutable object with a readable ``repr``; combine them with
 :func:`all_of`, :func:`any_of` and :func:`not_`.
+
+Predicates see the cache's objects without a copy. The built-ins only read them; when a source
+has any other predicate (a user function), every predicate of that source gets read-only views
+(:func:`declop.cache.readonly`), so a predicate cannot change the cache.
 """
 
 from __future__ import annotations
@@ -142,3 +146,16 @@ def any_of(*predicates: Predicate) -> Predicate:
 def not_(predicate: Predicate) -> Predicate:
     """Passes when ``predicate`` does not."""
     return _Not(predicate)
+
+
+_BUILTIN = (_Changed, _LabelSelector, _NamespaceIn)
+
+
+def is_builtin(predicate: Predicate) -> bool:
+    """True for this module's predicates and combinations of only them: they read objects without
+    changing them, so they may be given the cache's own objects (framework-internal)."""
+    if isinstance(predicate, (_AllOf, _AnyOf)):
+        return all(is_builtin(p) for p in predicate.predicates)
+    if isinstance(predicate, _Not):
+        return is_builtin(predicate.predicate)
+    return isinstance(predicate, _BUILTIN)

@@ -1,8 +1,9 @@
 """Probes: ``/healthz``, ``/readyz`` and ``/metrics`` over HTTP (aiohttp on the manager's loop).
 
 - ``/healthz`` answers 200 ``ok`` while the event loop runs (the answer itself proves it).
-- ``/readyz`` answers 200 once every controller passed its cache-sync gate, 503 before; it does
-  not depend on leadership (a standby is ready). ``?verbose`` lists each check as
+- ``/readyz`` answers 200 once every check the manager supplies passes — every controller passed
+  its cache-sync gate, and Lease requests are not refused (401/403) — 503 before; it does not
+  depend on leadership (a standby is ready). ``?verbose`` lists each check as
   ``[+]name ok`` / ``[-]name failed: reason``, like the apiserver.
 - ``/metrics`` serves the Prometheus text format.
 

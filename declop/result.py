@@ -7,6 +7,7 @@ the handler…                            the queue…
 =====================================  ==================================================
 returns ``None`` or ``Result()``        forgets the key's failures; done until the next event
 returns ``Result(requeue_after=s)``     forgets failures, re-adds the key after ``s`` seconds
+                                        (``s > 0``; ``0`` is plain success, as ``Result()``)
 raises any exception                    logs it with traceback, re-adds with per-key backoff
 raises ``TerminalError``                logs and counts it, does not retry
 =====================================  ==================================================
@@ -26,6 +27,7 @@ otherwise                                        ``UPDATED``
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -34,13 +36,31 @@ __all__ = ["Phase", "Result", "phase_of"]
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """A successful reconcile. ``requeue_after`` (seconds) asks for another look later."""
+    """A successful reconcile. ``requeue_after`` (seconds) asks for another look later.
+
+    - ``None`` (the default) or ``0``: plain success, no requeue — as controller-runtime's
+      ``RequeueAfter: 0``. ``0`` never means "again at once": that would be a hot loop.
+    - ``s > 0``: the key is re-added after ``s`` seconds (earlier events still run it sooner).
+    - negative, NaN or infinite: ``ValueError`` here, when the handler builds the Result, so the
+      reconcile counts as failed and is retried with per-key backoff, the traceback naming the
+      value. (controller-runtime silently treats a negative duration as success: a deadline
+      computed in the past would never be looked at again.) For a computed deadline, do the
+      overdue work now and return the next delay, or use ``max(s, 1)``.
+    """
 
     requeue_after: float | None = None
 
     def __post_init__(self) -> None:
-        if self.requeue_after is not None and self.requeue_after < 0:
-            raise ValueError(f"requeue_after must be >= 0, got {self.requeue_after}")
+        s = self.requeue_after
+        if s is None:
+            return
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            raise TypeError(f"requeue_after must be a number of seconds or None, got {s!r}")
+        if not 0 <= s < math.inf:  # also NaN
+            raise ValueError(
+                f"requeue_after must be a finite number of seconds >= 0, got {s!r}; "
+                "return Result() for no requeue, or a positive delay such as max(seconds, 1)"
+            )
 
 
 class Phase(enum.Enum):

@@ -10,9 +10,15 @@ The queue knows nothing about Kubernetes; it moves opaque hashable items (declop
 * **Re-adds while processing are kept** — adding an item that a worker is processing does not
   queue it again right away; it marks the item *dirty*, and :meth:`WorkQueue.done` re-queues it
   once. However many adds arrive during one run, exactly one follow-up run happens.
+* **Untaken work goes back to the front** — a worker that took items it has not started on (a
+  batch stuck behind a slow call) may :meth:`WorkQueue.give_back` them: they return to the head of
+  the queue for another worker, as if never taken. Not in client-go, which hands out one item per
+  ``Get``.
 * **Shutdown drains** — after :meth:`WorkQueue.shutdown` new adds are ignored, but workers keep
   receiving what is already queued; only an empty, shut-down queue raises :class:`QueueShutDown`.
-  :meth:`WorkQueue.shutdown_with_drain` additionally waits for in-flight items to be ``done``.
+  :meth:`WorkQueue.shutdown_with_drain` additionally waits for in-flight items to be ``done``;
+  a later :meth:`WorkQueue.shutdown` ends that wait at once (client-go's ``ShutDown`` after
+  ``ShutDownWithDrain``), so a caller can give up on a drain it started elsewhere.
 
 Delays (:meth:`WorkQueue.add_after`, :meth:`WorkQueue.add_rate_limited`):
 
@@ -36,8 +42,9 @@ flight):
 
 Concurrency: a queue belongs to **one** asyncio event-loop thread. It is *not* thread-safe; call
 every method from that loop (producers on other threads must use ``loop.call_soon_threadsafe``).
-A worker that takes an item must call :meth:`WorkQueue.done` for it, or the item never runs again
-and ``shutdown_with_drain`` waits forever.
+A worker that takes an item must call :meth:`WorkQueue.done` for it (or, if it never started on
+it, :meth:`WorkQueue.give_back`), or the item never runs again and ``shutdown_with_drain`` waits
+forever.
 """
 
 from __future__ import annotations
@@ -150,6 +157,7 @@ class WorkQueue(Generic[T]):
         "_adds",
         "_clock",
         "_dirty",
+        "_drain",
         "_drainers",
         "_getters",
         "_heap",
@@ -194,6 +202,7 @@ class WorkQueue(Generic[T]):
         self._seq = itertools.count()
         self._getters: deque[asyncio.Future[None]] = deque()
         self._drainers: list[asyncio.Future[None]] = []
+        self._drain = False  # a shutdown_with_drain() is waiting and no shutdown() ended it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # the heap deadline the timer was armed for
         self._shutting_down = False
@@ -345,17 +354,51 @@ class WorkQueue(Generic[T]):
             if self._getters:
                 self._wake_one()
         if not self._processing and self._drainers:
-            drainers, self._drainers = self._drainers, []
-            for drainer in drainers:
-                if not drainer.done():
-                    drainer.set_result(None)
+            self._wake_drainers()
+
+    def give_back(self, *items: T) -> None:
+        """Return items taken with :meth:`get` that no worker has started on: they leave
+        processing and go back to the **head** of the ready queue, in the order given, as if
+        they had never been taken (another worker may take them at once).
+
+        For each item this replaces :meth:`done` for that get: call one or the other, never both.
+        An item re-added while it was held is still queued once (that run serves the re-add).
+        Items that are not being processed are ignored. No metrics callback runs: the next get
+        reports the queue time since the item was given back (or re-added). After shutdown the
+        items are queued all the same: they were accepted before it.
+        """
+        back: list[T] = []
+        for item in items:
+            if self._processing.pop(item, None) is None:
+                continue
+            if item not in self._dirty:
+                self._dirty[item] = 0.0 if self._metrics is None else self._clock()
+            back.append(item)
+        if not back:
+            return
+        self._queue.extendleft(reversed(back))
+        for _ in back:
+            if not self._getters:
+                break
+            self._wake_one()
+        if not self._processing and self._drainers:
+            self._wake_drainers()
 
     # ------------------------------------------------------------------ shutdown
 
     def shutdown(self) -> None:
         """Stop intake: later adds are ignored and delayed items are dropped. Wakes every
         waiting getter; getters still receive the queued items, then :class:`QueueShutDown`.
+        A pending :meth:`shutdown_with_drain` returns (False if items are still in flight).
         Idempotent."""
+        self._drain = False
+        drainers, self._drainers = self._drainers, []
+        for drainer in drainers:
+            if not drainer.done():
+                drainer.set_result(None)
+        self._stop_intake()
+
+    def _stop_intake(self) -> None:
         self._shutting_down = True
         self._heap.clear()
         self._waiting.clear()
@@ -368,14 +411,18 @@ class WorkQueue(Generic[T]):
     async def shutdown_with_drain(self, timeout: float | None = None) -> bool:
         """:meth:`shutdown`, then wait until no item is being processed.
 
-        Returns True when drained, False if ``timeout`` seconds passed first. Items re-added
-        during the drain are lost (the queue is shut down); items made dirty *before* the
-        shutdown are still re-queued by :meth:`done` and count as processing once taken.
+        Returns True when drained, False if ``timeout`` seconds passed first or :meth:`shutdown`
+        was called meanwhile. Items re-added during the drain are lost (the queue is shut down);
+        items made dirty *before* the shutdown are still re-queued by :meth:`done` and count as
+        processing once taken.
         """
-        self.shutdown()
+        self._drain = True
+        self._stop_intake()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self._processing:
+            if not self._drain:
+                return False
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return False
@@ -442,6 +489,12 @@ class WorkQueue(Generic[T]):
         if self._metrics is not None:
             self._metrics.got(self._name, now - added)
         return item
+
+    def _wake_drainers(self) -> None:
+        drainers, self._drainers = self._drainers, []
+        for drainer in drainers:
+            if not drainer.done():
+                drainer.set_result(None)
 
     def _wake_one(self) -> None:
         """Resolve the oldest still-pending getter future (skipping cancelled ones)."""

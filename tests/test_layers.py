@@ -31,6 +31,7 @@ ORDER = [
     "clock",
     "ratelimit",
     "workqueue",
+    "batches",
     "transport",
     "discovery",
     "cache",

@@ -516,6 +516,24 @@ def test_leader_election_follows_replicas(tool_env: dict[str, str]) -> None:
     assert "declop: replicaCount=3 with leaderElection.enabled=false" in error
 
 
+def test_ha_rollout_strategy_fits_the_drain(tool_env: dict[str, str]) -> None:
+    """With leader election the surge Pod is a Ready standby before the old Pod gets SIGTERM
+    (maxUnavailable 0), and Kubernetes waits out the whole drain plus the Lease release
+    (terminationGracePeriodSeconds > gracePeriod) before it would SIGKILL."""
+    docs = render(tool_env, "--set", "replicaCount=2", "--set", "gracePeriod=40")
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
+    assert env_of(docs)["DECLOP_GRACE_PERIOD"] == "40"
+    assert container(docs)["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    text = template(tool_env, "--set", "replicaCount=2")
+    assert "keeps renewing the Lease while its in-flight" in text  # the comment says what holds
+    assert "Safe with leader election: a new Pod waits" not in text
+
+
 def test_watch_rules(tool_env: dict[str, str]) -> None:
     docs = render(
         tool_env,

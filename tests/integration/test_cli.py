@@ -114,3 +114,20 @@ def test_help_lists_the_options():
                    "--quiet", "--health-port", "--metrics-port", "--leader-elect", "--leader-election-id",
                    "--leader-election-namespace", "--grace-period"):
         assert option in result.stdout, option
+
+
+@pytest.mark.parametrize(
+    ("timings", "env"),
+    [
+        (("--lease-duration", "5", "--renew-deadline", "6"), {}),  # duration must exceed deadline
+        (("--renew-deadline", "2.4"), {}),  # deadline must exceed 1.2 × retry (2.4)
+        ((), {"DECLOP_RETRY_PERIOD": "0", "DECLOP_RENEW_DEADLINE": "1", "DECLOP_LEASE_DURATION": "2"}),
+    ],
+)
+def test_contradictory_lease_timings_exit_2_before_connecting(tmp_path, timings, env):
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource="pods"))
+    env = {**env, "KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}  # never reached
+    result = declop_run(str(h), "--leader-elect", *timings, env=env)
+    assert_one_line_error(result, "--lease-duration", "--renew-deadline", "1.2 × --retry-period")
+    assert result.returncode == 2

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from declop.cache import Store, Writer, clone, strip_managed_fields
+from declop.cache import Store, Writer, clone, readonly, strip_managed_fields
 from declop.errors import CacheNotSyncedError
 from declop.keys import Request
 
@@ -422,3 +422,73 @@ def test_clone_of_scalars_and_lists() -> None:
     assert copy == nested
     copy[1][1]["a"].append(4)
     assert nested == [1, [2, {"a": [3]}]]
+
+
+# -- read-only views: what predicates, map functions and index functions get ----------------------
+def cached() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "web"}, "finalizers": ["x.io/f"]},
+        "spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80}]}], "replicas": 2},
+    }
+
+
+def test_readonly_reads_like_the_dict() -> None:
+    obj = cached()
+    view = readonly(obj)
+    assert view["metadata"]["labels"]["app"] == "web"
+    assert view.get("spec", {}).get("replicas") == 2 and view.get("status") is None
+    assert view["spec"]["containers"][0]["ports"][0]["containerPort"] == 80
+    assert [c["name"] for c in view["spec"]["containers"]] == ["c"]
+    assert "x.io/f" in view["metadata"]["finalizers"] and "metadata" in view
+    assert dict(view["metadata"]["labels"]) == {"app": "web"} and len(view) == 2
+    assert view == obj and view == readonly(cached()) and view["spec"]["containers"] == obj["spec"]["containers"]
+    assert isinstance(view, Mapping) and readonly(None) is None and readonly("s") == "s"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda v: v.__setitem__("x", 1),
+        lambda v: v["metadata"].setdefault("annotations", {}),
+        lambda v: v["metadata"]["labels"].update(app="db"),
+        lambda v: v["metadata"].pop("name"),
+        lambda v: v.__delitem__("spec"),
+        lambda v: v["metadata"].clear(),
+        lambda v: v["metadata"]["finalizers"].append("y"),
+        lambda v: v["metadata"]["finalizers"].__setitem__(0, "y"),
+        lambda v: v["spec"]["containers"][0]["ports"].pop(),
+        lambda v: v["spec"]["containers"].sort(),
+    ],
+)
+def test_readonly_refuses_every_change_with_a_hint(change: Any) -> None:
+    obj = cached()
+    with pytest.raises(TypeError, match=r"read-only here; declop.clone\(obj\) gives a mutable copy"):
+        change(readonly(obj))
+    assert obj == cached()
+
+
+def test_copies_of_a_view_are_plain_and_mutable() -> None:
+    import copy
+    import json
+
+    obj = cached()
+    view = readonly(obj)
+    for mutable in (clone(view), view.copy(), copy.deepcopy(view)):
+        assert type(mutable) is dict and mutable == obj
+        mutable["metadata"]["labels"]["app"] = "db"
+        mutable["spec"]["containers"].append({})
+    assert obj == cached()
+    assert json.loads(json.dumps(clone(view))) == obj
+    assert type(clone(view["metadata"]["finalizers"])) is list
+
+
+def test_index_functions_get_read_only_views() -> None:
+    def greedy(o: Any) -> list[str]:
+        o["metadata"].setdefault("annotations", {})["seen"] = "yes"  # a bug in user code
+        return ["x"]
+
+    store = Store("configmaps", indexers={"greedy": greedy})
+    writer = Writer(store)
+    writer.upsert(cached())
+    assert "annotations" not in store.get(Request("ns", "a"))["metadata"]  # type: ignore[index]
+    assert store.list(index=("greedy", "x")) == []  # left out of the index, logged

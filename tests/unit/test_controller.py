@@ -210,13 +210,204 @@ def test_our_finalizer_echo_is_not_enqueued_but_real_changes_are() -> None:
     c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
     on_event = c._subscriber(c.sources[0])
     before = cm()
+    informer.writer.upsert(before)
+    run(c._process([KEY]))  # CREATED: our patch produced resourceVersion "2" (FakeTransport)
     after = cm(finalizers=["x.io/f"])
     after["metadata"]["resourceVersion"] = "2"
     on_event(before, after)
     assert len(c.queue) == 0
     changed = cm(finalizers=["x.io/f"], labels={"a": "b"})
-    on_event(before, changed)
+    changed["metadata"]["resourceVersion"] = "3"
+    on_event(after, changed)
     assert len(c.queue) == 1
+
+
+def test_our_echo_arriving_before_the_patch_answer_is_still_dropped() -> None:
+    """The watch event of our finalizer patch can come before the PATCH response (both come from
+    the apiserver): it is held while the patch is in flight and dropped once the answer shows it
+    was ours; a look-alike that was not ours is enqueued then."""
+    for echo_rv, expect_queued in (("2", []), ("7", [KEY])):
+        c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
+        on_event = c._subscriber(c.sources[0])
+        before = cm()
+        informer.writer.upsert(before)
+        transport = c.ctx.transport  # type: ignore[attr-defined]
+        answer = transport.request
+
+        async def request(method: str, path: str, **kw: Any) -> Any:
+            # the event arrives first; our patch produced resourceVersion "2"
+            on_event(before, cm(finalizers=["x.io/f"], resourceVersion=echo_rv))
+            return await answer(method, path, **kw)
+
+        transport.request = request
+
+        async def main() -> list[Request]:
+            c.queue.add(KEY)
+            key = c.queue.get_nowait()
+            await c._process([key])
+            c.queue.done(key)
+            return queued(c)
+
+        assert run(main()) == expect_queued, echo_rv
+        assert c._writing == {}
+        # our own event is still to come when the held one was someone else's
+        assert c._own_writes == ({} if echo_rv == "2" else {("ns", "a"): "2"})
+
+
+def test_a_finalizer_only_change_we_did_not_write_is_not_taken_for_our_echo() -> None:
+    """Same shape as our echo, but no patch of ours produced that resourceVersion: it is real."""
+    c, _, _ = make(lambda **_: None, finalizer="x.io/f")
+    on_event = c._subscriber(c.sources[0])
+    on_event(cm(), cm(finalizers=["x.io/f"], resourceVersion="7"))  # someone else added ours
+    assert len(c.queue) == 1
+
+
+def test_one_of_two_copies_of_our_finalizer_removed_by_someone_else_is_reconciled() -> None:
+    c, _, _ = make(lambda **_: None, finalizer="x.io/f")
+    on_event = c._subscriber(c.sources[0])
+    deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+    on_event(cm(finalizers=["x.io/f", "x.io/f"], **deleting), cm(finalizers=["x.io/f"], resourceVersion="8", **deleting))
+    assert len(c.queue) == 1
+
+
+def test_a_release_of_every_duplicate_lets_the_object_go() -> None:
+    seen: list[Any] = []
+    c, informer, _ = make(lambda phase, **_: seen.append(phase), finalizer="x.io/f")
+    informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f", "other.io/g", "x.io/f"]))
+    run(c._process([KEY]))
+    (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
+    assert [op["path"] for op in body if op["op"] == "remove"] == ["/metadata/finalizers/2", "/metadata/finalizers/0"]
+    assert seen == [declop.Phase.DELETING]
+
+
+def test_our_finalizer_taken_off_a_live_object_is_enqueued_past_predicates_and_added_back() -> None:
+    registry = declop.Registry()
+    seen: list[Any] = []
+    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.predicates.generation_changed])(
+        lambda phase, **_: seen.append(phase)
+    )
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    on_event = c._subscriber(c.sources[0])
+    old = cm(generation=1, finalizers=["x.io/f"])
+    taken = cm(generation=1, finalizers=[], resourceVersion="5")  # generation unchanged: predicate says no
+    on_event(old, taken)
+    assert queued(c) == [KEY]
+    informer.writer.upsert(taken)
+    run(c._process([KEY]))
+    (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
+    assert method == "PATCH" and {"op": "add", "path": "/metadata/finalizers", "value": ["x.io/f"]} in body
+    assert seen == [declop.Phase.CREATED]
+    # our own write of it coming back is still dropped
+    back = cm(generation=1, finalizers=["x.io/f"], resourceVersion="2")
+    on_event(taken, back)
+    assert len(c.queue) == 0
+
+
+def test_the_release_works_from_the_newest_cached_copy_and_ignores_the_handler_s_write() -> None:
+    """The handler patches its object's status during DELETING; the release is not guarded by the
+    resourceVersion the handler was given, and uses the newest copy of the same object (uid)."""
+    deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+
+    def handler(**_: Any) -> None:  # someone's finalizer and our status write reach the cache first
+        informer.writer.upsert(cm(finalizers=["other.io/g", "x.io/f"], resourceVersion="9", **deleting))
+
+    c, informer, _ = make(handler, finalizer="x.io/f")
+    informer.writer.upsert(cm(finalizers=["x.io/f"], **deleting))
+    run(c._process([KEY]))
+    (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
+    assert body == [
+        {"op": "test", "path": "/metadata/uid", "value": "u1"},
+        {"op": "test", "path": "/metadata/finalizers/1", "value": "x.io/f"},
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]
+
+
+def test_the_start_of_a_deletion_reaches_the_cleanup_past_predicates() -> None:
+    """ConfigMaps have no generation: generation_changed would drop the deletionTimestamp update
+    and the object would wait for its cleanup forever."""
+    registry = declop.Registry()
+    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.predicates.generation_changed])(lambda **_: None)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    on_event = c._subscriber(c.sources[0])
+    live = cm(finalizers=["x.io/f"])
+    on_event(live, cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="4"))
+    assert queued(c) == [KEY]
+    on_event(cm(labels={"a": "b"}), cm(labels={"a": "c"}, resourceVersion="5"))  # predicates still apply
+    assert queued(c) == []
+
+
+def test_a_cached_copy_behind_our_own_release_is_not_cleaned_up_twice() -> None:
+    """The handler's status write during DELETING wakes the key again; if the cache has not seen
+    our release yet, the object still shows our finalizer. It is the same object (uid), and a
+    finalizer cannot come back on an object being deleted: the cleanup is not called again."""
+    calls: list[Any] = []
+    c, informer, _ = make(lambda phase, **_: calls.append(phase), finalizer="x.io/f")
+    deleting = cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z")
+    informer.writer.upsert(deleting)
+    run(c._process([KEY]))
+    assert calls == [declop.Phase.DELETING] and len(c.ctx.transport.calls) == 1  # type: ignore[attr-defined]
+    informer.writer.upsert(cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="3"))
+    run(c._process([KEY]))  # stale: the status write arrived before our release did
+    assert calls == [declop.Phase.DELETING] and len(c.ctx.transport.calls) == 1  # type: ignore[attr-defined]
+    assert c.queue.num_requeues(KEY) == 0
+    # a namesake (new uid) being deleted is a different object: its cleanup runs
+    informer.writer.upsert(cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", uid="u2"))
+    run(c._process([KEY]))
+    assert calls == [declop.Phase.DELETING, declop.Phase.DELETING]
+
+
+# -- the fence ---------------------------------------------------------------------------------
+
+
+def test_the_fence_is_checked_before_every_call_inside_a_batch() -> None:
+    """Plain handlers run up to 64 keys per thread hop: the fence must stop the batch between two
+    calls, not only before the hop."""
+    state = {"open": True}
+    called: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        called.append(name)
+        if name == "b":
+            state["open"] = False  # the Lease passes its renew deadline while b runs
+
+    c, informer, _ = make(handler)
+    c.fence = lambda: state["open"]
+    keys = [Request("ns", n) for n in "abcd"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+    run(c._process(keys))
+    assert called == ["a", "b"]
+    assert c.fenced == 2  # prepared, but c and d never started
+    assert c.queue.num_requeues(keys[2]) == 0 and c.queue.next_deadline() is None  # dropped, not retried
+    assert c.queue.shutting_down, "a closed fence never reopens: the controller halts"
+
+
+def test_a_closed_fence_starts_nothing_not_even_the_finalizer_write() -> None:
+    called: list[str] = []
+    c, informer, _ = make(lambda name, **_: called.append(name), finalizer="x.io/f")
+    c.fence = lambda: False
+    informer.writer.upsert(cm())
+    run(c._process([KEY]))
+    assert called == [] and c.ctx.transport.calls == [] and c.fenced == 1  # type: ignore[attr-defined]
+
+
+def test_the_fence_is_checked_before_every_async_call() -> None:
+    state = {"open": True}
+    called: list[str] = []
+
+    async def handler(name: str, **_: Any) -> None:
+        called.append(name)
+        state["open"] = False
+
+    c, informer, _ = make(handler)
+    c.fence = lambda: state["open"]
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+    run(c._process(keys))
+    assert called == ["a"] and c.fenced == 1
 
 
 def test_predicates_filter_before_the_queue() -> None:
@@ -297,3 +488,194 @@ def test_workers_take_only_their_share_of_the_backlog() -> None:
     # the first batch: one key plus half of the 10 still waiting (two workers share them)
     assert taken[0] == ["k0", "k1", "k2", "k3", "k4", "k5"]
     assert sum(len(t) for t in taken) == 11
+
+
+def test_requeue_after_zero_is_plain_success_not_an_immediate_requeue() -> None:
+    c, _, clock = make(lambda **_: None)
+    c.queue.add_rate_limited(KEY)
+    clock.advance(1)
+    queued(c)
+    c._settle(KEY, declop.Result(requeue_after=0), None, logger(), 0.0)
+    assert c.queue.num_requeues(KEY) == 0
+    assert c.queue.next_deadline() is None and queued(c) == []
+    assert c.queue.statistics().retries == 1  # only the earlier failure's
+
+
+# -- no head-of-line blocking in a batch ---------------------------------------------------------
+def test_a_stalled_call_gives_the_keys_behind_it_back_and_settles_those_before_it() -> None:
+    import threading
+
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        ran.append(name)
+        if name == "b":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "abcd"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        taken = [q.get_nowait() for _ in keys]
+        task = asyncio.ensure_future(c._process(taken))
+        for _ in range(500):  # up to 5 s: the stall is noticed after 5 ms
+            await asyncio.sleep(0.01)
+            if len(q) == 2 and q.statistics().processing == 1:
+                break
+        assert ran == ["a", "b"]  # b hangs; c and d have not started
+        assert q.statistics().processing == 1  # only b is still held: a is settled, c and d are back
+        q.add(keys[0])  # a change to a runs at once (a is done, not held behind b)
+        assert [q.get_nowait() for _ in range(3)] == [keys[2], keys[3], keys[0]]
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert q.statistics().processing == 3  # the three this test took; b is done
+        assert c.reconciles == 2 and ran == ["a", "b"]
+
+    run(main())
+
+
+def test_with_one_worker_a_batch_is_never_split() -> None:
+    seen: list[str] = []
+
+    def handler(name: str, **_: Any) -> None:
+        seen.append(name)
+        if name == "a":
+            import time
+
+            time.sleep(0.05)  # far past the stall threshold: nobody else could run b anyway
+
+    c, informer, _ = make(handler)
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+        c.queue.add(k)
+    taken = [c.queue.get_nowait() for _ in keys]
+    run(c._process(taken))
+    assert seen == ["a", "b"] and c.queue.statistics().processing == 0 and len(c.queue) == 0
+
+
+def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    import declop.controller
+    from declop.cache import ReadOnlyDict, readonly
+
+    views: list[Any] = []
+    monkeypatch.setattr(declop.controller, "readonly", lambda o: views.append(o) or readonly(o))
+
+    seen: list[Any] = []
+
+    def meddling(old: Any, new: Any) -> bool:
+        seen.append(new)
+        new["metadata"].setdefault("labels", {})["seen"] = "yes"  # raises: read-only
+        return True
+
+    def spy(old: Any, new: Any) -> bool:
+        seen.append(new)
+        return True
+
+    informer = FakeInformer()
+    registry = declop.Registry()
+    registry.reconciler("configmaps")(lambda **_: None)
+    reg = registry.registrations[0]
+    user = Controller(reg, CM, [Source((informer,), enqueue_self, (meddling,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    new = cm()
+    with pytest.raises(TypeError, match="read-only"):
+        user._subscriber(user.sources[0])(None, new)
+    assert type(seen[0]) is ReadOnlyDict and new == cm() and len(user.queue) == 0
+
+    builtin = declop.predicates.all_of(declop.predicates.generation_changed, declop.predicates.labels_changed)
+    fast = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    views.clear()
+    fast._subscriber(fast.sources[0])(None, new)
+    assert len(fast.queue) == 1 and views == []  # built-ins only: no view is made
+    mixed = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin, spy), primary=True)], FakeContext())  # type: ignore[arg-type]
+    mixed._subscriber(mixed.sources[0])(None, new)
+    assert type(seen[-1]) is ReadOnlyDict and len(mixed.queue) == 1
+
+
+def test_a_call_that_finished_before_the_last_call_of_its_batch_hangs_is_settled_at_once() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def handler(name: str, **_: Any) -> None:
+        if name == "b":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2)(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "ab"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if q.statistics().processing == 1:
+                break
+        assert q.statistics().processing == 1 and not task.done()  # a is done, b still hangs
+        q.add(keys[0])
+        assert q.get_nowait() == keys[0]  # a change to a runs now, not after b
+        q.done(keys[0])
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert q.statistics().processing == 0 and c.reconciles == 2
+
+    run(main())
+
+
+@pytest.mark.parametrize("echo", [True, False], ids=["finalizer-in-cache", "cache-not-yet-updated"])
+def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_created(echo: bool) -> None:
+    import threading
+
+    release = threading.Event()
+    seen: list[tuple[str, declop.Phase]] = []
+
+    def handler(name: str, phase: declop.Phase, **_: Any) -> None:
+        seen.append((name, phase))
+        if name == "a":
+            assert release.wait(10)
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", max_concurrent=2, finalizer="x.io/f")(handler)
+    informer = FakeInformer()
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
+    keys = [Request("ns", n) for n in "abc"]
+    for k in keys:
+        informer.writer.upsert(cm(k.name))
+
+    async def main() -> None:
+        q = c.queue
+        for k in keys:
+            q.add(k)
+        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if len(q) == 2:
+                break
+        assert len(q) == 2 and len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]
+        if echo:
+            for n in "bc":  # our finalizer writes come back through the watch
+                informer.writer.upsert(cm(n, finalizers=["x.io/f"]))
+        await asyncio.wait_for(c._process([q.get_nowait(), q.get_nowait()]), 10)
+        release.set()
+        await asyncio.wait_for(task, 10)
+
+    run(main())
+    assert sorted(seen) == [("a", declop.Phase.CREATED), ("b", declop.Phase.CREATED), ("c", declop.Phase.CREATED)]
+    assert len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]  # no second finalizer write
+    assert c._created == set()

@@ -319,6 +319,8 @@ def test_only_declared_arguments_are_injected() -> None:
         (lambda: None, "done", None, None),
         (lambda: declop.Result(), "done", None, None),
         (lambda: declop.Result(requeue_after=2.5), "requeue_after", 2.5, None),
+        (lambda: declop.Result(requeue_after=0), "done", None, None),
+        (lambda: declop.Result(requeue_after=-1), "retry", None, ValueError),
         (lambda: (_ for _ in ()).throw(RuntimeError("boom")), "retry", None, RuntimeError),
         (lambda: (_ for _ in ()).throw(declop.Conflict("stale")), "retry", None, declop.Conflict),
         (lambda: (_ for _ in ()).throw(declop.TerminalError("bad spec")), "terminal", None, declop.TerminalError),

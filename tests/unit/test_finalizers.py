@@ -303,7 +303,6 @@ def test_release_removes_only_ours_at_the_right_index() -> None:
             PATH,
             {
                 "body": [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
                     {"op": "test", "path": "/metadata/finalizers/1", "value": OURS},
                     {"op": "remove", "path": "/metadata/finalizers/1"},
                 ],
@@ -318,11 +317,51 @@ def test_release_first_entry() -> None:
     t = FakeTransport(response={})
     run(release_finalizer(t, CONFIGMAPS, cm([OURS, THEIRS]), OURS))
     ops = t.calls[0][2]["body"]
-    assert ops[1:] == [
+    assert ops == [
         {"op": "test", "path": "/metadata/finalizers/0", "value": OURS},
         {"op": "remove", "path": "/metadata/finalizers/0"},
     ]
     assert not any(op["op"] == "replace" for op in ops)
+
+
+def test_release_removes_every_copy_of_ours_from_the_highest_index_down() -> None:
+    t = FakeTransport(response={})
+    run(release_finalizer(t, CONFIGMAPS, cm([OURS, THEIRS, OURS], deleting=True), OURS))
+    assert t.calls[0][2]["body"] == [
+        {"op": "test", "path": "/metadata/finalizers/2", "value": OURS},
+        {"op": "remove", "path": "/metadata/finalizers/2"},
+        {"op": "test", "path": "/metadata/finalizers/0", "value": OURS},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]
+
+
+def test_release_is_guarded_by_uid_and_entries_never_by_resource_version() -> None:
+    """A handler that writes its object during DELETING moves the resourceVersion; the release
+    must still apply. The uid test keeps it off a namesake created since."""
+    obj = cm([THEIRS, OURS], deleting=True)
+    obj["metadata"]["uid"] = "u-1"
+    t = FakeTransport(response={})
+    run(release_finalizer(t, CONFIGMAPS, obj, OURS))
+    ops = t.calls[0][2]["body"]
+    assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "u-1"}
+    assert not any(op["path"] == "/metadata/resourceVersion" for op in ops)
+
+
+def test_release_applies_after_the_handler_wrote_the_object() -> None:
+    """Through the fake apiserver's real JSON-patch semantics: the status write moved the
+    resourceVersion past the one the handler was given, and the release still goes through."""
+    from declop.testing.fake import FakeApiServer
+
+    server = FakeApiServer()
+    created = run(server.request("POST", "/api/v1/namespaces/default/configmaps",
+                                 body={"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"name": "cm", "namespace": "default", "finalizers": [OURS, OURS]}}))
+    seen = copy.deepcopy(created)  # what the handler was called with
+    run(server.request("PATCH", PATH, body={"metadata": {"labels": {"cleaned": "yes"}}},
+                       content_type="application/merge-patch+json"))
+    after = run(release_finalizer(server, CONFIGMAPS, seen, OURS))
+    assert after is not None and not after["metadata"].get("finalizers")
+    assert after["metadata"]["labels"] == {"cleaned": "yes"}
 
 
 @pytest.mark.parametrize("finalizers", [None, [], [THEIRS]])

@@ -1,16 +1,68 @@
-"""Lease leader election against a fake in-memory Lease store (the protocol, not the network)."""
+"""Lease leader election against a fake in-memory Lease store (the protocol, not the network).
+
+Timing tests run on a *virtual-time* event loop: its ``time()`` is a :class:`FakeClock`, and
+when nothing is ready it advances that clock to the next timer instead of sleeping. The elector
+gets the same clock, so ``asyncio.sleep``, ``asyncio.wait_for`` and the elector's deadlines all
+see one consistent time and a 10 s renew deadline is tested in microseconds, exactly.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any
+import logging
+import selectors
+from typing import Any, Callable, Coroutine, TypeVar
 
 import pytest
 
 from declop.clock import FakeClock
-from declop.errors import ConfigError, Conflict, NotFound
+from declop.errors import ApiError, ConfigError, Conflict, Forbidden, NotFound
 from declop.leader import LeaderElector
+
+T = TypeVar("T")
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Delegates to a real selector but never blocks: a wait of ``t`` seconds advances the clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self._real = selectors.DefaultSelector()
+        self._clock = clock
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._real.select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            raise RuntimeError("virtual time: nothing is scheduled and nothing can wake the loop (deadlock)")
+        self._clock.advance(timeout)
+        return []
+
+    def close(self) -> None:
+        self._real.close()
+
+    def get_map(self) -> Any:
+        return self._real.get_map()
+
+
+def run_virtual(clock: FakeClock, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main()`` on an event loop whose time is ``clock`` and which never really waits."""
+    loop = asyncio.SelectorEventLoop(_VirtualSelector(clock))
+    loop.time = clock  # type: ignore[method-assign]
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
 
 
 class LeaseServer:
@@ -107,3 +159,298 @@ def test_a_lost_race_is_not_leadership() -> None:
 def test_invalid_timings_are_refused() -> None:
     with pytest.raises(ConfigError, match="lease_duration > renew_deadline"):
         LeaderElector(LeaseServer(), name="l", namespace="n", lease_duration=10, renew_deadline=10, retry_period=2)
+
+
+# -- client-go's timing contract, on virtual time -------------------------------------------------
+
+
+class FaultyLeases(LeaseServer):
+    """A LeaseServer whose answers a test scripts by time: ``fault(now)`` returns "ok", "fail"
+    (a fast 500) or "hang" (no answer, ever). Records (time, method, timeout) of every request."""
+
+    def __init__(self, clock: FakeClock, fault: Callable[[float], str]) -> None:
+        super().__init__()
+        self.clock, self.fault = clock, fault
+        self.calls: list[tuple[float, str, float | None]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        now = self.clock()
+        self.calls.append((now, method, kw.get("timeout")))
+        what = self.fault(now)
+        if what == "fail":
+            raise ApiError(500, "Internal Server Error", "etcdserver: request timed out")
+        if what == "hang":
+            await asyncio.Event().wait()
+        return await super().request(method, path, body, **kw)
+
+
+def leading(server: LeaseServer, clock: FakeClock, **timings: float) -> LeaderElector:
+    e = LeaderElector(server, name="lock", namespace="ns", identity="a", clock=clock, **timings)
+    return e
+
+
+def test_fast_failures_then_a_hung_request_lose_exactly_at_last_renewal_plus_deadline() -> None:
+    """The issue's case: fast failures for 8 s after the last renewal, then a request that hangs.
+    The old per-attempt deadline gave up ~20 s after the last renewal; client-go's round bound
+    gives up at last renewal + renew_deadline (10 s), before any standby can take over (15 s)."""
+    clock = FakeClock()
+    t0 = clock()
+    server = FaultyLeases(clock, lambda now: "ok" if now == t0 else "fail" if now < t0 + 8 else "hang")
+    a = leading(server, clock)
+
+    async def main() -> float:
+        await a.acquire()
+        assert a.renewed_at == t0 and a.valid()
+        await a.hold()
+        return clock()
+
+    lost_at = run_virtual(clock, main)
+    assert lost_at == pytest.approx(t0 + 10.0, abs=1e-6)
+    assert not a.is_leader and not a.valid()
+    assert [m for _, m, _ in server.calls[1:]].count("PUT") >= 4  # it kept trying in between
+    assert all(timeout is not None and timeout <= 5.0 for _, _, timeout in server.calls)
+    # the hung request was cut at the deadline, not allowed its full 5 s
+    hung = [(at, timeout) for at, _, timeout in server.calls if at >= t0 + 8]
+    assert hung and all(at + timeout <= t0 + 10.0 + 1e-9 for at, timeout in hung)
+
+
+def test_every_lease_request_is_cut_at_half_the_renew_deadline() -> None:
+    clock = FakeClock()
+    t0 = clock()
+    server = FaultyLeases(clock, lambda now: "ok" if now == t0 else "hang")
+    a = leading(server, clock)
+
+    async def main() -> float:
+        await a.acquire()
+        await a.hold()
+        return clock()
+
+    lost_at = run_virtual(clock, main)
+    assert lost_at == pytest.approx(t0 + 10.0, abs=1e-6)
+    timeouts = [timeout for at, _, timeout in server.calls if at > t0]
+    # first renew at t0+2: 5 s (= 10/2); it hangs to t0+7; retry at t0+9 gets the 1 s left
+    assert timeouts == pytest.approx([5.0, 1.0])
+
+
+def test_one_hung_request_does_not_cost_the_lease() -> None:
+    """Because a request gets only half the deadline, a retry still fits in the round."""
+    clock = FakeClock()
+    t0 = clock()
+    server = FaultyLeases(clock, lambda now: "hang" if t0 < now < t0 + 3 else "ok")
+    a = leading(server, clock)
+
+    async def main() -> None:
+        await a.acquire()
+        holding = asyncio.ensure_future(a.hold())
+        await asyncio.sleep(30)
+        assert not holding.done(), "a single hung request must not end the leadership"
+        holding.cancel()
+
+    run_virtual(clock, main)
+    assert a.is_leader and a.valid()
+    assert a.renewed_at is not None and a.renewed_at > t0 + 25
+
+
+def test_the_fence_closes_on_the_clock_alone() -> None:
+    """A frozen process (SIGSTOP) makes no request and gets no answer: valid() must still turn
+    False once renewed_at + renew_deadline has passed, and hold() must report the loss before it
+    sends anything."""
+    clock = FakeClock()
+    server = FaultyLeases(clock, lambda now: "ok")
+    a = leading(server, clock)
+    run_virtual(clock, a.acquire)
+    assert a.valid()
+    clock.advance(9.999)
+    assert a.valid()
+    clock.advance(0.002)
+    assert not a.valid() and a.is_leader  # the fence closed before anyone noticed the loss
+    sent = len(server.calls)
+    clock.advance(20)  # the freeze goes on past the lease duration
+
+    async def resume() -> None:
+        await a.hold()
+
+    run_virtual(clock, resume)
+    assert not a.is_leader
+    assert len(server.calls) == sent, "the loss is decided from our own clock, without a request"
+
+
+def test_a_renewal_that_finds_another_holder_loses_at_once() -> None:
+    clock = FakeClock()
+    server = FaultyLeases(clock, lambda now: "ok")
+    a = leading(server, clock)
+
+    async def main() -> float:
+        await a.acquire()
+        assert server.lease is not None
+        # someone else wrote the Lease (e.g. it thought ours expired): our fast-path PUT conflicts
+        server.lease["spec"]["holderIdentity"] = "b"
+        server.lease["spec"]["renewTime"] = "later"
+        server.rv += 1
+        server.lease["metadata"]["resourceVersion"] = str(server.rv)
+        started = clock()
+        await a.hold()
+        return clock() - started
+
+    took = run_virtual(clock, main)
+    assert took == pytest.approx(2.0)  # the first renewal (one retry period) found b: lost now
+    assert not a.is_leader and a.holder == "b"
+
+
+def test_a_leader_renews_with_one_request() -> None:
+    """client-go's fast path: the leader updates the record it wrote, without reading it first."""
+    clock = FakeClock()
+    server = FaultyLeases(clock, lambda now: "ok")
+    a = leading(server, clock)
+
+    async def main() -> None:
+        await a.acquire()
+        holding = asyncio.ensure_future(a.hold())
+        await asyncio.sleep(2 * 10 + 1)
+        holding.cancel()
+
+    run_virtual(clock, main)
+    renewals = [m for at, m, _ in server.calls if at > 1000.0]
+    assert renewals == ["PUT"] * 10
+
+
+def test_lease_duration_is_rounded_up_in_the_record() -> None:
+    server, clock = LeaseServer(), FakeClock()
+    a = LeaderElector(server, name="l", namespace="n", identity="a", clock=clock,
+                      lease_duration=4.5, renew_deadline=3, retry_period=0.5)
+    assert asyncio.run(a.try_acquire_or_renew())
+    assert server.lease is not None and server.lease["spec"]["leaseDurationSeconds"] == 5
+
+
+# -- bad input and faults --------------------------------------------------------------------------
+
+
+def test_forbidden_lease_one_clear_line_per_retry_and_a_reason_for_readyz(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    allowed = {"yes": False}
+    message = (
+        'leases.coordination.k8s.io "lock" is forbidden: User "op" cannot get resource "leases" in API '
+        'group "coordination.k8s.io" in the namespace "ns"'
+    )
+
+    class Rbac(LeaseServer):
+        async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            if not allowed["yes"]:
+                raise Forbidden(message)
+            return await super().request(method, path, body, **kw)
+
+    a = LeaderElector(Rbac(), name="lock", namespace="ns", identity="a", clock=clock, retry_period=2)
+    caplog.set_level(logging.INFO, logger="declop.leader")
+
+    async def main() -> None:
+        acquiring = asyncio.ensure_future(a.acquire())
+        await asyncio.sleep(7)  # attempts at 0 s and after ~2, ~4, ~6 s (jittered up to 20 %)
+        assert not acquiring.done()
+        assert a.problem.startswith('cannot get leases.coordination.k8s.io "lock" in namespace "ns"')
+        allowed["yes"] = True
+        await asyncio.wait_for(acquiring, 3)
+
+    run_virtual(clock, main)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert 3 <= len(errors) <= 4
+    for record in errors:
+        line = record.getMessage()
+        assert "\n" not in line
+        assert line.startswith('cannot get leases.coordination.k8s.io "lock" in namespace "ns": ')
+        assert 'allow get, create and update on leases (group coordination.k8s.io) in namespace "ns"' in line
+    assert a.is_leader and a.problem == ""
+
+
+def test_500_queued_handler_writes_do_not_delay_a_renewal() -> None:
+    """A real Transport against a small Lease server: the handler lane is saturated (20 qps,
+    500 writes = 25 s of budget) and the elector's renewal still goes out at once."""
+    import time
+
+    from aiohttp import web
+
+    from declop.transport import Transport
+
+    class _Config:
+        def __init__(self, host: str) -> None:
+            self.host = host
+
+        def auth_settings(self) -> dict[str, Any]:
+            return {}
+
+    store = LeaseServer()
+
+    async def lease_api(request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        try:
+            return web.json_response(await store.request(request.method, request.path, body))
+        except NotFound:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        except Conflict:
+            return web.json_response({"kind": "Status", "code": 409}, status=409)
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def main() -> tuple[float, int, float | None]:
+        app = web.Application()
+        app.router.add_route("*", "/apis/coordination.k8s.io/{tail:.*}", lease_api)
+        app.router.add_route("*", "/{tail:.*}", ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        transport = Transport(_Config(f"http://127.0.0.1:{port}"), qps=20, burst=30)
+        a = LeaderElector(transport, name="lock", namespace="ns", identity="a")
+        try:
+            await a.acquire()
+            writes = [asyncio.ensure_future(transport.request("PATCH", "/api/v1/namespaces/d/pods/p", body={}))
+                      for _ in range(500)]
+            await asyncio.sleep(0.05)  # the burst went out; the rest wait on the handler lane
+            before = a.renewed_at
+            t0 = time.monotonic()
+            assert await a.try_acquire_or_renew()
+            took = time.monotonic() - t0
+            sent = sum(w.done() for w in writes)
+            for w in writes:
+                w.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
+            return took, sent, before
+        finally:
+            await transport.close()
+            await runner.cleanup()
+
+    took, sent, before = asyncio.run(main())
+    assert sent < 60, "the handler lane must be saturated for this test to mean anything"
+    assert before is not None
+    assert took < 0.5, f"a renewal behind 500 queued writes took {took:.2f} s"
+
+
+def test_a_closed_fence_never_reopens() -> None:
+    """The fence closed (a worker saw the deadline pass) while a renewal was in flight; its late
+    success must not reopen it: workers already dropped keys, so the loss has to follow."""
+    clock = FakeClock()
+    t0 = clock()
+    frozen = {"on": False, "fence": True}
+
+    class Frozen(LeaseServer):
+        async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            answer = await super().request(method, path, body, **kw)
+            if frozen["on"]:
+                clock.advance(8.5)  # the process froze with the answer on its way
+                frozen["fence"] = a.valid()  # a worker thread checks the fence first
+            return answer
+
+    a = LeaderElector(Frozen(), name="lock", namespace="ns", identity="a", clock=clock)
+
+    async def main() -> float:
+        await a.acquire()
+        frozen["on"] = True
+        await a.hold()
+        return clock()
+
+    lost_at = run_virtual(clock, main)
+    assert frozen["fence"] is False
+    assert a.renewed_at == t0 + 2  # the renewal did succeed, from t0 + 2 ...
+    assert not a.valid() and not a.is_leader  # ... but the closed fence stays closed
+    assert lost_at == pytest.approx(t0 + 2 + 8.5)

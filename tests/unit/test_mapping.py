@@ -205,3 +205,22 @@ def test_enqueue_mapped_qualname() -> None:
 def test_to_request_passes_a_request_through() -> None:
     r = Request("a", "b")
     assert to_request(r) is r
+
+
+def test_a_map_function_gets_read_only_views_and_cannot_change_the_cache() -> None:
+    seen: list[Any] = []
+
+    def sloppy(o: Any) -> list[str]:
+        seen.append(o)
+        o["metadata"].setdefault("labels", {})["mapped"] = "yes"
+        return []
+
+    cached = obj("a")
+    mapper = enqueue_mapped(sloppy)
+    with pytest.raises(TypeError, match="read-only"):
+        mapper(None, cached)
+    assert "labels" not in cached["metadata"] and cached == obj("a")
+
+
+def test_a_map_function_may_return_the_view_itself() -> None:
+    assert enqueue_mapped(lambda o: [o])(None, obj("a", "ns")) == {Request("ns", "a")}

@@ -212,3 +212,12 @@ def test_builtins_are_immutable_and_equal_by_value() -> None:
 def test_module_all_is_exported() -> None:
     for name in p.__all__:
         assert hasattr(p, name)
+
+
+def test_is_builtin_tells_the_builtins_and_their_combinations_from_user_functions() -> None:
+    def mine(old: Any, new: Any) -> bool:
+        return True
+
+    assert p.is_builtin(generation_changed) and p.is_builtin(all_of(label_selector("a=b"), not_(namespace_in("x"))))
+    assert not p.is_builtin(mine) and not p.is_builtin(any_of(generation_changed, mine))
+    assert not p.is_builtin(not_(mine))

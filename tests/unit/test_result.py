@@ -25,10 +25,16 @@ def test_result_accepts_non_negative_requeue_after(seconds: float) -> None:
     assert Result(requeue_after=seconds).requeue_after == seconds
 
 
-@pytest.mark.parametrize("seconds", [-1, -0.001])
-def test_result_rejects_negative_requeue_after(seconds: float) -> None:
-    with pytest.raises(ValueError, match="requeue_after must be >= 0"):
+@pytest.mark.parametrize("seconds", [-1, -0.001, float("nan"), float("inf"), float("-inf")])
+def test_result_rejects_negative_and_non_finite_requeue_after(seconds: float) -> None:
+    with pytest.raises(ValueError, match=r"requeue_after must be a finite number of seconds >= 0, got .*; return Result\(\) for no requeue"):
         Result(requeue_after=seconds)
+
+
+@pytest.mark.parametrize("value", ["5", True, [1]])
+def test_result_rejects_what_is_not_a_number(value: Any) -> None:
+    with pytest.raises(TypeError, match="requeue_after must be a number of seconds or None"):
+        Result(requeue_after=value)
 
 
 def test_phase_repr() -> None:

@@ -322,6 +322,29 @@ def test_shutdown_with_drain_timeout_and_empty() -> None:
     asyncio.run(scenario())
 
 
+def test_shutdown_ends_a_pending_drain() -> None:
+    """client-go: ShutDown after ShutDownWithDrain makes the drain stop waiting."""
+
+    async def scenario() -> None:
+        queue, _ = make()
+        queue.add("stuck")
+        assert queue.get_nowait() == "stuck"  # never done(): a handler that hangs
+        drain = asyncio.ensure_future(queue.shutdown_with_drain())
+        await asyncio.sleep(0)
+        assert not drain.done(), "the drain must wait while an item is in flight"
+        queue.shutdown()
+        assert await asyncio.wait_for(drain, timeout=5.0) is False  # ended, not drained
+        assert queue.statistics().processing == 1
+        # a drain started after the forced shutdown still waits for the in-flight item
+        again = asyncio.ensure_future(queue.shutdown_with_drain())
+        await asyncio.sleep(0)
+        assert not again.done()
+        queue.done("stuck")
+        assert await asyncio.wait_for(again, timeout=5.0) is True
+
+    asyncio.run(scenario())
+
+
 # ---------------------------------------------------------------------------- async get
 
 
@@ -494,3 +517,78 @@ def test_no_metrics_is_a_silent_default() -> None:
     queue, _ = make(metrics=NO_METRICS)
     queue.add("a")
     assert queue.get_nowait() == "a"
+
+
+# -- give_back: untaken items return to the head ------------------------------------------------
+def test_give_back_returns_items_to_the_head_in_order() -> None:
+    queue, _ = make()
+    for item in "abcde":
+        queue.add(item)
+    taken = [queue.get_nowait() for _ in range(3)]  # a, b, c
+    queue.give_back("b", "c")
+    queue.done("a")
+    assert drain_ready(queue) == ["b", "c", "d", "e"]
+
+
+def test_give_back_is_the_done_for_that_get_and_keeps_a_readd_to_one_run() -> None:
+    queue, _ = make()
+    queue.add("a")
+    assert queue.get_nowait() == "a"
+    queue.add("a")  # re-added while held: dirty, not queued
+    assert len(queue) == 0
+    queue.give_back("a")
+    assert queue.statistics().processing == 0
+    assert drain_ready(queue) == ["a"]  # one run serves both
+    queue.done("a")
+    assert drain_ready(queue) == []
+
+
+def test_give_back_ignores_items_not_being_processed() -> None:
+    queue, _ = make()
+    queue.add("a")
+    queue.give_back("a", "z")
+    assert drain_ready(queue) == ["a"]
+    queue.done("a")
+    queue.give_back("a")
+    assert drain_ready(queue) == []
+
+
+def test_a_given_back_item_is_never_held_twice() -> None:
+    queue, _ = make()
+    queue.add("a")
+    queue.get_nowait()
+    queue.give_back("a")
+    assert queue.get_nowait() == "a"  # another worker takes it
+    queue.add("a")
+    assert len(queue) == 0  # held by that worker: only marked dirty
+    queue.done("a")
+    assert drain_ready(queue) == ["a"]
+
+
+def test_give_back_wakes_waiting_getters() -> None:
+    async def main() -> list[str]:
+        queue = WorkQueue[str]()
+        for item in "ab":
+            queue.add(item)
+        first, second = queue.get_nowait(), queue.get_nowait()
+        getters = [asyncio.ensure_future(queue.get()) for _ in range(2)]
+        await asyncio.sleep(0)
+        queue.give_back(first, second)
+        return list(await asyncio.wait_for(asyncio.gather(*getters), 5))
+
+    assert asyncio.run(main()) == ["a", "b"]
+
+
+def test_give_back_after_shutdown_requeues_and_finishes_a_drain() -> None:
+    async def main() -> tuple[bool, list[str]]:
+        queue = WorkQueue[str]()
+        queue.add("a")
+        queue.get_nowait()
+        drain = asyncio.ensure_future(queue.shutdown_with_drain(timeout=5))
+        await asyncio.sleep(0)
+        queue.give_back("a")
+        drained = await drain
+        items = [await queue.get()]
+        return drained, items
+
+    assert asyncio.run(main()) == (True, ["a"])
