@@ -25,10 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import declop.informer as inf  # noqa: E402
-from declop.informer import Informer  # noqa: E402
-from declop.testing.listwatch import ListWatchServer  # noqa: E402
-from declop.transport import Transport  # noqa: E402
+import declop.informer as inf
+from declop.informer import Informer
+from declop.testing.listwatch import ListWatchServer
+from declop.transport import Transport
 
 
 def _serve(n: int, port_q: Any, cmd_q: Any) -> None:
@@ -99,8 +99,6 @@ class Monitor:
 
 def _wrap_phases(marks: list[tuple[str, float]]) -> None:
     """Time the informer's sync phases by wrapping its methods (declop itself is unchanged)."""
-    loop_time = asyncio.get_event_loop_policy  # noqa: F841 - keep linters quiet about unused import
-
     for name in ("_replace", "_emit_all"):
         orig = getattr(Informer, name)
         if asyncio.iscoroutinefunction(orig):

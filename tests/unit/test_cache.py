@@ -306,7 +306,7 @@ def test_chunked_replace_keeps_the_old_content_whole_until_commit() -> None:
     def view() -> tuple[Any, ...]:
         return (
             len(store),
-            sorted(str(k) for k in store.keys()),
+            sorted(str(k) for k in store.keys()),  # noqa: SIM118 - Store.keys() gives keys, iter() objects
             names(store),
             names(store.list(namespace="default")),
             names(store.list(index=("node", "n1"))),
