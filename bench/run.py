@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import http.client
 import json
 import os
 import platform
@@ -104,7 +105,16 @@ class Bench:
     def cleanup(self, ns: str) -> None:
         """Delete every benchmark object (and Kopf's Events) in ``ns``; leave the empty namespace."""
         for path in (self.resource.collection(ns), f"/api/v1/namespaces/{ns}/events"):
-            status, data = self.cp.request("DELETE", path, timeout=300)
+            for attempt in range(1, 11):
+                try:
+                    status, data = self.cp.request("DELETE", path, timeout=300)
+                    break
+                except (http.client.HTTPException, OSError) as exc:
+                    # a DELETE of 100k objects can outlive the apiserver's 60 s request timeout,
+                    # which closes the connection without a response: delete what is left
+                    progress(f"  cleanup {path}: {type(exc).__name__}: {exc}; again ({attempt}/10)")
+            else:
+                raise RuntimeError(f"cleanup {path}: the apiserver never completed the DELETE")
             if status >= 300:
                 progress(f"  cleanup {path}: {status} {data[:200]!r}")
 

@@ -15,11 +15,14 @@ Invariants:
   objects themselves: framework-internal only.
 - Index values are recomputed on every write of an object; deleting an object removes it from
   every index.
+- A relist is computed beside the store and swapped in at once (:meth:`Writer.begin_replace`):
+  readers, on any thread, see the old content or the new one, never a mix.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence, overload
 
 from .errors import CacheNotSyncedError
@@ -224,6 +227,7 @@ class Store:
         self._index_values: dict[str, dict[Request, tuple[str, ...]]] = {n: {} for n in self._indexers}
         self.synced = False
         self.resource_version = ""
+        self._swaps = 0  # odd while Writer swaps a relist in (the seqlock that Store.list reads)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -249,19 +253,27 @@ class Store:
         index: tuple[str, str] | None = None,
     ) -> list[Obj]:
         """Shared objects filtered by namespace, label selector and/or ``(index_name, value)``."""
-        if index is not None:
-            name, value = index
-            if name not in self._indexes:
-                raise KeyError(f"no index {name!r} on {self.name}; known: {sorted(self._indexes)}")
-            keys: Iterable[Request] = list(self._indexes[name].get(value, ()))
-            if namespace:
-                keys = [k for k in keys if k.namespace == namespace]
-        elif namespace:
-            keys = list(self._by_namespace.get(namespace, ()))
-        else:
-            keys = list(self._items)
-        items = self._items
-        objs = [items[k] for k in keys if k in items]
+        while True:  # a seqlock against a relist swapped in meanwhile (Writer.begin_replace)
+            swaps = self._swaps
+            if swaps & 1:
+                time.sleep(0)  # a swap is a few attribute stores on the loop's thread: let it finish
+                continue
+            items = self._items
+            if index is not None:
+                name, value = index
+                indexes = self._indexes
+                if name not in indexes:
+                    raise KeyError(f"no index {name!r} on {self.name}; known: {sorted(indexes)}")
+                keys: Iterable[Request] = list(indexes[name].get(value, ()))
+                if namespace:
+                    keys = [k for k in keys if k.namespace == namespace]
+            elif namespace:
+                keys = list(self._by_namespace.get(namespace, ()))
+            else:
+                keys = list(items)
+            objs = [items[k] for k in keys if k in items]
+            if self._swaps == swaps:
+                break
         if selector:
             match = parse_selector(selector)
             objs = [o for o in objs if match(o["metadata"].get("labels"))]
@@ -343,23 +355,92 @@ class Writer:
         return old
 
     def replace(self, objs: Iterable[Obj], resource_version: str) -> list[tuple[Obj | None, Obj | None]]:
-        """Make the store hold exactly ``objs`` (a relist). Returns the changes as ``(old, new)``
-        pairs: additions ``(None, new)``, changed objects ``(old, new)``, and — synthesised for keys
-        that vanished during a gap — deletions ``(old, None)``. Unchanged objects produce nothing."""
-        changes: list[tuple[Obj | None, Obj | None]] = []
-        seen: set[Request] = set()
-        items = self.store._items
-        for obj in objs:
-            key = key_of(obj)
-            seen.add(key)
-            prev = items.get(key)
-            if prev is not None and prev["metadata"].get("resourceVersion") == obj["metadata"].get(
-                "resourceVersion"
-            ):
-                continue
-            changes.append(self.upsert(obj))
-        for key in [k for k in items if k not in seen]:
-            changes.append((self.delete(key), None))
-        self.store.resource_version = resource_version
-        self.store.synced = True
-        return changes
+        """Make the store hold exactly ``objs`` (a relist), in one go: :meth:`begin_replace` run to
+        the end. Returns the changes as :meth:`Replacement.commit` does."""
+        job = self.begin_replace(objs, resource_version)
+        while not job.step(1 << 62):
+            pass
+        return job.commit()
+
+    def begin_replace(self, objs: Iterable[Obj], resource_version: str) -> Replacement:
+        """A relist computed aside in steps (:meth:`Replacement.step`), so that the caller can
+        yield between them, then swapped into the store at once (:meth:`Replacement.commit`).
+        Until the commit the store is unchanged; the writer must not change it meanwhile."""
+        return Replacement(self, objs, resource_version)
+
+
+class Replacement:
+    """One relist being computed beside the store (see :meth:`Writer.begin_replace`).
+
+    Invariants:
+    - the new content (objects, namespace index, user indexes) is built in a separate
+      :class:`Store`; readers keep seeing the old content, whole, until :meth:`commit`;
+    - :meth:`commit` swaps the references in one step under the store's seqlock, so that a reader
+      on another thread sees the old content or the new one, never a mix of both;
+    - unchanged objects (same resourceVersion) keep their old dict and produce no change; the
+      changes come in the order of ``objs``, then the synthesised deletions of vanished keys.
+    """
+
+    def __init__(self, writer: Writer, objs: Iterable[Obj], resource_version: str) -> None:
+        self._writer = writer
+        self._store = writer.store
+        self._objs = iter(objs)
+        self._old = writer.store._items
+        self._aside = Store(writer.store.name, writer.store._indexers)
+        self._aside_writer = Writer(self._aside, transform=None)
+        self._vanished: Iterator[Request] | None = None
+        self.resource_version = resource_version
+        self.changes: list[tuple[Obj | None, Obj | None]] = []
+
+    def step(self, budget: int) -> bool:
+        """Process up to ``budget`` objects (listed, then old keys checked for deletion); True
+        once everything is computed and :meth:`commit` may be called."""
+        new = self._aside._items
+        changes = self.changes
+        if self._vanished is None:
+            old, upsert, transform = self._old, self._aside_writer.upsert, self._writer.transform
+            for obj in self._objs:
+                key = key_of(obj)
+                prev = new.get(key)
+                if prev is None:
+                    prev = old.get(key)
+                if prev is not None and prev["metadata"].get("resourceVersion") == obj["metadata"].get(
+                    "resourceVersion"
+                ):
+                    if new.get(key) is not prev:
+                        upsert(prev)  # unchanged: the old dict stays, nothing to emit
+                else:
+                    if transform is not None:
+                        obj = transform(obj)
+                    upsert(obj)
+                    changes.append((prev, obj))
+                budget -= 1
+                if budget <= 0:
+                    return False
+            self._vanished = iter(list(self._old))
+        old = self._old
+        for key in self._vanished:
+            if key not in new:
+                changes.append((old[key], None))
+            budget -= 1
+            if budget <= 0:
+                return False
+        return True
+
+    def commit(self) -> list[tuple[Obj | None, Obj | None]]:
+        """Swap the new content in (atomically, as seen by readers); returns the changes as
+        ``(old, new)`` pairs: additions ``(None, new)``, changed objects ``(old, new)``, and —
+        synthesised for keys that vanished during a gap — deletions ``(old, None)``."""
+        s, aside = self._store, self._aside
+        for name, fn in s._indexers.items():  # an index added while the relist was computed
+            if name not in aside._indexes:
+                aside.add_indexer(name, fn)
+        s._swaps += 1
+        try:
+            s._items, s._by_namespace = aside._items, aside._by_namespace
+            s._indexes, s._index_values = aside._indexes, aside._index_values
+        finally:
+            s._swaps += 1
+        s.resource_version = self.resource_version
+        s.synced = True
+        return self.changes

@@ -290,6 +290,95 @@ def test_replace_with_nothing_deletes_everything() -> None:
     assert store.synced
 
 
+def test_chunked_replace_keeps_the_old_content_whole_until_commit() -> None:
+    """Between the steps of a replace (when the informer yields to the loop) every read face —
+    get, len, keys, iteration, list by namespace, by index, by selector — shows the old content
+    whole; after the commit, the new content whole; the changes are those of ``replace``, in the
+    order of the listed objects, then the synthesised deletions."""
+    store, writer = make(node=by_node)
+    old = [pod(f"o{i}", rv="1", node="n1", labels={"gen": "old"}) for i in range(10)]
+    for o in old:
+        writer.upsert(o)
+    store.synced, store.resource_version = True, "1"
+    new = [pod(f"o{i}", rv="1", node="n1", labels={"gen": "old"}) for i in range(5)]  # unchanged
+    new += [pod(f"n{i}", rv="2", node="n2", labels={"gen": "new"}) for i in range(10)]  # added
+
+    def view() -> tuple[Any, ...]:
+        return (
+            len(store),
+            sorted(str(k) for k in store.keys()),  # noqa: SIM118 - Store.keys() gives keys, iter() objects
+            names(store),
+            names(store.list(namespace="default")),
+            names(store.list(index=("node", "n1"))),
+            names(store.list(index=("node", "n2"))),
+            names(store.list(selector={"gen": "new"})),
+            store.get(Request("default", "o7")) is not None,
+            store.resource_version,
+        )
+
+    before = view()
+    job = writer.begin_replace(new, resource_version="2")
+    steps = 0
+    while not job.step(3):
+        steps += 1
+        assert view() == before, f"after step {steps}"
+    assert steps >= 5  # 15 listed + 10 old keys in steps of 3: many reads in between
+    assert view() == before
+    changes = job.commit()
+
+    assert names(store) == sorted([f"o{i}" for i in range(5)] + [f"n{i}" for i in range(10)])
+    assert names(store.list(index=("node", "n1"))) == [f"o{i}" for i in range(5)]
+    assert names(store.list(index=("node", "n2"))) == sorted(f"n{i}" for i in range(10))
+    assert store.get(Request("default", "o0")) is old[0]  # unchanged: the old dict stays
+    assert store.resource_version == "2"
+    assert [(o and o["metadata"]["name"], n and n["metadata"]["name"]) for o, n in changes] == (
+        [(None, f"n{i}") for i in range(10)] + [(f"o{i}", None) for i in range(5, 10)]
+    )
+
+
+def test_replace_swaps_atomically_for_readers_on_other_threads() -> None:
+    """A reader thread listing by namespace, by index and in full while the writer keeps
+    replacing content A by content B and back sees exactly A or exactly B, never a mix: the
+    swap of the store's dicts is guarded by a seqlock. The interpreter's thread switch interval
+    is set to 1 µs so that the reader is preempted in the middle of its reads all the time."""
+    import sys
+    import threading
+
+    store, writer = make(node=by_node)
+    content = {
+        "A": [pod(f"a{i}", rv="1", node="n") for i in range(50)],
+        "B": [pod(f"b{i}", rv="1", node="n") for i in range(50)],
+    }
+    expected = {tuple(names(objs)) for objs in content.values()}
+    writer.replace(content["A"], resource_version="1")
+    seen: dict[tuple[str, ...], int] = {}
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            for objs in (store.list(namespace="default"), store.list(index=("node", "n")), store.list()):
+                got = tuple(names(objs))
+                seen[got] = seen.get(got, 0) + 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=reader)
+    try:
+        thread.start()
+        for i in range(400):
+            job = writer.begin_replace(content["B" if i % 2 == 0 else "A"], resource_version=str(i))
+            while not job.step(7):
+                pass
+            job.commit()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    mixed = {k: n for k, n in seen.items() if k not in expected}
+    assert not mixed, f"{sum(mixed.values())} reads saw a mix of two contents, e.g. {next(iter(mixed))}"
+    assert set(seen) == expected  # the reader did run across both contents
+
+
 # -- require_synced -----------------------------------------------------------------------
 
 

@@ -575,6 +575,77 @@ def _cm(name: str, rv: int) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "default", "resourceVersion": str(rv)}, "data": {}}
 
 
+@MODES
+def test_relist_is_computed_in_chunks_and_swapped_in_atomically(mode: str) -> None:
+    """A large relist yields to the loop while the new content is computed (no long stall), yet
+    a reader on the loop sees the old store whole until the swap, then the new one whole; the
+    changes reach subscribers in store order (changed and added objects in list order, then the
+    synthesised deletions of vanished keys)."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            n = 3000  # three chunks of the informer's computation, and more
+            for i in range(n):
+                server.add(f"o{i:04d}")
+            informer, rec = await start(server, list_mode=mode, backoff=RecordingBackoff(initial=0.01, cap=0.02))
+
+            def content() -> frozenset[tuple[str, str]]:
+                return frozenset((o["metadata"]["name"], o["metadata"]["resourceVersion"]) for o in informer.store)
+
+            old = content()
+            in_replace: list[bool] = [False]
+            begin = informer._writer.begin_replace
+
+            def begin_replace(objs: Any, rv: str) -> Any:
+                job = begin(objs, rv)
+                commit = job.commit
+
+                def committed() -> Any:
+                    in_replace[0] = False
+                    return commit()
+
+                job.commit = committed  # type: ignore[method-assign]
+                in_replace[0] = True
+                return job
+
+            informer._writer.begin_replace = begin_replace  # type: ignore[method-assign]
+            samples: list[tuple[bool, frozenset[tuple[str, str]]]] = []
+
+            async def reader() -> None:
+                while True:
+                    samples.append((in_replace[0], content()))
+                    await asyncio.sleep(0)
+
+            objects = server._state.objects
+            for i in range(0, n, 2):  # every other object changed
+                objects[f"o{i:04d}"]["metadata"]["resourceVersion"] = str(100_000 + i)
+            for i in range(n - 500, n):  # the last 500 vanished
+                del objects[f"o{i:04d}"]
+            for i in range(500):  # 500 new ones
+                objects[f"p{i:04d}"] = _cm(f"p{i:04d}", 200_000 + i)
+            new = frozenset((k, o["metadata"]["resourceVersion"]) for k, o in objects.items())
+            del rec.events[:]
+            task = asyncio.get_running_loop().create_task(reader())
+            await until(lambda: server._open, what="the watch")
+            server.compact()
+            await until(lambda: informer.lists == 2, what="the relist")
+            await until(lambda: len(rec.events) >= (n - 500) // 2 + 500 + 500, what="the relist's events")
+            task.cancel()
+            await informer.stop()
+
+            assert content() == new
+            during = [c for busy, c in samples if busy]
+            assert len(during) >= 3, "the loop ran while the relist was being computed"
+            assert all(c == old for c in during)  # never a partial view while computing
+            assert {c for _, c in samples} <= {old, new}  # the swap is one step
+            changed = [(f"o{i:04d}", f"o{i:04d}") for i in range(0, n - 500, 2)]
+            added = [(None, f"p{i:04d}") for i in range(500)]
+            deleted = [(f"o{i:04d}", None) for i in range(n - 500, n)]
+            assert rec.events == changed + added + deleted
+
+    run(scenario())
+
+
 # -- GC ---------------------------------------------------------------------------------------
 
 
