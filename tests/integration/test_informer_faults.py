@@ -112,9 +112,12 @@ def test_a_black_holed_apiserver_is_waited_out_and_nothing_is_missed(
         with operator(registry, kubeconfig, namespace) as op:
             wait_for(lambda: seen.last("before"), 15)
             informer = op.manager.controllers[0].sources[0].informers[0]
-            informer.idle_timeout = 1.0  # the next watch; the running one keeps 90 s
+            informer.idle_timeout = 2.0  # the next watch; the running one keeps 90 s
             proxy.cut()
-            wait_for(lambda: proxy.open_connections >= 1, 10, what="the re-watch")
+            # the re-watch is streaming (not merely sent) before the network goes silent:
+            # otherwise the black hole would swallow its answer, not the stream
+            make_cm(k8s_api, namespace, "after-cut")
+            wait_for(lambda: seen.last("after-cut"), 15, what="the re-watch delivering")
             watches = op.statistics().by_verb.get("watch", 0)
             proxy.blackhole()
             make_cm(k8s_api, namespace, "during")
