@@ -1,20 +1,19 @@
 """Request: the key a reconciler is called with.
 
-A key says *which* object, never *what happened*. It is a frozen, hashable pair;
-``str()`` gives ``"namespace/name"`` (or ``"name"`` for cluster-scoped objects) and
+A key says *which* object, never *what happened*. It is a frozen, hashable pair — a named
+tuple, so that hashing and comparing it (the queue does both several times per reconcile) run
+in C rather than in a generated Python ``__hash__``/``__eq__``; ``str()`` gives ``"namespace/name"`` (or ``"name"`` for cluster-scoped objects) and
 :meth:`Request.parse` reads that form back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 __all__ = ["Request", "key_of"]
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Request:
+class Request(NamedTuple):
     """The namespace/name of one object. ``namespace`` is ``""`` for cluster-scoped objects."""
 
     namespace: str
