@@ -31,6 +31,7 @@ from .errors import ConfigError as ConfigError
 from .errors import Conflict as Conflict
 from .errors import DeclopError as DeclopError
 from .errors import Forbidden as Forbidden
+from .errors import InvalidResult as InvalidResult
 from .errors import NotFound as NotFound
 from .errors import RegistrationError as RegistrationError
 from .errors import TerminalError as TerminalError
@@ -63,6 +64,7 @@ __all__ = [
     "Conflict",
     "DeclopError",
     "Forbidden",
+    "InvalidResult",
     "Manager",
     "NotFound",
     "Options",

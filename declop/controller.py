@@ -44,7 +44,7 @@ from .batches import STALL_AFTER, Batch, batch_size
 from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
-from .errors import Conflict, TerminalError
+from .errors import Conflict, InvalidResult, TerminalError
 from .finalizers import ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
@@ -53,7 +53,7 @@ from .mapping import KeyMapper
 from .predicates import Predicate, is_builtin
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .registry import Registration
-from .result import Phase, Result, phase_of
+from .result import Phase, Result, describe, phase_of
 from .workqueue import QueueEmpty, QueueMetrics, QueueShutDown, WorkQueue
 
 __all__ = ["Controller", "ControllerMetrics", "Source"]
@@ -493,10 +493,8 @@ class Controller:
     ) -> None:
         """The outcome table of design §2 — the one place outcomes become queue operations."""
         queue = self.queue
-        if error is None and not (outcome is None or isinstance(outcome, Result)):
-            error = TypeError(
-                f"handler {self.name!r} returned {outcome!r}; return None or declop.Result(requeue_after=...)"
-            )
+        if error is None:
+            error = invalid_outcome(self.name, key, outcome)
         if isinstance(error, TerminalError):
             logger.error("Reconciler error (terminal, not retried)", exc_info=error)
             queue.forget(key)
@@ -517,6 +515,17 @@ class Controller:
         else:
             queue.forget(key)
             self.metrics.reconciled(self.name, "success", seconds)
+
+
+def invalid_outcome(controller: str, key: Request, outcome: Any) -> InvalidResult | None:
+    """The terminal error for a handler that returned neither ``None`` nor a ``Result``, naming
+    the type and the key — never the object itself: ``return client.patch(...)`` returns a Secret."""
+    if outcome is None or isinstance(outcome, Result):
+        return None
+    return InvalidResult(
+        f"handler {controller!r} returned {describe(outcome)} for {key}; return None or "
+        "declop.Result(requeue_after=seconds) — e.g. call client.patch(...) and then return None"
+    )
 
 
 class _Watch:

@@ -11,6 +11,7 @@ Every error declop raises on purpose derives from :class:`DeclopError`::
      │    └── Forbidden           403 — RBAC denies the request; the message names verb and resource
      ├── CacheNotSyncedError    a read hit a cache that has not listed yet; retried like any failure
      └── TerminalError          raised by a handler: log, count, and do not retry
+          └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
 
 Who handles what: handlers raise ``TerminalError`` and may catch ``NotFound``/``Conflict``;
 controllers turn every other exception into a rate-limited retry; only ``cli.py`` maps
@@ -26,6 +27,7 @@ __all__ = [
     "Conflict",
     "DeclopError",
     "Forbidden",
+    "InvalidResult",
     "NotFound",
     "RegistrationError",
     "TerminalError",
@@ -93,4 +95,14 @@ class TerminalError(DeclopError):
     """Raised by a handler when retrying cannot help: logged and counted, never retried.
 
     ``TerminalError("bad spec")`` or ``raise TerminalError("bad spec") from exc``.
+    """
+
+
+class InvalidResult(TerminalError, TypeError, ValueError):
+    """A handler built an invalid :class:`~declop.result.Result` (raised at construction) or
+    returned something that is neither ``None`` nor a ``Result``.
+
+    Terminal: retrying would repeat the handler's side effects and fail the same way. The
+    message names the type (and, for a number or short string, the value) and says what to
+    return instead — never the contents of an object.
     """

@@ -476,8 +476,8 @@ class Informer:
         raise _Relist(f"Watch ended with an error ({code} {status.get('reason') or ''}: {message})", expected=False)
 
     def _skip(self, line: bytes, why: str) -> None:
-        shown = line[:200].decode(errors="replace")
-        log.warning(f"Skipped a watch event ({why}): {shown}", extra={"kv": self._kv})
+        # the line is not shown: it may be a Secret
+        log.warning(f"Skipped a watch event ({why}; {len(line)} bytes, contents not shown)", extra={"kv": self._kv})
 
 
 def _is_refusal(exc: ApiError) -> bool:

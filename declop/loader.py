@@ -1,9 +1,16 @@
 """Loader: import handler files and modules so that their decorators register reconcilers.
 
-- A file path is imported under a private module name, with its directory put first on
-  ``sys.path`` so it can import its siblings.
+- A file path is imported under a private module name (``declop_handlers_<stem>_<hash>``).
 - A directory path imports every ``*.py`` file in it (sorted), as a ConfigMap mount provides them.
 - ``-m pkg.module`` is imported by name.
+
+Invariants (loader hygiene):
+- a handler file never shadows an installed module: the handlers' directories are *not* put on
+  ``sys.path``; a finder placed *last* on ``sys.meta_path`` serves their files and packages to
+  ``import sibling`` only when nothing installed has that name. A handler folder with ``yaml.py``
+  and ``json.py`` still gives the kubernetes package PyYAML and the stdlib ``json``;
+- every file is executed exactly once per process, whichever comes first — ``import helpers``
+  from a sibling, or the folder's own turn: both get the same module object.
 
 Every failure becomes one :class:`~declop.errors.ConfigError` line (missing file, syntax error with
 file and line, an exception raised while importing); the original exception is kept as
@@ -14,15 +21,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
 from types import ModuleType
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["load"]
+__all__ = ["HandlerDirs", "load"]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -36,13 +45,70 @@ def _module_name(path: str) -> str:
     return f"declop_handlers_{stem}_{digest}"
 
 
+class _Existing(importlib.abc.Loader):
+    """Gives ``import sibling`` the module a handler file was already loaded as."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return self.module
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass  # already executed, under its private name
+
+
+class HandlerDirs(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``: top-level modules and packages found in the handlers'
+    directories, for names nothing installed provides."""
+
+    def __init__(self) -> None:
+        self.dirs: list[str] = []
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is not None or not self.dirs:
+            return None  # submodules are found through their package's __path__
+        spec = importlib.machinery.PathFinder.find_spec(fullname, self.dirs)
+        if spec is None or not spec.origin:
+            return spec
+        loaded = _loaded(os.path.abspath(spec.origin))
+        if loaded is not None:
+            return importlib.util.spec_from_loader(fullname, _Existing(loaded), origin=spec.origin)
+        return spec
+
+
+def _finder() -> HandlerDirs:
+    for f in sys.meta_path:
+        if isinstance(f, HandlerDirs):
+            return f
+    finder = HandlerDirs()
+    sys.meta_path.append(finder)
+    return finder
+
+
+def _loaded(path: str) -> ModuleType | None:
+    """The module already executed from file ``path`` (absolute), under any name."""
+    for module in list(sys.modules.values()):
+        file: Any = getattr(module, "__file__", None)
+        if file and os.path.abspath(file) == path:
+            return module
+    return None
+
+
 def _import_file(path: str) -> ModuleType:
     name = _module_name(path)
     if name in sys.modules:
         return sys.modules[name]
-    directory = os.path.dirname(os.path.abspath(path))
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
+    absolute = os.path.abspath(path)
+    directory = os.path.dirname(absolute)
+    finder = _finder()
+    if directory not in finder.dirs:
+        finder.dirs.append(directory)
+    existing = _loaded(absolute)
+    if existing is not None:  # a sibling imported it first
+        return existing
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {path}: not a Python file")

@@ -12,6 +12,11 @@ A log record may carry key/value pairs in ``record.kv`` (a dict). The formatters
 :class:`ReconcileLogger` is what handlers receive: every line carries ``controller``, ``namespace``,
 ``name`` and the reconcile's ``reconcileID``; extra pairs come as keyword arguments.
 Only ``cli.py`` installs handlers (:func:`configure`); a library user keeps full control.
+
+Invariant: declop's own messages never carry object contents (they name the type and the key).
+As a second line of defence, both formatters pass the pairs through :func:`redact`, so a Secret
+given as a pair — by a handler, or at ``-v`` — shows its keys but never its ``data`` or
+``stringData`` values.
 """
 
 from __future__ import annotations
@@ -22,7 +27,33 @@ import logging
 import sys
 from typing import Any, Mapping
 
-__all__ = ["JsonFormatter", "PlainFormatter", "ReconcileLogger", "configure", "kv"]
+__all__ = ["JsonFormatter", "PlainFormatter", "REDACTED", "ReconcileLogger", "configure", "kv", "redact"]
+
+
+REDACTED = "<redacted>"
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every Secret's ``data``/``stringData`` values replaced by :data:`REDACTED`
+    (keys kept), at any depth of dicts, lists and tuples. Returns ``value`` itself when there is
+    nothing to redact, so the common case copies nothing."""
+    if isinstance(value, Mapping):
+        out: dict[Any, Any] | None = None
+        secret = value.get("kind") == "Secret"
+        for k, v in value.items():
+            if secret and k in ("data", "stringData") and isinstance(v, Mapping):
+                new: Any = {dk: REDACTED for dk in v}
+            else:
+                new = redact(v)
+            if new is not v:
+                if out is None:
+                    out = dict(value)
+                out[k] = new
+        return value if out is None else out
+    if isinstance(value, (list, tuple)):
+        items = [redact(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    return value
 
 
 def kv(pairs: Mapping[str, Any]) -> str:
@@ -37,7 +68,7 @@ class PlainFormatter(logging.Formatter):
         line = f"{record.levelname} {record.getMessage()}"
         pairs = getattr(record, "kv", None)
         if pairs:
-            line = f"{line} {kv(pairs)}"
+            line = f"{line} {kv(redact(pairs))}"
         if record.exc_info:
             line = f"{line}\n{self.formatException(record.exc_info)}"
         return line
@@ -57,7 +88,7 @@ class JsonFormatter(logging.Formatter):
         }
         pairs = getattr(record, "kv", None)
         if pairs:
-            for k, v in pairs.items():
+            for k, v in redact(pairs).items():
                 out.setdefault(k, v)
         if record.exc_info:
             out["error"] = self.formatException(record.exc_info)

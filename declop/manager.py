@@ -45,7 +45,10 @@ from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
 from .metrics import Metrics
 from .probes import Check, ProbeServer
 from .registry import Registration, Registry, default_registry
-from .transport import SERVICE_ACCOUNT_DIR, Transport
+from .kubeconfig import SERVICE_ACCOUNT_DIR
+from .metricsauth import MetricsAuth
+from .servingcert import ServingCert
+from .transport import Transport
 
 __all__ = ["Manager", "Options"]
 
@@ -63,6 +66,10 @@ class Options:
     handler_threads: int | None = None
     health_port: int | None = None
     metrics_port: int | None = None
+    #: /metrics over HTTPS, callers checked with TokenReview + SubjectAccessReview (False: plain HTTP)
+    metrics_secure: bool = True
+    #: tls.crt/tls.key for the metrics server (None: a self-signed pair generated at start)
+    metrics_cert_dir: str | None = None
     leader_elect: bool = False
     leader_election_id: str = "declop"
     leader_election_namespace: str | None = None
@@ -120,15 +127,15 @@ class Manager:
         except Forbidden as exc:
             raise ConfigError(f"the apiserver at {transport.host} forbids API discovery to this identity: {exc}") from exc
         except ApiError as exc:
-            if exc.status == 0:
+            if exc.status == 0 and exc.reason in ("Unreachable", "Timeout"):
                 raise ConfigError(
                     f"cannot reach the apiserver at {transport.host} ({exc.reason}); is the cluster running, "
                     "and are --kubeconfig/--context right?"
                 ) from exc
+            if exc.status == 0:  # TLS verification, exec plugin: the message says it all
+                raise ConfigError(str(exc)) from exc
             if exc.status == 401:
-                raise ConfigError(
-                    f"the apiserver at {transport.host} rejected our credentials (401); refresh the kubeconfig"
-                ) from exc
+                raise ConfigError(transport.configuration.explain_401()) from exc
             raise ConfigError(f"API discovery failed at {transport.host}: {exc}") from exc
         return discovery
 
@@ -191,11 +198,17 @@ class Manager:
         for c in self.controllers:
             self.metrics.watch_queue(c.queue.statistics)
         if self.options.health_port or self.options.metrics_port:
+            tls, auth = None, None
+            if self.options.metrics_port and self.options.metrics_secure:
+                tls = ServingCert(self.options.metrics_cert_dir).context
+                auth = MetricsAuth(self.transport.request)
             self.probes = ProbeServer(
                 health_port=self.options.health_port,
                 metrics_port=self.options.metrics_port,
                 checks=self.checks,
                 metrics=self.metrics.exposition,
+                metrics_tls=tls,
+                metrics_auth=auth,
             )
 
     async def _check(self, name: str, who: str) -> None:

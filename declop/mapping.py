@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping
 from .cache import readonly
 from .errors import CacheNotSyncedError
 from .keys import Request, key_of
+from .result import describe
 
 __all__ = ["KeyMapper", "enqueue_mapped", "enqueue_owner", "enqueue_self", "to_request"]
 
@@ -73,7 +74,7 @@ def to_request(value: Any) -> Request:
         return key_of(value)
     if isinstance(value, tuple) and len(value) == 2:
         return Request(value[0] or "", value[1])
-    raise TypeError(f"a map function returned {value!r}; return Requests, 'ns/name' strings or objects")
+    raise TypeError(f"a map function returned {describe(value)}; return Requests, 'ns/name' strings or objects")
 
 
 def _takes_client(fn: Callable[..., Any]) -> bool:

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Literal, Mapping, MutableMapping, T
 
 from .cache import clone
 from .errors import Conflict, DeclopError, NotFound
+from .result import describe
 
 __all__ = [
     "AlreadyOwnedError",
@@ -201,7 +202,7 @@ def _plan(obj: Mapping[str, Any], existing: Obj | None, mutate: Mutate | None) -
         if returned is not None:
             desired = returned
     if not isinstance(desired, dict):
-        raise TypeError(f"mutate must change the object in place (or return a dict), got {desired!r}")
+        raise TypeError(f"mutate must change the object in place (or return a dict), got {describe(desired)}")
     before, after = _meta(obj if existing is None else existing), _meta(desired)
     for field in ("name", "namespace"):
         if (before.get(field) or "") != (after.get(field) or "") and (existing is not None or before.get(field)):

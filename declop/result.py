@@ -10,6 +10,8 @@ returns ``Result(requeue_after=s)``     forgets failures, re-adds the key after 
                                         (``s > 0``; ``0`` is plain success, as ``Result()``)
 raises any exception                    logs it with traceback, re-adds with per-key backoff
 raises ``TerminalError``                logs and counts it, does not retry
+returns anything else, or builds an     ``InvalidResult`` (a ``TerminalError``): logged once
+invalid ``Result``                      naming the type and what to return instead, not retried
 =====================================  ==================================================
 
 The phase is deduced from the cached object's state only, never from the event type:
@@ -31,7 +33,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["Phase", "Result", "phase_of"]
+from .errors import InvalidResult
+
+__all__ = ["Phase", "Result", "describe", "phase_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +45,12 @@ class Result:
     - ``None`` (the default) or ``0``: plain success, no requeue — as controller-runtime's
       ``RequeueAfter: 0``. ``0`` never means "again at once": that would be a hot loop.
     - ``s > 0``: the key is re-added after ``s`` seconds (earlier events still run it sooner).
-    - negative, NaN or infinite: ``ValueError`` here, when the handler builds the Result, so the
-      reconcile counts as failed and is retried with per-key backoff, the traceback naming the
-      value. (controller-runtime silently treats a negative duration as success: a deadline
-      computed in the past would never be looked at again.) For a computed deadline, do the
-      overdue work now and return the next delay, or use ``max(s, 1)``.
+    - negative, NaN, infinite or not a number: :class:`~declop.errors.InvalidResult` here, when
+      the handler builds the Result (it is a ``ValueError`` or ``TypeError`` too). It is terminal:
+      logged once with what to return instead, not retried — the handler's side effects would
+      repeat and the same line would fail again. (controller-runtime silently treats a negative
+      duration as success.) For a computed deadline, do the overdue work now and return the
+      next delay, or use ``max(s, 1)``.
     """
 
     requeue_after: float | None = None
@@ -55,9 +60,12 @@ class Result:
         if s is None:
             return
         if isinstance(s, bool) or not isinstance(s, (int, float)):
-            raise TypeError(f"requeue_after must be a number of seconds or None, got {s!r}")
+            raise InvalidResult(
+                f"requeue_after must be a number of seconds or None, got {describe(s)}; "
+                "e.g. Result(requeue_after=30) or Result(requeue_after=float(text))"
+            )
         if not 0 <= s < math.inf:  # also NaN
-            raise ValueError(
+            raise InvalidResult(
                 f"requeue_after must be a finite number of seconds >= 0, got {s!r}; "
                 "return Result() for no requeue, or a positive delay such as max(seconds, 1)"
             )
@@ -85,3 +93,21 @@ def phase_of(obj: Mapping[str, Any] | None, finalizer: str | None) -> Phase:
     if finalizer is not None and finalizer not in (meta.get("finalizers") or ()):
         return Phase.CREATED
     return Phase.UPDATED
+
+
+def describe(value: Any) -> str:
+    """A value for an error message without its contents: numbers, ``None`` and short
+    single-line strings are shown; anything else by its type only (a dict with a ``kind`` and
+    ``metadata.name`` as ``a Secret object ns/name``) — a handler's return value may be a Secret."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 20 and value.isprintable() else f"a str of {len(value)} characters"
+    if isinstance(value, Mapping):
+        kind = value.get("kind")
+        meta = value.get("metadata")
+        if isinstance(kind, str) and isinstance(meta, Mapping):
+            ns, name = meta.get("namespace"), meta.get("name")
+            key = f"{ns}/{name}" if ns else f"{name}"
+            return f"a {kind} object {key} (contents not shown)"
+    return f"a {type(value).__name__} (contents not shown)"

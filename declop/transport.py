@@ -1,9 +1,11 @@
 """Transport: raw JSON over HTTP to the apiserver, with the official client's config and auth.
 
 Owns:
-- loading credentials with the official ``kubernetes`` package (kubeconfig, context, in-cluster
-  service-account token with periodic re-read) into a private ``Configuration``;
-- one ``aiohttp`` session (TLS from that configuration) on the manager's event loop;
+- credentials from a :class:`~declop.kubeconfig.RestConfig` (kubeconfig or in-cluster, see
+  :mod:`declop.kubeconfig`): headers and the TLS context are asked for before each request, so
+  rotated tokens and exec-plugin certificates are used as soon as they change;
+- one ``aiohttp`` session on the manager's event loop; TLS context, ``tls-server-name`` and the
+  proxy are given per request;
 - client-side token buckets for requests (20 qps, burst 30 each — controller-runtime's defaults),
   one per *lane*, so a handler in a hot loop cannot flood the apiserver and cannot starve anyone
   else: ``"handler"`` (handler writes, finalizers, Events, discovery), ``"informer"`` (lists) and
@@ -18,7 +20,8 @@ Invariants:
 - the Authorization header is computed per request from ``Configuration.auth_settings()``, so a
   rotated projected token is picked up without a restart;
 - a non-2xx answer raises an :class:`~declop.errors.ApiError` subclass carrying the Status message;
-  a connection failure raises ``ApiError(status=0, reason="Unreachable")``;
+  a connection failure raises ``ApiError(status=0, reason="Unreachable")``, a failed TLS
+  verification ``ApiError(0, "TLSVerification")`` naming the verification error;
 - a watch stream that had begun and then ended abnormally raises :class:`StreamIdle` (silence) or
   :class:`StreamInterrupted` (cut), never "Unreachable": a working watch that ends is not a failure.
 """
@@ -27,15 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import os
-import ssl
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
-from .errors import ApiError, ConfigError, Conflict, Forbidden, NotFound
+from .errors import ApiError, Conflict, Forbidden, NotFound
+from .kubeconfig import RestConfig, from_kubernetes
+from .kubeconfig import load as load_kubeconfig
 from .ratelimit import TokenBucket
 
 try:  # optional speed-up: declop[fast]
@@ -65,12 +70,11 @@ __all__ = [
     "dumps",
     "load_configuration",
     "loads",
+    "rbac_resource",
 ]
 
 #: client-side rate-limit lanes of :meth:`Transport.request`
 LANES = ("handler", "informer", "leader")
-
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 #: content types accepted by ``patch``
 PATCH_TYPES = {
@@ -87,51 +91,20 @@ def load_configuration(
     *,
     in_cluster: bool | None = None,
     service_account_dir: str | None = None,
-) -> Any:
-    """Build a private ``kubernetes.client.Configuration``.
-
-    In a Pod (``KUBERNETES_SERVICE_HOST`` set and no explicit kubeconfig) the service-account
-    token and CA are used, from ``service_account_dir`` (default the projected path; the
-    ``DECLOP_SERVICE_ACCOUNT_DIR`` variable overrides it) with the token re-read every minute.
-    Otherwise the kubeconfig (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``) is used.
-    """
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-    from kubernetes.config.incluster_config import InClusterConfigLoader
-
-    cfg = client.Configuration()
-    if in_cluster is None:
-        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not kubeconfig
-    if in_cluster:
-        sa_dir = service_account_dir or os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
-        try:
-            InClusterConfigLoader(  # type: ignore[no-untyped-call]
-                token_filename=os.path.join(sa_dir, "token"),
-                cert_filename=os.path.join(sa_dir, "ca.crt"),
-                try_refresh_token=True,
-            ).load_and_set(cfg)
-        except ConfigException as exc:
-            raise ConfigError(f"in-cluster configuration failed: {exc}") from exc
-        return cfg
-    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    first = path.split(os.pathsep)[0]
-    if not os.path.exists(first):
-        raise ConfigError(
-            f"no kubeconfig at {first}; pass --kubeconfig, set KUBECONFIG, "
-            "or start a local control plane with 'declop dev'"
-        )
-    try:
-        config.load_kube_config(config_file=path, context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
-    except ConfigException as exc:
-        raise ConfigError(f"cannot use kubeconfig {path}: {exc}") from exc
-    return cfg
+) -> RestConfig:
+    """The apiserver and credentials, found as kubectl/client-go find them: see
+    :func:`declop.kubeconfig.load`."""
+    return load_kubeconfig(kubeconfig, context, in_cluster=in_cluster, service_account_dir=service_account_dir)
 
 
 @dataclass(frozen=True, slots=True)
 class TransportStatistics:
-    """Requests sent so far, by verb: get, list, watch, create, update, patch, delete."""
+    """Requests sent so far, by verb (get, list, watch, create, update, patch, delete) and by
+    ``(apiGroup, resource[/subresource], verb)`` — what an RBAC rule must allow (non-resource
+    paths such as discovery are left out of ``by_resource``)."""
 
     by_verb: Mapping[str, int]
+    by_resource: Mapping[tuple[str, str, str], int] = dataclasses.field(default_factory=dict)
 
     @property
     def reads(self) -> int:
@@ -149,6 +122,24 @@ def _verb(method: str, path: str, params: Mapping[str, Any] | None) -> str:
         # .../namespaces/{ns}/{plural}/{name} has an odd number of segments after the version
         return "list" if _is_collection(path) else "get"
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method)
+
+
+def rbac_resource(path: str) -> tuple[str, str] | None:
+    """``(apiGroup, resource[/subresource])`` of an API path, as RBAC names it; None for
+    non-resource paths (``/api``, ``/apis/g/v``, ``/version``)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 3:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if rest[:1] == ["namespaces"] and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+        rest = rest[2:]  # namespaces/{ns}/{resource}/… (not namespaces/{name}/status|finalize)
+    resource = rest[0]
+    if len(rest) >= 3:
+        resource = f"{resource}/{rest[2]}"
+    return group, resource
 
 
 def _is_collection(path: str) -> bool:
@@ -172,14 +163,14 @@ class Transport:
         qps: float = 20.0,
         burst: int = 30,
     ) -> None:
-        self.configuration = configuration
-        self.host = configuration.host.rstrip("/")
+        self.configuration: RestConfig = from_kubernetes(configuration)
+        self.host = self.configuration.host
         self.user_agent = user_agent
         self._retries = retries
-        self._ssl = self._ssl_context(configuration)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._counts: collections.Counter[str] = collections.Counter()
+        self._by_resource: collections.Counter[tuple[str, str, str]] = collections.Counter()
         #: one bucket per lane; ``None`` means unlimited (see :data:`LANES`)
         self._buckets: dict[str, TokenBucket | None] = {
             "handler": TokenBucket(qps, burst),
@@ -189,22 +180,37 @@ class Transport:
         #: called with (method, status) after every answered request (metrics)
         self.observer: Callable[[str, int], None] | None = None
 
-    @staticmethod
-    def _ssl_context(cfg: Any) -> ssl.SSLContext | bool:
-        if not cfg.host.startswith("https"):
-            return False
-        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-        if cfg.cert_file:
-            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-        if not cfg.verify_ssl:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+    async def _connection(self) -> dict[str, Any]:
+        """Per-request connection arguments: TLS context, tls-server-name, proxy."""
+        cfg = self.configuration
+        ctx = await cfg.ssl_context()
+        kw: dict[str, Any] = {"ssl": ctx if ctx is not None else False}
+        if cfg.server_name and ctx is not None:
+            kw["server_hostname"] = cfg.server_name
+        if cfg.proxy:
+            kw["proxy"] = cfg.proxy
+        return kw
+
+    def _connect_error(self, exc: BaseException, what: str) -> ApiError:
+        """A failure before any answer: TLS verification named as such, else Unreachable."""
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            cert_error = exc.certificate_error
+            reason = getattr(cert_error, "verify_message", None) or str(cert_error)
+            return ApiError(
+                0, "TLSVerification",
+                f"TLS verification of the apiserver at {self.host} failed: {reason}; check the "
+                f"certificate authority and tls-server-name of {self.configuration.source or 'the kubeconfig'}",
+            )
+        if isinstance(exc, aiohttp.ClientSSLError):
+            return ApiError(0, "TLSHandshake", f"TLS handshake with the apiserver at {self.host} failed: {exc}")
+        if isinstance(exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
+            return ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host} through the proxy {self.configuration.proxy}: {exc}")
+        return ApiError(0, "Unreachable", f"{what}: {exc}")
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=self._max_connections)
+            connector = aiohttp.TCPConnector(limit=self._max_connections)
             self._session = aiohttp.ClientSession(
                 # no Accept-Encoding: the apiserver would gzip every large LIST page, costing CPU
                 # on both sides for no gain on loopback and in-cluster networks
@@ -218,15 +224,20 @@ class Transport:
             self._session = None
 
     def statistics(self) -> TransportStatistics:
-        return TransportStatistics(by_verb=dict(self._counts))
+        return TransportStatistics(by_verb=dict(self._counts), by_resource=dict(self._by_resource))
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
+    def _count(self, method: str, path: str, params: Mapping[str, Any] | None) -> None:
+        verb = _verb(method, path, params)
+        self._counts[verb] += 1
+        resource = rbac_resource(path)
+        if resource is not None:
+            self._by_resource[(*resource, verb)] += 1
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         if content_type:
             headers["Content-Type"] = content_type
-        for auth in self.configuration.auth_settings().values():
-            if auth.get("in") == "header" and auth.get("value"):
-                headers[auth["key"]] = auth["value"]
+        headers.update(await self.configuration.headers())
         return headers
 
     async def request(
@@ -249,10 +260,7 @@ class Transport:
         data = None if body is None else (body if isinstance(body, bytes) else dumps(body))
         if data is not None and content_type is None:
             content_type = "application/json"
-        headers = self._headers(content_type)
-        if accept:
-            headers["Accept"] = accept
-        self._counts[_verb(method, path, params)] += 1
+        self._count(method, path, params)
         bucket = self._buckets[lane]
         if bucket is not None:
             delay = bucket.when(None)
@@ -263,7 +271,11 @@ class Transport:
                     bucket.refund()  # the request will never be sent: free its slot
                     raise
         url = self.host + path
+        reauthorized = False
         for attempt in range(self._retries + 1):
+            headers = await self._headers(content_type)
+            if accept:
+                headers["Accept"] = accept
             try:
                 async with self.session.request(
                     method,
@@ -272,18 +284,22 @@ class Transport:
                     data=data,
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=timeout),
+                    **(await self._connection()),
                 ) as resp:
                     payload = await resp.read()
                     if self.observer is not None:
                         self.observer(method, resp.status)
                     if resp.status < 300:
                         return loads(payload) if payload else None
+                    if resp.status == 401 and not reauthorized and self.configuration.unauthorized():
+                        reauthorized = True  # an exec credential was revoked early: fetch a new one
+                        continue
                     if resp.status in (429, 503) and attempt < self._retries:
                         await asyncio.sleep(_retry_after(resp.headers.get("Retry-After"), attempt))
                         continue
                     raise error_from(resp.status, resp.reason or "", payload, method, path)
             except aiohttp.ClientConnectionError as exc:
-                raise ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host}: {exc}") from exc
+                raise self._connect_error(exc, f"cannot reach the apiserver at {self.host}") from exc
             except asyncio.TimeoutError as exc:
                 raise ApiError(0, "Timeout", f"{method} {path} timed out after {timeout} s") from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -309,17 +325,20 @@ class Transport:
         - the request itself failed (refused, TLS, no response headers within ``read_timeout``):
           ``ApiError(0, "Unreachable")``; a non-2xx answer: the :func:`error_from` error.
         """
-        self._counts[_verb("GET", path, params)] += 1
+        self._count("GET", path, params)
         started = False
         try:
             async with self.session.get(
                 self.host + path,
                 params=_query(params),
-                headers=self._headers(None),
+                headers=await self._headers(None),
                 timeout=aiohttp.ClientTimeout(total=total_timeout, sock_connect=10, sock_read=read_timeout),
+                **(await self._connection()),
             ) as resp:
                 if resp.status >= 300:
                     error = error_from(resp.status, resp.reason or "", await resp.read(), "WATCH", path)
+                    if resp.status == 401:
+                        self.configuration.unauthorized()  # the next watch gets a new exec credential
                     if resp.status in (429, 503) and resp.headers.get("Retry-After"):
                         error.retry_after = _retry_after(resp.headers.get("Retry-After"), 0)
                     raise error
@@ -343,7 +362,7 @@ class Transport:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             if started:
                 raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost: {exc}") from exc
-            raise ApiError(0, "Unreachable", f"watch {path}: {exc}") from exc
+            raise self._connect_error(exc, f"watch {path}") from exc
 
 
 class StreamIdle(ApiError):

@@ -20,6 +20,7 @@ EXPECTED = {
     "Conflict",
     "DeclopError",
     "Forbidden",
+    "InvalidResult",
     "Manager",
     "NotFound",
     "Options",
@@ -45,7 +46,7 @@ EXPECTED = {
 }
 
 #: the public names of ``declop.testing``
-EXPECTED_TESTING = {"ControlPlane", "FakeClient", "ListWatchServer", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "find_assets", "run_reconcile", "wait_for"}
+EXPECTED_TESTING = {"BuildKit", "BuiltImage", "ControlPlane", "FakeClient", "ImageBuildError", "ListWatchServer", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "base_image", "build_image", "declop_image", "find_assets", "pause_image", "run_reconcile", "wait_for", "wheelhouse"}
 
 
 def test_all_is_sorted() -> None:

@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import socket
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
@@ -353,7 +354,7 @@ def test_defaults_run_the_example_from_a_configmap(tool_env: dict[str, str]) -> 
     assert '@declop.reconciler("pods")' in data["handlers.py"]
     assert env_of(docs)["DECLOP_PATHS"] == "/handlers"
     # the example needs pods, and gets only read access to them
-    rules = one(docs, "ClusterRole")["rules"]
+    rules = one(docs, "ClusterRole", "ops-op-declop")["rules"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in rules
 
 
@@ -383,7 +384,7 @@ def test_configmap_mode_from_set_file(tool_env: dict[str, str], tmp_path: Path) 
     assert volume["configMap"]["name"] == "op-declop-handlers"
     assert env_of(docs)["DECLOP_PATHS"] == "/handlers"
     assert "DECLOP_MODULES" not in env_of(docs)
-    rules = one(docs, "ClusterRole")["rules"]
+    rules = one(docs, "ClusterRole", "ops-op-declop")["rules"]
     assert not any("pods" in r["resources"] for r in rules), (
         "the example's pods rule must go with the example"
     )
@@ -482,7 +483,7 @@ def test_leader_election_role_is_restricted_to_the_lease(tool_env: dict[str, str
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
             "resourceNames": ["my-lease"],
-            "verbs": ["get", "update", "patch"],
+            "verbs": ["get", "update"],
         },
     ]
     binding = one(docs, "RoleBinding", "op-declop-leader-election")
@@ -503,13 +504,17 @@ def test_leader_election_role_is_restricted_to_the_lease(tool_env: dict[str, str
     assert one(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
 
 
-def test_leader_election_follows_replicas(tool_env: dict[str, str]) -> None:
-    single = render(tool_env)
-    assert env_of(single)["DECLOP_LEADER_ELECT"] == "false"
-    assert not [d for d in single if d["kind"] == "Role"]
-    assert one(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
-    forced = render(tool_env, "--set", "leaderElection.enabled=true")
-    assert env_of(forced)["DECLOP_LEADER_ELECT"] == "true"
+def test_leader_election_is_on_by_default_even_with_one_replica(tool_env: dict[str, str]) -> None:
+    # so that `helm upgrade --set replicaCount=2` later rolls safely: the old Pod holds the Lease
+    default = render(tool_env)
+    assert env_of(default)["DECLOP_LEADER_ELECT"] == "true"
+    assert one(default, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+    off = render(tool_env, "--set", "leaderElection.enabled=false")
+    assert env_of(off)["DECLOP_LEADER_ELECT"] == "false"
+    assert not [d for d in off if d["kind"] == "Role"]
+    assert one(off, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    auto = render(tool_env, "--set", "leaderElection.enabled=null")
+    assert env_of(auto)["DECLOP_LEADER_ELECT"] == "false"
     error = render_error(
         tool_env, "--set", "replicaCount=3", "--set", "leaderElection.enabled=false"
     )
@@ -551,7 +556,7 @@ def test_watch_rules(tool_env: dict[str, str]) -> None:
         {
             "apiGroups": ["example.com"],
             "resources": ["widgets"],
-            "verbs": ["get", "list", "watch", "patch", "update"],
+            "verbs": ["get", "list", "watch", "patch"],
         },
         {
             "apiGroups": ["example.com"],
@@ -563,7 +568,7 @@ def test_watch_rules(tool_env: dict[str, str]) -> None:
             "resources": ["configmaps"],
             "verbs": ["get", "list", "watch", "create", "delete"],
         },
-        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["x"], "verbs": ["get"]},
     ]
     binding = one(docs, "ClusterRoleBinding", "ops-op-declop")
@@ -572,17 +577,81 @@ def test_watch_rules(tool_env: dict[str, str]) -> None:
     ]
 
 
+def test_secure_metrics_rbac_and_scraper_role(tool_env: dict[str, str]) -> None:
+    """Secure metrics by default: a ClusterRole for the TokenReview/SubjectAccessReview checks
+    (cluster-scoped APIs: also with rbac.scope=namespaces), bound to the ServiceAccount, and an
+    unbound ClusterRole for scrapers; the ServiceMonitor scrapes over HTTPS with its token."""
+    perms = json.loads((CHART / "files" / "permissions.json").read_text())
+    for docs in (render(tool_env), render(tool_env, "-f", str(SCENARIOS["namespaced"]))):
+        auth = one(docs, "ClusterRole", "ops-op-declop-metrics-auth")
+        assert auth["rules"] == [
+            {"apiGroups": [r["apiGroup"]], "resources": [r["resource"]], "verbs": r["verbs"]}
+            for r in perms["metricsAuth"]["rules"]
+        ] == [
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+        ]
+        binding = one(docs, "ClusterRoleBinding", "ops-op-declop-metrics-auth")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}]
+        reader = one(docs, "ClusterRole", "ops-op-declop-metrics-reader")
+        assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+        assert not [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "ops-op-declop-metrics-reader"]
+    monitor = one(render(tool_env, "--set", "serviceMonitor.enabled=true", "--api-versions", SERVICE_MONITOR_API), "ServiceMonitor")
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    verified = one(render(tool_env, "--set", "serviceMonitor.enabled=true", "--api-versions", SERVICE_MONITOR_API,
+                          "--set", "serviceMonitor.tlsConfig.serverName=op-declop-metrics.ops.svc"), "ServiceMonitor")
+    assert verified["spec"]["endpoints"][0]["tlsConfig"] == {"serverName": "op-declop-metrics.ops.svc"}
+    # a mounted certificate
+    docs = render(tool_env, "--set", "metrics.certSecret=op-metrics-tls")
+    assert env_of(docs)["DECLOP_METRICS_CERT_DIR"] == "/etc/declop/metrics-tls"
+    assert {"name": "metrics-tls", "mountPath": "/etc/declop/metrics-tls", "readOnly": True} in container(docs)["volumeMounts"]
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "metrics-tls", "secret": {"secretName": "op-metrics-tls", "defaultMode": 0o440}} in volumes
+    # plain HTTP: no checks, no roles for them, a plain ServiceMonitor
+    plain = render(tool_env, "--set", "metrics.secure=false", "--set", "serviceMonitor.enabled=true", "--api-versions", SERVICE_MONITOR_API)
+    assert env_of(plain)["DECLOP_METRICS_SECURE"] == "false"
+    assert not [d for d in plain if d["metadata"]["name"].startswith("ops-op-declop-metrics")]
+    assert "scheme" not in one(plain, "ServiceMonitor")["spec"]["endpoints"][0]
+
+
+def test_network_policy(tool_env: dict[str, str]) -> None:
+    assert "NetworkPolicy" not in {d["kind"] for d in render(tool_env)}
+    docs = render(tool_env, "--set", "networkPolicy.enabled=true", "--set-json",
+                  'networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]')
+    policy = one(docs, "NetworkPolicy", "op-declop")["spec"]
+    assert policy["podSelector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [
+        {"ports": [{"port": "health", "protocol": "TCP"}]},
+        {"ports": [{"port": "metrics", "protocol": "TCP"}],
+         "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
+    ]
+    no_metrics = one(render(tool_env, "--set", "networkPolicy.enabled=true", "--set", "metrics.enabled=false"), "NetworkPolicy")
+    assert no_metrics["spec"]["ingress"] == [{"ports": [{"port": "health", "protocol": "TCP"}]}]
+    assert "networkPolicy.enabledd" in render_error(tool_env, "--set", "networkPolicy.enabledd=true") or "enabledd" in render_error(tool_env, "--set", "networkPolicy.enabledd=true")
+
+
 def test_namespaced_rbac(tool_env: dict[str, str]) -> None:
     docs = render(tool_env, "-f", str(SCENARIOS["namespaced"]))
-    assert not [d for d in docs if d["kind"].startswith("Cluster")]
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    # only the secure-metrics checks are cluster-wide (TokenReview/SubjectAccessReview are cluster-scoped)
+    assert {d["metadata"]["name"] for d in docs if d["kind"].startswith("Cluster")} == {
+        "ops-op-declop-metrics-auth", "ops-op-declop-metrics-reader"
+    }
+    lease = "op-declop-leader-election"  # the Lease Role in the release namespace
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] != lease}
+    bindings = {
+        d["metadata"]["namespace"]: d
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["metadata"]["name"] != lease
+    }
     assert set(roles) == set(bindings) == set(CI_NAMESPACES)
     for ns in CI_NAMESPACES:
         assert {
             "apiGroups": [""],
             "resources": ["configmaps"],
-            "verbs": ["get", "list", "watch", "patch", "update"],
+            "verbs": ["get", "list", "watch", "patch"],
         } in roles[ns]["rules"]
         assert bindings[ns]["subjects"] == [
             {"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}
@@ -616,7 +685,7 @@ def test_pod_spec(tool_env: dict[str, str]) -> None:
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     c = container(docs)
-    assert "command" not in c and "args" not in c  # the image's ENTRYPOINT ["declop", "run"]
+    assert "command" not in c and "args" not in c  # the image's ENTRYPOINT: tini -- declop run
     assert c["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -635,7 +704,10 @@ def test_pod_spec(tool_env: dict[str, str]) -> None:
         "DECLOP_GRACE_PERIOD": "50",
         "DECLOP_HEALTH_PORT": "8081",
         "DECLOP_METRICS_PORT": "8080",
-        "DECLOP_LEADER_ELECT": "false",
+        "DECLOP_METRICS_SECURE": "true",
+        "DECLOP_LEADER_ELECT": "true",
+        "DECLOP_LEADER_ELECTION_ID": "op-declop",
+        "DECLOP_LEADER_ELECTION_NAMESPACE": "ops",
     }
     service = one(docs, "Service", "op-declop-metrics")
     assert service["spec"]["ports"] == [
@@ -719,10 +791,14 @@ def test_helm_install(
         expect = {
             ("list", "pods", "-A"): True,
             ("watch", "pods", "-A"): True,
-            ("create", "events", "-n", "default"): True,
+            ("create", "events.events.k8s.io", "-n", "default"): True,
+            ("create", "events", "-n", "default"): False,  # core events are never written
             ("patch", "events.events.k8s.io", "-n", "default"): True,
             ("create", "leases.coordination.k8s.io", "-n", namespace): True,
             ("update", "leases.coordination.k8s.io/op-declop", "-n", namespace): True,
+            ("patch", "leases.coordination.k8s.io/op-declop", "-n", namespace): False,
+            ("create", "tokenreviews.authentication.k8s.io"): True,
+            ("create", "subjectaccessreviews.authorization.k8s.io"): True,
             ("get", "leases.coordination.k8s.io/op-declop", "-n", namespace): True,
             ("patch", "pods", "-n", "default"): False,
             ("delete", "pods", "-n", "default"): False,
@@ -782,14 +858,15 @@ def test_helm_install(
             'rbac.watch=[{"resource": "pods"}]',
         )
         deployment = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)
-        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+        # one replica keeps leader election (the default) and so the RollingUpdate strategy
+        assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
         assert (
             deployment["spec"]["template"]["metadata"]["annotations"]["checksum/handlers"] != before
         )
         cm = kubectl_json(tool_env, "get", "configmap", "op-declop-handlers", "-n", namespace)
         assert cm["data"] == {"handlers.py": handlers.read_text()}
         roles = run(tool_env, "kubectl", "get", "roles", "-n", namespace, "-o", "name").stdout
-        assert "leader-election" not in roles
+        assert "leader-election" in roles  # still electing with one replica
     finally:
         run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
     gone = run(tool_env, "kubectl", "get", "clusterrole", f"{namespace}-op-declop", check=False)
@@ -892,19 +969,36 @@ def test_installed_container_runs_declop(
             )
             assert lease["spec"].get("holderIdentity")
 
-            def get(port_: int, path: str) -> tuple[int, str]:
+            def get(url: str, token: str | None = None) -> tuple[int, str]:
+                insecure = ssl.create_default_context()
+                insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # self-signed
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                request = urllib.request.Request(url, headers=headers)
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port_}{path}", timeout=5) as r:
+                    with urllib.request.urlopen(request, timeout=5, context=insecure if url.startswith("https") else None) as r:
                         return r.status, r.read().decode()
                 except urllib.error.HTTPError as exc:
                     return exc.code, exc.read().decode()
 
-            assert get(health, "/healthz")[0] == 200
+            assert get(f"http://127.0.0.1:{health}/healthz")[0] == 200
             assert wait_for(
-                lambda: get(health, "/readyz")[0] == 200, timeout=10, what="/readyz 200"
+                lambda: get(f"http://127.0.0.1:{health}/readyz")[0] == 200, timeout=10, what="/readyz 200"
             )
-            status, text = get(metrics, "/metrics")
-            assert status == 200 and "# TYPE" in text
+            # secure metrics with the chart's RBAC: the operator's own identity runs the
+            # TokenReview/SubjectAccessReview; a scraper needs the metrics-reader ClusterRole
+            url = f"https://127.0.0.1:{metrics}/metrics"
+            assert get(url) == (401, "Unauthorized\n")
+            for sa in ("scraper", "nobody"):
+                run(tool_env, "kubectl", "create", "serviceaccount", sa, "-n", namespace)
+            run(tool_env, "kubectl", "create", "clusterrolebinding", f"{namespace}-scraper",
+                f"--clusterrole={namespace}-op-declop-metrics-reader", f"--serviceaccount={namespace}:scraper")
+            try:
+                assert get(url, control_plane.service_account_token(namespace, "nobody"))[0] == 403
+                status, text = get(url, control_plane.service_account_token(namespace, "scraper"))
+                assert status == 200, text
+            finally:
+                run(tool_env, "kubectl", "delete", "clusterrolebinding", f"{namespace}-scraper", check=False)
+            assert "# TYPE" in text
             code = op.stop()
         assert code == 0, "\n".join(op.lines + op.stderr)
         # released on SIGTERM, so that a RollingUpdate's new Pod takes over at once
@@ -951,15 +1045,31 @@ def dockerfile_stages() -> tuple[dict[str, str], list[list[tuple[str, str]]]]:
 def test_dockerfile() -> None:
     global_args, stages = dockerfile_stages()
     assert len(stages) >= 2, "multi-stage: a builder and a runtime stage"
-    assert global_args["PYTHON_IMAGE"] == "python:3.11-slim"
-    froms = [stage[0][1] for stage in stages]
-    assert all(f.startswith("${PYTHON_IMAGE}") for f in froms), froms  # same Python in both stages
-    builder, final = stages[0], stages[-1]
-    assert froms[0].endswith(" AS builder")
+    # the base pinned by digest, the tag beside it (make pin-base moves it)
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", global_args["PYTHON_IMAGE"])
+    froms = {stage[0][1].rpartition(" AS ")[2]: stage[0][1] for stage in stages[:-1]}
+    runtime_from = stages[-1][0][1]
+    # same Python in every stage that runs it; `wheels` is only files
+    assert froms.pop("wheels") == "scratch AS wheels", "a named context `wheels` replaces it"
+    assert all(f.startswith("${PYTHON_IMAGE}") for f in [*froms.values(), runtime_from]), froms
+    builder = next(stage for stage in stages if stage[0][1].endswith(" AS builder"))
+    final = stages[-1]
     builder_runs = " ".join(rest for ins, rest in builder if ins == "RUN")
-    assert "[fast]" in builder_runs and "venv /opt/declop" in builder_runs
+    assert "venv /opt/declop" in builder_runs
+    # the install needs no network: every wheel comes from the `wheels` stage or context, and
+    # exactly the locks' pins with their hashes; declop's own wheel adds nothing (--no-deps)
+    assert builder_runs.startswith("--network=none --mount=type=bind,from=wheels,"), builder_runs
+    assert builder_runs.count("--no-index --find-links /wheels --require-hashes --no-deps") == 2
+    assert "-r requirements/image.lock" in builder_runs and "-r requirements/build.lock" in builder_runs
+    assert "/opt/declop/bin/pip install --no-index --no-deps" in builder_runs
+    assert "/opt/declop/bin/pip check" in builder_runs
     copies = [rest for ins, rest in builder if ins == "COPY"]
     assert any("declop/" in c for c in copies) and any("setup.cfg" in c for c in copies)
+    assert "requirements/ requirements/" in copies
+    download = next(stage for stage in stages if stage[0][1].endswith(" AS wheel-download"))
+    assert "--require-hashes --no-deps" in " ".join(rest for ins, rest in download if ins == "RUN")
+    tini = next(stage for stage in stages if stage[0][1].endswith(" AS tini"))
+    assert "apt-get install -y --no-install-recommends tini" in " ".join(r for i, r in tini if i == "RUN")
 
     final_ = dict((ins, rest) for ins, rest in final)  # last of each instruction wins, as in Docker
     assert "--from=builder /opt/declop /opt/declop" in [
@@ -972,7 +1082,11 @@ def test_dockerfile() -> None:
         "USER must be numeric and non-root"
     )
     assert final_["USER"] == "65532:65532"
-    assert json.loads(final_["ENTRYPOINT"]) == ["declop", "run"], "exec form"
+    assert "--from=tini /usr/bin/tini-static /usr/bin/tini" in [
+        rest for ins, rest in final if ins == "COPY"
+    ]
+    # exec form; tini is PID 1 (signals forwarded, orphans reaped), arguments go to `declop run`
+    assert json.loads(final_["ENTRYPOINT"]) == ["tini", "--", "declop", "run"]
     assert "CMD" not in final_, "handlers come from DECLOP_PATHS / DECLOP_MODULES, or arguments"
     env = " ".join(rest for ins, rest in final if ins == "ENV")
     for setting in (

@@ -243,8 +243,8 @@ def test_a_frozen_leader_starts_no_reconcile_after_sigcont(cluster: Cluster) -> 
 
 def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Cluster, tmp_path: Path) -> None:
     """A plain handler blocks for ever in its thread; the Lease is lost (black hole). The process
-    still exits 1 within 2 s of the loss, /healthz answers until then, and the temporary files
-    the kubernetes client wrote for the kubeconfig's embedded certificates are gone."""
+    still exits 1 within 2 s of the loss (os._exit), /healthz answers until then, and no
+    credential file was ever written for the kubeconfig's embedded certificates."""
     health = free_port()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -257,7 +257,7 @@ def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Clus
             a.wait_for_line("Successfully acquired lease")
             cluster.configmap("stuck")
             a.wait_for_line('"reconcile start"')
-            assert list(scratch.iterdir()), "the kubernetes client keeps the embedded certificates in temporary files"
+            assert list(scratch.iterdir()) == [], "the embedded certificates stay in memory"
             exits: list[float] = []
             waiter = threading.Thread(target=lambda: (a.proc.wait(), exits.append(time.time())), daemon=True)
             waiter.start()
@@ -281,7 +281,7 @@ def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Clus
             assert took <= 2.0, f"exited {took:.2f} s after the loss"
             assert any(at >= ts(lost[0]) - 0.5 and status == 200 for at, status in answers), "/healthz answers until the exit"
             assert not any(r["msg"] == "reconcile end" for r in records(a)), "the handler really was stuck"
-            assert list(scratch.iterdir()) == [], "temporary credential files must be removed on exit"
+            assert list(scratch.iterdir()) == [], "no credential file is left behind by a forced exit"
         finally:
             proxy.forward()
             a.stop()
@@ -330,7 +330,7 @@ def test_a_forbidden_lease_says_so_on_every_retry_and_in_readyz(cluster: Cluster
 
         status, body = wait_for(synced, 20, what="the caches to sync")
         assert status == 503
-        assert f'[-]leader-election failed: cannot get leases.coordination.k8s.io "{cluster.lock}" in namespace "{namespace}"' in body
+        assert "[-]leader-election failed\n" in body and "cannot get" not in body  # the name, not the error text
         # granted now: the next retry succeeds and /readyz turns ready
         rbac.create_namespaced_role(namespace, {
             "metadata": {"name": "lease"},

@@ -138,11 +138,15 @@ def test_terminal_error_is_counted_not_retried(caplog: pytest.LogCaptureFixture)
     assert "terminal" in caplog.text
 
 
-def test_returning_something_else_is_an_error_with_a_hint(caplog: pytest.LogCaptureFixture) -> None:
-    c, _, _ = make(lambda **_: None)
-    c._settle(KEY, True, None, logger(), 0.0)
-    assert c.queue.num_requeues(KEY) == 1
+def test_returning_something_else_is_terminal_with_a_hint(caplog: pytest.LogCaptureFixture) -> None:
+    c, _, clock = make(lambda **_: None)
+    secret = {"kind": "Secret", "metadata": {"namespace": "ns", "name": "a"}, "data": {"password": "c2VjcmV0"}}
+    c._settle(KEY, secret, None, logger(), 0.0)
+    clock.advance(10_000)
+    assert queued(c) == [] and c.queue.num_requeues(KEY) == 0  # not retried
+    assert "returned a Secret object ns/a (contents not shown) for ns/a" in caplog.text
     assert "return None or declop.Result" in caplog.text
+    assert "c2VjcmV0" not in caplog.text
 
 
 # -- processing a key ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 import declop.registry as registry_module
 from declop.errors import ConfigError, RegistrationError
-from declop.loader import load
+from declop.loader import HandlerDirs, load
 from declop.registry import Registry
 
 HANDLER = """\
@@ -30,6 +30,7 @@ def {name}(request, **_):
 def isolated_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Undo what loading does to sys.path and sys.modules."""
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, HandlerDirs)])
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
@@ -90,7 +91,42 @@ def test_a_file_can_import_its_siblings(tmp_path: Path) -> None:
     path = write(tmp_path / "handlers.py", f"from {sibling} import VALUE\n")
     (module,) = load([str(path)])
     assert module.VALUE == 42
-    assert sys.path[0] == str(tmp_path)
+    assert str(tmp_path) not in sys.path  # served by the finder, after everything installed
+
+
+def test_a_handler_folder_never_shadows_installed_modules(tmp_path: Path) -> None:
+    """A folder with yaml.py and json.py: both load as handler files, but ``import yaml`` and
+    ``import json`` — in the handlers and in the kubernetes package — get the real ones."""
+    import json as real_json
+
+    folder = tmp_path / "handlers"
+    for stem in ("yaml", "json"):
+        write(folder / f"{stem}.py", f"import declop\nIMPOSTOR = True\nREG = declop.Registry()\n\n@declop.reconciler('pods', registry=REG)\ndef {stem}_handler(**_):\n    return None\n")
+    write(folder / "uses.py", "import json, yaml\nJSON, YAML = json, yaml\n")
+    for name in ("yaml", "kubernetes.config.kube_config"):
+        sys.modules.pop(name, None)  # imported afresh after the folder is loaded
+    modules = load([str(folder)])
+    assert [m.__name__.split("_")[2] for m in modules] == ["json", "uses", "yaml"]
+    assert modules[0].IMPOSTOR and modules[2].IMPOSTOR  # the handler files did run
+    assert modules[1].JSON is real_json and modules[1].YAML.safe_load("a: 1") == {"a": 1}
+    import kubernetes.config.kube_config as kube_config  # imports yaml itself
+
+    assert not hasattr(kube_config.yaml, "IMPOSTOR")
+    assert kube_config.yaml.safe_dump({"a": 1}) == "a: 1\n"
+
+
+def test_each_file_of_a_folder_is_imported_exactly_once(tmp_path: Path) -> None:
+    """``import helpers`` from siblings and the folder's own turn give one module, executed once —
+    whichever comes first."""
+    folder = tmp_path / "handlers"
+    stem = f"helpers_{tmp_path.name.replace('-', '_')}"
+    runs = tmp_path / "runs.txt"
+    write(folder / f"{stem}.py", f"open({str(runs)!r}, 'a').write('x')\n")
+    write(folder / "a.py", f"import {stem}\nH = {stem}\n")  # before the helper's turn
+    write(folder / "z.py", f"import {stem}\nH = {stem}\n")  # after it
+    a, helpers, z = load([str(folder)])
+    assert runs.read_text() == "x"
+    assert a.H is helpers is z.H
 
 
 def test_loading_the_same_file_twice_imports_it_once(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from declop.logs import JsonFormatter, PlainFormatter, ReconcileLogger, configure, kv
+from declop.logs import REDACTED, JsonFormatter, PlainFormatter, ReconcileLogger, configure, kv, redact
 
 RID = "0b9f6c1e-4f4e-4a57-9d7a-3c1f2f0d1e2a"
 CONTEXT = {"controller": "example", "namespace": "default", "name": "nginx", "reconcileID": RID}
@@ -267,3 +267,25 @@ def test_configure_quiets_third_party_loggers(clean_root: logging.Logger) -> Non
     assert logging.getLogger("urllib3").level == logging.WARNING
     configure(level=logging.ERROR, stream=io.StringIO())
     assert logging.getLogger("aiohttp").level == logging.ERROR
+
+
+SECRET = {"kind": "Secret", "metadata": {"name": "db"}, "data": {"password": "c2VjcmV0"}, "stringData": {"user": "root"}}
+
+
+def test_redact_hides_secret_values_keeps_keys_at_any_depth() -> None:
+    pairs = {"obj": SECRET, "list": [SECRET], "other": {"kind": "ConfigMap", "data": {"k": "v"}}}
+    out = redact(pairs)
+    assert out["obj"]["data"] == {"password": REDACTED} and out["obj"]["stringData"] == {"user": REDACTED}
+    assert out["list"][0]["data"] == {"password": REDACTED}
+    assert out["other"] is pairs["other"]  # not a Secret: untouched, not copied
+    assert SECRET["data"]["password"] == "c2VjcmV0"  # the original is not changed
+    plain = {"a": 1}
+    assert redact(plain) is plain
+
+
+@pytest.mark.parametrize("formatter", [PlainFormatter(), JsonFormatter()], ids=["plain", "json"])
+def test_both_formatters_redact_secrets_given_as_pairs(formatter: logging.Formatter) -> None:
+    record = logging.LogRecord("x", logging.DEBUG, __file__, 1, "got it", (), None)
+    record.kv = {"obj": SECRET}
+    line = formatter.format(record)
+    assert "c2VjcmV0" not in line and "root" not in line and "password" in line

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from declop.result import Phase, Result, phase_of
+import declop
+from declop.result import Phase, Result, describe, phase_of
 
 FIN = "example.com/cleanup"
 
@@ -35,6 +36,31 @@ def test_result_rejects_negative_and_non_finite_requeue_after(seconds: float) ->
 def test_result_rejects_what_is_not_a_number(value: Any) -> None:
     with pytest.raises(TypeError, match="requeue_after must be a number of seconds or None"):
         Result(requeue_after=value)
+
+
+@pytest.mark.parametrize("value", ["5", -1, float("nan"), {"kind": "Secret"}])
+def test_an_invalid_result_is_terminal(value: Any) -> None:
+    with pytest.raises(declop.TerminalError) as info:
+        Result(requeue_after=value)
+    assert isinstance(info.value, declop.InvalidResult)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "None"),
+        (3.5, "3.5"),
+        ("5", "'5'"),
+        ("x" * 21, "a str of 21 characters"),
+        ({"kind": "Secret", "metadata": {"namespace": "ns", "name": "db"}, "data": {"p": "eA=="}},
+         "a Secret object ns/db (contents not shown)"),
+        ({"kind": "Namespace", "metadata": {"name": "n"}}, "a Namespace object n (contents not shown)"),
+        ({"password": "x"}, "a dict (contents not shown)"),
+        ([1, 2], "a list (contents not shown)"),
+    ],
+)
+def test_describe_names_the_type_never_the_contents(value: Any, shown: str) -> None:
+    assert describe(value) == shown
 
 
 def test_phase_repr() -> None:

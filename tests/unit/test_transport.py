@@ -9,6 +9,7 @@ import pytest
 
 from declop.errors import ApiError, Conflict, Forbidden, NotFound
 from declop.transport import (
+    rbac_resource,
     PATCH_TYPES,
     TransportStatistics,
     _is_collection,
@@ -86,6 +87,27 @@ def test_watch_false_is_a_list(watch: Any) -> None:
 def test_write_verbs(method: str, verb: str) -> None:
     assert _verb(method, "/api/v1/namespaces/default/pods/nginx", None) == verb
     assert _verb(method, "/api/v1/namespaces/default/pods", {"watch": "true"}) == verb
+
+
+@pytest.mark.parametrize(
+    ("path", "resource"),
+    [
+        ("/api/v1/namespaces/default/pods", ("", "pods")),
+        ("/api/v1/namespaces/default/pods/nginx", ("", "pods")),
+        ("/api/v1/namespaces/default/pods/nginx/status", ("", "pods/status")),
+        ("/api/v1/namespaces", ("", "namespaces")),
+        ("/api/v1/namespaces/default", ("", "namespaces")),
+        ("/api/v1/namespaces/default/finalize", ("", "namespaces/finalize")),
+        ("/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", ("coordination.k8s.io", "leases")),
+        ("/apis/authentication.k8s.io/v1/tokenreviews", ("authentication.k8s.io", "tokenreviews")),
+        ("/apis/example.com/v1/widgets/w/scale?x=1", ("example.com", "widgets/scale")),
+        ("/api", None),
+        ("/apis/apps/v1", None),
+        ("/version", None),
+    ],
+)
+def test_rbac_resource(path: str, resource: tuple[str, str] | None) -> None:
+    assert rbac_resource(path) == resource
 
 
 def test_statistics_reads_and_writes() -> None:

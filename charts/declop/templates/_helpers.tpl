@@ -168,10 +168,16 @@ The RBAC rules of the watched resources, the event recorder and rbac.rules, as a
 {{- toJson $watch }}
 {{- end }}
 
+{{- /* The verbs declop sends, by feature: files/permissions.json (one list, read by the tests too). */ -}}
+{{- define "declop.permissions" -}}
+{{- .Files.Get "files/permissions.json" }}
+{{- end }}
+
 {{- define "declop.rules" -}}
+{{- $perms := include "declop.permissions" . | fromJson }}
 {{- range (include "declop.watch" . | fromJsonArray) }}
-{{- $verbs := list "get" "list" "watch" }}
-{{- if .finalizers }}{{ $verbs = concat $verbs (list "patch" "update") }}{{ end }}
+{{- $verbs := $perms.watch.verbs }}
+{{- if .finalizers }}{{ $verbs = concat $verbs $perms.finalizers.verbs }}{{ end }}
 {{- $verbs = concat $verbs (default list .verbs) | uniq }}
 - apiGroups: [{{ default "" .group | quote }}]
   resources: [{{ .resource | quote }}]
@@ -179,12 +185,12 @@ The RBAC rules of the watched resources, the event recorder and rbac.rules, as a
 {{- if .status }}
 - apiGroups: [{{ default "" .group | quote }}]
   resources: [{{ printf "%s/status" .resource | quote }}]
-  verbs: ["patch", "update"]
+  verbs: {{ toJson $perms.status.verbs }}
 {{- end }}
 {{- end }}
-- apiGroups: ["", "events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+- apiGroups: [{{ $perms.events.apiGroup | quote }}]
+  resources: [{{ $perms.events.resource | quote }}]
+  verbs: {{ toJson $perms.events.verbs }}
 {{- with .Values.rbac.rules }}
 {{ toYaml . }}
 {{- end }}
