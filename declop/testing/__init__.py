@@ -6,23 +6,45 @@
   ``declop run``; :func:`wait_for` polls a condition.
 - :func:`run_reconcile`, :class:`FakeClient`: unit-test a reconciler with no apiserver at all.
 - :class:`ListWatchServer`: a scriptable fake list/watch endpoint (plain HTTP) for informer tests.
+- :class:`BuildKit`, :func:`build_image`, :func:`declop_image`, :func:`base_image`,
+  :func:`pause_image`, :func:`wheelhouse`: container images from a Dockerfile with no Docker
+  daemon and no registry (:class:`BuiltImage`: an OCI archive for ``ctr images import`` and an
+  OCI layout).
 """
 
 from __future__ import annotations
 
 from declop.testing.controlplane import ControlPlane, find_assets
 from declop.testing.fake import FakeClient, ReconcileOutcome, run_reconcile
+from declop.testing.image import (
+    BuildKit,
+    BuiltImage,
+    ImageBuildError,
+    base_image,
+    build_image,
+    declop_image,
+    pause_image,
+    wheelhouse,
+)
 from declop.testing.listwatch import ListWatchServer
 from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
 
 __all__ = [
+    "BuildKit",
+    "BuiltImage",
     "ControlPlane",
     "FakeClient",
+    "ImageBuildError",
     "ListWatchServer",
     "OperatorProcess",
     "OperatorRunner",
     "ReconcileOutcome",
+    "base_image",
+    "build_image",
+    "declop_image",
     "find_assets",
+    "pause_image",
     "run_reconcile",
     "wait_for",
+    "wheelhouse",
 ]

@@ -4,8 +4,8 @@ What :func:`generate` writes into a directory (names are fixed, see :class:`Cert
 
 - ``serving-ca.crt``/``.key``  self-signed CA that signs the apiserver's serving certificate;
   clients trust it (``certificate-authority``).
-- ``apiserver.crt``/``.key``   leaf, CN ``localhost``, SANs DNS ``localhost`` + IP ``127.0.0.1``,
-  EKU serverAuth.
+- ``apiserver.crt``/``.key``   leaf, CN ``localhost``, SANs DNS ``localhost`` + IP ``127.0.0.1``
+  plus every extra name given to :func:`generate` (IP addresses become IP SANs), EKU serverAuth.
 - ``client-ca.crt``/``.key``   a *separate* self-signed CA; the apiserver's ``--client-ca-file``.
 - ``admin.crt``/``.key``       client leaf, CN ``admin``, O ``system:masters`` (bypasses RBAC).
 - ``sa.key``/``sa.pub``        service-account token signing pair (PKCS#8 / SubjectPublicKeyInfo).
@@ -70,8 +70,12 @@ class Certificates:
         return _client_leaf(Path(self.directory), stem, user, groups, ca_cert, ca_key)
 
 
-def generate(directory: str | os.PathLike[str]) -> Certificates:
-    """Write a fresh set of control-plane certificates and keys into ``directory`` (created)."""
+def generate(directory: str | os.PathLike[str], hosts: Iterable[str] = ()) -> Certificates:
+    """Write a fresh set of control-plane certificates and keys into ``directory`` (created).
+
+    ``hosts`` are extra names the apiserver's serving certificate is valid for: a host IP that
+    Pods reach it on, the ``kubernetes`` Service's ClusterIP and DNS names.
+    """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     serving_ca_cert, serving_ca_key = _self_signed_ca("declop-serving-ca")
@@ -86,9 +90,7 @@ def generate(directory: str | os.PathLike[str]) -> Certificates:
         .add_extension(_leaf_key_usage(), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
+            x509.SubjectAlternativeName(_subject_alternative_names(["localhost", "127.0.0.1", *hosts])),
             critical=False,
         )
         .sign(serving_ca_key, hashes.SHA256())
@@ -114,6 +116,17 @@ def generate(directory: str | os.PathLike[str]) -> Certificates:
         sa_private_key=str(sa_private),
         sa_public_key=str(sa_public),
     )
+
+
+def _subject_alternative_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """IP SANs for addresses, DNS SANs for names; duplicates dropped, order kept."""
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
 
 
 def _client_leaf(

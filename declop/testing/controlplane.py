@@ -12,7 +12,9 @@ Guarantees:
 - When :meth:`ControlPlane.start` returns, etcd reports ``/health`` true, the apiserver's
   ``/readyz`` answers ``ok`` to the admin client, and (with ``controller_manager=True``) the
   controller-manager is running and has created the ``default`` ServiceAccount in ``default``.
-- Everything listens on 127.0.0.1 only. Authentication is real (x509 client certs, ServiceAccount
+- Everything listens on 127.0.0.1 only — except with ``node=True``, where the apiserver listens on
+  every address and advertises the host's primary IP so that Pods reach it (see
+  :mod:`declop.testing.node`), ServiceAccount admission is on and a real node runs. Authentication is real (x509 client certs, ServiceAccount
   tokens) and so is authorization (``Node,RBAC``); the admin is in ``system:masters``.
 - Every process runs in its own session and is stopped by its pid only: SIGTERM to its process
   group, up to 10 s, then SIGKILL. Nothing is ever killed by name.
@@ -30,10 +32,7 @@ import http.client
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -41,12 +40,16 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import kubernetes.client
 
 from declop.errors import ApiError, ConfigError
 from declop.testing.certs import Certificates, KeyPair, generate
+from declop.testing.process import Component, free_ports, launch
+
+if TYPE_CHECKING:
+    from declop.testing.node import Node
 
 __all__ = ["ControlPlane", "find_assets"]
 
@@ -58,6 +61,15 @@ STOP_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
 LOG_TAIL_LINES = 20
 PORT_ATTEMPTS = 3
+# The names the apiserver is known by inside the cluster: the first IP of --service-cluster-ip-range
+# (the ``kubernetes`` Service) and its DNS names.
+_SERVICE_HOSTS = (
+    "10.0.0.1",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
 _STOP_ORDER = {CONTROLLER_MANAGER: 0, APISERVER: 1, ETCD: 2}
 
 
@@ -95,6 +107,9 @@ class ControlPlane:
         controller_manager: also run kube-controller-manager (garbage collector, namespace
             deletion, default ServiceAccounts, …).
         start_timeout: seconds each component may take to become ready.
+        node: also run a real node (containerd, kubelet, kube-proxy, kube-scheduler; needs root,
+            see :class:`declop.testing.node.Node`) and serve the apiserver to its Pods. Implies
+            ``controller_manager=True``.
     """
 
     def __init__(
@@ -103,15 +118,19 @@ class ControlPlane:
         assets_dir: str | None = None,
         controller_manager: bool = True,
         start_timeout: float = 60.0,
+        node: bool = False,
     ) -> None:
         self._assets_dir = assets_dir
-        self.controller_manager = controller_manager
+        self.controller_manager = controller_manager or node
+        self.with_node = node
+        self.node: Node | None = None
+        self._host_ip = "127.0.0.1"
         self.start_timeout = start_timeout
         self.startup_seconds: float | None = None
         self._dir: Path | None = None
         self._certs: Certificates | None = None
         self._ports: dict[str, int] = {}
-        self._procs: dict[str, _Process] = {}
+        self._procs: dict[str, Component] = {}
         self._ssl: ssl.SSLContext | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -140,21 +159,38 @@ class ControlPlane:
                 f"{CONTROLLER_MANAGER} is not in {assets}; run tools/controlplane/build.sh, or "
                 "pass controller_manager=False (DECLOP_TEST_NO_CONTROLLER_MANAGER=1 in pytest)"
             )
+        node = None
+        if self.with_node:
+            from declop.testing.node import Node
+
+            node = Node(self)
+            node.check()  # no root, no packages: one clear error before anything starts
+            self._host_ip = node.host_ip
         atexit.register(self.stop)
         try:
             self._dir = Path(tempfile.mkdtemp(prefix="declop-cp-"))
-            self._certs = generate(self._dir / "certs")
+            hosts = [self._host_ip, *_SERVICE_HOSTS] if node is not None else []
+            self._certs = generate(self._dir / "certs", hosts)
             self._start_etcd_and_apiserver()
             self._write_kubeconfig(self.kubeconfig_path, self._certs.admin, "admin")
             if self.controller_manager:
                 self._start_controller_manager()
+            if node is not None:
+                self.node = node
+                node.start()
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - began
 
     def stop(self) -> None:
-        """Stop every process (by pid) and delete the temporary directory. Idempotent."""
+        """Stop every process (by pid) and delete the temporary directory. Idempotent.
+
+        With a node, the node goes first and undoes every host change it made.
+        """
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         self._stop_processes()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -197,6 +233,11 @@ class ControlPlane:
     def host(self) -> str:
         """The apiserver URL, ``https://127.0.0.1:<port>``."""
         return f"https://127.0.0.1:{self._port(APISERVER)}"
+
+    @property
+    def client_ca_file(self) -> str:
+        """Path of the CA the apiserver (and a node's kubelet) trusts for client certificates."""
+        return self._certificates().client_ca.cert
 
     @property
     def kubeconfig_path(self) -> str:
@@ -295,7 +336,7 @@ class ControlPlane:
     def _start_etcd_and_apiserver(self) -> None:
         """Pick free ports and start etcd then the apiserver; retry if another process took a port."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            etcd_client, etcd_peer, apiserver = _free_ports(3)
+            etcd_client, etcd_peer, apiserver = free_ports(3)
             self._ports = {ETCD: etcd_client, "etcd-peer": etcd_peer, APISERVER: apiserver}
             try:
                 self._launch_and_wait(ETCD, self._etcd_args(), self._etcd_healthy)
@@ -343,18 +384,8 @@ class ControlPlane:
                 )
             time.sleep(POLL_INTERVAL)
 
-    def _launch(self, name: str, args: list[str]) -> _Process:
-        log = self._workdir() / f"{name}.log"
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(
-                [self.binary(name), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self._workdir(),
-                start_new_session=True,
-            )
-        process = _Process(name, popen, log)
+    def _launch(self, name: str, args: list[str]) -> Component:
+        process = launch(name, [self.binary(name), *args], self._workdir())
         self._procs[name] = process
         return process
 
@@ -375,18 +406,37 @@ class ControlPlane:
     def _apiserver_args(self) -> list[str]:
         certs = self._certificates()
         issuer = f"https://127.0.0.1:{self._port(APISERVER)}"
+        if self.with_node:
+            return [*self._common_apiserver_args(certs, issuer), *self._node_apiserver_args(certs)]
+        return [
+            *self._common_apiserver_args(certs, issuer),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            "--disable-admission-plugins=ServiceAccount",
+        ]
+
+    def _node_apiserver_args(self, certs: Certificates) -> list[str]:
+        """Reachable from Pods (every address, the host IP advertised), as a real cluster admits."""
+        kubelet_client = certs.issue_client("kube-apiserver-kubelet-client", ["system:masters"])
+        return [
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={self._host_ip}",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
+
+    def _common_apiserver_args(self, certs: Certificates, issuer: str) -> list[str]:
         return [
             f"--etcd-servers=http://127.0.0.1:{self._port(ETCD)}",
             f"--secure-port={self._port(APISERVER)}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
             f"--tls-cert-file={certs.apiserver.cert}",
             f"--tls-private-key-file={certs.apiserver.key}",
             f"--client-ca-file={certs.client_ca.cert}",
             "--authorization-mode=Node,RBAC",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount",
             f"--service-account-issuer={issuer}",
             f"--api-audiences={issuer}",
             f"--service-account-key-file={certs.sa_public_key}",
@@ -439,10 +489,15 @@ class ControlPlane:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 10.0
+    ) -> tuple[int, bytes]:
+        """One admin request to the apiserver (JSON ``body``); returns (status, body) for any status."""
+        return self._apiserver_request(method, path, body, timeout)
+
     def _apiserver_request(
         self, method: str, path: str, body: Any = None, timeout: float = 10.0
     ) -> tuple[int, bytes]:
-        """One admin request to the apiserver; returns (status, body) for any status."""
         conn = http.client.HTTPSConnection(
             "127.0.0.1", self._port(APISERVER), context=self._ssl_context(), timeout=timeout
         )
@@ -525,57 +580,6 @@ class ControlPlane:
 
 class _PortTaken(RuntimeError):
     """A component died because its port was taken between picking and binding it."""
-
-
-class _Process:
-    """One started component: its Popen (own session, so pgid == pid) and its log file."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
-        self.name = name
-        self.popen = popen
-        self.log = log
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def terminate(self, sig: signal.Signals) -> None:
-        """Signal the process group, but only while our child is unreaped (its pid is still ours)."""
-        if self.alive():
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        """SIGTERM the group, wait up to STOP_TIMEOUT, then SIGKILL; always reap the child."""
-        self.terminate(signal.SIGTERM)
-        try:
-            self.popen.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.terminate(signal.SIGKILL)
-            self.popen.wait()
-
-    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def describe(self, what: str) -> str:
-        return f"{self.name} {what}; last lines of {self.log.name}:\n{self.tail()}"
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports that were free on 127.0.0.1 a moment ago."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _cache_root() -> Path:

@@ -50,7 +50,7 @@ from typing import Any, Callable, Coroutine, Iterable, Mapping, Sequence, TypeVa
 
 from ..cache import Store, Writer, clone
 from ..client import AsyncClient, Client, ClientContext
-from ..controller import Controller
+from ..controller import Controller, invalid_outcome
 from ..discovery import ResourceInfo, resolve
 from ..errors import ConfigError, TerminalError
 from ..finalizers import ensure_finalizer, release_finalizer
@@ -996,8 +996,8 @@ async def _reconcile(
             await release_finalizer(server, info, obj, reg.finalizer)
     except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
         error = exc
-    if error is None and not (outcome is None or isinstance(outcome, Result)):
-        error = TypeError(f"handler {reg.name!r} returned {outcome!r}; return None or declop.Result(requeue_after=...)")
+    if error is None:
+        error = invalid_outcome(reg.name, key, outcome)
 
     # the controller's own outcome table settles it, against a queue that only records
     queue = _RecordingQueue()

@@ -320,11 +320,11 @@ def test_only_declared_arguments_are_injected() -> None:
         (lambda: declop.Result(), "done", None, None),
         (lambda: declop.Result(requeue_after=2.5), "requeue_after", 2.5, None),
         (lambda: declop.Result(requeue_after=0), "done", None, None),
-        (lambda: declop.Result(requeue_after=-1), "retry", None, ValueError),
+        (lambda: declop.Result(requeue_after=-1), "terminal", None, declop.InvalidResult),
         (lambda: (_ for _ in ()).throw(RuntimeError("boom")), "retry", None, RuntimeError),
         (lambda: (_ for _ in ()).throw(declop.Conflict("stale")), "retry", None, declop.Conflict),
         (lambda: (_ for _ in ()).throw(declop.TerminalError("bad spec")), "terminal", None, declop.TerminalError),
-        (lambda: True, "retry", None, TypeError),
+        (lambda: True, "terminal", None, declop.InvalidResult),
     ],
 )
 def test_the_outcome_table(behaviour: Any, action: str, requeue: float | None, error: type | None) -> None:

@@ -1,0 +1,409 @@
+"""The chart's Pod for real: the image built from the Dockerfile, run by a kubelet on a real node.
+
+Every test installs the chart with helm as a user would (``--wait`` needs the readiness probe to
+pass) and checks what only a running Pod shows: the seed's lines in ``kubectl logs``, a rolling
+update under leader election, the liveness probe restarting a wedged operator, the metrics
+Service from another Pod, and the restricted securityContext inside the container.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from declop.testing import ControlPlane, wait_for
+from declop.testing.image import BuiltImage
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "declop"
+PODS = ROOT / "examples" / "pods.py"
+SEED_LINE = re.compile(
+    r'^INFO (Pod created|The pod was deleted) \{"controller": "example", "namespace": "default", '
+    r'"name": "nginx", "reconcileID": "[0-9a-f-]{36}"\}$'
+)
+
+
+def sh(cp: ControlPlane, *args: str, check: bool = True, timeout: float = 180) -> str:
+    result = subprocess.run(
+        list(args), env=cp.env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result.stdout
+
+
+def kubectl_json(cp: ControlPlane, *args: str) -> Any:
+    return json.loads(sh(cp, "kubectl", *args, "-o", "json"))
+
+
+def helm(cp: ControlPlane, verb: str, release: str, namespace: str, values: dict[str, Any], *extra: str) -> None:
+    """``helm install|upgrade`` the chart with ``values`` (a JSON values file), waiting for Ready."""
+    path = Path(cp.tmp_dir) / f"{release}-{verb}-values.json"
+    path.write_text(json.dumps(values))
+    sh(
+        cp, "helm", verb, release, str(CHART), "-n", namespace, "--create-namespace",
+        "-f", str(path), "--wait", "--timeout", "120s", *extra,
+    )  # fmt: skip
+
+
+def image_values(image: BuiltImage) -> dict[str, Any]:
+    repository, _, tag = image.name.rpartition(":")
+    return {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}}
+
+
+def pods_of(cp: ControlPlane, namespace: str, release: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={release}"
+    items: list[dict[str, Any]] = kubectl_json(cp, "get", "pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+class LogFollower:
+    """``kubectl logs -f`` of one Pod in a thread; keeps every line until the container ends."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, pod: str) -> None:
+        self.pod = pod
+        self.lines: list[str] = []
+        self._proc = subprocess.Popen(
+            ["kubectl", "logs", "-f", "-n", namespace, pod],
+            env=cp.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+        self._proc.wait(10)
+
+
+def seed_scenario(cp: ControlPlane, namespace: str, release: str) -> list[str]:
+    """The seed's kubectl run / label / delete; returns the operator's nginx lines, in order."""
+    deployment = f"deploy/{release}-declop"
+
+    def nginx_lines() -> list[str]:
+        out = sh(cp, "kubectl", "logs", "-n", namespace, deployment)
+        return [line for line in out.splitlines() if '"name": "nginx"' in line]
+
+    sh(cp, "kubectl", "run", "nginx", "--image", "nginx")
+    wait_for(lambda: len(nginx_lines()) >= 1, timeout=30, what="'Pod created' for nginx")
+    sh(cp, "kubectl", "label", "pod", "nginx", "env=prod")
+    wait_for(lambda: len(nginx_lines()) >= 2, timeout=30, what="'Pod created' after the label")
+    sh(cp, "kubectl", "delete", "pod", "nginx", timeout=120)  # plain: the kubelet finishes it
+    wait_for(
+        lambda: any("The pod was deleted" in line for line in nginx_lines()),
+        timeout=60,
+        what="'The pod was deleted'",
+    )
+    return nginx_lines()
+
+
+def assert_seed_lines(lines: list[str]) -> None:
+    """Created, created again on the label, then deleted — in that order.
+
+    Level-triggered, so the counts after the label are not fixed: the graceful delete's updates
+    (deletionTimestamp, the kubelet's status) may each find the pod still there ("Pod created"),
+    and an update queued while the last reconcile ran may find it gone once more ("The pod was
+    deleted" twice). What never happens is a line out of order.
+    """
+    assert all(SEED_LINE.match(line) for line in lines), lines
+    messages = [SEED_LINE.match(line).group(1) for line in lines]  # type: ignore[union-attr]
+    assert messages[:2] == ["Pod created", "Pod created"], lines
+    first_deleted = messages.index("The pod was deleted")
+    assert set(messages[:first_deleted]) == {"Pod created"}, lines
+    assert set(messages[first_deleted:]) == {"The pod was deleted"}, lines
+    ids = [re.search(r'"reconcileID": "([^"]+)"', line).group(1) for line in lines]  # type: ignore[union-attr]
+    assert len(set(ids)) == len(ids), "every reconcile has its own reconcileID"
+
+
+@pytest.fixture
+def release_namespace(cluster: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    yield name
+    sh(cluster, "kubectl", "delete", "namespace", name, "--wait=false", check=False)
+    sh(cluster, "kubectl", "delete", "pod", "nginx", "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_seed_scenario_with_handlers_from_a_configmap(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    values = {
+        **image_values(declop_image_built),
+        "handlers": {"files": {"pods.py": PODS.read_text()}},
+        "rbac": {"watch": [{"group": "", "resource": "pods"}]},
+    }
+    helm(cluster, "install", "seed", release_namespace, values)
+    assert_seed_lines(seed_scenario(cluster, release_namespace, "seed"))
+
+
+def test_seed_scenario_from_an_image_built_from_the_declop_image(
+    cluster: ControlPlane, operator_image: BuiltImage, release_namespace: str
+) -> None:
+    values = {
+        **image_values(operator_image),
+        "handlers": {"path": "/app/handlers/pods.py"},
+        "rbac": {"watch": [{"group": "", "resource": "pods"}]},
+    }
+    helm(cluster, "install", "baked", release_namespace, values)
+    assert_seed_lines(seed_scenario(cluster, release_namespace, "baked"))
+
+
+def test_the_container_runs_read_only_as_the_charts_user_without_capabilities(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    values = {**image_values(declop_image_built), "handlers": {"example": True}}
+    helm(cluster, "install", "locked", release_namespace, values)
+    exec_ = ["kubectl", "exec", "-n", release_namespace, "deploy/locked-declop", "--"]
+    assert sh(cluster, *exec_, "id", "-u").strip() == "65532"
+    assert sh(cluster, *exec_, "id", "-g").strip() == "65532"
+    write = subprocess.run(
+        [*exec_, "python3", "-c", "open('/written-by-test', 'w')"],
+        env=cluster.env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write.stderr
+    status = sh(cluster, *exec_, "cat", "/proc/1/status")
+    capabilities = dict(line.split(":\t") for line in status.splitlines() if line.startswith("Cap"))
+    assert capabilities["CapEff"] == capabilities["CapPrm"] == "0000000000000000", capabilities
+    assert "NoNewPrivs:\t1" in status
+    # /tmp (HOME) is the chart's writable emptyDir.
+    sh(cluster, *exec_, "python3", "-c", "open('/tmp/ok', 'w').write('x')")
+
+
+def test_metrics_are_reachable_through_the_charts_service_from_another_pod(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    values = {**image_values(declop_image_built), "handlers": {"example": True}}
+    helm(cluster, "install", "scraped", release_namespace, values)
+    service = kubectl_json(cluster, "get", "service", "-n", release_namespace, "scraped-declop-metrics")
+    # secure metrics (the chart's default): HTTPS, and a token bound to the metrics-reader ClusterRole
+    url = f"https://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/metrics"
+    sh(cluster, "kubectl", "create", "serviceaccount", "scraper", "-n", release_namespace)
+    sh(cluster, "kubectl", "create", "clusterrolebinding", f"{release_namespace}-scraper",
+       f"--clusterrole={release_namespace}-scraped-declop-metrics-reader", f"--serviceaccount={release_namespace}:scraper")
+    script = (
+        "import ssl, urllib.request; ctx = ssl._create_unverified_context(); "
+        "token = open('/var/run/secrets/kubernetes.io/serviceaccount/token').read(); "
+        f"req = urllib.request.Request({url!r}, headers={{'Authorization': 'Bearer ' + token}}); "
+        "print(urllib.request.urlopen(req, timeout=10, context=ctx).read().decode())"
+    )
+    try:
+        out = sh(
+            cluster, "kubectl", "run", "scraper", "-n", release_namespace, "--rm", "-i", "--restart=Never",
+            f"--image={declop_image_built.name}", "--image-pull-policy=Never",
+            '--overrides={"spec": {"serviceAccountName": "scraper"}}',
+            "--command", "--", "python3", "-c", script,
+        )  # fmt: skip
+    finally:
+        sh(cluster, "kubectl", "delete", "clusterrolebinding", f"{release_namespace}-scraper", "--ignore-not-found")
+    assert "workqueue_depth" in out and "controller_runtime_reconcile_total" in out, out[-2000:]
+
+
+ORPHANS = '''
+import subprocess
+
+import declop
+
+
+@declop.reconciler("configmaps")
+def orphans(request, obj, logger, **_):
+    if obj is None or obj["metadata"]["name"] != "orphans":
+        return None
+    # sh exits at once and is waited for; its background sleeps are orphaned: the kernel gives
+    # them to PID 1, and nothing in declop ever waits for them
+    script = "for i in 1 2 3; do sleep 3 >/dev/null 2>&1 & echo $!; done"
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    logger.info("orphans spawned", pids=[int(pid) for pid in out.stdout.split()])
+'''
+
+#: every process of the container's PID namespace: {pid: [state, ppid, comm]}
+PROCESSES = (
+    "import json, os\n"
+    "procs = {}\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        stat = open(f'/proc/{pid}/stat').read()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    state, ppid = stat.rpartition(')')[2].split()[:2]\n"
+    "    procs[pid] = [state, int(ppid), stat[stat.index('(') + 1:stat.rindex(')')]]\n"
+    "print(json.dumps(procs))\n"
+)
+
+
+def test_pid_1_is_tini_which_reaps_the_orphans_of_handler_subprocesses(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    values = {
+        **image_values(declop_image_built),
+        "handlers": {"files": {"orphans.py": ORPHANS}},
+        "watchNamespaces": [release_namespace],
+        "rbac": {"scope": "namespaces", "watch": [{"group": "", "resource": "configmaps"}]},
+    }
+    helm(cluster, "install", "reaper", release_namespace, values)
+    exec_ = ["kubectl", "exec", "-n", release_namespace, "deploy/reaper-declop", "--"]
+    cmdline = sh(cluster, *exec_, "cat", "/proc/1/cmdline").split("\0")
+    assert cmdline[:4] == ["tini", "--", "declop", "run"], cmdline
+
+    def processes() -> dict[int, list[Any]]:
+        out = sh(cluster, *exec_, "python3", "-c", PROCESSES)
+        return {int(pid): info for pid, info in json.loads(out).items()}
+
+    sh(cluster, "kubectl", "create", "configmap", "orphans", "-n", release_namespace)
+
+    def spawned() -> list[int] | None:
+        out = sh(cluster, "kubectl", "logs", "-n", release_namespace, "deploy/reaper-declop")
+        found = re.search(r'orphans spawned .*"pids": \[([0-9, ]+)\]', out)
+        return [int(pid) for pid in found.group(1).split(", ")] if found else None
+
+    pids = wait_for(spawned, timeout=30, interval=0.5, what="the handler's 'orphans spawned' line")
+    assert len(pids) == 3
+    # while they sleep, they are PID 1's (tini's) children: the orphans were re-parented to it
+    alive = {pid: info for pid, info in processes().items() if pid in pids}
+    assert all(info[1] == 1 and info[2] == "sleep" for info in alive.values()), alive
+    # once they exit, tini reaps them: no zombie is left (declop as PID 1 would keep them as Z)
+    wait_for(
+        lambda: not set(pids) & set(processes()), timeout=30, interval=0.5,
+        what="the orphans to exit and be reaped",
+    )  # fmt: skip
+    zombies = {pid: info for pid, info in processes().items() if info[0] == "Z"}
+    assert zombies == {}, zombies
+
+
+WEDGE = '''
+import time
+
+import declop
+
+
+@declop.reconciler("configmaps")
+async def wedge(request, obj, logger, **_):
+    if obj is not None and obj["metadata"]["name"] == "wedge":
+        logger.info("blocking the event loop")
+        time.sleep(3600)  # a sync call inside async def: the loop stops
+'''
+
+
+def test_the_liveness_probe_restarts_a_pod_whose_event_loop_is_wedged(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    values = {
+        **image_values(declop_image_built),
+        "handlers": {"files": {"wedge.py": WEDGE}},
+        "watchNamespaces": [release_namespace],
+        "rbac": {"scope": "namespaces", "watch": [{"group": "", "resource": "configmaps"}]},
+        "gracePeriod": 1,
+        "livenessProbe": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 2},
+    }
+    helm(cluster, "install", "wedged", release_namespace, values)
+    (pod,) = pods_of(cluster, release_namespace, "wedged")
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    sh(cluster, "kubectl", "create", "configmap", "wedge", "-n", release_namespace)
+
+    def restarted() -> dict[str, Any] | None:
+        (now,) = pods_of(cluster, release_namespace, "wedged")
+        status = now["status"]["containerStatuses"][0]
+        return status if status["restartCount"] >= 1 else None
+
+    status = wait_for(restarted, timeout=90, what="the kubelet to restart the wedged container")
+    events = sh(cluster, "kubectl", "get", "events", "-n", release_namespace, "--field-selector",
+                f"involvedObject.name={pod['metadata']['name']}")  # fmt: skip
+    assert "Liveness probe failed" in events, events
+    assert status["lastState"]["terminated"]["exitCode"] != 0
+
+
+SLOW = '''
+import time
+
+import declop
+
+
+@declop.reconciler("configmaps")
+def slow(request, obj, logger, **_):
+    if obj is None or obj["metadata"].get("labels", {}).get("slow") != "yes":
+        return None
+    logger.info("reconcile start", at=time.time())
+    time.sleep(20)
+    logger.info("reconcile end", at=time.time())
+'''
+
+
+def test_helm_upgrade_to_two_replicas_never_has_two_pods_reconciling_and_the_old_pod_exits_0(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    namespace = release_namespace
+    values = {
+        **image_values(declop_image_built),
+        "handlers": {"files": {"slow.py": SLOW}},
+        "watchNamespaces": [namespace],
+        "rbac": {"scope": "namespaces", "watch": [{"group": "", "resource": "configmaps"}]},
+    }
+    helm(cluster, "install", "ha", namespace, values)  # one replica; leader election is the default
+    followers: dict[str, LogFollower] = {}
+    exits: dict[str, int] = {}
+    stop = threading.Event()
+
+    def watch_pods() -> None:  # follow every Pod's logs and record each container's exit code
+        while not stop.is_set():
+            for pod in pods_of(cluster, namespace, "ha"):
+                name = pod["metadata"]["name"]
+                statuses = pod["status"].get("containerStatuses") or []
+                if name not in followers and statuses and "running" in statuses[0]["state"]:
+                    followers[name] = LogFollower(cluster, namespace, name)
+                for status in statuses:
+                    if "terminated" in status["state"]:
+                        exits[name] = status["state"]["terminated"]["exitCode"]
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch_pods, daemon=True)
+    watcher.start()
+    try:
+        old = {p["metadata"]["name"] for p in pods_of(cluster, namespace, "ha")}
+        wait_for(lambda: set(followers) >= old, timeout=30, what="log followers on both Pods")
+        sh(cluster, "kubectl", "create", "configmap", "slow", "-n", namespace)
+        sh(cluster, "kubectl", "label", "configmap", "slow", "-n", namespace, "slow=yes")
+        leader = wait_for(
+            lambda: next((n for n, f in followers.items() if any("reconcile start" in l for l in f.lines)), None),
+            timeout=30, what="the leader to start its 20 s reconcile",
+        )  # fmt: skip
+        # Scale to two and change the Pod template: a rolling update (maxSurge 1) while the
+        # leader's reconcile runs; the kubelet sends the old Pod SIGTERM.
+        helm(cluster, "upgrade", "ha", namespace, values, "--set", "replicaCount=2",
+             "--set", "podAnnotations.rollout=two")  # fmt: skip
+        # The new leader (a new Pod) starts the same reconcile again once the old one released.
+        wait_for(
+            lambda: any(
+                any("reconcile start" in l for l in f.lines) for n, f in followers.items() if n not in old
+            ),
+            timeout=90, what="a new Pod to take over and reconcile",
+        )  # fmt: skip
+        wait_for(lambda: leader in exits, timeout=30, what="the old leader's exit code")
+    finally:
+        stop.set()
+        watcher.join(10)
+        for follower in followers.values():
+            follower.close()
+    assert exits[leader] == 0, exits
+    intervals = []
+    for name, follower in followers.items():
+        starts = [float(re.search(r'"at": ([0-9.]+)', l).group(1)) for l in follower.lines if "reconcile start" in l]  # type: ignore[union-attr]
+        ends = [float(re.search(r'"at": ([0-9.]+)', l).group(1)) for l in follower.lines if "reconcile end" in l]  # type: ignore[union-attr]
+        for i, start in enumerate(starts):
+            intervals.append((start, ends[i] if i < len(ends) else float("inf"), name))
+    intervals.sort()
+    assert len(intervals) >= 2, intervals
+    for (_, end, first), (start, _, second) in zip(intervals, intervals[1:]):
+        assert start >= end, f"{second} started at {start} before {first} ended at {end}"
+    # The old leader drained: its reconcile ended, after SIGTERM, before it exited.
+    assert any(name == leader and end != float("inf") for _, end, name in intervals)
