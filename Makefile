@@ -1,13 +1,16 @@
-# Two commands do everything on a fresh machine with Python 3.11 and Go:
-#   make run    set up, start a local control plane and the seed example on it
-#   make test   set up, run the whole test suite against a real control plane
+# Two commands do everything on a fresh Debian-like machine with Python 3.11 and Go, as root:
+#   make run    set up, start a local cluster with a real node, the seed example in it as a Pod
+#   make test   set up, run the whole test suite against a real control plane and node
+# Without root: make test-fast (everything but the node tests), make run-without-node.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BUILD := tools/controlplane/build.sh
+NODE_BUILD := tools/node/build.sh
+IMAGE_TAR ?= build/declop-image.tar
 
-.PHONY: all setup venv controlplane run dev demo test test-unit clean
+.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit clean
 
 all: test
 
@@ -27,10 +30,48 @@ controlplane:
 
 setup: venv controlplane
 
-# The seed example on a local control plane; in a second terminal:
+# The local node's binaries (kubelet, kube-scheduler, kube-proxy, buildkitd, buildctl, pause) into
+# ~/.cache/declop/node, and its Debian packages (containerd, runc, CNI plugins, iptables,
+# debootstrap) when missing — that part needs root. ~2 min with a warm Go cache, then a second.
+node:
+	@$(NODE_BUILD) >/dev/null
+
+# The Dockerfile's image, declop:<version>, built by BuildKit (no Docker daemon, no registry) on
+# a debootstrap Python base, as an OCI archive: ctr -n k8s.io images import $(IMAGE_TAR).
+# Needs root. The OCI layout sits beside it ($(IMAGE_TAR:.tar=.oci)) for images FROM declop.
+image: venv
+	@assets=$$($(NODE_BUILD)) && DECLOP_NODE_ASSETS_DIR=$$assets $(PY) -m declop.testing.image_cli --output $(IMAGE_TAR)
+
+# The image's Python dependencies, pinned with hashes (Dockerfile: pip install --require-hashes):
+# requirements/image.lock (install_requires + the `fast` extra) and requirements/build.lock (the
+# build backend), resolved by uv for CPython 3.11 on manylinux x86_64 / glibc 2.36 (the base).
+# Keeps existing pins; LOCK_ARGS=--upgrade (or --upgrade-package NAME) moves them.
+# tests/unit/test_image.py checks the locks against setup.cfg and pyproject.toml.
+UV_VERSION := 0.13.8
+LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_36 \
+	--custom-compile-command "make lock" $(LOCK_ARGS)
+lock: venv
+	$(PY) -m pip install -q "uv==$(UV_VERSION)"
+	$(VENV)/bin/uv pip compile setup.cfg --extra fast $(LOCK_FLAGS) -o requirements/image.lock
+	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+		| $(VENV)/bin/uv pip compile - $(LOCK_FLAGS) -o requirements/build.lock
+
+# The Dockerfile's default base, python:<tag>@sha256:<digest>: asks Docker Hub for the tag's
+# current digest and rewrites the ARG line (needs the registry; one line saying so otherwise).
+pin-base:
+	@tools/pin-base.sh
+
+# The seed example in-cluster: control plane + a real node, the image from the Dockerfile, the
+# chart with examples/pods.py as its handlers; the Pod's logs follow. In a second terminal:
 #   export KUBECONFIG=$$PWD/.declop/kubeconfig PATH=<assets>:$$PATH   (printed at start)
-#   kubectl run nginx --image nginx; kubectl label pod nginx env=prod; kubectl delete pod nginx --grace-period=0 --force
-run: setup
+#   kubectl run nginx --image nginx; kubectl label pod nginx env=prod; kubectl delete pod nginx
+run: setup node
+	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
+		$(VENV)/bin/declop dev --node examples/pods.py
+
+# The seed example as a local process on a control plane without a node (no root needed). With
+# no kubelet to finish a graceful delete, use: kubectl delete pod nginx --grace-period=0 --force
+run-without-node: setup
 	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(VENV)/bin/declop dev examples/pods.py
 
 # Only the control plane (no handlers), e.g. to try your own handlers with `declop run`.
@@ -41,8 +82,14 @@ dev: setup
 demo: setup
 	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) tools/demo.py
 
-test: setup
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) -m pytest $(PYTEST_ARGS)
+# Everything, the node tests included (root; tests/node run in the same serial pytest run).
+test: setup node
+	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
+		$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything but the tests that need a real node (and root): for laptops and quick checks.
+test-fast: setup
+	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) -m pytest -m "not node" $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/test_public_api.py tests/test_layers.py $(PYTEST_ARGS)

@@ -3,13 +3,14 @@
 This is the only module that configures logging and turns errors into exit codes:
 
 - a :class:`~declop.errors.ConfigError` (anything the user can fix) prints one line
-  ``declop: error: <what is wrong and what to do>`` on stderr and exits 1; ``-v`` adds the traceback;
+  ``declop: error: <what is wrong and what to do>`` on stderr and exits 1 (2 for usage errors:
+  contradictory options, a malformed kubeconfig); ``-v`` adds the traceback;
 - SIGTERM/SIGINT stop intake, let in-flight reconciles finish within ``--grace-period`` (the
   leader Lease is renewed meanwhile and released after) and exit 0;
 - a lost leader Lease exits 1 within 2 s, even with a plain handler stuck in its thread;
-- every exit goes through :func:`_exit`: flush the logs, remove the temporary files the
-  ``kubernetes`` package wrote for certificates embedded in the kubeconfig (``atexit`` would not
-  run when stuck handler threads force ``os._exit``), then exit.
+- every exit goes through :func:`_exit`: flush the logs, then exit (``os._exit`` when stuck
+  handler threads would block it). No credential file exists to be left behind: declop reads
+  the kubeconfig itself and keeps certificates in memory (:mod:`declop.kubeconfig`).
 
 Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
 """
@@ -59,6 +60,8 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--grace-period", type=float, default=30.0, show_default=True, envvar=_env("GRACE_PERIOD"), help="Seconds in-flight reconciles get on shutdown."),
         click.option("--health-port", type=int, default=None, envvar=_env("HEALTH_PORT"), help="Serve /healthz and /readyz on this port."),
         click.option("--metrics-port", type=int, default=None, envvar=_env("METRICS_PORT"), help="Serve /metrics on this port."),
+        click.option("--metrics-secure", "metrics_secure", type=click.BOOL, default=None, envvar=_env("METRICS_SECURE"), help="Serve /metrics over HTTPS, only to callers allowed 'get' on it (TokenReview + SubjectAccessReview); =false for plain HTTP. Default: true for run, false for dev (local use)."),
+        click.option("--metrics-cert-dir", default=None, type=click.Path(), envvar=_env("METRICS_CERT_DIR"), help="Directory with tls.crt and tls.key for /metrics (default: self-signed, in memory)."),
         click.option("--leader-elect/--no-leader-elect", default=False, envvar=_env("LEADER_ELECT"), help="Reconcile only while holding a Lease."),
         click.option("--leader-election-id", default="declop", envvar=_env("LEADER_ELECTION_ID"), show_default=True),
         click.option("--leader-election-namespace", default=None, envvar=_env("LEADER_ELECTION_NAMESPACE")),
@@ -83,6 +86,8 @@ def _setup_logging(log_format: str, verbose: int, quiet: bool) -> None:
 class _BadOptions(ConfigError):
     """Options that contradict each other: one line, exit 2 (a usage error)."""
 
+    exit_code = 2
+
 
 def _check_lease_timings(kw: dict[str, Any]) -> None:
     """client-go's rule, checked before anything connects: duration > deadline > 1.2 × retry."""
@@ -97,13 +102,15 @@ def _check_lease_timings(kw: dict[str, Any]) -> None:
         )
 
 
-def _options(kw: dict[str, Any]) -> Options:
+def _options(kw: dict[str, Any], *, secure_by_default: bool = True) -> Options:
     namespaces = () if kw["all_namespaces"] else tuple(dict.fromkeys(n for n in kw["namespaces"] if n))
     return Options(
         namespaces=namespaces,
         grace_period=kw["grace_period"],
         health_port=kw["health_port"],
         metrics_port=kw["metrics_port"],
+        metrics_secure=secure_by_default if kw["metrics_secure"] is None else kw["metrics_secure"],
+        metrics_cert_dir=kw["metrics_cert_dir"],
         leader_elect=kw["leader_elect"],
         leader_election_id=kw["leader_election_id"],
         leader_election_namespace=kw["leader_election_namespace"],
@@ -153,7 +160,7 @@ def cli() -> None:
 
 @cli.command()
 @_common_run_options
-@click.option("--kubeconfig", type=click.Path(), default=None, envvar=_env("KUBECONFIG"), help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
+@click.option("--kubeconfig", type=click.Path(), default=None, envvar=_env("KUBECONFIG"), help="Kubeconfig file (default: $KUBECONFIG, then in-cluster, then ~/.kube/config).")
 @click.option("--context", "context", default=None, envvar=_env("CONTEXT"), help="Kubeconfig context to use.")
 def run(**kw: Any) -> None:
     """Load handler PATHS (files or directories) and -m modules, then reconcile until stopped."""
@@ -171,14 +178,25 @@ def run(**kw: Any) -> None:
 @_common_run_options
 @click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=_env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
 @click.option("--no-controller-manager", is_flag=True, help="Run only etcd and kube-apiserver (faster start, no GC).")
+@click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: image from the Dockerfile, Helm chart, handlers from a ConfigMap.")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager) and run PATHS on it.
 
-    With no PATHS only the control plane runs. Ctrl-C stops everything.
+    With no PATHS only the control plane runs. With --node, a real node joins it and PATHS run
+    in-cluster as the chart's Pod (follow them with kubectl logs). Ctrl-C stops everything.
     """
     _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
     _check_lease_timings(kw)
     from .testing.controlplane import ControlPlane
+
+    if kw["node"]:
+        if kw["no_controller_manager"]:
+            raise _BadOptions("--node needs the controller-manager (ServiceAccounts, ReplicaSets); drop --no-controller-manager")
+        if kw["modules"]:
+            raise _BadOptions("--node runs handler files from a ConfigMap; -m modules belong in your own image (docs/deploy.md)")
+        from .testing.node import Node
+
+        Node(ControlPlane()).check()  # no root, no packages: one line before anything starts
 
     load(kw["paths"], kw["modules"])
     if kw["paths"] or kw["modules"]:
@@ -192,8 +210,10 @@ def dev(**kw: Any) -> None:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     try:
-        click.echo("Starting a local control plane (etcd, kube-apiserver, kube-controller-manager)…", err=True)
-        with ControlPlane(controller_manager=not kw["no_controller_manager"]) as cp:
+        what = "kube-controller-manager, and a node: containerd, kubelet, kube-proxy, kube-scheduler" if kw["node"] else "kube-controller-manager"
+        click.echo(f"Starting a local control plane (etcd, kube-apiserver, {what})…", err=True)
+        image = _dev_image(kw) if kw["node"] and kw["paths"] else None
+        with ControlPlane(controller_manager=not kw["no_controller_manager"], node=kw["node"]) as cp:
             os.makedirs(os.path.dirname(out), exist_ok=True)
             shutil.copyfile(cp.kubeconfig_path, out)
             os.chmod(out, 0o600)
@@ -202,9 +222,12 @@ def dev(**kw: Any) -> None:
             click.echo(f"# kubectl and helm built for it: export PATH={cp.assets_dir}:$PATH", err=True)
             sys.stdout.flush()
             signal.signal(signal.SIGTERM, signal.default_int_handler)
-            if kw["paths"] or kw["modules"]:
+            if kw["node"] and kw["paths"]:
+                _run_in_cluster(cp, kw, image)
+            elif kw["paths"] or kw["modules"]:
                 configuration = load_configuration(out, None)
-                _run_manager(configuration, _options(kw))
+                # local use: plain HTTP metrics (curl localhost:PORT/metrics) unless asked otherwise
+                _run_manager(configuration, _options(kw, secure_by_default=False))
             else:
                 click.echo("Press Ctrl-C to stop.", err=True)
                 threading.Event().wait()
@@ -213,6 +236,36 @@ def dev(**kw: Any) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     click.echo("Control plane stopped.", err=True)
+
+
+def _dev_image(kw: dict[str, Any]) -> str:
+    """The image tarball for ``dev --node`` (built from this checkout once per content)."""
+    from .testing.image import source_dir
+    from .testing.incluster import handler_files, operator_image_tar
+
+    handler_files(kw["paths"])  # a bad path fails before minutes of building
+    source = source_dir()
+    click.echo("Building the declop image from the Dockerfile (BuildKit; reused while the sources are unchanged)…", err=True)
+    return str(operator_image_tar(source, source / ".declop" / "image"))
+
+
+def _run_in_cluster(cp: Any, kw: dict[str, Any], image: str | None) -> None:
+    """Import the image, helm install the chart with PATHS as handlers, follow the operator's logs."""
+    import subprocess
+
+    from .testing.image import source_dir
+    from .testing.incluster import handler_files, install_operator
+
+    assert cp.node is not None and image is not None
+    cp.node.import_image(image)
+    click.echo("Installing the chart (release declop, namespace declop-system) and waiting for the Pod to be Ready…", err=True)
+    install_operator(cp, source_dir() / "charts" / "declop", handler_files(kw["paths"]))
+    click.echo("Operator running in-cluster; its logs follow (kubectl logs -n declop-system deploy/declop -f). Ctrl-C stops everything.", err=True)
+    sys.stdout.flush()
+    follow = ["kubectl", "logs", "-n", "declop-system", "deploy/declop", "-f"]
+    while True:  # a container restart ends `logs -f`: follow the new container
+        subprocess.run(follow, env=cp.env(), check=False)
+        threading.Event().wait(1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -237,13 +290,12 @@ def _fail(exc: BaseException) -> None:
     if _state["verbose"]:
         traceback.print_exception(exc, file=sys.stderr)
     click.echo(f"declop: error: {exc}", err=True)
-    _exit(2 if isinstance(exc, _BadOptions) else 1)
+    _exit(int(getattr(exc, "exit_code", 1)))
 
 
 def _exit(code: int) -> None:
     """Exit now, even if a sync handler is stuck in a worker thread (past the grace period, or
-    after a lost Lease): flush the logs, remove temporary credential files, then exit."""
-    _remove_credential_files()
+    after a lost Lease): flush the logs, then exit."""
     stuck = [t for t in threading.enumerate() if t.name.startswith("declop-handler") and t.is_alive()]
     if stuck:
         logging.shutdown()  # flushes every handler
@@ -253,17 +305,3 @@ def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
-
-
-def _remove_credential_files() -> None:
-    """Delete the files ``kubernetes.config`` wrote for ``*-data`` certificates and keys of the
-    kubeconfig (it registers an ``atexit`` hook for this, which ``os._exit`` skips)."""
-    module = sys.modules.get("kubernetes.config.kube_config")
-    if module is None:
-        return
-    cleanup = getattr(module, "_cleanup_temp_files", None)
-    if cleanup is not None:
-        try:
-            cleanup()
-        except OSError:
-            pass
