@@ -48,11 +48,14 @@ from .ownership import aretry_on_conflict as aretry_on_conflict
 from .ownership import create_or_update as create_or_update
 from .ownership import retry_on_conflict as retry_on_conflict
 from .ownership import set_controller_reference as set_controller_reference
+from .priorityqueue import Priority as Priority
+from .ratelimit import RateLimit as RateLimit
 from .registry import Registry as Registry
 from .registry import index as index
 from .registry import reconciler as reconciler
 from .result import Phase as Phase
 from .result import Result as Result
+from .trigger import Trigger as Trigger
 
 __all__ = [
     "AlreadyOwnedError",
@@ -69,12 +72,15 @@ __all__ = [
     "NotFound",
     "Options",
     "Phase",
+    "Priority",
+    "RateLimit",
     "ReconcileLogger",
     "RegistrationError",
     "Registry",
     "Request",
     "Result",
     "TerminalError",
+    "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",

@@ -81,6 +81,9 @@ class Options:
     #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
     #: apiserver refuses it), "stream" or "paged" (forced)
     list_mode: str = "auto"
+    #: keep the last N reconciles per controller and serve them on /debug/reconciles (health
+    #: port); 0: off
+    debug_reconciles: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -197,6 +200,13 @@ class Manager:
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
             self.metrics.watch_queue(c.queue.statistics)
+        debug = self.options.debug_reconciles
+        if not isinstance(debug, int) or isinstance(debug, bool) or debug < 0:
+            raise ConfigError(f"debug_reconciles must be an int >= 0 (0: off), got {debug!r}")
+        if debug and not self.options.health_port:
+            raise ConfigError(
+                "--debug-reconciles serves /debug/reconciles on the health port; pass --health-port too"
+            )
         if self.options.health_port or self.options.metrics_port:
             tls, auth = None, None
             if self.options.metrics_port and self.options.metrics_secure:
@@ -209,7 +219,12 @@ class Manager:
                 metrics=self.metrics.exposition,
                 metrics_tls=tls,
                 metrics_auth=auth,
+                reconciles=self.recent_reconciles if debug else None,
             )
+
+    def recent_reconciles(self) -> dict[str, list[dict[str, Any]]]:
+        """The last reconciles per controller, newest last (``/debug/reconciles``)."""
+        return {c.name: list(c.recent or ()) for c in self.controllers}
 
     async def _check(self, name: str, who: str) -> None:
         assert self.discovery is not None
@@ -237,12 +252,22 @@ class Manager:
         for owned in reg.owns:
             info = self._resolve(owned, f"controller {reg.name!r} owns=")
             mapper = enqueue_owner(primary.group, primary.kind, namespaced=primary.namespaced)
-            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), mapper))
+            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), mapper, label=f"owns:{info.kind}"))
         for watched, fn in reg.watches:
             info = self._resolve(watched, f"controller {reg.name!r} watches=")
-            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), enqueue_mapped(fn, AsyncClient(ctx))))
+            sources.append(
+                Source(
+                    tuple(pool.for_resource(info, reg.namespaces)),
+                    enqueue_mapped(fn, AsyncClient(ctx)),
+                    label=f"watches:{info.group_resource}",
+                    via=getattr(fn, "__name__", "map function"),
+                )
+            )
         fence = self.elector.valid if self.elector is not None else None
-        return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence)
+        return Controller(
+            reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
+            recent=self.options.debug_reconciles,
+        )
 
     def checks(self) -> list[Check]:
         """Readiness: one check per controller, failing until its caches synced; with leader

@@ -11,6 +11,11 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
   ``controller_runtime_reconcile_errors_total``, ``controller_runtime_terminal_reconcile_errors_total``,
   ``controller_runtime_reconcile_time_seconds``, ``controller_runtime_active_workers``,
   ``controller_runtime_max_concurrent_reconciles``;
+- ``declop_reconcile_triggers_total{controller,source}`` (per settled reconcile, +1 for each
+  source that caused it: ``created``, ``updated``, ``deleted``, ``initial-list``, ``relist``,
+  ``owns:<Kind>``, ``watches:<resource>``, ``finalizer``, ``requeue_after``, ``retry``),
+  ``declop_reconcile_coalesced_events{controller}`` (events per reconcile),
+  ``declop_reconcile_timeouts_total{controller,kind=cancelled|overrun}``;
 - ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``.
 
 Invariant: hot-path hooks (queue adds, reconcile results) only increment pre-bound children;
@@ -26,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .controller import ControllerMetrics
+from .trigger import Trace
 from .workqueue import QueueMetrics, QueueStatistics
 
 __all__ = ["Metrics"]
@@ -38,6 +44,9 @@ RECONCILE_BUCKETS = (
     1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60,
 )
 
+
+#: declop_reconcile_coalesced_events buckets: events folded into one reconcile
+COALESCED_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 #: the ``result`` label values of controller_runtime_reconcile_total
 RESULTS = ("success", "error", "requeue_after", "terminal_error")
@@ -154,6 +163,25 @@ class Metrics(ControllerMetrics):
         self.rest_requests = Counter(
             "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
         )
+        self.triggers = Counter(
+            "declop_reconcile_triggers_total",
+            "Reconciles per controller and source that caused them (a reconcile with several sources counts for each)",
+            ["controller", "source"],
+            registry=r,
+        )
+        self.coalesced = Histogram(
+            "declop_reconcile_coalesced_events",
+            "Source events coalesced into one reconcile",
+            ["controller"],
+            buckets=COALESCED_BUCKETS,
+            registry=r,
+        )
+        self.timeouts = Counter(
+            "declop_reconcile_timeouts_total",
+            "Handler calls past their timeout: cancelled (async) or overrun (plain, reported only)",
+            ["controller", "kind"],
+            registry=r,
+        )
         self._queues: list[Callable[[], QueueStatistics]] = []
         self._bound: dict[str, dict[str, Any]] = {}
         r.register(_QueueState(lambda: [q() for q in self._queues]))
@@ -179,6 +207,7 @@ class Metrics(ControllerMetrics):
                 "error": self.reconcile_errors.labels(controller),
                 "terminal_error": self.terminal_errors.labels(controller),
                 "active": self.active_workers.labels(controller),
+                "coalesced": self.coalesced.labels(controller),
                 **{f"total:{r}": self.reconcile_total.labels(controller, r) for r in RESULTS},
             }
         return children
@@ -189,6 +218,18 @@ class Metrics(ControllerMetrics):
         c["time"].observe(seconds)
         if result in ("error", "terminal_error"):
             c[result].inc()
+
+    def triggered(self, controller: str, trace: Trace) -> None:
+        c = self._children(controller)
+        for source in trace.sources:
+            child = c.get("trigger:" + source)
+            if child is None:
+                child = c["trigger:" + source] = self.triggers.labels(controller, source)
+            child.inc()
+        c["coalesced"].observe(trace.events)
+
+    def timed_out(self, controller: str, kind: str) -> None:
+        self.timeouts.labels(controller, kind).inc()
 
     def active(self, controller: str, delta: int) -> None:
         self._children(controller)["active"].inc(delta)

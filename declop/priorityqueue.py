@@ -41,13 +41,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Hashable, TypeVar
 
 from declop.clock import MONOTONIC, Clock
+from declop.errors import RegistrationError
 from declop.ratelimit import RateLimiter
 from declop.workqueue import QueueMetrics, WorkQueue
 
-__all__ = ["DEFAULT_AGING", "LOW", "NORMAL", "PriorityQueue"]
+__all__ = ["DEFAULT_AGING", "LOW", "NORMAL", "Priority", "PriorityQueue"]
 
 T = TypeVar("T", bound=Hashable)
 
@@ -66,6 +68,39 @@ _COMPACT_MIN = 64
 _Entry = tuple[float, int, T, int, float]
 
 
+def _valid_aging(aging: object) -> bool:
+    return isinstance(aging, (int, float)) and not isinstance(aging, bool) and 0 <= aging < math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Priority:
+    """A controller's queue priorities, as a decorator option: ``priority=Priority(aging=2)``.
+
+    ``listed`` is the priority of keys added by an informer's initial list or a relist;
+    ``unchanged`` that of updates that changed nothing but ``resourceVersion``,
+    ``managedFields`` or (for the primary resource) ``status``; every other event, a requeue
+    and a retry get :data:`NORMAL` (0). ``aging`` is in priority points per second: with the
+    defaults a listed key waits at most 10 s behind keys queued after it. Bad values raise
+    :class:`~declop.errors.RegistrationError` (a ``ConfigError``).
+    """
+
+    listed: int = LOW
+    unchanged: int = LOW
+    aging: float = DEFAULT_AGING
+
+    def __post_init__(self) -> None:
+        for field in ("listed", "unchanged"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise RegistrationError(
+                    f"priority: {field} must be an int (higher runs first; NORMAL is 0, LOW is -100), got {value!r}"
+                )
+        if not _valid_aging(self.aging):
+            raise RegistrationError(
+                f"priority: aging must be a number of priority points per second >= 0 (0: strict priorities), got {self.aging!r}"
+            )
+
+
 class PriorityQueue(WorkQueue[T]):
     """A :class:`~declop.workqueue.WorkQueue` whose ready items go out by aged priority (see the
     module docstring). ``aging`` is in priority points per second, ``>= 0``."""
@@ -81,7 +116,7 @@ class PriorityQueue(WorkQueue[T]):
         metrics: QueueMetrics | None = None,
         aging: float = DEFAULT_AGING,
     ) -> None:
-        if not (isinstance(aging, (int, float)) and not isinstance(aging, bool) and 0 <= aging < math.inf):
+        if not _valid_aging(aging):
             raise ValueError(f"aging must be a number of priority points per second >= 0, got {aging!r}")
         super().__init__(name=name, rate_limiter=rate_limiter, clock=clock, metrics=metrics)
         self._aging = float(aging)

@@ -6,12 +6,15 @@ Invariants:
   afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time);
 - argument names are checked at registration: a handler may only declare the injectable keyword
   arguments (``request``, ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``,
-  ``phase``, ``obj``) unless it takes ``**kwargs``.
+  ``phase``, ``obj``, ``trigger``) unless it takes ``**kwargs``;
+- tuning options (``priority``, ``rate_limit``, ``timeout``) are validated at registration: a bad
+  value raises :class:`~declop.errors.RegistrationError` naming the option and what it accepts.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
@@ -20,13 +23,16 @@ from .cache import clone
 from .errors import RegistrationError
 from .labels import parse_selector
 from .predicates import Predicate
+from .priorityqueue import Priority
+from .ratelimit import RateLimit
+from .trigger import NO_TRIGGER, Trigger
 
 __all__ = ["INJECTABLE", "Registration", "Registry", "default_registry", "index", "reconciler"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: keyword arguments a handler may declare
-INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj"})
+INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"})
 
 _FINALIZER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -54,9 +60,27 @@ class Registration:
     is_async: bool = False
     #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
     wants: frozenset[str] | None = field(default=None)
+    #: queue priorities; None: a plain FIFO queue
+    priority: Priority | None = field(default_factory=Priority)
+    #: retry pacing; None: client-go's defaults
+    rate_limit: RateLimit | None = None
+    #: seconds a handler call may take (None: unlimited)
+    timeout: float | None = None
+
+    @property
+    def wants_trigger(self) -> bool:
+        """The handler declares ``trigger`` (or takes ``**kwargs``)."""
+        return self.wants is None or "trigger" in self.wants
 
     def arguments(
-        self, request: Any, obj: Any, phase: Any, client: Any, logger: Any, reconcile_id: str
+        self,
+        request: Any,
+        obj: Any,
+        phase: Any,
+        client: Any,
+        logger: Any,
+        reconcile_id: str,
+        trigger: Trigger | None = None,
     ) -> dict[str, Any]:
         """The keyword arguments for one call: only those the handler declares. ``obj`` is a
         deep copy of the cached object (made only when declared), so the cache stays intact."""
@@ -73,6 +97,8 @@ class Registration:
         kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
         if wants is None or "obj" in wants:
             kwargs["obj"] = clone(obj) if obj is not None else None
+        if wants is None or "trigger" in wants:
+            kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
         return kwargs
 
 
@@ -128,6 +154,9 @@ class Registry:
         owns: Sequence[str] = (),
         watches: Sequence[tuple[str, Callable[[Any], Any]]] = (),
         max_concurrent: int = 1,
+        priority: bool | Priority = True,
+        rate_limit: RateLimit | None = None,
+        timeout: float | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the reconciler of ``resource``; see design §2."""
         if not isinstance(resource, str) or not resource.strip():
@@ -145,6 +174,15 @@ class Registry:
         for w in watches:
             if not (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], str) and callable(w[1])):
                 raise RegistrationError(f"watches entries are ('resource', map_fn) pairs, got {w!r}")
+        priorities = _priority(priority)
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise RegistrationError(
+                f"rate_limit must be declop.RateLimit(base=, cap=, qps=, burst=) or None for client-go's defaults, got {rate_limit!r}"
+            )
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf
+        ):
+            raise RegistrationError(f"timeout must be a number of seconds > 0, or None for no timeout, got {timeout!r}")
 
         def decorate(fn: F) -> F:
             self._check_open(f"reconciler {getattr(fn, '__name__', fn)!r}")
@@ -168,6 +206,9 @@ class Registry:
                 max_concurrent=max_concurrent,
                 is_async=inspect.iscoroutinefunction(fn),
                 wants=_wanted(fn, reg_name),
+                priority=priorities,
+                rate_limit=rate_limit,
+                timeout=None if timeout is None else float(timeout),
             )
             return fn
 
@@ -179,6 +220,19 @@ class Registry:
         if not callable(fn):
             raise RegistrationError(f"index {name!r}: expected a function obj -> list of values")
         self._indexes.append(IndexRegistration(resource, name, fn))
+
+
+def _priority(priority: object) -> Priority | None:
+    if priority is True:
+        return Priority()
+    if priority is False:
+        return None
+    if isinstance(priority, Priority):
+        return priority
+    raise RegistrationError(
+        f"priority must be True (the default: a priority queue), False (a FIFO queue) or "
+        f"declop.Priority(listed=, unchanged=, aging=), got {priority!r}"
+    )
 
 
 def _wanted(fn: Callable[..., Any], name: str) -> frozenset[str] | None:
@@ -216,13 +270,23 @@ def reconciler(
     owns: Sequence[str] = (),
     watches: Sequence[tuple[str, Callable[[Any], Any]]] = (),
     max_concurrent: int = 1,
+    priority: bool | Priority = True,
+    rate_limit: RateLimit | None = None,
+    timeout: float | None = None,
     registry: Registry | None = None,
 ) -> Callable[[F], F]:
     """Register a reconciler of ``resource`` (``"pods"``, ``"deployments.apps"``, ``"widgets.example.com"``).
 
     The function is called with keyword arguments — the ones it declares among ``request``,
-    ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``, ``phase``, ``obj`` — and
-    returns ``None``, a :class:`~declop.result.Result`, or raises. See ``docs/contract.md``.
+    ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``, ``phase``, ``obj``,
+    ``trigger`` — and returns ``None``, a :class:`~declop.result.Result`, or raises. See
+    ``docs/contract.md``.
+
+    Tuning (``docs/priority.md``, ``docs/tuning.md``): ``priority`` (True: listed and unchanged
+    keys wait behind real changes, with aging; False: FIFO; or a :class:`~declop.Priority`),
+    ``rate_limit`` (a :class:`~declop.RateLimit`; default client-go's 5 ms..1000 s per key, 10
+    qps / burst 100 overall), ``timeout`` (seconds; an ``async def`` handler is cancelled and
+    retried with backoff, a plain one that overruns is reported).
     """
     return (registry if registry is not None else default_registry).reconciler(
         resource,
@@ -234,6 +298,9 @@ def reconciler(
         owns=owns,
         watches=watches,
         max_concurrent=max_concurrent,
+        priority=priority,
+        rate_limit=rate_limit,
+        timeout=timeout,
     )
 
 

@@ -453,6 +453,10 @@ class WorkQueue(Generic[T]):
             heapq.heappop(heap)  # superseded entry
         return None
 
+    def is_waiting(self, item: T) -> bool:
+        """``item`` waits in the delayed heap (an ``add_after`` whose deadline has not passed)."""
+        return item in self._waiting
+
     def __len__(self) -> int:
         """Ready items (informational: may change as soon as a worker runs)."""
         return len(self._queue)

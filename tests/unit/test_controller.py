@@ -34,6 +34,9 @@ class FakeInformer:
         self.synced = asyncio.Event()
         self.last_error = ""
         self.subscribers: list[Any] = []
+        self.resource = CM
+        self.syncing = False
+        self.lists = 1
 
     def subscribe(self, handler: Any) -> None:
         self.subscribers.append(handler)

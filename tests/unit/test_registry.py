@@ -196,7 +196,7 @@ def test_unknown_argument_with_default_is_allowed(reg: Registry) -> None:
 
 
 def test_every_injectable_may_be_declared(reg: Registry) -> None:
-    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj):  # type: ignore[no-untyped-def]
+    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj, trigger):  # type: ignore[no-untyped-def]
         ...
 
     reg.reconciler("pods")(handle)
