@@ -234,9 +234,24 @@ class Controller:
                 why, obj = "updated", new
                 if unchanged is not None and _only_churn(old, new, primary):
                     rank = unchanged
-            for key in mapper(old, new):
-                add(key, rank)
-                note(key, why, obj)
+            if primary:  # the hot path: Trace.note inlined (one event, no detail)
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                for key in mapper(old, new):
+                    add(key, rank)
+                    trace = traces.get(key)
+                    if trace is None:
+                        trace = traces[key] = Trace()
+                    trace.events += 1
+                    counts = trace.sources
+                    counts[why] = counts.get(why, 0) + 1
+                    if rv is not None:
+                        if trace.first_rv is None:
+                            trace.first_rv = rv
+                        trace.last_rv = rv
+            else:
+                for key in mapper(old, new):
+                    add(key, rank)
+                    note(key, why, obj)
 
         return on_event
 
@@ -799,7 +814,15 @@ _CHURN = frozenset({"resourceVersion", "managedFields"})
 
 def _only_churn(old: Any, new: Any, status: bool) -> bool:
     """``new`` differs from ``old`` at most in ``metadata.resourceVersion``/``managedFields``
-    (and in ``status``, when ``status``): nothing a handler of the object acts on changed."""
+    (and in ``status``, when ``status``): nothing a handler of the object acts on changed.
+    Metadata first: labels and annotations are small and the likeliest to differ."""
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    for k, v in nm.items():
+        if k not in _CHURN and om.get(k, _MISSING) != v:
+            return False
+    for k in om:
+        if k not in nm and k not in _CHURN:
+            return False
     for k, v in new.items():
         if k == "metadata" or (status and k == "status"):
             continue
@@ -807,13 +830,6 @@ def _only_churn(old: Any, new: Any, status: bool) -> bool:
             return False
     for k in old:
         if k not in new and k != "metadata" and not (status and k == "status"):
-            return False
-    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
-    for k, v in nm.items():
-        if k not in _CHURN and om.get(k, _MISSING) != v:
-            return False
-    for k in om:
-        if k not in nm and k not in _CHURN:
             return False
     return True
 

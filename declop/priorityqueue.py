@@ -164,7 +164,9 @@ class PriorityQueue(WorkQueue[T]):
         if item in self._processing:
             self._again[item] = (priority, now)
             return
-        self._push(item, priority, now)
+        entry = (aging * now - priority, next(self._order), item, priority, now)  # _push, inlined
+        self._live[item] = entry
+        heapq.heappush(self._queue, entry)
         if self._getters:
             self._wake_one()
 
@@ -225,7 +227,7 @@ class PriorityQueue(WorkQueue[T]):
     # ------------------------------------------------------------------ internals
 
     def _push(self, item: T, priority: int, enqueued: float) -> None:
-        entry = (-(priority - self._aging * enqueued), next(self._order), item, priority, enqueued)
+        entry = (self._aging * enqueued - priority, next(self._order), item, priority, enqueued)
         self._live[item] = entry
         heapq.heappush(self._queue, entry)
 

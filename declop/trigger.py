@@ -28,7 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["MAX_DETAILS", "NO_TRIGGER", "Trace", "Trigger"]
 
@@ -36,9 +36,8 @@ __all__ = ["MAX_DETAILS", "NO_TRIGGER", "Trace", "Trigger"]
 MAX_DETAILS = 8
 
 
-@dataclass(frozen=True, slots=True)
-class Trigger:
-    """Why one reconcile ran (read-only).
+class Trigger(NamedTuple):
+    """Why one reconcile ran (read-only; a NamedTuple: made once per reconcile, it must be cheap).
 
     ``sources`` pairs each source name with the number of its events since the previous run,
     in the order first seen; ``events`` is their sum (how many were coalesced into this run);
@@ -117,4 +116,4 @@ class Trace:
 
     def freeze(self) -> Trigger:
         rvs = None if self.first_rv is None else (self.first_rv, self.last_rv or self.first_rv)
-        return Trigger(tuple(self.sources.items()), self.events, tuple(self.details or ()), rvs)
+        return Trigger(tuple(self.sources.items()), self.events, tuple(self.details) if self.details else (), rvs)
