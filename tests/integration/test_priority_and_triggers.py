@@ -85,7 +85,7 @@ def test_a_new_object_is_reconciled_long_before_the_restart_backlog_is_done(kube
     create_cms(k8s_api, namespace, names)
     options = Options(namespaces=(namespace,), grace_period=2)
     with OperatorRunner(registry, kubeconfig=kubeconfig, options=options):
-        wait_for(lambda: len(set(journal.names())) == len(names), timeout=120, what="the first run to reconcile all")
+        wait_for(lambda: set(names) <= set(journal.names()), timeout=120, what="the first run to reconcile all")
     with journal.lock:
         journal.entries.clear()
     slow.set()
@@ -177,9 +177,10 @@ def test_each_source_kind_is_named_in_the_trigger(kubeconfig, k8s_api, namespace
         assert [t.names for t in journal.of("p")[-3:]] == [("updated",), ("requeue_after",), ("retry",)]
         assert journal.of("p")[-1].details == ("RuntimeError",)
 
-        # a delete
+        # a delete (the garbage collector then deletes the child: another owns:Secret may follow)
+        runs = len(journal.of("p"))
         core.delete_namespaced_config_map("p", namespace)
-        wait_for(lambda: journal.of("p")[-1].names == ("deleted",), 10, what="the delete's reconcile")
+        wait_for(lambda: any("deleted" in t.names for t in journal.of("p")[runs:]), 10, what=f"the delete's reconcile: {journal.of('p')[runs:]}")
 
         recent = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/reconciles", timeout=5).read())
         mine = recent["provenance"]
@@ -211,7 +212,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_retried(kubeconfig, 
     @declop.reconciler("configmaps", registry=registry, timeout=0.3, rate_limit=declop.RateLimit(base=0.1))
     async def slow_once(name, trigger, **_):
         journal.add(name, trigger)
-        if len(journal.of(name)) == 1:
+        if name == "slow" and len(journal.of(name)) == 1:
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
