@@ -817,6 +817,8 @@ def _only_churn(old: Any, new: Any, status: bool) -> bool:
     (and in ``status``, when ``status``): nothing a handler of the object acts on changed.
     Metadata first: labels and annotations are small and the likeliest to differ."""
     om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if om.get("annotations") != nm.get("annotations") or om.get("labels") != nm.get("labels"):
+        return False  # the common real change of a ConfigMap-like object, found in two lookups
     for k, v in nm.items():
         if k not in _CHURN and om.get(k, _MISSING) != v:
             return False

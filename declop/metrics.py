@@ -19,15 +19,18 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
 - ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``.
 
 Invariant: hot-path hooks (queue adds, reconcile results) only increment pre-bound children;
-gauges that describe state (depth, in-flight ages) are read from the queues at scrape time.
+gauges that describe state (depth, in-flight ages) are read from the queues at scrape time. The
+trigger series are plain dict/list counts on the loop, turned into families at scrape time
+(``_TriggerState``): a reconcile pays a few integer increments for them, no lock.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from .controller import ControllerMetrics
@@ -106,6 +109,49 @@ class _QueueState(Collector):
         return []
 
 
+class _Triggers:
+    """One controller's trigger counts: per source, and the coalesced-events histogram."""
+
+    __slots__ = ("buckets", "count", "sources", "sum")
+
+    def __init__(self) -> None:
+        self.sources: dict[str, int] = {}
+        self.buckets = [0] * len(COALESCED_BUCKETS)  # non-cumulative; beyond the last: count only
+        self.sum = 0
+        self.count = 0
+
+
+class _TriggerState(Collector):
+    """declop_reconcile_triggers_total and declop_reconcile_coalesced_events, at scrape time."""
+
+    def __init__(self, triggers: dict[str, _Triggers]) -> None:
+        self._triggers = triggers
+
+    def collect(self) -> Iterable[Any]:
+        counter = CounterMetricFamily(
+            "declop_reconcile_triggers",
+            "Reconciles per controller and source that caused them (a reconcile with several sources counts for each)",
+            labels=["controller", "source"],
+        )
+        histogram = HistogramMetricFamily(
+            "declop_reconcile_coalesced_events", "Source events coalesced into one reconcile", labels=["controller"]
+        )
+        for controller, t in list(self._triggers.items()):
+            for source, n in list(t.sources.items()):
+                counter.add_metric([controller, source], n)
+            cumulative, buckets = 0, []
+            for le, n in zip(COALESCED_BUCKETS, t.buckets):
+                cumulative += n
+                buckets.append((str(float(le)), cumulative))
+            buckets.append(("+Inf", t.count))
+            histogram.add_metric([controller], buckets, t.sum)
+        yield counter
+        yield histogram
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+
 class Metrics(ControllerMetrics):
     """Every metric of one manager."""
 
@@ -163,19 +209,8 @@ class Metrics(ControllerMetrics):
         self.rest_requests = Counter(
             "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
         )
-        self.triggers = Counter(
-            "declop_reconcile_triggers_total",
-            "Reconciles per controller and source that caused them (a reconcile with several sources counts for each)",
-            ["controller", "source"],
-            registry=r,
-        )
-        self.coalesced = Histogram(
-            "declop_reconcile_coalesced_events",
-            "Source events coalesced into one reconcile",
-            ["controller"],
-            buckets=COALESCED_BUCKETS,
-            registry=r,
-        )
+        self._triggers: dict[str, _Triggers] = {}
+        r.register(_TriggerState(self._triggers))
         self.timeouts = Counter(
             "declop_reconcile_timeouts_total",
             "Handler calls past their timeout: cancelled (async) or overrun (plain, reported only)",
@@ -207,7 +242,6 @@ class Metrics(ControllerMetrics):
                 "error": self.reconcile_errors.labels(controller),
                 "terminal_error": self.terminal_errors.labels(controller),
                 "active": self.active_workers.labels(controller),
-                "coalesced": self.coalesced.labels(controller),
                 **{f"total:{r}": self.reconcile_total.labels(controller, r) for r in RESULTS},
             }
         return children
@@ -220,13 +254,19 @@ class Metrics(ControllerMetrics):
             c[result].inc()
 
     def triggered(self, controller: str, trace: Trace) -> None:
-        c = self._children(controller)
+        t = self._triggers.get(controller)
+        if t is None:
+            t = self._triggers[controller] = _Triggers()
+        counts = t.sources
         for source in trace.sources:
-            child = c.get("trigger:" + source)
-            if child is None:
-                child = c["trigger:" + source] = self.triggers.labels(controller, source)
-            child.inc()
-        c["coalesced"].observe(trace.events)
+            counts[source] = counts.get(source, 0) + 1
+        events = trace.events
+        t.count += 1
+        t.sum += events
+        if events <= 1:
+            t.buckets[0] += 1
+        elif events <= COALESCED_BUCKETS[-1]:
+            t.buckets[bisect.bisect_left(COALESCED_BUCKETS, events)] += 1
 
     def timed_out(self, controller: str, kind: str) -> None:
         self.timeouts.labels(controller, kind).inc()
