@@ -219,7 +219,10 @@ def dev(**kw: Any) -> None:
     if reload and (runs or kw["files"]) and importlib.util.find_spec("watchfiles") is None:
         raise ConfigError("declop dev restarts the operator on save with the watchfiles package, which is not installed: pip install 'declop[dev]' (or pass --no-reload)")
     if reload:
-        expand(kw["paths"])  # a missing path fails now; load errors wait for the next save
+        expand(kw["paths"])  # a missing path or module fails now; load errors wait for the next save
+        for name in kw["modules"]:
+            if _find_module(name) is None:
+                raise ConfigError(f"no module named {name!r}; is it installed or on PYTHONPATH?")
     else:
         load(kw["paths"], kw["modules"])
         if runs:
@@ -269,6 +272,13 @@ def dev(**kw: Any) -> None:
         signal.signal(signal.SIGTERM, previous)
         if started:  # also after an error: its one line follows this one
             click.echo("Control plane stopped.", err=True)
+
+
+def _find_module(name: str) -> Any:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent package is missing, or a malformed name
+        return None
 
 
 def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources) -> None:

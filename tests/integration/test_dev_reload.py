@@ -199,7 +199,7 @@ def test_a_manifest_the_apiserver_refuses_is_one_line_and_exit_1(tmp_path: Path)
     bad = manifests / "greetings.yaml"
     bad.write_text(
         "apiVersion: hello.example.org/v1\nkind: Greeting\nmetadata: {name: fine}\nspec: {name: Fine}\n---\n"
-        "apiVersion: hello.example.org/v1\nkind: Greeting\nmetadata: {name: numbered, namespace: default}\nspec: {name: 42}\n"
+        "apiVersion: hello.example.org/v1\nkind: Greeting\nmetadata: {name: nameless, namespace: default}\nspec: {}\n"
     )
     dev = Dev([str(EXAMPLE / "handlers.py"), "-f", str(manifests), "--no-controller-manager"], tmp_path)
     try:
@@ -207,8 +207,8 @@ def test_a_manifest_the_apiserver_refuses_is_one_line_and_exit_1(tmp_path: Path)
         errors = [line for line in dev.lines if line.startswith("declop: error:")]
         assert len(errors) == 1, dev.output()
         assert re.fullmatch(
-            rf"declop: error: {re.escape(str(bad))}: Greeting default/numbered: the apiserver refused it: "
-            r'Greeting.hello.example.org "numbered" is invalid: spec.name: Invalid value: "integer": .*',
+            rf"declop: error: {re.escape(str(bad))}: Greeting default/nameless: the apiserver refused it: "
+            r'Greeting.hello.example.org "nameless" is invalid: spec.name: Required value',
             errors[0],
         ), errors[0]
         assert dev.lines[-1] == errors[0] and dev.lines[-2] == "Control plane stopped."

@@ -94,3 +94,8 @@ def test_dev_without_watchfiles_says_what_to_install(no_control_plane: None, tmp
         "declop dev restarts the operator on save with the watchfiles package, which is not installed: "
         "pip install 'declop[dev]' (or pass --no-reload)"
     )
+
+
+def test_dev_names_a_missing_module_before_starting(no_control_plane: None) -> None:
+    result: Any = CliRunner().invoke(cli.cli, ["dev", "-m", "no_such_pkg.handlers"], standalone_mode=False)
+    assert str(result.exception) == "no module named 'no_such_pkg.handlers'; is it installed or on PYTHONPATH?"
