@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Awaitable, Iterable, Mapping, Protocol
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError
