@@ -27,6 +27,7 @@ ORDER = [
     "errors",
     "keys",
     "labels",
+    "conditions",
     "result",
     "clock",
     "ratelimit",
