@@ -54,6 +54,7 @@ ORDER = [
     "metrics",
     "manager",
     "loader",
+    "scaffold",
     "testing.certs",
     "testing.process",
     "testing.image",
