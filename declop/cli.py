@@ -243,7 +243,7 @@ def dev(**kw: Any) -> None:
 @click.option("--group", required=True, help="API group: a DNS subdomain you own, e.g. example.com.")
 @click.option("--version", "version", default="v1", show_default=True, help="API version: v1, v1alpha1, v2beta3 …")
 @click.option("--plural", default=None, help="Plural resource name (default: derived from KIND, e.g. policies).")
-@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None, help="Folder to create (default: ./<kind>-operator); must be new or empty.")
+@click.option("--dir", "directory", type=click.Path(), default=None, help="Folder to create (default: ./<kind>-operator); must be new or empty.")
 def new(kind: str, group: str, version: str, plural: str | None, directory: str | None) -> None:
     """Write a small operator project for a new custom resource KIND (CamelCase, e.g. Widget).
 

@@ -218,12 +218,13 @@ def _target_name(template_path: str) -> str:
 
 
 def render(names: Names) -> dict[str, str]:
-    """The project's files: relative path → content."""
+    """The project's files: relative path → content, sorted by path."""
     values = names.substitutions()
     files = {
         _target_name(path): string.Template(entry.read_text(encoding="utf-8")).substitute(values)
         for path, entry in _walk(_templates())
     }
+    files = dict(sorted(files.items()))
     if not files:
         raise RuntimeError(f"declop's scaffold templates are missing from {_templates()}: reinstall declop")
     return files
