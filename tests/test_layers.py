@@ -25,6 +25,7 @@ PACKAGE_DIR = Path(declop.__file__).parent
 ORDER = [
     "version",
     "errors",
+    "hints",
     "keys",
     "labels",
     "conditions",
