@@ -210,7 +210,11 @@ class Informer:
                 if isinstance(exc, ApiError) and exc.retry_after:
                     delay = max(delay, exc.retry_after)
                 self.last_error = _describe(exc, self)
-                log.error(
+                # A watch cache still filling (a CRD created a moment ago, an apiserver restart)
+                # answers 429 "storage is (re)initializing" with a Retry-After: expected, not an error.
+                level = logging.INFO if _initialising(exc) else logging.ERROR
+                log.log(
+                    level,
                     f"{self.last_error}; retrying in {delay:.1f} s",
                     extra={"kv": {**self._kv, "retryIn": round(delay, 2)}},
                 )
@@ -290,7 +294,8 @@ class Informer:
             delay = max(delay, retry_after)
         if exc is not None:
             self.last_error = _describe(exc, self)
-            log.error(f"{self.last_error}; re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
+            level = logging.INFO if _initialising(exc) else logging.ERROR
+            log.log(level, f"{self.last_error}; re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         else:
             log.warning(f"Watch throttled (429); re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         await asyncio.sleep(delay)
@@ -532,6 +537,12 @@ def _freeze() -> None:
     gc.freeze()
 
 
+def _initialising(exc: BaseException) -> bool:
+    """The apiserver's watch cache for this resource is not ready yet (k8s.io/apiserver
+    storage/cacher: ``TooManyRequests("storage is (re)initializing")`` with a Retry-After)."""
+    return isinstance(exc, ApiError) and exc.status == 429 and "initializing" in str(exc)
+
+
 def _describe(exc: BaseException, informer: Informer) -> str:
     r = informer.resource
     where = f" in namespace {informer.namespace}" if informer.namespace else " in all namespaces"
@@ -542,6 +553,8 @@ def _describe(exc: BaseException, informer: Informer) -> str:
         )
     if isinstance(exc, NotFound):
         return f"{r.group_resource} is no longer served by the apiserver (404); was its CRD deleted?"
+    if _initialising(exc):
+        return f"the apiserver is still filling its watch cache for {r.group_resource} (429: {exc})"
     if isinstance(exc, ApiError) and exc.status == 429:
         return f"throttled by the apiserver (429) while watching {r.group_resource}"
     return f"list/watch of {r.group_resource} failed: {exc}"
