@@ -302,6 +302,33 @@ def dev(**kw: Any) -> None:
     click.echo("Control plane stopped.", err=True)
 
 
+@cli.command()
+@click.argument("kind")
+@click.option("--group", required=True, help="API group: a DNS subdomain you own, e.g. example.com.")
+@click.option("--version", "version", default="v1", show_default=True, help="API version: v1, v1alpha1, v2beta3 …")
+@click.option("--plural", default=None, help="Plural resource name (default: derived from KIND, e.g. policies).")
+@click.option("--dir", "directory", type=click.Path(), default=None, help="Folder to create (default: ./<kind>-operator); must be new or empty.")
+def new(kind: str, group: str, version: str, plural: str | None, directory: str | None) -> None:
+    """Write a small operator project for a new custom resource KIND (CamelCase, e.g. Widget).
+
+    The project has the CRD, a handler module (finalizer, an owned ConfigMap, a Ready condition),
+    unit and integration tests, Helm chart values with matching RBAC, and a README.
+
+    \b
+    Example:
+      declop new Widget --group example.com
+      cd widget-operator && declop dev handlers.py -f crd.yaml
+    """
+    from .scaffold import create, names_for
+
+    names = names_for(kind, group, version, plural)
+    target, files = create(names, directory)
+    click.echo(f"Created {names.crd_name} ({names.api_version}, Kind {names.kind}) in {target}/:")
+    for path in files:
+        click.echo(f"  {path.relative_to(target)}")
+    click.echo(f"Next:\n  cd {target}\n  declop dev handlers.py -f crd.yaml\n  pytest")
+
+
 def _dev_image(kw: dict[str, Any]) -> str:
     """The image tarball for ``dev --node`` (built from this checkout once per content)."""
     from .testing.image import source_dir

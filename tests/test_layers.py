@@ -25,8 +25,10 @@ PACKAGE_DIR = Path(declop.__file__).parent
 ORDER = [
     "version",
     "errors",
+    "hints",
     "keys",
     "labels",
+    "conditions",
     "result",
     "clock",
     "ratelimit",
@@ -53,6 +55,7 @@ ORDER = [
     "metrics",
     "manager",
     "loader",
+    "scaffold",
     "testing.certs",
     "testing.process",
     "testing.image",
