@@ -82,7 +82,8 @@ class _Command(click.Command):
 
 class _Group(click.Group):
     """The ``declop`` group: its commands are :class:`_Command` (sub-groups are ``_Group``), and
-    ``declop --help`` shows each command's whole first sentence, wrapped, never cut with "..."."""
+    ``declop --help`` shows each command's whole first paragraph, wrapped: never cut with "...",
+    nor at a period inside it ("e.g.")."""
 
     command_class = _Command
     group_class = type  # sub-groups are _Group too
@@ -92,7 +93,8 @@ class _Group(click.Group):
         for name in self.list_commands(ctx):
             cmd = self.get_command(ctx, name)
             if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd.get_short_help_str(limit=sys.maxsize)))
+                first = (cmd.help or "").strip().split("\n\n")[0].replace("\b", "")
+                rows.append((name, cmd.short_help or " ".join(first.split())))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
