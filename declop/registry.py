@@ -3,7 +3,8 @@
 Invariants:
 - the decorator returns the function **unchanged**, so it stays callable in unit tests;
 - a :class:`Registration` is frozen; the registry is frozen when a manager starts, and registering
-  afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time);
+  afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time)
+  until :meth:`Registry.clear` empties it for the next manager;
 - argument names are checked at registration (:func:`_wanted`): a parameter without a default
   must be one of the injectable names (``request``, ``name``, ``namespace``, ``client``,
   ``logger``, ``reconcile_id``, ``phase``, ``obj``) — with or without ``**kwargs``, which never
@@ -128,6 +129,14 @@ class Registry:
     @property
     def frozen(self) -> bool:
         return self._frozen
+
+    def clear(self) -> None:
+        """Forget every registration and index and accept new ones — to load edited handlers
+        between two managers (``declop dev`` reload). Never while a manager runs: it keeps the
+        registrations it read at start."""
+        self._registrations.clear()
+        self._indexes.clear()
+        self._frozen = False
 
     def _check_open(self, what: str) -> None:
         if self._frozen:

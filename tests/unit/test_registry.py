@@ -560,3 +560,24 @@ def test_registrations_and_indexes_are_copies(reg: Registry) -> None:
     reg.indexes.append(None)  # type: ignore[arg-type]
     assert len(reg.registrations) == 1
     assert reg.indexes == []
+
+
+def test_clear_forgets_everything_and_reopens_a_frozen_registry() -> None:
+    reg = Registry()
+
+    @reg.reconciler("pods")
+    def first(**_: object) -> None:
+        return None
+
+    reg.index("pods", "by-node", lambda obj: [])
+    reg.freeze()
+    with pytest.raises(RegistrationError, match="already started"):
+        reg.reconciler("pods")(first)
+    reg.clear()
+    assert not reg.frozen and len(reg) == 0 and reg.indexes == []
+
+    @reg.reconciler("configmaps")
+    def second(**_: object) -> None:
+        return None
+
+    assert [r.name for r in reg.registrations] == ["second"]
