@@ -240,6 +240,7 @@ def run(**kw: Any) -> None:
     examples=(
         "declop dev                          # only the control plane; prints export KUBECONFIG=...",
         "declop dev examples/pods.py         # the control plane and the seed's handlers on it",
+        "declop dev examples/greeting/handlers.py -f examples/greeting/crd.yaml   # apply the CRD first; reload on save",
         "declop dev examples/pods.py --metrics-port 8080   # curl localhost:8080/metrics",
         "sudo -E declop dev --node examples/pods.py        # with a real node; handlers in-cluster",
     )
