@@ -69,8 +69,8 @@ run: setup node
 	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
 		$(VENV)/bin/declop dev --node examples/pods.py
 
-# The seed example as a local process on a control plane without a node (no root needed). With
-# no kubelet to finish a graceful delete, use: kubectl delete pod nginx --grace-period=0 --force
+# The seed example as a local process on a control plane without a node (no root needed). A plain
+# kubectl delete pod nginx finishes at once: nothing scheduled the Pod, so nothing has to stop it.
 run-without-node: setup
 	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(VENV)/bin/declop dev examples/pods.py
 

@@ -51,6 +51,58 @@ def _env(name: str) -> str:
     return f"DECLOP_{name}"
 
 
+class _Command(click.Command):
+    """A command whose help ends with the environment variables it reads and its examples.
+
+    The variables are listed from the parameters themselves (their ``envvar``), so the list
+    cannot drift from the options; ``examples`` are shown verbatim, one command per line."""
+
+    def __init__(self, *args: Any, examples: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.examples = tuple(examples)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for param in self.get_params(ctx):
+            names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+            what = "/".join(param.opts) if isinstance(param, click.Option) else param.human_readable_name
+            if isinstance(param, click.Option) and param.secondary_opts:
+                what += "/" + "/".join(param.secondary_opts)
+            if param.multiple or (isinstance(param, click.Argument) and param.nargs == -1):
+                what += " (several: separated by spaces)"
+            elif isinstance(param, click.Option) and (param.is_flag or param.type is click.BOOL) and not param.count:
+                what += " (true or false)"
+            rows.extend((name, what) for name in names)
+        if rows:
+            with formatter.section("Environment variables (each sets the option it names)"):
+                formatter.write_dl(rows)
+        if self.examples:
+            with formatter.section("Examples"):
+                for line in self.examples:  # verbatim: click would re-wrap a paragraph
+                    formatter.write(f"{'':{formatter.current_indent}}{line}\n")
+        super().format_epilog(ctx, formatter)
+
+
+class _Group(click.Group):
+    """The ``declop`` group: its commands are :class:`_Command` (sub-groups are ``_Group``), and
+    ``declop --help`` shows each command's whole first paragraph, wrapped: never cut with "...",
+    nor at a period inside it ("e.g.")."""
+
+    command_class = _Command
+    group_class = type  # sub-groups are _Group too
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                first = (cmd.help or "").strip().split("\n\n")[0].replace("\b", "")
+                rows.append((name, cmd.short_help or " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 def _common_run_options(fn: Any) -> Any:
     options = [
         click.argument("paths", nargs=-1, type=click.Path(), envvar=_env("PATHS")),
@@ -155,13 +207,20 @@ def _run_manager(configuration: Any, options: Options) -> int:
     return code
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="declop")
 def cli() -> None:
     """declop: level-triggered Kubernetes operators in plain Python."""
 
 
-@cli.command()
+@cli.command(
+    examples=(
+        "declop run handlers.py                       # current kubeconfig context, all namespaces",
+        "declop run handlers/ -n team-a -n team-b     # every .py file in handlers/, two namespaces",
+        "declop run -m mypackage.handlers --context prod --log-format json",
+        "DECLOP_NAMESPACES='team-a team-b' declop run handlers.py   # the same as two -n options",
+    )
+)
 @_common_run_options
 @click.option("--kubeconfig", type=click.Path(), default=None, envvar=_env("KUBECONFIG"), help="Kubeconfig file (default: $KUBECONFIG, then in-cluster, then ~/.kube/config).")
 @click.option("--context", "context", default=None, envvar=_env("CONTEXT"), help="Kubeconfig context to use.")
@@ -177,12 +236,20 @@ def run(**kw: Any) -> None:
     _run_manager(configuration, _options(kw))
 
 
-@cli.command()
+@cli.command(
+    examples=(
+        "declop dev                          # only the control plane; prints export KUBECONFIG=...",
+        "declop dev examples/pods.py         # the control plane and the seed's handlers on it",
+        "declop dev examples/greeting/handlers.py -f examples/greeting/crd.yaml   # apply the CRD first; reload on save",
+        "declop dev examples/pods.py --metrics-port 8080   # curl localhost:8080/metrics",
+        "sudo -E declop dev --node examples/pods.py        # with a real node; handlers in-cluster",
+    )
+)
 @_common_run_options
 @click.option("-f", "--file", "files", multiple=True, type=click.Path(), envvar=_env("DEV_FILES"), help="Apply this YAML file or folder of them (multi-document) before the operator starts; CRDs are Established first (repeatable).")
 @click.option("--reload/--no-reload", "reload", default=None, envvar=_env("DEV_RELOAD"), help="Restart the operator when a .py file of PATHS (or in their folders) is saved, re-apply -f files when they change. On by default; not with --node.")
 @click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=_env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
-@click.option("--no-controller-manager", is_flag=True, help="Run only etcd and kube-apiserver (faster start, no GC).")
+@click.option("--no-controller-manager", is_flag=True, envvar=_env("NO_CONTROLLER_MANAGER"), help="Run only etcd and kube-apiserver (faster start, no GC).")
 @click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: image from the Dockerfile, Helm chart, handlers from a ConfigMap.")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and

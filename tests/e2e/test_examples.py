@@ -62,17 +62,24 @@ def test_seed_scenario_pods(control_plane, namespace):
         assert second.group(1) != first.group(1)
         assert len([x for x in op.lines if here in x]) == 2, "\n".join(op.lines)
 
-        # No kubelet runs here, so delete as a kubelet would finish it. The apiserver first
-        # records the deletionTimestamp (an update: the seed's handler still finds the pod and
-        # may log "Pod created" once more), then removes the pod: NotFound in the cache.
-        kubectl(env, "delete", "pod", "nginx", "-n", namespace, "--grace-period=0", "--force")
+        # A plain delete, as the README's scenario types it. No node runs here and nothing
+        # scheduled the pod, so the apiserver finishes the delete at once: it first records the
+        # deletionTimestamp (an update: the seed's handler still finds the pod and may log "Pod
+        # created" once more), then removes the pod: NotFound in the cache.
+        kubectl(env, "delete", "pod", "nginx", "-n", namespace, "--timeout=30s")
         gone = op.wait_for_line('The pod was deleted {"controller": "example", ' + here)
         assert re.match(
             r'^INFO The pod was deleted \{"controller": "example", "namespace": "%s", "name": "nginx", "reconcileID": "%s"\}$'
             % (re.escape(namespace), UUID4),
             gone[0],
         ), gone[0]
+        # the README's order: maybe "Pod created" (the deletionTimestamp), then only "deleted"
+        after = [x.split(" {")[0] for x in op.lines if here in x][2:]
+        first_gone = after.index("INFO The pod was deleted")
+        assert set(after[:first_gone]) <= {"INFO Pod created"}, after
+        assert set(after[first_gone:]) == {"INFO The pod was deleted"}, after
     assert op.returncode == 0
+
 
 def test_finalizer_example(control_plane, namespace):
     env = control_plane.env()
