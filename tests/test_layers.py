@@ -53,6 +53,7 @@ ORDER = [
     "metrics",
     "manager",
     "loader",
+    "assets",
     "testing.certs",
     "testing.process",
     "testing.image",
