@@ -24,7 +24,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "[setup] creating $(VENV) and installing declop with its test extras"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -e '.[test,fast]'
+	@# PYTHONWARNINGS: setuptools' "Editable installation" banner is a warning that -q lets through
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,fast]'
 	@touch $@
 
 venv: $(VENV)/.installed
