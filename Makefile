@@ -107,7 +107,6 @@ test-unit: venv
 dist: venv
 	@rm -rf dist build
 	@$(PY) -m build --quiet --outdir dist .
-	@ls dist/*
 
 clean:
 	rm -rf $(VENV) .declop .pytest_cache build dist *.egg-info
