@@ -95,7 +95,7 @@ def test_kubectl_reports_the_pinned_version():
 def test_build_script_without_go_says_what_to_install(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bash", "dirname", "sha256sum", "cut", "date", "mkdir", "awk"):
+    for tool in ("bash", "dirname", "sha256sum", "cut", "date", "mkdir", "awk", "cat"):
         path = shutil.which(tool)
         if path:
             os.symlink(path, bin_dir / tool)
