@@ -25,7 +25,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: setuptools' "Editable installation" banner is a warning that -q lets through
-	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,fast]'
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,fast,dev]'
 	@touch $@
 
 venv: $(VENV)/.installed
