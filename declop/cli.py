@@ -393,6 +393,40 @@ def new(kind: str, group: str, version: str, plural: str | None, directory: str 
     click.echo(f"Next:\n  cd {target}\n  declop dev handlers.py -f crd.yaml\n  pytest")
 
 
+@cli.group(short_help="Build the control plane's binaries, or print their folder.")
+def assets() -> None:
+    """The control plane's binaries (kube-apiserver, etcd, kubectl, kube-controller-manager, helm).
+
+    \b
+    declop assets build   build them once from the Go module proxy (needs Go >= 1.26), or find them
+    declop assets path    print their folder, for KUBEBUILDER_ASSETS or DECLOP_ASSETS_DIR:
+                          export KUBEBUILDER_ASSETS=$(declop assets path)
+    """
+
+
+@assets.command("build", short_help="Build the binaries once (or find them built); print their folder.")
+def assets_build() -> None:
+    """Build the binaries that are missing (10-20 min the first time, then instant).
+
+    Progress goes to stderr; the folder is the last line of stdout. Builds into
+    $DECLOP_ASSETS_DIR when set, else ~/.cache/declop/controlplane/<version>-<key>.
+    """
+    from . import assets as assets_module
+
+    click.echo(assets_module.build())
+
+
+@assets.command("path", short_help="Print their folder (KUBEBUILDER_ASSETS); fail if not built.")
+def assets_path() -> None:
+    """Print the folder the test kit's control plane uses; fail if nothing is built.
+
+    Looks at $KUBEBUILDER_ASSETS, $DECLOP_ASSETS_DIR, then declop's cache.
+    """
+    from . import assets as assets_module
+
+    click.echo(assets_module.find())
+
+
 def _dev_image(kw: dict[str, Any]) -> str:
     """The image tarball for ``dev --node`` (built from this checkout once per content)."""
     from .testing.image import source_dir

@@ -58,6 +58,7 @@ ORDER = [
     "loader",
     "devloop",
     "scaffold",
+    "assets",
     "testing.certs",
     "testing.process",
     "testing.image",
