@@ -37,12 +37,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache import guarded
 from .client import AsyncClient, ClientContext
 from .controller import Controller, ControllerMetrics, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
-from .cache import guarded
 from .informer import InformerPool
 from .leader import LeaderElector
 from .lifecycle import Lifecycle

@@ -75,7 +75,7 @@ def test_an_unsupported_field_selector_fails_the_start_with_one_line(kubeconfig,
     assert "\n" not in message
     assert message.startswith("controller 'handle': field selector 'data.colour=blue' is not supported for configmaps (")
     assert "field label not supported: data.colour" in message
-    runner.stop()
+    assert runner.manager.informers is not None and not any(i._task for i in runner.manager.informers)
 
 
 def test_the_cli_prints_the_unsupported_selector_and_exits_1(control_plane, namespace, tmp_path):
