@@ -256,9 +256,8 @@ class Manager:
                         continue  # not the selector's fault (403, 5xx): the informer reports it as usual
                     raise ConfigError(
                         f"controller {reg.name!r}{where}: field selector {res.fields!r} is not supported for "
-                        f"{info.group_resource} ({exc}); the apiserver supports metadata.name and "
-                        "metadata.namespace for every resource, and a few more per resource "
-                        "(pods: spec.nodeName, status.phase, …)"
+                        f"{info.group_resource} ({exc}); select on a field the apiserver supports for it, "
+                        "or drop fields= and filter with a predicate"
                     ) from None
 
     def _resolve(self, name: str, who: str = "") -> ResourceInfo:

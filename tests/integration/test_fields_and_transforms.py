@@ -74,7 +74,9 @@ def test_an_unsupported_field_selector_fails_the_start_with_one_line(kubeconfig,
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("controller 'handle': field selector 'data.colour=blue' is not supported for configmaps (")
-    assert "field label not supported: data.colour" in message
+    # the apiserver's own words name the fields it supports
+    assert '("data.colour" is not a known field selector: only "metadata.name", "metadata.namespace")' in message
+    assert message.endswith("select on a field the apiserver supports for it, or drop fields= and filter with a predicate")
     assert runner.manager.informers is not None and not any(i._task for i in runner.manager.informers)
 
 

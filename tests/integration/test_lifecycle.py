@@ -145,9 +145,10 @@ async def leader_task(logger, stop):
         raise
 
 @declop.background(every_replica=True)
-async def replica_task(logger):
+async def replica_task(logger, stop):
     logger.info("replica task started", replica=REPLICA, at=time.time())
-    await asyncio.Event().wait()
+    await stop.wait()
+    logger.info("replica task stopped", replica=REPLICA, at=time.time())
 """
 
 
@@ -204,3 +205,4 @@ def test_a_leader_only_task_runs_on_the_leader_is_cancelled_on_loss_and_moves_to
             b.stop()
     assert b.returncode == 0
     assert records(b, "leader task cancelled") == [], "a graceful stop sets the event and the task returns"
+    assert records(b, "replica task stopped")
