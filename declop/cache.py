@@ -246,7 +246,7 @@ def guarded(fn: Transform, resource: str) -> Transform:
             m = out.get("metadata") if type(out) is dict else None
             if type(m) is not dict or (m.get("name"), m.get("namespace"), m.get("resourceVersion")) != ident:
                 raise _BadTransform("it must return the object with metadata name, namespace and resourceVersion unchanged")
-            return out  # type: ignore[no-any-return]
+            return out
         except Exception as exc:  # a user transform must never stop the informer
             where = f"{ident[1]}/{ident[0]}" if ident[1] else str(ident[0])
             why = str(exc) if isinstance(exc, _BadTransform) else f"raised {type(exc).__name__}"

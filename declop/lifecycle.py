@@ -90,7 +90,7 @@ def make_hook(fn: Any, kind: HookKind, *, name: str | None = None, every_replica
     decorator = _DECORATOR[kind]
     if not callable(fn) or isinstance(fn, type):
         raise RegistrationError(f"{decorator} decorates a function, got {fn!r}")
-    hook_name = name or getattr(fn, "__name__", repr(fn))
+    hook_name: str = name or str(getattr(fn, "__name__", None) or repr(fn))
     is_async = inspect.iscoroutinefunction(fn)
     if kind == "background" and not is_async:
         raise RegistrationError(

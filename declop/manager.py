@@ -35,7 +35,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Coroutine
 
 from .cache import guarded
 from .client import AsyncClient, ClientContext
@@ -356,7 +356,7 @@ class Manager:
             c.halt()  # intake stops now, before any await
         if self._background is not None:
             self._background.cancel()
-        stopping = [c.stop(0) for c in self.controllers]
+        stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(0) for c in self.controllers]
         if self.lifecycle is not None:
             stopping.append(self.lifecycle.stop_background(grace=0, leader_only=True))
         await asyncio.gather(*stopping)
@@ -392,7 +392,7 @@ class Manager:
         if self._background is not None:
             self._background.cancel()
         grace = 0.0 if self.exit_code else self.options.grace_period
-        stopping = [c.stop(grace) for c in self.controllers]
+        stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(grace) for c in self.controllers]
         if self.lifecycle is not None:
             stopping.append(self.lifecycle.stop_background(grace=grace))
         results = await asyncio.gather(*stopping)
