@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "[setup] creating $(VENV) and installing declop with its test extras"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,fast]'
+	$(PY) -m pip install -q -e '.[test,fast,dev]'
 	@touch $@
 
 venv: $(VENV)/.installed

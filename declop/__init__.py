@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from .version import __version__ as __version__
 
+from . import conditions as conditions
 from . import predicates as predicates
 from .cache import clone as clone
 from .client import AsyncClient as AsyncClient
@@ -86,6 +87,7 @@ __all__ = [
     "aretry_on_conflict",
     "background",
     "clone",
+    "conditions",
     "contains_finalizer",
     "create_or_update",
     "index",
@@ -101,7 +103,7 @@ __all__ = [
 
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("declop.") and _name != "predicates":
+    if getattr(_obj, "__module__", "").startswith("declop.") and _name not in ("conditions", "predicates"):
         try:
             _obj.__module__ = "declop"
         except (AttributeError, TypeError):

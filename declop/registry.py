@@ -7,10 +7,19 @@ It also records what surrounds them: cache indexes (``declop.index``), cache tra
 Invariants:
 - the decorator returns the function **unchanged**, so it stays callable in unit tests;
 - a :class:`Registration` is frozen; the registry is frozen when a manager starts, and registering
-  afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time);
-- argument names are checked at registration: a handler may only declare the injectable keyword
-  arguments (``request``, ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``,
-  ``phase``, ``obj``) unless it takes ``**kwargs``;
+  afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time)
+  until :meth:`Registry.clear` empties it for the next manager;
+- argument names are checked at registration (:func:`_wanted`): a parameter without a default
+  must be one of the injectable names (``request``, ``name``, ``namespace``, ``client``,
+  ``logger``, ``reconcile_id``, ``phase``, ``obj``) — with or without ``**kwargs``, which never
+  fills a name declop does not have; a parameter with a default is the handler's own unless its
+  name is within a typo of an injectable one (``loger=None``), which is refused. Refusals say
+  "did you mean" or, for Kopf's arguments (``spec``, ``body``, ``patch`` …), what declop does
+  instead;
+- a misspelt decorator option or a resource given in parts (Kopf's ``(group, version, plural)``)
+  is a :class:`~declop.errors.RegistrationError` naming the closest option, not a bare
+  ``TypeError``: the decorators take ``*parts: Never`` and ``**unknown: Never``, so type
+  checkers still reject such calls while the runtime explains them;
 - the primary resource and every ``owns=``/``watches=`` entry is stored as a
   :class:`~declop.resource.Resource` (name, metadata only, field selector);
 - at most one transform per resource name.
@@ -18,13 +27,16 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Never, Sequence, TypeVar
 
 from .cache import clone
 from .errors import RegistrationError
+from .hints import KOPF_KWARGS, KOPF_OPTIONS, did_you_mean, resource_in_parts
 from .labels import parse_selector
 from .lifecycle import Hook, HookKind, make_hook
 from .predicates import Predicate
@@ -47,6 +59,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: keyword arguments a handler may declare
 INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj"})
+
+#: a defaulted parameter this close to an injectable name (difflib ratio) is taken for a typo
+TYPO_CUTOFF = 0.8
+
+#: the keyword options of the module-level @reconciler, for "did you mean" on a misspelt one
+RECONCILER_OPTIONS = (
+    "name", "finalizer", "namespaces", "labels", "predicates", "owns", "watches", "max_concurrent",
+    "metadata_only", "fields", "registry",
+)
+_METHOD_OPTIONS = tuple(o for o in RECONCILER_OPTIONS if o != "registry")  # Registry.reconciler
 
 _FINALIZER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -150,6 +172,16 @@ class Registry:
     def frozen(self) -> bool:
         return self._frozen
 
+    def clear(self) -> None:
+        """Forget every registration, index, transform and hook and accept new ones — to load edited handlers
+        between two managers (``declop dev`` reload). Never while a manager runs: it keeps the
+        registrations it read at start."""
+        self._registrations.clear()
+        self._indexes.clear()
+        self._transforms.clear()
+        self._hooks.clear()
+        self._frozen = False
+
     def _check_open(self, what: str) -> None:
         if self._frozen:
             raise RegistrationError(
@@ -160,7 +192,7 @@ class Registry:
     def reconciler(
         self,
         resource: str | Resource,
-        *,
+        *parts: Never,
         name: str | None = None,
         finalizer: str | None = None,
         namespaces: Sequence[str] | str | None = None,
@@ -171,8 +203,12 @@ class Registry:
         max_concurrent: int = 1,
         metadata_only: bool | None = None,
         fields: str | Mapping[str, str] | None = None,
+        **unknown: Never,
     ) -> Callable[[F], F]:
-        """Register the decorated function as the reconciler of ``resource``; see design §2."""
+        """Register the decorated function as the reconciler of ``resource``; see design §2.
+
+        ``parts`` and ``unknown`` only catch mistakes (see :func:`reconciler`)."""
+        _check_call("reconciler", (resource, *parts), unknown, _METHOD_OPTIONS)
         if metadata_only is not None and not isinstance(metadata_only, bool):
             raise RegistrationError(f"metadata_only must be True or False, got {metadata_only!r}")
         base = resource if isinstance(resource, Resource) else Resource(resource)
@@ -201,7 +237,9 @@ class Registry:
             self._check_open(f"reconciler {getattr(fn, '__name__', fn)!r}")
             if not callable(fn):
                 raise RegistrationError(f"@reconciler decorates a function, got {fn!r}")
-            reg_name = name or fn.__name__
+            reg_name = name or getattr(fn, "__name__", None)
+            if not reg_name:
+                raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
             if reg_name in self._registrations and self._registrations[reg_name].fn is not fn:
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
@@ -256,25 +294,86 @@ class Registry:
         return hook
 
 
+def _check_call(
+    decorator: str, positional: tuple[Any, ...], unknown: Mapping[str, Any], options: Sequence[str]
+) -> None:
+    """Refuse extra positional arguments and unknown options with a hint instead of Python's
+    bare ``TypeError`` (which says neither what was meant nor what to write)."""
+    if len(positional) > 1:
+        shown = ", ".join(_short(p) for p in positional)
+        raise RegistrationError(f"@{decorator}({shown}): {resource_in_parts(positional)}")
+    for option in unknown:
+        # an exact Kopf option first: Kopf's field= is not declop's fields= (a field selector)
+        hint = KOPF_OPTIONS.get(option) or did_you_mean(option, options) or f"the options are {', '.join(options)}"
+        raise RegistrationError(f"@{decorator} got an unknown option {option}=: {hint}")
+
+
+def _short(value: Any) -> str:
+    """A decorator argument as it was written in the source: short strings quoted, else the type."""
+    if isinstance(value, str) and len(value) <= 60:
+        return repr(value)
+    return f"<{type(value).__name__}>"
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    """`` (handlers.py:12)``: the file and first line of the function, when it has code."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    if code is None:
+        return ""
+    return f" ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+
+
 def _wanted(fn: Callable[..., Any], name: str) -> frozenset[str] | None:
+    """The injectable names ``fn`` declares (``None`` when it takes ``**kwargs``: it gets all).
+
+    Raises:
+        RegistrationError: a parameter without a default that declop cannot fill (whether or
+            not there is ``**kwargs``: that never fills it); a defaulted one whose name is a
+            typo of an injectable name (ratio >= :data:`TYPO_CUTOFF`, e.g. ``loger=None``)
+            unless ``functools.partial`` bound it; or an injectable that is positional-only.
+    """
     sig = inspect.signature(fn)
+    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
     wants: set[str] = set()
+    takes_all = False
     for p in sig.parameters.values():
         if p.kind is p.VAR_KEYWORD:
-            return None
+            takes_all = True
+            continue
         if p.kind is p.VAR_POSITIONAL:
             continue
-        if p.name not in INJECTABLE:
-            if p.default is not p.empty:
-                continue
+        if p.name in INJECTABLE:
+            if p.kind is p.POSITIONAL_ONLY:
+                raise RegistrationError(
+                    f"handler {name!r}{_where(fn)}: {p.name!r} must not be positional-only; remove the '/'"
+                )
+            wants.add(p.name)
+            continue
+        if p.default is p.empty:
+            raise RegistrationError(_unknown_required(fn, name, p.name))
+        typo = did_you_mean(p.name, INJECTABLE, cutoff=TYPO_CUTOFF)
+        if typo and p.name not in bound:
             raise RegistrationError(
-                f"handler {name!r} takes an unknown argument {p.name!r}; declop passes only "
-                f"{', '.join(sorted(INJECTABLE))} (add **_ to accept the rest)"
+                f"handler {name!r}{_where(fn)} takes an unknown argument {p.name!r}, which would always "
+                f"keep its default: {typo} declop passes only {', '.join(sorted(INJECTABLE))}"
             )
-        if p.kind is p.POSITIONAL_ONLY:
-            raise RegistrationError(f"handler {name!r}: {p.name!r} must not be positional-only")
-        wants.add(p.name)
-    return frozenset(wants)
+    return None if takes_all else frozenset(wants)
+
+
+def _unknown_required(fn: Callable[..., Any], name: str, param: str) -> str:
+    """The one-line refusal of a parameter without a default that declop cannot fill."""
+    where = f"handler {name!r}{_where(fn)}"
+    if param in KOPF_KWARGS:
+        return f"{where} takes {param!r}, which Kopf passes and declop does not: {KOPF_KWARGS[param]}"
+    if param in ("kwargs", "kw", "_"):
+        return f"{where} takes a plain argument {param!r}: did you mean **{param}?"
+    hint = did_you_mean(param, INJECTABLE)
+    lead = f"{hint} " if hint else ""
+    return (
+        f"{where} takes an unknown argument {param!r}: {lead}declop passes only "
+        f"{', '.join(sorted(INJECTABLE))}; rename it, or give it a default if it is your own"
+    )
 
 
 default_registry = Registry()
@@ -282,7 +381,7 @@ default_registry = Registry()
 
 def reconciler(
     resource: str | Resource,
-    *,
+    *parts: Never,
     name: str | None = None,
     finalizer: str | None = None,
     namespaces: Sequence[str] | str | None = None,
@@ -294,6 +393,7 @@ def reconciler(
     metadata_only: bool | None = None,
     fields: str | Mapping[str, str] | None = None,
     registry: Registry | None = None,
+    **unknown: Never,
 ) -> Callable[[F], F]:
     """Register a reconciler of ``resource`` (``"pods"``, ``"deployments.apps"``, ``"widgets.example.com"``).
 
@@ -306,7 +406,13 @@ def reconciler(
     (docs/metadata-only.md). ``fields="spec.nodeName=node-1"`` is a field selector: only matching
     objects reach the cache and the handler (docs/fields-and-transforms.md). ``owns=`` and
     ``watches=`` entries may be a :class:`~declop.resource.Resource` to say the same of them.
+
+    ``parts`` and ``unknown`` only catch mistakes: an extra positional argument (Kopf's
+    ``"group", "version", "plural"``) or a misspelt option raises
+    :class:`~declop.errors.RegistrationError` with the one string or option meant. Type
+    checkers flag such calls already: nothing is assignable to ``Never``.
     """
+    _check_call("reconciler", (resource, *parts), unknown, RECONCILER_OPTIONS)
     return (registry if registry is not None else default_registry).reconciler(
         resource,
         name=name,
@@ -328,8 +434,10 @@ def index(
     fn: Callable[[Mapping[str, Any]], Iterable[str | None]],
     *,
     registry: Registry | None = None,
+    **unknown: Never,
 ) -> None:
     """Declare a cache index: ``client.list(resource, index=(name, value))`` finds objects by it."""
+    _check_call("index", (resource,), unknown, ("registry",))
     (registry if registry is not None else default_registry).index(resource, name, fn)
 
 
@@ -338,12 +446,14 @@ def transform(
     fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     *,
     registry: Registry | None = None,
+    **unknown: Never,
 ) -> Any:
     """Set the cache transform of ``resource``: ``fn(obj) -> obj`` runs on every object before it
     enters the cache, **instead of** the default that drops ``metadata.managedFields``. It must be
     pure and fast (it runs on the event loop for every event) and keep ``metadata.name``,
     ``namespace`` and ``resourceVersion``. ``declop.transform("pods", fn)`` or, as a decorator,
     ``@declop.transform("pods")``. See docs/fields-and-transforms.md."""
+    _check_call("transform", (resource,), unknown, ("registry",))
     reg = registry if registry is not None else default_registry
     if fn is None:
 
@@ -369,22 +479,33 @@ def _hook_decorator(kind: HookKind, fn: Any, name: str | None, registry: Registr
     return fn
 
 
-def on_startup(fn: F | None = None, *, name: str | None = None, registry: Registry | None = None) -> Any:
+def on_startup(
+    fn: F | None = None, *, name: str | None = None, registry: Registry | None = None, **unknown: Never
+) -> Any:
     """Run ``fn`` once before any informer starts (``@declop.on_startup`` or ``@declop.on_startup()``).
 
     It may declare ``client``, ``logger``, ``stop``. Raising fails the start: ``declop run`` prints
     one line naming the hook and exits 1. Caches are not running yet: read with ``client.live``."""
+    _check_call("on_startup", (fn,), unknown, ("name", "registry"))
     return _hook_decorator("startup", fn, name, registry)
 
 
-def on_shutdown(fn: F | None = None, *, name: str | None = None, registry: Registry | None = None) -> Any:
+def on_shutdown(
+    fn: F | None = None, *, name: str | None = None, registry: Registry | None = None, **unknown: Never
+) -> Any:
     """Run ``fn`` once on a stop, after in-flight reconciles drained and background tasks ended,
     while the client still works. A failure is logged and makes the exit code 1."""
+    _check_call("on_shutdown", (fn,), unknown, ("name", "registry"))
     return _hook_decorator("shutdown", fn, name, registry)
 
 
 def background(
-    fn: F | None = None, *, name: str | None = None, every_replica: bool = False, registry: Registry | None = None
+    fn: F | None = None,
+    *,
+    name: str | None = None,
+    every_replica: bool = False,
+    registry: Registry | None = None,
+    **unknown: Never,
 ) -> Any:
     """Run the ``async def`` ``fn`` as a long-running task once the caches synced: only on the
     leader (at once without leader election), or on every replica with ``every_replica=True``.
@@ -392,6 +513,7 @@ def background(
     It may declare ``client``, ``logger``, ``stop`` (an ``asyncio.Event`` set when it should end).
     It is cancelled on shutdown (after the grace period) and, leader-only, at once when the Lease
     is lost; when it raises it is logged and restarted with backoff (0.8 s doubling to 30 s)."""
+    _check_call("background", (fn,), unknown, ("name", "every_replica", "registry"))
     if not isinstance(every_replica, bool):
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     return _hook_decorator("background", fn, name, registry, every_replica)

@@ -37,6 +37,7 @@ EXPECTED = {
     "aretry_on_conflict",
     "background",
     "clone",
+    "conditions",
     "contains_finalizer",
     "create_or_update",
     "index",
@@ -82,19 +83,25 @@ def test_version() -> None:
     assert declop.__version__.count(".") >= 2
 
 
-def test_predicates_is_the_module() -> None:
-    assert isinstance(declop.predicates, types.ModuleType)
-    assert declop.predicates.__name__ == "declop.predicates"
-    assert declop.predicates is importlib.import_module("declop.predicates")
+@pytest.mark.parametrize("name", ["conditions", "predicates"])
+def test_module_namespaces_are_the_modules(name: str) -> None:
+    module = getattr(declop, name)
+    assert isinstance(module, types.ModuleType)
+    assert module.__name__ == f"declop.{name}"
+    assert module is importlib.import_module(f"declop.{name}")
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"predicates"}))
+def test_conditions_surface() -> None:
+    assert declop.conditions.__all__ == ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates"}))
 def test_public_objects_claim_the_package(name: str) -> None:
     """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X``."""
     assert getattr(declop, name).__module__ == "declop"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"predicates"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates"}))
 def test_public_objects_are_the_originals(name: str) -> None:
     """Re-exports are the defining module's objects, not copies."""
     obj = getattr(declop, name)
