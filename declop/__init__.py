@@ -50,8 +50,13 @@ from .ownership import create_or_update as create_or_update
 from .ownership import retry_on_conflict as retry_on_conflict
 from .ownership import set_controller_reference as set_controller_reference
 from .registry import Registry as Registry
+from .registry import background as background
 from .registry import index as index
+from .registry import on_shutdown as on_shutdown
+from .registry import on_startup as on_startup
 from .registry import reconciler as reconciler
+from .registry import transform as transform
+from .resource import Resource as Resource
 from .result import Phase as Phase
 from .result import Result as Result
 
@@ -74,21 +79,26 @@ __all__ = [
     "RegistrationError",
     "Registry",
     "Request",
+    "Resource",
     "Result",
     "TerminalError",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",
+    "background",
     "clone",
     "conditions",
     "contains_finalizer",
     "create_or_update",
     "index",
+    "on_shutdown",
+    "on_startup",
     "predicates",
     "reconciler",
     "remove_finalizer",
     "retry_on_conflict",
     "set_controller_reference",
+    "transform",
 ]
 
 for _name in __all__:

@@ -75,7 +75,10 @@ KOPF_KWARGS: Mapping[str, str] = {
     "retry": _RETRIES,
     "started": _RETRIES,
     "runtime": _RETRIES,
-    "stopped": "declop has no daemons: return declop.Result(requeue_after=seconds) to be called again",
+    "stopped": (
+        "a reconciler is called again with declop.Result(requeue_after=seconds); long-running work "
+        "belongs in an @declop.background task, which declares stop (docs/lifecycle.md)"
+    ),
     "param": "register the function once per value, each with its own name= and a closure or functools.partial",
     "resource": "the resource is the one named in @declop.reconciler(...); request says which object",
     "settings": "configure declop with declop run options (declop run --help) or declop.Options",
@@ -99,7 +102,10 @@ _PARTS = "name the resource in the first argument, e.g. @declop.reconciler('widg
 KOPF_OPTIONS: Mapping[str, str] = {
     "id": "use name= to name the controller",
     "when": _FILTER,
-    "field": _FILTER,
+    "field": (
+        "Kopf's field= reacts to changes of one field: " + _FILTER + "; declop's fields= is a "
+        "field selector (which objects are cached, docs/fields-and-transforms.md)"
+    ),
     "value": _FILTER,
     "annotations": _FILTER,
     "new": _FILTER,

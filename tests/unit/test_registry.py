@@ -14,6 +14,7 @@ import declop.registry as registry_module
 from declop.errors import ConfigError, RegistrationError
 from declop.predicates import generation_changed
 from declop.registry import INJECTABLE, Registration, Registry, index, reconciler
+from declop.resource import Resource
 
 
 @pytest.fixture
@@ -102,8 +103,8 @@ def test_registration_fields(reg: Registry) -> None:
         namespaces=("team-a",),
         labels="app=web,tier=db",
         predicates=(generation_changed,),
-        owns=("configmaps",),
-        watches=(("secrets", map_fn),),
+        owns=(Resource("configmaps"),),
+        watches=((Resource("secrets"), map_fn),),
         max_concurrent=4,
         is_async=False,
         wants=frozenset({"request", "obj", "phase"}),
@@ -374,7 +375,7 @@ def test_misspelt_option_on_the_registry_method(reg: Registry) -> None:
     with pytest.raises(RegistrationError, match=r"unknown option own=: did you mean 'owns'\?"):
         reg.reconciler("pods", own=["configmaps"])  # type: ignore[arg-type]
     # the method has no registry= option: it is the registry
-    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent$"):
+    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, metadata_only, fields$"):
         reg.reconciler("pods", registry=reg)  # type: ignore[arg-type]
 
 
@@ -398,7 +399,7 @@ def test_an_unknown_option_nothing_is_close_to_lists_them_all(reg: Registry) -> 
         reconciler("pods", registry=reg, colour="blue")  # type: ignore[arg-type]
     assert str(info.value) == (
         "@reconciler got an unknown option colour=: the options are name, finalizer, namespaces, "
-        "labels, predicates, owns, watches, max_concurrent, registry"
+        "labels, predicates, owns, watches, max_concurrent, metadata_only, fields, registry"
     )
 
 
@@ -561,6 +562,133 @@ def test_registrations_and_indexes_are_copies(reg: Registry) -> None:
     assert len(reg.registrations) == 1
     assert reg.indexes == []
 
+
+# -- metadata only, field selectors, transforms, lifecycle hooks ----------------------------------
+
+
+def test_metadata_only_and_fields_are_recorded_for_the_primary_and_its_sources(reg: Registry) -> None:
+    def map_fn(o: Any) -> list[str]:
+        return []
+
+    @reg.reconciler(
+        "secrets",
+        metadata_only=True,
+        fields={"type": "Opaque"},
+        owns=[Resource("configmaps", metadata_only=True)],
+        watches=[(Resource("pods", fields="spec.nodeName==n1"), map_fn)],
+    )
+    def handle(**_: Any) -> None: ...
+
+    r = only(reg)
+    assert (r.metadata_only, r.fields) == (True, "type=Opaque")
+    assert r.primary == Resource("secrets", metadata_only=True, fields="type=Opaque")
+    assert r.owns == (Resource("configmaps", metadata_only=True),)
+    assert r.watches == ((Resource("pods", fields="spec.nodeName=n1"), map_fn),)
+
+
+def test_a_resource_object_as_the_primary_takes_its_options_unless_overridden(reg: Registry) -> None:
+    @reg.reconciler(Resource("secrets", metadata_only=True, fields="type=Opaque"), name="a")
+    def a(**_: Any) -> None: ...
+
+    @reg.reconciler(Resource("secrets", metadata_only=True), metadata_only=False, name="b")
+    def b(**_: Any) -> None: ...
+
+    first, second = reg.registrations
+    assert (first.resource, first.metadata_only, first.fields) == ("secrets", True, "type=Opaque")
+    assert (second.metadata_only, second.fields) == (False, "")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"metadata_only": "yes"}, "metadata_only must be True or False, got 'yes'"),
+        ({"fields": "spec.nodeName"}, "'spec.nodeName' is not a valid field selector term"),
+        ({"fields": 3}, "fields must be a field selector like 'spec.nodeName=node-1' or a dict, got int"),
+        ({"owns": [3]}, "owns= entries are resource names like 'secrets'"),
+        ({"watches": [(Resource("pods", metadata_only=True), 3)]}, "watches entries are ('resource', map_fn) pairs"),
+    ],
+)
+def test_bad_cache_options_are_refused_at_registration(reg: Registry, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(RegistrationError) as err:
+        reg.reconciler("pods", **kwargs)
+    assert message in str(err.value)
+
+
+def test_transform_is_recorded_once_per_resource_and_must_be_a_function(reg: Registry) -> None:
+    def keep(obj: Any) -> Any:
+        return obj
+
+    reg.transform(" pods ", keep)
+    reg.transform("pods", keep)  # the same function again is harmless (a module imported twice)
+    assert reg.transforms == {"pods": keep}
+    with pytest.raises(RegistrationError, match="a transform of 'pods' is already registered"):
+        reg.transform("pods", lambda o: o)
+    with pytest.raises(RegistrationError, match="transform of 'secrets': expected a function obj -> obj, got 'x'"):
+        reg.transform("secrets", "x")  # type: ignore[arg-type]
+
+
+def test_module_level_transform_works_as_call_and_decorator() -> None:
+    reg = Registry()
+
+    @registry_module.transform("pods", registry=reg)
+    def slim(obj: Any) -> Any:
+        return obj
+
+    assert registry_module.transform("secrets", slim, registry=reg) is slim
+    assert reg.transforms == {"pods": slim, "secrets": slim}
+
+
+def test_hook_decorators_bare_and_called_return_the_function_and_record_the_hook() -> None:
+    reg = Registry()
+
+    @registry_module.on_startup(registry=reg)
+    def prepare(client: Any, logger: Any) -> None: ...
+
+    @registry_module.on_shutdown(name="bye", registry=reg)
+    async def cleanup(**_: Any) -> None: ...
+
+    @registry_module.background(every_replica=True, registry=reg)
+    async def loop(stop: Any) -> None: ...
+
+    assert [(h.kind, h.name, h.fn, h.wants, h.every_replica) for h in reg.hooks] == [
+        ("startup", "prepare", prepare, frozenset({"client", "logger"}), False),
+        ("shutdown", "bye", cleanup, None, False),
+        ("background", "loop", loop, frozenset({"stop"}), True),
+    ]
+    assert callable(prepare) and prepare.__name__ == "prepare"
+
+
+@pytest.mark.parametrize(
+    ("register", "message"),
+    [
+        (lambda r: registry_module.on_startup(42, registry=r), "@declop.on_startup decorates a function, got 42"),
+        (lambda r: registry_module.on_shutdown("x", registry=r), "@declop.on_shutdown decorates a function, got 'x'"),
+        (
+            lambda r: registry_module.background(lambda stop: None, registry=r),
+            "must be an 'async def' function: a thread cannot be cancelled",
+        ),
+        (
+            lambda r: registry_module.on_startup(registry=r)(lambda request: None),
+            "takes an unknown argument 'request'; declop passes only client, logger, stop",
+        ),
+        (
+            lambda r: registry_module.background(every_replica="yes", registry=r),
+            "every_replica must be True or False, got 'yes'",
+        ),
+    ],
+)
+def test_bad_hooks_are_refused_at_registration(register: Any, message: str) -> None:
+    with pytest.raises(RegistrationError) as err:
+        register(Registry())
+    assert message in str(err.value)
+
+
+def test_hooks_cannot_be_registered_after_the_freeze(reg: Registry) -> None:
+    reg.freeze()
+    with pytest.raises(RegistrationError, match="the manager has already started"):
+        registry_module.on_startup(lambda: None, registry=reg)
+    with pytest.raises(RegistrationError, match="the manager has already started"):
+        reg.transform("pods", lambda o: o)
 
 def test_clear_forgets_everything_and_reopens_a_frozen_registry() -> None:
     reg = Registry()
