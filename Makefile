@@ -6,27 +6,34 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-BUILD := tools/controlplane/build.sh
+DECLOP := $(VENV)/bin/declop
+# the control plane's binaries: `declop assets build` builds them once (the Go module ships in
+# the package, declop/assets/controlplane/); ASSETS is their folder, for DECLOP_ASSETS_DIR
+ASSETS := $$($(DECLOP) assets path)
 NODE_BUILD := tools/node/build.sh
+# quiet pip: no root-user or new-version warnings before the control plane's lines
+export PIP_ROOT_USER_ACTION := ignore
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
 IMAGE_TAR ?= build/declop-image.tar
 
-.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit clean
+.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit dist clean
 
 all: test
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "[setup] creating $(VENV) and installing declop with its test extras"
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,fast]'
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@# PYTHONWARNINGS: setuptools' "Editable installation" banner is a warning that -q lets through
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[test,fast,dev]'
 	@touch $@
 
 venv: $(VENV)/.installed
 
 # Builds kube-apiserver, kube-controller-manager, etcd, kubectl and helm once (10-20 min cold),
 # then finds them in ~/.cache/declop/controlplane in a second.
-controlplane:
-	@$(BUILD) >/dev/null
+controlplane: venv
+	@$(DECLOP) assets build >/dev/null
 
 setup: venv controlplane
 
@@ -66,36 +73,43 @@ pin-base:
 #   export KUBECONFIG=$$PWD/.declop/kubeconfig PATH=<assets>:$$PATH   (printed at start)
 #   kubectl run nginx --image nginx; kubectl label pod nginx env=prod; kubectl delete pod nginx
 run: setup node
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
-		$(VENV)/bin/declop dev --node examples/pods.py
+	@DECLOP_ASSETS_DIR=$(ASSETS) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
+		$(DECLOP) dev --node examples/pods.py
 
-# The seed example as a local process on a control plane without a node (no root needed). With
-# no kubelet to finish a graceful delete, use: kubectl delete pod nginx --grace-period=0 --force
+# The seed example as a local process on a control plane without a node (no root needed). A plain
+# kubectl delete pod nginx finishes at once: nothing scheduled the Pod, so nothing has to stop it.
 run-without-node: setup
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(VENV)/bin/declop dev examples/pods.py
+	@DECLOP_ASSETS_DIR=$(ASSETS) $(DECLOP) dev examples/pods.py
 
 # Only the control plane (no handlers), e.g. to try your own handlers with `declop run`.
 dev: setup
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(VENV)/bin/declop dev
+	@DECLOP_ASSETS_DIR=$(ASSETS) $(DECLOP) dev
 
 # Plays the seed scenario by itself: start, kubectl run, label, delete, show the lines, stop.
 demo: setup
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) tools/demo.py
+	@DECLOP_ASSETS_DIR=$(ASSETS) $(PY) tools/demo.py
 
 # Everything, the node tests included (root; tests/node run in the same serial pytest run).
 test: setup node
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
+	DECLOP_ASSETS_DIR=$(ASSETS) DECLOP_NODE_ASSETS_DIR=$$($(NODE_BUILD) 2>/dev/null) \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything but the tests that need a real node (and root): for laptops and quick checks.
 test-fast: setup
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) -m pytest -m "not node" $(PYTEST_ARGS)
+	DECLOP_ASSETS_DIR=$(ASSETS) $(PY) -m pytest -m "not node" $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/test_public_api.py tests/test_layers.py $(PYTEST_ARGS)
 
+# A wheel and an sdist in dist/, for `pip install dist/declop-*.whl` outside this checkout: the
+# sdist first, then the wheel built from it (so the sdist is proven complete). `build` comes
+# with the test extras.
+dist: venv
+	@rm -rf dist build
+	@$(PY) -m build --quiet --outdir dist .
+
 clean:
-	rm -rf $(VENV) .declop .pytest_cache build *.egg-info
+	rm -rf $(VENV) .declop .pytest_cache build dist *.egg-info
 
 # Benchmarks (bench/README.md): declop vs Kopf vs controller-runtime on a local control plane.
 # Results go to bench/results/<date>[-quick]/ (CSVs, summary.md, PNGs). BENCH_ARGS passes flags,
@@ -108,7 +122,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
 bench-deps: $(VENV)/.bench-installed
 
 bench: setup bench-deps
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) bench/run.py $(BENCH_ARGS)
+	DECLOP_ASSETS_DIR=$(ASSETS) $(PY) bench/run.py $(BENCH_ARGS)
 
 bench-quick: setup bench-deps
-	DECLOP_ASSETS_DIR=$$($(BUILD) 2>/dev/null) $(PY) bench/run.py --quick $(BENCH_ARGS)
+	DECLOP_ASSETS_DIR=$(ASSETS) $(PY) bench/run.py --quick $(BENCH_ARGS)

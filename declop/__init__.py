@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from .version import __version__ as __version__
 
+from . import conditions as conditions
 from . import predicates as predicates
 from .cache import clone as clone
 from .client import AsyncClient as AsyncClient
@@ -51,8 +52,13 @@ from .ownership import set_controller_reference as set_controller_reference
 from .priorityqueue import Priority as Priority
 from .ratelimit import RateLimit as RateLimit
 from .registry import Registry as Registry
+from .registry import background as background
 from .registry import index as index
+from .registry import on_shutdown as on_shutdown
+from .registry import on_startup as on_startup
 from .registry import reconciler as reconciler
+from .registry import transform as transform
+from .resource import Resource as Resource
 from .result import Phase as Phase
 from .result import Result as Result
 from .trigger import Trigger as Trigger
@@ -78,26 +84,32 @@ __all__ = [
     "RegistrationError",
     "Registry",
     "Request",
+    "Resource",
     "Result",
     "TerminalError",
     "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",
+    "background",
     "clone",
+    "conditions",
     "contains_finalizer",
     "create_or_update",
     "index",
+    "on_shutdown",
+    "on_startup",
     "predicates",
     "reconciler",
     "remove_finalizer",
     "retry_on_conflict",
     "set_controller_reference",
+    "transform",
 ]
 
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("declop.") and _name != "predicates":
+    if getattr(_obj, "__module__", "").startswith("declop.") and _name not in ("conditions", "predicates"):
         try:
             _obj.__module__ = "declop"
         except (AttributeError, TypeError):

@@ -37,6 +37,7 @@ __all__ = [
     "Transform",
     "Writer",
     "clone",
+    "guarded",
     "readonly",
     "strip_managed_fields",
 ]
@@ -217,6 +218,53 @@ def strip_managed_fields(obj: Obj) -> Obj:
     if meta is not None:
         meta.pop("managedFields", None)
     return obj
+
+
+class _BadTransform(Exception):
+    """A transform returned something the store cannot key."""
+
+
+def guarded(fn: Transform, resource: str) -> Transform:
+    """A user's transform for ``resource``, made safe for the cache.
+
+    The transform gets each object as decoded from the apiserver (a fresh dict nobody else holds:
+    changing it in place is fine) before it enters the store, on the event loop, for every event
+    and every listed object: it must be pure and fast. It replaces the default
+    (:func:`strip_managed_fields`), so call that too to keep dropping managedFields. It must return
+    a dict whose ``metadata`` keeps ``name``, ``namespace`` and ``resourceVersion`` (the store keys
+    on them and a relist compares resourceVersions).
+
+    A transform that raises, or returns something else, is logged (the exception's type and the
+    object's key, never its contents) and the object is cached as the default transform leaves
+    it, with those three fields put back: the cache stays complete."""
+
+    def transform(obj: Obj) -> Obj:
+        meta = obj.get("metadata") or {}
+        ident = (meta.get("name"), meta.get("namespace"), meta.get("resourceVersion"))
+        try:
+            out = fn(obj)
+            m = out.get("metadata") if type(out) is dict else None
+            if type(m) is not dict or (m.get("name"), m.get("namespace"), m.get("resourceVersion")) != ident:
+                raise _BadTransform("it must return the object with metadata name, namespace and resourceVersion unchanged")
+            return out
+        except Exception as exc:  # a user transform must never stop the informer
+            where = f"{ident[1]}/{ident[0]}" if ident[1] else str(ident[0])
+            why = str(exc) if isinstance(exc, _BadTransform) else f"raised {type(exc).__name__}"
+            log.error(
+                f"The transform of {resource} failed on {where} ({why}); "
+                "cached with the default transform (managedFields dropped)",
+                extra={"kv": {"resource": resource, "key": where}},
+            )
+            meta = obj.get("metadata")
+            if type(meta) is not dict:
+                meta = obj["metadata"] = {}
+            for field_name, value in zip(("name", "namespace", "resourceVersion"), ident):
+                if value is not None:
+                    meta[field_name] = value
+            return strip_managed_fields(obj)
+
+    transform.__name__ = getattr(fn, "__name__", "transform")
+    return transform
 
 
 class Store:

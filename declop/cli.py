@@ -18,6 +18,7 @@ Every option also reads a ``DECLOP_*`` environment variable (named next to it in
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import shutil
@@ -31,7 +32,9 @@ import click
 
 from .version import __version__
 from .errors import ConfigError, DeclopError
-from .loader import load
+from .devloop import DevLoop, Sources
+from .loader import expand, load
+from .manifests import read as read_manifests
 from .logs import configure
 from .manager import Manager, Options
 from .registry import default_registry
@@ -46,6 +49,58 @@ _state: dict[str, Any] = {"verbose": 0, "exit_code": 0}
 
 def _env(name: str) -> str:
     return f"DECLOP_{name}"
+
+
+class _Command(click.Command):
+    """A command whose help ends with the environment variables it reads and its examples.
+
+    The variables are listed from the parameters themselves (their ``envvar``), so the list
+    cannot drift from the options; ``examples`` are shown verbatim, one command per line."""
+
+    def __init__(self, *args: Any, examples: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.examples = tuple(examples)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for param in self.get_params(ctx):
+            names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+            what = "/".join(param.opts) if isinstance(param, click.Option) else param.human_readable_name
+            if isinstance(param, click.Option) and param.secondary_opts:
+                what += "/" + "/".join(param.secondary_opts)
+            if param.multiple or (isinstance(param, click.Argument) and param.nargs == -1):
+                what += " (several: separated by spaces)"
+            elif isinstance(param, click.Option) and (param.is_flag or param.type is click.BOOL) and not param.count:
+                what += " (true or false)"
+            rows.extend((name, what) for name in names)
+        if rows:
+            with formatter.section("Environment variables (each sets the option it names)"):
+                formatter.write_dl(rows)
+        if self.examples:
+            with formatter.section("Examples"):
+                for line in self.examples:  # verbatim: click would re-wrap a paragraph
+                    formatter.write(f"{'':{formatter.current_indent}}{line}\n")
+        super().format_epilog(ctx, formatter)
+
+
+class _Group(click.Group):
+    """The ``declop`` group: its commands are :class:`_Command` (sub-groups are ``_Group``), and
+    ``declop --help`` shows each command's whole first paragraph, wrapped: never cut with "...",
+    nor at a period inside it ("e.g.")."""
+
+    command_class = _Command
+    group_class = type  # sub-groups are _Group too
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                first = (cmd.help or "").strip().split("\n\n")[0].replace("\b", "")
+                rows.append((name, cmd.short_help or " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def _common_run_options(fn: Any) -> Any:
@@ -154,13 +209,20 @@ def _run_manager(configuration: Any, options: Options) -> int:
     return code
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="declop")
 def cli() -> None:
     """declop: level-triggered Kubernetes operators in plain Python."""
 
 
-@cli.command()
+@cli.command(
+    examples=(
+        "declop run handlers.py                       # current kubeconfig context, all namespaces",
+        "declop run handlers/ -n team-a -n team-b     # every .py file in handlers/, two namespaces",
+        "declop run -m mypackage.handlers --context prod --log-format json",
+        "DECLOP_NAMESPACES='team-a team-b' declop run handlers.py   # the same as two -n options",
+    )
+)
 @_common_run_options
 @click.option("--kubeconfig", type=click.Path(), default=None, envvar=_env("KUBECONFIG"), help="Kubeconfig file (default: $KUBECONFIG, then in-cluster, then ~/.kube/config).")
 @click.option("--context", "context", default=None, envvar=_env("CONTEXT"), help="Kubeconfig context to use.")
@@ -176,22 +238,42 @@ def run(**kw: Any) -> None:
     _run_manager(configuration, _options(kw))
 
 
-@cli.command()
+@cli.command(
+    examples=(
+        "declop dev                          # only the control plane; prints export KUBECONFIG=...",
+        "declop dev examples/pods.py         # the control plane and the seed's handlers on it",
+        "declop dev examples/greeting/handlers.py -f examples/greeting/crd.yaml   # apply the CRD first; reload on save",
+        "declop dev examples/pods.py --metrics-port 8080   # curl localhost:8080/metrics",
+        "sudo -E declop dev --node examples/pods.py        # with a real node; handlers in-cluster",
+    )
+)
 @_common_run_options
+@click.option("-f", "--file", "files", multiple=True, type=click.Path(), envvar=_env("DEV_FILES"), help="Apply this YAML file or folder of them (multi-document) before the operator starts; CRDs are Established first (repeatable).")
+@click.option("--reload/--no-reload", "reload", default=None, envvar=_env("DEV_RELOAD"), help="Restart the operator when a .py file of PATHS (or in their folders) is saved, re-apply -f files when they change. On by default; not with --node.")
 @click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=_env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
-@click.option("--no-controller-manager", is_flag=True, help="Run only etcd and kube-apiserver (faster start, no GC).")
+@click.option("--no-controller-manager", is_flag=True, envvar=_env("NO_CONTROLLER_MANAGER"), help="Run only etcd and kube-apiserver (faster start, no GC).")
 @click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: image from the Dockerfile, Helm chart, handlers from a ConfigMap.")
 def dev(**kw: Any) -> None:
-    """Start a local control plane (etcd + kube-apiserver + controller-manager) and run PATHS on it.
+    """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and
+    run PATHS on it, restarting them when you save a handler file.
 
-    With no PATHS only the control plane runs. With --node, a real node joins it and PATHS run
-    in-cluster as the chart's Pod (follow them with kubectl logs). Ctrl-C stops everything.
+    \b
+        declop dev handlers.py -f crd.yaml      # edit handlers.py, save: the operator restarts
+
+    A syntax error on save prints one line and waits for the next save. With no PATHS only the
+    control plane runs (and -f files are applied). With --node, a real node joins it and PATHS
+    run in-cluster as the chart's Pod (follow them with kubectl logs); --reload does not apply
+    there. Ctrl-C stops everything. See docs/dev.md.
     """
     _setup_logging(kw["log_format"], kw["verbose"], kw["quiet"])
+    if not kw["verbose"]:
+        logging.getLogger("watchfiles").setLevel(logging.WARNING)  # not a line per saved file
     _check_lease_timings(kw)
     from .testing.controlplane import ControlPlane
 
     if kw["node"]:
+        if kw["reload"]:
+            raise _BadOptions("--reload restarts handlers in this process; with --node they run in-cluster: drop --reload (or --node)")
         if kw["no_controller_manager"]:
             raise _BadOptions("--node needs the controller-manager (ServiceAccounts, ReplicaSets); drop --no-controller-manager")
         if kw["modules"]:
@@ -200,9 +282,20 @@ def dev(**kw: Any) -> None:
 
         Node(ControlPlane()).check()  # no root, no packages: one line before anything starts
 
-    load(kw["paths"], kw["modules"])
-    if kw["paths"] or kw["modules"]:
-        _require_registrations(kw)
+    reload = not kw["node"] if kw["reload"] is None else kw["reload"]
+    runs = bool(kw["paths"] or kw["modules"])
+    read_manifests(kw["files"])  # a missing or malformed file: one line before anything starts
+    if reload and (runs or kw["files"]) and importlib.util.find_spec("watchfiles") is None:
+        raise ConfigError("declop dev restarts the operator on save with the watchfiles package, which is not installed: pip install 'declop[dev]' (or pass --no-reload)")
+    if reload:
+        expand(kw["paths"])  # a missing path or module fails now; load errors wait for the next save
+        for name in kw["modules"]:
+            if _find_module(name) is None:
+                raise ConfigError(f"no module named {name!r}; is it installed or on PYTHONPATH?")
+    else:
+        load(kw["paths"], kw["modules"])
+        if runs:
+            _require_registrations(kw)
     out = os.path.abspath(kw["kubeconfig_out"])
     stopping = threading.Event()
 
@@ -211,6 +304,7 @@ def dev(**kw: Any) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_signal)
+    started = False
     try:
         what = "kube-controller-manager, and a node: containerd, kubelet, kube-proxy, kube-scheduler" if kw["node"] else "kube-controller-manager"
         click.echo(f"Starting a local control plane (etcd, kube-apiserver, {what})…", err=True)
@@ -224,20 +318,115 @@ def dev(**kw: Any) -> None:
             click.echo(f"# kubectl and helm built for it: export PATH={cp.assets_dir}:$PATH", err=True)
             sys.stdout.flush()
             signal.signal(signal.SIGTERM, signal.default_int_handler)
-            if kw["node"] and kw["paths"]:
-                _run_in_cluster(cp, kw, image)
-            elif kw["paths"] or kw["modules"]:
-                configuration = load_configuration(out, None)
+            configuration = load_configuration(out, None)
+            sources = Sources(tuple(kw["paths"]), tuple(kw["modules"]), tuple(kw["files"]))
+            started = True
+            if kw["node"]:
+                if kw["files"]:
+                    _apply_once(configuration, kw, sources)
+                if kw["paths"]:
+                    _run_in_cluster(cp, kw, image)
+            elif runs or (kw["files"] and reload):
                 # local use: plain HTTP metrics (curl localhost:PORT/metrics) unless asked otherwise
-                _run_manager(configuration, _options(kw, secure_by_default=False))
-            else:
-                click.echo("Press Ctrl-C to stop.", err=True)
-                threading.Event().wait()
+                devloop = DevLoop(configuration, _options(kw, secure_by_default=False), sources, reload=reload, loaded=not reload, echo=_echo)
+                _state["exit_code"] = asyncio.run(_serve_until_signal(devloop.run))
+                return
+            elif kw["files"]:
+                _apply_once(configuration, kw, sources)
+            click.echo("Press Ctrl-C to stop.", err=True)
+            threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo("Control plane stopped.", err=True)
+        if started:  # also after an error: its one line follows this one
+            click.echo("Control plane stopped.", err=True)
+
+
+def _find_module(name: str) -> Any:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent package is missing, or a malformed name
+        return None
+
+
+def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources) -> None:
+    asyncio.run(DevLoop(configuration, _options(kw), sources, reload=False, echo=_echo).apply_manifests())
+
+
+def _echo(line: str) -> None:
+    click.echo(line, err=True)
+
+
+async def _serve_until_signal(run: Any) -> int:
+    """``await run(stop)`` with SIGTERM/SIGINT setting ``stop``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    result: int = await run(stop)
+    return result
+
+
+@cli.command()
+@click.argument("kind")
+@click.option("--group", required=True, help="API group: a DNS subdomain you own, e.g. example.com.")
+@click.option("--version", "version", default="v1", show_default=True, help="API version: v1, v1alpha1, v2beta3 …")
+@click.option("--plural", default=None, help="Plural resource name (default: derived from KIND, e.g. policies).")
+@click.option("--dir", "directory", type=click.Path(), default=None, help="Folder to create (default: ./<kind>-operator); must be new or empty.")
+def new(kind: str, group: str, version: str, plural: str | None, directory: str | None) -> None:
+    """Write a small operator project for a new custom resource KIND (CamelCase, e.g. Widget).
+
+    The project has the CRD, a handler module (finalizer, an owned ConfigMap, a Ready condition),
+    unit and integration tests, Helm chart values with matching RBAC, and a README.
+
+    \b
+    Example:
+      declop new Widget --group example.com
+      cd widget-operator && declop dev handlers.py -f crd.yaml
+    """
+    from .scaffold import create, names_for
+
+    names = names_for(kind, group, version, plural)
+    target, files = create(names, directory)
+    click.echo(f"Created {names.crd_name} ({names.api_version}, Kind {names.kind}) in {target}/:")
+    for path in files:
+        click.echo(f"  {path.relative_to(target)}")
+    click.echo(f"Next:\n  cd {target}\n  declop dev handlers.py -f crd.yaml\n  pytest")
+
+
+@cli.group(short_help="Build the control plane's binaries, or print their folder.")
+def assets() -> None:
+    """The control plane's binaries (kube-apiserver, etcd, kubectl, kube-controller-manager, helm).
+
+    \b
+    declop assets build   build them once from the Go module proxy (needs Go >= 1.26), or find them
+    declop assets path    print their folder, for KUBEBUILDER_ASSETS or DECLOP_ASSETS_DIR:
+                          export KUBEBUILDER_ASSETS=$(declop assets path)
+    """
+
+
+@assets.command("build", short_help="Build the binaries once (or find them built); print their folder.")
+def assets_build() -> None:
+    """Build the binaries that are missing (10-20 min the first time, then instant).
+
+    Progress goes to stderr; the folder is the last line of stdout. Builds into
+    $DECLOP_ASSETS_DIR when set, else ~/.cache/declop/controlplane/<version>-<key>.
+    """
+    from . import assets as assets_module
+
+    click.echo(assets_module.build())
+
+
+@assets.command("path", short_help="Print their folder (KUBEBUILDER_ASSETS); fail if not built.")
+def assets_path() -> None:
+    """Print the folder the test kit's control plane uses; fail if nothing is built.
+
+    Looks at $KUBEBUILDER_ASSETS, $DECLOP_ASSETS_DIR, then declop's cache.
+    """
+    from . import assets as assets_module
+
+    click.echo(assets_module.find())
 
 
 def _dev_image(kw: dict[str, Any]) -> str:

@@ -15,7 +15,10 @@ threads) blocks; :class:`AsyncClient` (for ``async def`` handlers) returns corou
 - ``patch_status(resource, key, patch)`` — through the status subresource
 - ``delete(resource, key)`` — NotFound counts as done
 
-``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write).
+``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write,
+or for the body of an object whose cache holds metadata only: ``metadata_only=True``).
+A resource cached only as metadata (``PartialObjectMetadata``) is read as metadata from the
+cache, unless another source caches it whole.
 Keys may be a :class:`~declop.keys.Request`, ``"ns/name"``, or ``name=``/``namespace=`` keywords; a
 bare name on a namespaced resource means the namespace of the object being reconciled.
 """
@@ -73,6 +76,12 @@ class ClientContext:
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if not api_version or not kind:
             raise ConfigError("the object has no apiVersion/kind; pass the resource name as well")
+        if kind == "PartialObjectMetadata":
+            raise ConfigError(
+                "this object holds metadata only (it comes from a metadata_only cache): writing it would "
+                "drop its body; patch it (client.patch(resource, key, {...})) or read it whole with "
+                "client.live.get(resource, key) first"
+            )
         group, _, version = api_version.rpartition("/")
         for r in self.discovery.resources():
             if r.kind == kind and r.group == group and r.version == version:

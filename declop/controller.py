@@ -53,6 +53,7 @@ from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
 from .errors import Conflict, InvalidResult, ReconcileTimeout, TerminalError
+from .hints import returned_dict
 from .finalizers import ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
@@ -692,8 +693,12 @@ def invalid_outcome(controller: str, key: Request, outcome: Any) -> InvalidResul
     the type and the key — never the object itself: ``return client.patch(...)`` returns a Secret."""
     if outcome is None or isinstance(outcome, Result):
         return None
+    what = f"handler {controller!r} returned {describe(outcome)} for {key}"
+    kopf = returned_dict(outcome)
+    if kopf is not None:  # Kopf's habit: a returned dict lands in the status
+        return InvalidResult(f"{what}; {kopf} (or declop.Result(requeue_after=seconds))")
     return InvalidResult(
-        f"handler {controller!r} returned {describe(outcome)} for {key}; return None or "
+        f"{what}; return None or "
         "declop.Result(requeue_after=seconds) — e.g. call client.patch(...) and then return None"
     )
 

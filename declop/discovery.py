@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from declop.errors import ApiError, ConfigError
+from declop.hints import close_matches, suggestion
 
 __all__ = [
     "AGGREGATED_ACCEPT",
@@ -41,6 +42,7 @@ __all__ = [
     "parse_legacy_group_versions",
     "parse_resource_list",
     "resolve",
+    "suggest",
 ]
 
 log = logging.getLogger(__name__)
@@ -264,9 +266,12 @@ def resolve(name: str, resources: Sequence[ResourceInfo]) -> ResourceInfo:
     """
     matches = _matches(name, resources)
     if not matches:
+        hint = suggest(name, resources)
+        lead = f"{hint} (or check" if hint else "check"
+        tail = ")" if hint else ""
         raise ConfigError(
             f"unknown resource {name!r}: not served by the apiserver; "
-            "check the name with 'kubectl api-resources'"
+            f"{lead} the name with 'kubectl api-resources'{tail}"
         )
     usable = [r for r in matches if not r.verbs or _WATCHABLE <= set(r.verbs)]
     if not usable:
@@ -294,6 +299,29 @@ def resolve(name: str, resources: Sequence[ResourceInfo]) -> ResourceInfo:
             f"qualify the name with its group, e.g. {names[0]!r}"
         )
     return candidates[0]
+
+
+def suggest(name: str, resources: Sequence[ResourceInfo]) -> str | None:
+    """``"did you mean 'deployments.apps'?"`` for a name that matches nothing, or ``None``.
+
+    Candidates are the listable and watchable resources, each shown as the ``plural.group``
+    that resolves to it (``plural`` for core). A dotted name (``widgts.example.com``) is compared
+    with ``plural.group`` and ``plural.version.group``, a bare one (``deploymnets``) with each
+    plural, singular, kind and short name.
+    """
+    shown: dict[str, str] = {}
+    dotted = "." in name.strip()
+    for r in resources:
+        if r.verbs and not _WATCHABLE <= set(r.verbs):
+            continue
+        if dotted:
+            spellings = [r.group_resource, f"{r.plural}.{r.version}.{r.group}" if r.group else f"{r.plural}.{r.version}"]
+        else:
+            spellings = sorted(_names(r))
+        for spelling in spellings:
+            shown.setdefault(spelling.lower(), r.group_resource)
+    found = close_matches(name.strip(), shown, n=6)
+    return suggestion(_unique(shown[f] for f in found)[:3])
 
 
 def _matches(name: str, resources: Sequence[ResourceInfo]) -> list[ResourceInfo]:

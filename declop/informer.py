@@ -55,7 +55,17 @@ from .errors import ApiError, Forbidden, NotFound
 from .keys import key_of
 from .transport import StreamIdle, StreamInterrupted, Transport, loads
 
-__all__ = ["INITIAL_EVENTS_END", "LIST_MODES", "Backoff", "EventHandler", "Informer", "InformerPool", "ListMode"]
+__all__ = [
+    "INITIAL_EVENTS_END",
+    "LIST_MODES",
+    "METADATA_ACCEPT",
+    "METADATA_LIST_ACCEPT",
+    "Backoff",
+    "EventHandler",
+    "Informer",
+    "InformerPool",
+    "ListMode",
+]
 
 log = logging.getLogger("declop.informer")
 
@@ -68,6 +78,12 @@ LIST_MODES: tuple[str, ...] = ("auto", "stream", "paged")
 
 #: the annotation on the bookmark that ends the initial events of a streaming list
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+#: what a metadata-only informer accepts: the apiserver answers each object (watch events) or the
+#: list as ``PartialObjectMetadata``(``List``) of ``meta.k8s.io/v1``, metadata only
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+_METADATA_KIND, _METADATA_API_VERSION = "PartialObjectMetadata", "meta.k8s.io/v1"
 
 _WATCH_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
 
@@ -127,6 +143,8 @@ class Informer:
         *,
         namespace: str = "",
         label_selector: str = "",
+        field_selector: str = "",
+        metadata_only: bool = False,
         transform: Transform | None = strip_managed_fields,
         page_size: int = 500,
         idle_timeout: float = 90.0,
@@ -140,13 +158,21 @@ class Informer:
         self.resource = resource
         self.namespace = namespace if resource.namespaced else ""
         self.label_selector = label_selector
+        self.field_selector = field_selector
+        #: lists and watches PartialObjectMetadata: the store holds metadata only
+        self.metadata_only = metadata_only
         self.page_size = page_size
         self.idle_timeout = idle_timeout
         self.list_mode = list_mode
         self.min_watch_timeout = min_watch_timeout
         where = f" in {self.namespace}" if self.namespace else ""
-        sel = f" ({label_selector})" if label_selector else ""
+        how = [*([label_selector] if label_selector else []), *([field_selector] if field_selector else [])]
+        how += ["metadata only"] if metadata_only else []
+        sel = f" ({'; '.join(how)})" if how else ""
         self.name = f"{resource.group_resource}{where}{sel}"
+        # the kind/apiVersion of what the apiserver sends: the resource's, or PartialObjectMetadata
+        self._kind = _METADATA_KIND if metadata_only else resource.kind
+        self._api_version = _METADATA_API_VERSION if metadata_only else resource.api_version
         self.store = Store(self.name)
         self._writer = Writer(self.store, transform)
         self._subscribers: list[EventHandler] = []
@@ -217,7 +243,11 @@ class Informer:
                 if isinstance(exc, ApiError) and exc.retry_after:
                     delay = max(delay, exc.retry_after)
                 self.last_error = _describe(exc, self)
-                log.error(
+                # A watch cache still filling (a CRD created a moment ago, an apiserver restart)
+                # answers 429 "storage is (re)initializing" with a Retry-After: expected, not an error.
+                level = logging.INFO if _initialising(exc) else logging.ERROR
+                log.log(
+                    level,
                     f"{self.last_error}; retrying in {delay:.1f} s",
                     extra={"kv": {**self._kv, "retryIn": round(delay, 2)}},
                 )
@@ -297,7 +327,8 @@ class Informer:
             delay = max(delay, retry_after)
         if exc is not None:
             self.last_error = _describe(exc, self)
-            log.error(f"{self.last_error}; re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
+            level = logging.INFO if _initialising(exc) else logging.ERROR
+            log.log(level, f"{self.last_error}; re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         else:
             log.warning(f"Watch throttled (429); re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         await asyncio.sleep(delay)
@@ -322,12 +353,17 @@ class Informer:
         params: dict[str, Any] = {"limit": self.page_size}
         if self.label_selector:
             params["labelSelector"] = self.label_selector
+        if self.field_selector:
+            params["fieldSelector"] = self.field_selector
+        accept = METADATA_LIST_ACCEPT if self.metadata_only else None
         rv = ""
-        kind = self.resource.kind
-        api_version = self.resource.api_version
+        kind = self._kind
+        api_version = self._api_version
         while True:
             try:
-                page = await self.transport.request("GET", self.path, params=params, timeout=120, lane="informer")
+                page = await self.transport.request(
+                    "GET", self.path, params=params, timeout=120, lane="informer", accept=accept
+                )
             except ApiError as exc:
                 if exc.status != 410 or "continue" not in params:
                     raise
@@ -337,7 +373,9 @@ class Informer:
                 params.pop("continue")
                 params.pop("limit")
                 items.clear()
-                page = await self.transport.request("GET", self.path, params=params, timeout=300, lane="informer")
+                page = await self.transport.request(
+                    "GET", self.path, params=params, timeout=300, lane="informer", accept=accept
+                )
             for item in page.get("items") or ():
                 # list items carry no kind/apiVersion; watch events do: make them alike
                 item["kind"] = kind
@@ -408,7 +446,9 @@ class Informer:
             params["resourceVersionMatch"] = "NotOlderThan"
         if self.label_selector:
             params["labelSelector"] = self.label_selector
-        writer, store, kind = self._writer, self.store, self.resource.kind
+        if self.field_selector:
+            params["fieldSelector"] = self.field_selector
+        writer, store, kind = self._writer, self.store, self._kind
         pending: list[dict[str, Any]] | None = [] if initial else None
         paused = False
         if initial:
@@ -417,7 +457,11 @@ class Informer:
         warned_at = time.monotonic() + 10.0
         try:
             async for line in self.transport.stream(
-                self.path, params, read_timeout=self.idle_timeout, total_timeout=timeout_seconds + 60.0
+                self.path,
+                params,
+                read_timeout=self.idle_timeout,
+                total_timeout=timeout_seconds + 60.0,
+                accept=METADATA_ACCEPT if self.metadata_only else None,
             ):
                 self._events += 1
                 try:
@@ -543,6 +587,12 @@ def _freeze() -> None:
     gc.freeze()
 
 
+def _initialising(exc: BaseException) -> bool:
+    """The apiserver's watch cache for this resource is not ready yet (k8s.io/apiserver
+    storage/cacher: ``TooManyRequests("storage is (re)initializing")`` with a Retry-After)."""
+    return isinstance(exc, ApiError) and exc.status == 429 and "initializing" in str(exc)
+
+
 def _describe(exc: BaseException, informer: Informer) -> str:
     r = informer.resource
     where = f" in namespace {informer.namespace}" if informer.namespace else " in all namespaces"
@@ -553,6 +603,8 @@ def _describe(exc: BaseException, informer: Informer) -> str:
         )
     if isinstance(exc, NotFound):
         return f"{r.group_resource} is no longer served by the apiserver (404); was its CRD deleted?"
+    if _initialising(exc):
+        return f"the apiserver is still filling its watch cache for {r.group_resource} (429: {exc})"
     if isinstance(exc, ApiError) and exc.status == 429:
         return f"throttled by the apiserver (429) while watching {r.group_resource}"
     return f"list/watch of {r.group_resource} failed: {exc}"
@@ -560,7 +612,7 @@ def _describe(exc: BaseException, informer: Informer) -> str:
 
 class InformerPool:
     """Every informer of one manager, created on demand and shared: one per
-    (resource, namespace, label selector).
+    (resource, namespace, label selector, field selector, metadata only).
 
     ``namespaces`` is the operator's scope: empty means all namespaces (one cluster-wide informer
     per resource); otherwise one informer per listed namespace for namespaced resources.
@@ -568,6 +620,10 @@ class InformerPool:
     Informers are created on the loop only; :meth:`existing` is also called from handler threads
     (cache reads) and reads an immutable snapshot that the loop replaces, never changes, when it
     adds an informer — so a reader never iterates a dict that is growing.
+
+    Each informer's objects go through one transform before its store: the resource's entry in
+    ``transforms`` (a user's, guarded by :func:`~declop.cache.guarded`) or else the pool's default
+    ``transform`` (:func:`~declop.cache.strip_managed_fields`).
     """
 
     def __init__(
@@ -582,9 +638,11 @@ class InformerPool:
         self.namespaces = tuple(namespaces)
         self.transform = transform
         self.list_mode = list_mode
-        self._informers: dict[tuple[str, str, str], Informer] = {}
-        # group_resource -> its unfiltered informers; copy-on-write, read from any thread
+        self._informers: dict[tuple[str, str, str, str, bool], Informer] = {}
+        # group_resource -> its unfiltered informers, full ones first; copy-on-write, read from any thread
         self._unfiltered: dict[str, tuple[Informer, ...]] = {}
+        #: group_resource -> the user's transform for it (replaces the default)
+        self.transforms: dict[str, Transform] = {}
         self._started = False
         self.indexers: dict[str, dict[str, Any]] = {}
 
@@ -594,9 +652,17 @@ class InformerPool:
         chosen = self.namespaces if namespaces is None else namespaces
         return tuple(chosen) or ("",)
 
-    def get(self, resource: ResourceInfo, namespace: str = "", label_selector: str = "") -> Informer:
-        """The shared informer for this triple, created (and started, if the pool runs) on first use."""
-        key = (resource.group_resource, namespace if resource.namespaced else "", label_selector)
+    def get(
+        self,
+        resource: ResourceInfo,
+        namespace: str = "",
+        label_selector: str = "",
+        *,
+        field_selector: str = "",
+        metadata_only: bool = False,
+    ) -> Informer:
+        """The shared informer for these settings, created (and started, if the pool runs) on first use."""
+        key = (resource.group_resource, namespace if resource.namespaced else "", label_selector, field_selector, metadata_only)
         informer = self._informers.get(key)
         if informer is None:
             informer = Informer(
@@ -604,27 +670,44 @@ class InformerPool:
                 resource,
                 namespace=key[1],
                 label_selector=label_selector,
-                transform=self.transform,
+                field_selector=field_selector,
+                metadata_only=metadata_only,
+                transform=self.transforms.get(resource.group_resource, self.transform),
                 list_mode=self.list_mode,
             )
             for name, fn in self.indexers.get(resource.group_resource, {}).items():
                 informer.store.add_indexer(name, fn)
             self._informers[key] = informer
-            if not label_selector:
+            if not label_selector and not field_selector:
                 gr = resource.group_resource
-                self._unfiltered = {**self._unfiltered, gr: (*self._unfiltered.get(gr, ()), informer)}
+                both = (*self._unfiltered.get(gr, ()), informer)
+                self._unfiltered = {**self._unfiltered, gr: tuple(sorted(both, key=lambda i: i.metadata_only))}
             if self._started:
                 informer.start()
         return informer
 
     def for_resource(
-        self, resource: ResourceInfo, namespaces: tuple[str, ...] | None = None, label_selector: str = ""
+        self,
+        resource: ResourceInfo,
+        namespaces: tuple[str, ...] | None = None,
+        label_selector: str = "",
+        *,
+        field_selector: str = "",
+        metadata_only: bool = False,
     ) -> list[Informer]:
-        return [self.get(resource, ns, label_selector) for ns in self.scope(resource, namespaces)]
+        return [
+            self.get(resource, ns, label_selector, field_selector=field_selector, metadata_only=metadata_only)
+            for ns in self.scope(resource, namespaces)
+        ]
 
     def existing(self, resource: ResourceInfo) -> list[Informer]:
-        """Unfiltered informers of ``resource`` that exist already (no creation). Thread-safe."""
-        return list(self._unfiltered.get(resource.group_resource, ()))
+        """Unfiltered informers of ``resource`` that exist already (no creation). Thread-safe.
+
+        Full informers when there are any; else the metadata-only ones (cache reads of a resource
+        cached only as metadata return metadata)."""
+        informers = self._unfiltered.get(resource.group_resource, ())
+        full = [i for i in informers if not i.metadata_only]
+        return full or list(informers)
 
     def add_indexer(self, resource: ResourceInfo, name: str, fn: Any) -> None:
         self.indexers.setdefault(resource.group_resource, {})[name] = fn

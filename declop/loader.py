@@ -9,8 +9,14 @@ Invariants (loader hygiene):
   ``sys.path``; a finder placed *last* on ``sys.meta_path`` serves their files and packages to
   ``import sibling`` only when nothing installed has that name. A handler folder with ``yaml.py``
   and ``json.py`` still gives the kubernetes package PyYAML and the stdlib ``json``;
-- every file is executed exactly once per process, whichever comes first — ``import helpers``
-  from a sibling, or the folder's own turn: both get the same module object.
+- every file is executed exactly once per load, whichever comes first — ``import helpers``
+  from a sibling, or the folder's own turn: both get the same module object;
+- handler files and their siblings are compiled from their source on every load: no
+  ``__pycache__`` is read or written next to them, so an edit is never hidden by stale bytecode
+  (two saves within one second with the same size look alike to the bytecode cache) and a
+  read-only ConfigMap mount is not written to;
+- :func:`unload` forgets exactly what was executed from the handlers' folders (never an
+  installed module), so the next :func:`load` executes the files afresh (``declop dev`` reload).
 
 Every failure becomes one :class:`~declop.errors.ConfigError` line (missing file, syntax error with
 file and line, an exception raised while importing); the original exception is kept as
@@ -31,7 +37,7 @@ from typing import Any, Iterable, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["HandlerDirs", "load"]
+__all__ = ["HandlerDirs", "expand", "load", "unload"]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -58,12 +64,23 @@ class _Existing(importlib.abc.Loader):
         pass  # already executed, under its private name
 
 
+class _Source(importlib.machinery.SourceFileLoader):
+    """Compiles a handler file from its source every time; bytecode is never read nor written."""
+
+    def get_code(self, fullname: str) -> Any:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
 class HandlerDirs(importlib.abc.MetaPathFinder):
     """Last on ``sys.meta_path``: top-level modules and packages found in the handlers'
     directories, for names nothing installed provides."""
 
     def __init__(self) -> None:
         self.dirs: list[str] = []
+        #: modules imported before the first handler file: :func:`unload` never forgets them
+        #: (declop itself, when a handler folder happens to hold its source)
+        self.preexisting: frozenset[str] = frozenset(sys.modules)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -76,6 +93,8 @@ class HandlerDirs(importlib.abc.MetaPathFinder):
         loaded = _loaded(os.path.abspath(spec.origin))
         if loaded is not None:
             return importlib.util.spec_from_loader(fullname, _Existing(loaded), origin=spec.origin)
+        if type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = _Source(spec.loader.name, spec.loader.path)
         return spec
 
 
@@ -109,7 +128,7 @@ def _import_file(path: str) -> ModuleType:
     existing = _loaded(absolute)
     if existing is not None:  # a sibling imported it first
         return existing
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=_Source(name, path))
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
@@ -145,6 +164,53 @@ def _files(path: str) -> list[str]:
     if not path.endswith(".py"):
         raise ConfigError(f"{path} is not a .py file; for a module use -m {path}")
     return [path]
+
+
+def expand(paths: Iterable[str]) -> list[str]:
+    """The ``.py`` files ``paths`` name (a folder gives its files, sorted), checked as :func:`load`
+    checks them — missing path, not a ``.py`` file, empty folder: :class:`ConfigError` — without
+    importing anything."""
+    return [file for path in paths for file in _files(path)]
+
+
+def _from_handler_dirs(module: ModuleType, dirs: set[str]) -> bool:
+    """Whether ``module`` (a top-level module or package) was executed from one of ``dirs``."""
+    file: Any = getattr(module, "__file__", None)
+    if file:
+        file = os.path.abspath(file)
+        folder = os.path.dirname(file)
+        if os.path.basename(file) == "__init__.py":
+            folder = os.path.dirname(folder)
+        return folder in dirs
+    locations: Any = getattr(module, "__path__", None) or ()  # a namespace package
+    return any(os.path.dirname(os.path.abspath(p)) in dirs for p in locations)
+
+
+def unload(modules: Iterable[str] = ()) -> list[str]:
+    """Forget every module executed from handler files and their folders, and the ``-m``
+    ``modules`` (by exact name), so that the next :func:`load` executes them afresh.
+
+    A top-level module or package found directly in a handler folder goes with all its
+    submodules; installed modules stay (whatever imported them). Returns the names forgotten.
+    Only between two managers: running code keeps the module objects it already holds.
+    """
+    finder = next((f for f in sys.meta_path if isinstance(f, HandlerDirs)), None)
+    dirs = set(finder.dirs) if finder is not None else set()
+    kept = finder.preexisting if finder is not None else frozenset(sys.modules)
+    tops = {
+        name
+        for name, module in list(sys.modules.items())
+        if "." not in name and module is not None and name not in kept
+        and (name.startswith("declop_handlers_") or _from_handler_dirs(module, dirs))
+    }
+    forget = {*modules} & set(sys.modules)
+    forget |= {name for name in list(sys.modules) if name.partition(".")[0] in tops}
+    for name in forget:
+        del sys.modules[name]
+    if finder is not None:
+        finder.dirs.clear()
+    importlib.invalidate_caches()
+    return sorted(forget)
 
 
 def load(paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[ModuleType]:

@@ -1,18 +1,21 @@
 """Manager: owns the transport, discovery, the shared informers and every controller of one process.
 
-Start order: connect and discover → freeze the registry and resolve every resource name → build
-one shared informer per (resource, namespace, selector) and one controller per registration →
-probes → start informers → each controller waits for its caches (and, with leader election, for
-the Lease), then starts its workers.
+Start order: connect and discover → freeze the registry and resolve every resource name (and
+check every field selector with the apiserver) → build one shared informer per (resource,
+namespace, selectors, metadata only) and one controller per registration → probes → startup
+hooks → start informers → each controller waits for its caches (and, with leader election, for
+the Lease), then starts its workers; background tasks start once every cache synced (leader-only
+ones once the Lease is ours too).
 
 Graceful stop (SIGTERM): controllers stop taking keys and drain in-flight reconciles within the
-grace period **while the Lease keeps being renewed** → only then is the Lease released (a standby
-may start at once: nothing of ours runs any more, or the stuck rest dies with the process right
-after) → informers stop → the transport closes → probes stop last.
+grace period, background tasks are told to stop within it too, **while the Lease keeps being
+renewed** → shutdown hooks → only then is the Lease released (a standby may start at once:
+nothing of ours runs any more, or the stuck rest dies with the process right after) → informers
+stop → the transport closes → probes stop last.
 
-Lease lost: intake stops at once (queues shut down, workers cancelled, the fence is closed), no
-drain — another replica may already reconcile — and the process exits non-zero; ``/healthz``
-answers until the probes stop, right before the exit.
+Lease lost: intake stops at once (queues shut down, workers and leader-only background tasks
+cancelled, the fence is closed), no drain — another replica may already reconcile — and the
+process exits non-zero; ``/healthz`` answers until the probes stop, right before the exit.
 
 Invariants:
 - everything runs on the one event loop that called :meth:`Manager.run`; plain handlers run in
@@ -32,15 +35,17 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Coroutine
 
+from .cache import guarded
 from .client import AsyncClient, ClientContext
-from .controller import Controller, ControllerMetrics, Source
+from .controller import Controller, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
 from .informer import InformerPool
 from .leader import LeaderElector
+from .lifecycle import Lifecycle
 from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
 from .metrics import Metrics
 from .probes import Check, ProbeServer
@@ -115,6 +120,9 @@ class Manager:
         self.exit_code = 0
         self._stop: asyncio.Event | None = None
         self._leading: asyncio.Task[None] | None = None
+        self.lifecycle: Lifecycle | None = None
+        self._started_up = False  # the startup hooks all succeeded
+        self._background: asyncio.Task[None] | None = None
 
     # -- start ---------------------------------------------------------------------------------
     async def _discover(self) -> Discovery:
@@ -177,14 +185,21 @@ class Manager:
         # resolve every name up front (refreshing discovery once for a CRD installed just now)
         for ix in self.registry.indexes:
             await self._check(ix.resource, f"index {ix.name!r}")
+        for resource_name in self.registry.transforms:
+            await self._check(resource_name, f"transform of {resource_name!r}")
         for reg in registrations:
             await self._check(reg.resource, f"controller {reg.name!r}")
             for owned in reg.owns:
-                await self._check(owned, f"controller {reg.name!r} owns=")
+                await self._check(owned.name, f"controller {reg.name!r} owns=")
             for watched, _fn in reg.watches:
-                await self._check(watched, f"controller {reg.name!r} watches=")
+                await self._check(watched.name, f"controller {reg.name!r} watches=")
         for ix in self.registry.indexes:
             self.informers.add_indexer(self._resolve(ix.resource), ix.name, ix.fn)
+        for resource_name, fn in self.registry.transforms.items():
+            info = self._resolve(resource_name)
+            self.informers.transforms[info.group_resource] = guarded(fn, info.group_resource)
+        await self._check_fields(registrations)
+        self.lifecycle = Lifecycle(self.registry.hooks, ctx, self.executor)
         if self.options.leader_elect:
             self.leadership = asyncio.Event()
             self.elector = LeaderElector(
@@ -233,6 +248,33 @@ class Manager:
         except ConfigError as exc:
             raise ConfigError(f"{who}: {exc}") from None
 
+    async def _check_fields(self, registrations: list[Registration]) -> None:
+        """Ask the apiserver once per (resource, field selector) whether it supports the selector's
+        field labels (a LIST of at most one object); a 400 becomes one ConfigError line."""
+        assert self.transport is not None
+        seen: set[tuple[str, str]] = set()
+        for reg in registrations:
+            declared = [(reg.primary, "")] + [(o, " owns=") for o in reg.owns] + [(w, " watches=") for w, _ in reg.watches]
+            for res, where in declared:
+                if not res.fields:
+                    continue
+                info = self._resolve(res.name)
+                if (info.group_resource, res.fields) in seen:
+                    continue
+                seen.add((info.group_resource, res.fields))
+                scope = self.informers.scope(info, reg.namespaces) if self.informers is not None else ("",)
+                path = info.path(namespace=scope[0] or None)
+                try:
+                    await self.transport.request("GET", path, params={"limit": 1, "fieldSelector": res.fields}, lane="informer")
+                except ApiError as exc:
+                    if exc.status != 400:
+                        continue  # not the selector's fault (403, 5xx): the informer reports it as usual
+                    raise ConfigError(
+                        f"controller {reg.name!r}{where}: field selector {res.fields!r} is not supported for "
+                        f"{info.group_resource} ({exc}); select on a field the apiserver supports for it, "
+                        "or drop fields= and filter with a predicate"
+                    ) from None
+
     def _resolve(self, name: str, who: str = "") -> ResourceInfo:
         assert self.discovery is not None
         return self.discovery.resolve_cached(name)
@@ -243,21 +285,27 @@ class Manager:
         pool = self.informers
         sources = [
             Source(
-                tuple(pool.for_resource(primary, reg.namespaces, reg.labels)),
+                tuple(
+                    pool.for_resource(
+                        primary, reg.namespaces, reg.labels, field_selector=reg.fields, metadata_only=reg.metadata_only
+                    )
+                ),
                 enqueue_self,
                 reg.predicates,
                 primary=True,
             )
         ]
         for owned in reg.owns:
-            info = self._resolve(owned, f"controller {reg.name!r} owns=")
+            info = self._resolve(owned.name, f"controller {reg.name!r} owns=")
             mapper = enqueue_owner(primary.group, primary.kind, namespaced=primary.namespaced)
-            sources.append(Source(tuple(pool.for_resource(info, reg.namespaces)), mapper, label=f"owns:{info.kind}"))
+            informers = pool.for_resource(info, reg.namespaces, field_selector=owned.fields, metadata_only=owned.metadata_only)
+            sources.append(Source(tuple(informers), mapper, label=f"owns:{info.kind}"))
         for watched, fn in reg.watches:
-            info = self._resolve(watched, f"controller {reg.name!r} watches=")
+            info = self._resolve(watched.name, f"controller {reg.name!r} watches=")
+            informers = pool.for_resource(info, reg.namespaces, field_selector=watched.fields, metadata_only=watched.metadata_only)
             sources.append(
                 Source(
-                    tuple(pool.for_resource(info, reg.namespaces)),
+                    tuple(informers),
                     enqueue_mapped(fn, AsyncClient(ctx)),
                     label=f"watches:{info.group_resource}",
                     via=getattr(fn, "__name__", "map function"),
@@ -293,12 +341,29 @@ class Manager:
         assert self.informers is not None
         if self.probes is not None:
             await self.probes.start()  # before the caches: /healthz answers while they sync
+        if self.lifecycle is not None:
+            await self.lifecycle.startup()  # a failure raises ConfigError: nothing else starts
+        self._started_up = True
         self.informers.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
         if self.elector is not None:
             self._leading = loop.create_task(self._lead(), name="leader election")
+        if self.lifecycle is not None and self.lifecycle.of("background"):
+            self._background = loop.create_task(self._start_background(), name="background tasks")
         self.started.set()
+
+    async def _start_background(self) -> None:
+        """Start background tasks once every cache synced: every-replica ones then, leader-only
+        ones once the Lease is ours too (at once without leader election)."""
+        assert self.lifecycle is not None
+        await asyncio.gather(*(c.synced.wait() for c in self.controllers))
+        self.lifecycle.start_background(every_replica=True)
+        if self.leadership is not None:
+            await self.leadership.wait()
+            if self.elector is None or not self.elector.valid():
+                return  # lost before we got here: _lead is stopping everything
+        self.lifecycle.start_background(every_replica=False)
 
     async def _lead(self) -> None:
         """Acquire the lease, let the workers start, hold it; on loss stop reconciling at once."""
@@ -314,7 +379,12 @@ class Manager:
         self.exit_code = 1
         for c in self.controllers:
             c.halt()  # intake stops now, before any await
-        await asyncio.gather(*(c.stop(0) for c in self.controllers))
+        if self._background is not None:
+            self._background.cancel()
+        stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(0) for c in self.controllers]
+        if self.lifecycle is not None:
+            stopping.append(self.lifecycle.stop_background(grace=0, leader_only=True))
+        await asyncio.gather(*stopping)
         if self._stop is not None:
             self._stop.set()
 
@@ -344,12 +414,22 @@ class Manager:
         process can exit within 2 s even with a handler stuck in a thread."""
         for task in self._tasks:
             task.cancel()
+        if self._background is not None:
+            self._background.cancel()
         grace = 0.0 if self.exit_code else self.options.grace_period
-        results = await asyncio.gather(*(c.stop(grace) for c in self.controllers))
-        clean = all(results)
+        stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(grace) for c in self.controllers]
+        if self.lifecycle is not None:
+            stopping.append(self.lifecycle.stop_background(grace=grace))
+        results = await asyncio.gather(*stopping)
+        clean = all(r is not False for r in results)
         lost = self.exit_code != 0  # also when the Lease was lost during the drain
         if not clean and not lost:
             log.warning("Grace period over; some reconciles did not finish", extra={"kv": {"gracePeriod": self.options.grace_period}})
+        if self.lifecycle is not None and self._started_up:
+            # after the drain, while the Lease is held and the client works; bounded after a loss
+            ok = await _bounded(self.lifecycle.shutdown(), 1.0 if lost else self.options.grace_period, "running the shutdown hooks")
+            if ok is not True:
+                self.exit_code = 1
         if self._leading is not None:  # renewing stops only now that no worker runs
             self._leading.cancel()
             await asyncio.gather(self._leading, return_exceptions=True)
@@ -374,14 +454,15 @@ class Manager:
 LOST_CLEANUP_SECONDS = 1.5
 
 
-async def _bounded(step: Any, seconds: float, what: str) -> None:
-    """Await one shutdown step for at most ``seconds`` (at least 50 ms); log and go on if it
-    takes longer."""
+async def _bounded(step: Any, seconds: float, what: str) -> Any:
+    """Await one shutdown step for at most ``seconds`` (at least 50 ms) and return its result;
+    log and go on (returning None) if it takes longer."""
     seconds = max(seconds, 0.05)
     try:
-        await asyncio.wait_for(step, seconds)
+        return await asyncio.wait_for(step, seconds)
     except asyncio.TimeoutError:
         log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(seconds, 3)}})
+        return None
 
 
 def _pod_namespace() -> str:

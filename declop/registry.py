@@ -1,38 +1,80 @@
 """Registry: the ``@declop.reconciler`` decorator records handlers; the manager reads them at start.
 
+It also records what surrounds them: cache indexes (``declop.index``), cache transforms
+(``declop.transform``) and lifecycle hooks (``@declop.on_startup``, ``@declop.on_shutdown``,
+``@declop.background``; see :mod:`declop.lifecycle`).
+
 Invariants:
 - the decorator returns the function **unchanged**, so it stays callable in unit tests;
 - a :class:`Registration` is frozen; the registry is frozen when a manager starts, and registering
-  afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time);
-- argument names are checked at registration: a handler may only declare the injectable keyword
-  arguments (``request``, ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``,
-  ``phase``, ``obj``, ``trigger``) unless it takes ``**kwargs``;
+  afterwards raises :class:`~declop.errors.RegistrationError` (decorators run at import time)
+  until :meth:`Registry.clear` empties it for the next manager;
+- argument names are checked at registration (:func:`_wanted`): a parameter without a default
+  must be one of the injectable names (``request``, ``name``, ``namespace``, ``client``,
+  ``logger``, ``reconcile_id``, ``phase``, ``obj``, ``trigger``) — with or without ``**kwargs``, which never
+  fills a name declop does not have; a parameter with a default is the handler's own unless its
+  name is within a typo of an injectable one (``loger=None``), which is refused. Refusals say
+  "did you mean" or, for Kopf's arguments (``spec``, ``body``, ``patch`` …), what declop does
+  instead;
+- a misspelt decorator option or a resource given in parts (Kopf's ``(group, version, plural)``)
+  is a :class:`~declop.errors.RegistrationError` naming the closest option, not a bare
+  ``TypeError``: the decorators take ``*parts: Never`` and ``**unknown: Never``, so type
+  checkers still reject such calls while the runtime explains them;
+- the primary resource and every ``owns=``/``watches=`` entry is stored as a
+  :class:`~declop.resource.Resource` (name, metadata only, field selector);
+- at most one transform per resource name;
 - tuning options (``priority``, ``rate_limit``, ``timeout``) are validated at registration: a bad
   value raises :class:`~declop.errors.RegistrationError` naming the option and what it accepts.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Never, Sequence, TypeVar
 
 from .cache import clone
 from .errors import RegistrationError
+from .hints import KOPF_KWARGS, KOPF_OPTIONS, did_you_mean, resource_in_parts
 from .labels import parse_selector
+from .lifecycle import Hook, HookKind, make_hook
 from .predicates import Predicate
 from .priorityqueue import Priority
 from .ratelimit import RateLimit
 from .trigger import NO_TRIGGER, Trigger
+from .resource import Resource
 
-__all__ = ["INJECTABLE", "Registration", "Registry", "default_registry", "index", "reconciler"]
+__all__ = [
+    "INJECTABLE",
+    "Registration",
+    "Registry",
+    "background",
+    "default_registry",
+    "index",
+    "on_shutdown",
+    "on_startup",
+    "reconciler",
+    "transform",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: keyword arguments a handler may declare
 INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"})
+
+#: a defaulted parameter this close to an injectable name (difflib ratio) is taken for a typo
+TYPO_CUTOFF = 0.8
+
+#: the keyword options of the module-level @reconciler, for "did you mean" on a misspelt one
+RECONCILER_OPTIONS = (
+    "name", "finalizer", "namespaces", "labels", "predicates", "owns", "watches", "max_concurrent",
+    "priority", "rate_limit", "timeout", "metadata_only", "fields", "registry",
+)
+_METHOD_OPTIONS = tuple(o for o in RECONCILER_OPTIONS if o != "registry")  # Registry.reconciler
 
 _FINALIZER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -54,8 +96,8 @@ class Registration:
     namespaces: tuple[str, ...] | None = None
     labels: str = ""
     predicates: tuple[Predicate, ...] = ()
-    owns: tuple[str, ...] = ()
-    watches: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    owns: tuple[Resource, ...] = ()
+    watches: tuple[tuple[Resource, Callable[[Any], Any]], ...] = ()
     max_concurrent: int = 1
     is_async: bool = False
     #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
@@ -67,10 +109,20 @@ class Registration:
     #: seconds a handler call may take (None: unlimited)
     timeout: float | None = None
 
+    #: the primary is cached as PartialObjectMetadata (``obj`` holds metadata only)
+    metadata_only: bool = False
+    #: the primary's field selector (canonical form), "" for none
+    fields: str = ""
+
     @property
     def wants_trigger(self) -> bool:
         """The handler declares ``trigger`` (or takes ``**kwargs``)."""
         return self.wants is None or "trigger" in self.wants
+
+    @property
+    def primary(self) -> Resource:
+        """The primary resource with its cache options."""
+        return Resource(self.resource, metadata_only=self.metadata_only, fields=self.fields)
 
     def arguments(
         self,
@@ -115,6 +167,8 @@ class Registry:
     def __init__(self) -> None:
         self._registrations: dict[str, Registration] = {}
         self._indexes: list[IndexRegistration] = []
+        self._transforms: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        self._hooks: list[Hook] = []
         self._frozen = False
 
     @property
@@ -124,6 +178,16 @@ class Registry:
     @property
     def indexes(self) -> list[IndexRegistration]:
         return list(self._indexes)
+
+    @property
+    def transforms(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Resource name (as registered) -> its cache transform."""
+        return dict(self._transforms)
+
+    @property
+    def hooks(self) -> list[Hook]:
+        """Lifecycle hooks in registration order."""
+        return list(self._hooks)
 
     def __len__(self) -> int:
         return len(self._registrations)
@@ -135,6 +199,16 @@ class Registry:
     def frozen(self) -> bool:
         return self._frozen
 
+    def clear(self) -> None:
+        """Forget every registration, index, transform and hook and accept new ones — to load edited handlers
+        between two managers (``declop dev`` reload). Never while a manager runs: it keeps the
+        registrations it read at start."""
+        self._registrations.clear()
+        self._indexes.clear()
+        self._transforms.clear()
+        self._hooks.clear()
+        self._frozen = False
+
     def _check_open(self, what: str) -> None:
         if self._frozen:
             raise RegistrationError(
@@ -144,23 +218,36 @@ class Registry:
 
     def reconciler(
         self,
-        resource: str,
-        *,
+        resource: str | Resource,
+        *parts: Never,
         name: str | None = None,
         finalizer: str | None = None,
         namespaces: Sequence[str] | str | None = None,
         labels: str | Mapping[str, str] | None = None,
         predicates: Sequence[Predicate] = (),
-        owns: Sequence[str] = (),
-        watches: Sequence[tuple[str, Callable[[Any], Any]]] = (),
+        owns: Sequence[str | Resource] = (),
+        watches: Sequence[tuple[str | Resource, Callable[[Any], Any]]] = (),
         max_concurrent: int = 1,
         priority: bool | Priority = True,
         rate_limit: RateLimit | None = None,
         timeout: float | None = None,
+        metadata_only: bool | None = None,
+        fields: str | Mapping[str, str] | None = None,
+        **unknown: Never,
     ) -> Callable[[F], F]:
-        """Register the decorated function as the reconciler of ``resource``; see design §2."""
-        if not isinstance(resource, str) or not resource.strip():
-            raise RegistrationError(f"resource must be a name like 'pods' or 'widgets.example.com', got {resource!r}")
+        """Register the decorated function as the reconciler of ``resource``; see design §2.
+
+        ``parts`` and ``unknown`` only catch mistakes (see :func:`reconciler`)."""
+        _check_call("reconciler", (resource, *parts), unknown, _METHOD_OPTIONS)
+        if metadata_only is not None and not isinstance(metadata_only, bool):
+            raise RegistrationError(f"metadata_only must be True or False, got {metadata_only!r}")
+        base = resource if isinstance(resource, Resource) else Resource(resource)
+        primary = Resource(
+            base.name,
+            metadata_only=base.metadata_only if metadata_only is None else metadata_only,
+            fields=base.fields if fields is None else fields,  # type: ignore[arg-type]
+        )
+        owned = tuple(Resource.of(o, what="owns=") for o in owns)
         if finalizer is not None and not _valid_finalizer(finalizer):
             raise RegistrationError(f"finalizer {finalizer!r} is not a valid name; use 'my.domain/name'")
         if not isinstance(max_concurrent, int) or max_concurrent < 1:
@@ -172,7 +259,7 @@ class Registry:
             if not callable(p):
                 raise RegistrationError(f"predicate {p!r} is not callable; predicates are (old, new) -> bool")
         for w in watches:
-            if not (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], str) and callable(w[1])):
+            if not (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], (str, Resource)) and callable(w[1])):
                 raise RegistrationError(f"watches entries are ('resource', map_fn) pairs, got {w!r}")
         priorities = _priority(priority)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
@@ -183,12 +270,15 @@ class Registry:
             isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf
         ):
             raise RegistrationError(f"timeout must be a number of seconds > 0, or None for no timeout, got {timeout!r}")
+        watched = tuple((Resource.of(r, what="watches="), fn) for r, fn in watches)
 
         def decorate(fn: F) -> F:
             self._check_open(f"reconciler {getattr(fn, '__name__', fn)!r}")
             if not callable(fn):
                 raise RegistrationError(f"@reconciler decorates a function, got {fn!r}")
-            reg_name = name or fn.__name__
+            reg_name = name or getattr(fn, "__name__", None)
+            if not reg_name:
+                raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
             if reg_name in self._registrations and self._registrations[reg_name].fn is not fn:
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
@@ -196,19 +286,21 @@ class Registry:
             self._registrations[reg_name] = Registration(
                 fn=fn,
                 name=reg_name,
-                resource=resource.strip(),
+                resource=primary.name,
                 finalizer=finalizer,
                 namespaces=tuple(namespaces) if namespaces is not None else None,
                 labels=selector,
                 predicates=tuple(predicates),
-                owns=tuple(owns),
-                watches=tuple(watches),
+                owns=owned,
+                watches=watched,
                 max_concurrent=max_concurrent,
                 is_async=inspect.iscoroutinefunction(fn),
                 wants=_wanted(fn, reg_name),
                 priority=priorities,
                 rate_limit=rate_limit,
                 timeout=None if timeout is None else float(timeout),
+                metadata_only=primary.metadata_only,
+                fields=primary.fields,
             )
             return fn
 
@@ -220,6 +312,58 @@ class Registry:
         if not callable(fn):
             raise RegistrationError(f"index {name!r}: expected a function obj -> list of values")
         self._indexes.append(IndexRegistration(resource, name, fn))
+
+    def transform(self, resource: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Set the cache transform of ``resource``; it replaces the default (dropping managedFields)."""
+        self._check_open(f"transform of {resource!r}")
+        if not isinstance(resource, str) or not resource.strip():
+            raise RegistrationError(f"transform: resource must be a name like 'pods', got {resource!r}")
+        if not callable(fn) or isinstance(fn, type):
+            raise RegistrationError(f"transform of {resource!r}: expected a function obj -> obj, got {fn!r}")
+        key = resource.strip()
+        if key in self._transforms and self._transforms[key] is not fn:
+            raise RegistrationError(f"a transform of {key!r} is already registered; one transform per resource")
+        self._transforms[key] = fn
+
+    def hook(self, kind: HookKind, fn: Any, *, name: str | None = None, every_replica: bool = False) -> Hook:
+        """Record a lifecycle hook (what the ``on_startup``/``on_shutdown``/``background`` decorators do)."""
+        self._check_open(f"{kind} hook {getattr(fn, '__name__', fn)!r}")
+        hook = make_hook(fn, kind, name=name, every_replica=every_replica)
+        if any(h.kind == kind and h.name == hook.name and h.fn is not fn for h in self._hooks):
+            raise RegistrationError(f"a {kind} hook named {hook.name!r} is already registered; pass name= to tell them apart")
+        if not any(h.fn is fn and h.kind == kind for h in self._hooks):
+            self._hooks.append(hook)
+        return hook
+
+
+def _check_call(
+    decorator: str, positional: tuple[Any, ...], unknown: Mapping[str, Any], options: Sequence[str]
+) -> None:
+    """Refuse extra positional arguments and unknown options with a hint instead of Python's
+    bare ``TypeError`` (which says neither what was meant nor what to write)."""
+    if len(positional) > 1:
+        shown = ", ".join(_short(p) for p in positional)
+        raise RegistrationError(f"@{decorator}({shown}): {resource_in_parts(positional)}")
+    for option in unknown:
+        # an exact Kopf option first: Kopf's field= is not declop's fields= (a field selector)
+        hint = KOPF_OPTIONS.get(option) or did_you_mean(option, options) or f"the options are {', '.join(options)}"
+        raise RegistrationError(f"@{decorator} got an unknown option {option}=: {hint}")
+
+
+def _short(value: Any) -> str:
+    """A decorator argument as it was written in the source: short strings quoted, else the type."""
+    if isinstance(value, str) and len(value) <= 60:
+        return repr(value)
+    return f"<{type(value).__name__}>"
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    """`` (handlers.py:12)``: the file and first line of the function, when it has code."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    if code is None:
+        return ""
+    return f" ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
 
 
 def _priority(priority: object) -> Priority | None:
@@ -236,44 +380,78 @@ def _priority(priority: object) -> Priority | None:
 
 
 def _wanted(fn: Callable[..., Any], name: str) -> frozenset[str] | None:
+    """The injectable names ``fn`` declares (``None`` when it takes ``**kwargs``: it gets all).
+
+    Raises:
+        RegistrationError: a parameter without a default that declop cannot fill (whether or
+            not there is ``**kwargs``: that never fills it); a defaulted one whose name is a
+            typo of an injectable name (ratio >= :data:`TYPO_CUTOFF`, e.g. ``loger=None``)
+            unless ``functools.partial`` bound it; or an injectable that is positional-only.
+    """
     sig = inspect.signature(fn)
+    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
     wants: set[str] = set()
+    takes_all = False
     for p in sig.parameters.values():
         if p.kind is p.VAR_KEYWORD:
-            return None
+            takes_all = True
+            continue
         if p.kind is p.VAR_POSITIONAL:
             continue
-        if p.name not in INJECTABLE:
-            if p.default is not p.empty:
-                continue
+        if p.name in INJECTABLE:
+            if p.kind is p.POSITIONAL_ONLY:
+                raise RegistrationError(
+                    f"handler {name!r}{_where(fn)}: {p.name!r} must not be positional-only; remove the '/'"
+                )
+            wants.add(p.name)
+            continue
+        if p.default is p.empty:
+            raise RegistrationError(_unknown_required(fn, name, p.name))
+        typo = did_you_mean(p.name, INJECTABLE, cutoff=TYPO_CUTOFF)
+        if typo and p.name not in bound:
             raise RegistrationError(
-                f"handler {name!r} takes an unknown argument {p.name!r}; declop passes only "
-                f"{', '.join(sorted(INJECTABLE))} (add **_ to accept the rest)"
+                f"handler {name!r}{_where(fn)} takes an unknown argument {p.name!r}, which would always "
+                f"keep its default: {typo} declop passes only {', '.join(sorted(INJECTABLE))}"
             )
-        if p.kind is p.POSITIONAL_ONLY:
-            raise RegistrationError(f"handler {name!r}: {p.name!r} must not be positional-only")
-        wants.add(p.name)
-    return frozenset(wants)
+    return None if takes_all else frozenset(wants)
+
+
+def _unknown_required(fn: Callable[..., Any], name: str, param: str) -> str:
+    """The one-line refusal of a parameter without a default that declop cannot fill."""
+    where = f"handler {name!r}{_where(fn)}"
+    if param in KOPF_KWARGS:
+        return f"{where} takes {param!r}, which Kopf passes and declop does not: {KOPF_KWARGS[param]}"
+    if param in ("kwargs", "kw", "_"):
+        return f"{where} takes a plain argument {param!r}: did you mean **{param}?"
+    hint = did_you_mean(param, INJECTABLE)
+    lead = f"{hint} " if hint else ""
+    return (
+        f"{where} takes an unknown argument {param!r}: {lead}declop passes only "
+        f"{', '.join(sorted(INJECTABLE))}; rename it, or give it a default if it is your own"
+    )
 
 
 default_registry = Registry()
 
 
 def reconciler(
-    resource: str,
-    *,
+    resource: str | Resource,
+    *parts: Never,
     name: str | None = None,
     finalizer: str | None = None,
     namespaces: Sequence[str] | str | None = None,
     labels: str | Mapping[str, str] | None = None,
     predicates: Sequence[Predicate] = (),
-    owns: Sequence[str] = (),
-    watches: Sequence[tuple[str, Callable[[Any], Any]]] = (),
+    owns: Sequence[str | Resource] = (),
+    watches: Sequence[tuple[str | Resource, Callable[[Any], Any]]] = (),
     max_concurrent: int = 1,
     priority: bool | Priority = True,
     rate_limit: RateLimit | None = None,
     timeout: float | None = None,
+    metadata_only: bool | None = None,
+    fields: str | Mapping[str, str] | None = None,
     registry: Registry | None = None,
+    **unknown: Never,
 ) -> Callable[[F], F]:
     """Register a reconciler of ``resource`` (``"pods"``, ``"deployments.apps"``, ``"widgets.example.com"``).
 
@@ -282,12 +460,24 @@ def reconciler(
     ``trigger`` — and returns ``None``, a :class:`~declop.result.Result`, or raises. See
     ``docs/contract.md``.
 
+    ``metadata_only=True`` caches the primary as metadata only: ``obj`` and ``client.get`` hold
+    ``metadata`` and nothing else; read the body with ``client.live.get(request)``
+    (docs/metadata-only.md). ``fields="spec.nodeName=node-1"`` is a field selector: only matching
+    objects reach the cache and the handler (docs/fields-and-transforms.md). ``owns=`` and
+    ``watches=`` entries may be a :class:`~declop.resource.Resource` to say the same of them.
+
     Tuning (``docs/priority.md``, ``docs/tuning.md``): ``priority`` (True: listed and unchanged
     keys wait behind real changes, with aging; False: FIFO; or a :class:`~declop.Priority`),
     ``rate_limit`` (a :class:`~declop.RateLimit`; default client-go's 5 ms..1000 s per key, 10
     qps / burst 100 overall), ``timeout`` (seconds; an ``async def`` handler is cancelled and
     retried with backoff, a plain one that overruns is reported).
+
+    ``parts`` and ``unknown`` only catch mistakes: an extra positional argument (Kopf's
+    ``"group", "version", "plural"``) or a misspelt option raises
+    :class:`~declop.errors.RegistrationError` with the one string or option meant. Type
+    checkers flag such calls already: nothing is assignable to ``Never``.
     """
+    _check_call("reconciler", (resource, *parts), unknown, RECONCILER_OPTIONS)
     return (registry if registry is not None else default_registry).reconciler(
         resource,
         name=name,
@@ -301,6 +491,8 @@ def reconciler(
         priority=priority,
         rate_limit=rate_limit,
         timeout=timeout,
+        metadata_only=metadata_only,
+        fields=fields,
     )
 
 
@@ -310,6 +502,86 @@ def index(
     fn: Callable[[Mapping[str, Any]], Iterable[str | None]],
     *,
     registry: Registry | None = None,
+    **unknown: Never,
 ) -> None:
     """Declare a cache index: ``client.list(resource, index=(name, value))`` finds objects by it."""
+    _check_call("index", (resource,), unknown, ("registry",))
     (registry if registry is not None else default_registry).index(resource, name, fn)
+
+
+def transform(
+    resource: str,
+    fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    *,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Any:
+    """Set the cache transform of ``resource``: ``fn(obj) -> obj`` runs on every object before it
+    enters the cache, **instead of** the default that drops ``metadata.managedFields``. It must be
+    pure and fast (it runs on the event loop for every event) and keep ``metadata.name``,
+    ``namespace`` and ``resourceVersion``. ``declop.transform("pods", fn)`` or, as a decorator,
+    ``@declop.transform("pods")``. See docs/fields-and-transforms.md."""
+    _check_call("transform", (resource,), unknown, ("registry",))
+    reg = registry if registry is not None else default_registry
+    if fn is None:
+
+        def decorate(f: F) -> F:
+            reg.transform(resource, f)
+            return f
+
+        return decorate
+    reg.transform(resource, fn)
+    return fn
+
+
+def _hook_decorator(kind: HookKind, fn: Any, name: str | None, registry: Registry | None, every_replica: bool = False) -> Any:
+    reg = registry if registry is not None else default_registry
+    if fn is None:
+
+        def decorate(f: F) -> F:
+            reg.hook(kind, f, name=name, every_replica=every_replica)
+            return f
+
+        return decorate
+    reg.hook(kind, fn, name=name, every_replica=every_replica)
+    return fn
+
+
+def on_startup(
+    fn: F | None = None, *, name: str | None = None, registry: Registry | None = None, **unknown: Never
+) -> Any:
+    """Run ``fn`` once before any informer starts (``@declop.on_startup`` or ``@declop.on_startup()``).
+
+    It may declare ``client``, ``logger``, ``stop``. Raising fails the start: ``declop run`` prints
+    one line naming the hook and exits 1. Caches are not running yet: read with ``client.live``."""
+    _check_call("on_startup", (fn,), unknown, ("name", "registry"))
+    return _hook_decorator("startup", fn, name, registry)
+
+
+def on_shutdown(
+    fn: F | None = None, *, name: str | None = None, registry: Registry | None = None, **unknown: Never
+) -> Any:
+    """Run ``fn`` once on a stop, after in-flight reconciles drained and background tasks ended,
+    while the client still works. A failure is logged and makes the exit code 1."""
+    _check_call("on_shutdown", (fn,), unknown, ("name", "registry"))
+    return _hook_decorator("shutdown", fn, name, registry)
+
+
+def background(
+    fn: F | None = None,
+    *,
+    name: str | None = None,
+    every_replica: bool = False,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Any:
+    """Run the ``async def`` ``fn`` as a long-running task once the caches synced: only on the
+    leader (at once without leader election), or on every replica with ``every_replica=True``.
+
+    It may declare ``client``, ``logger``, ``stop`` (an ``asyncio.Event`` set when it should end).
+    It is cancelled on shutdown (after the grace period) and, leader-only, at once when the Lease
+    is lost; when it raises it is logged and restarted with backoff (0.8 s doubling to 30 s)."""
+    _check_call("background", (fn,), unknown, ("name", "every_replica", "registry"))
+    if not isinstance(every_replica, bool):
+        raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
+    return _hook_decorator("background", fn, name, registry, every_replica)

@@ -32,7 +32,6 @@ import asyncio
 import collections
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
@@ -311,6 +310,7 @@ class Transport:
         *,
         read_timeout: float = 90.0,
         total_timeout: float | None = None,
+        accept: str | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield the body of a streaming GET (a watch) line by line, without decoding.
 
@@ -327,11 +327,14 @@ class Transport:
         """
         self._count("GET", path, params)
         started = False
+        headers = await self._headers(None)
+        if accept:
+            headers["Accept"] = accept
         try:
             async with self.session.get(
                 self.host + path,
                 params=_query(params),
-                headers=await self._headers(None),
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=total_timeout, sock_connect=10, sock_read=read_timeout),
                 **(await self._connection()),
             ) as resp:

@@ -28,7 +28,7 @@ def a_widget(name="hello", **spec):
 
 def ready_condition(client, name="hello"):
     status = client.get("widgets.example.com", f"default/{name}").get("status") or {}
-    return next(c for c in status["conditions"] if c["type"] == "Ready")
+    return declop.conditions.get(status.get("conditions"), "Ready")
 
 
 # -- the Widget operator (examples/crd/handlers.py) ------------------------------------------

@@ -31,21 +31,27 @@ EXPECTED = {
     "RegistrationError",
     "Registry",
     "Request",
+    "Resource",
     "Result",
     "TerminalError",
     "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",
+    "background",
     "clone",
+    "conditions",
     "contains_finalizer",
     "create_or_update",
     "index",
+    "on_shutdown",
+    "on_startup",
     "predicates",
     "reconciler",
     "remove_finalizer",
     "retry_on_conflict",
     "set_controller_reference",
+    "transform",
 }
 
 #: the public names of ``declop.testing``
@@ -80,19 +86,25 @@ def test_version() -> None:
     assert declop.__version__.count(".") >= 2
 
 
-def test_predicates_is_the_module() -> None:
-    assert isinstance(declop.predicates, types.ModuleType)
-    assert declop.predicates.__name__ == "declop.predicates"
-    assert declop.predicates is importlib.import_module("declop.predicates")
+@pytest.mark.parametrize("name", ["conditions", "predicates"])
+def test_module_namespaces_are_the_modules(name: str) -> None:
+    module = getattr(declop, name)
+    assert isinstance(module, types.ModuleType)
+    assert module.__name__ == f"declop.{name}"
+    assert module is importlib.import_module(f"declop.{name}")
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"predicates"}))
+def test_conditions_surface() -> None:
+    assert declop.conditions.__all__ == ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates"}))
 def test_public_objects_claim_the_package(name: str) -> None:
     """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X``."""
     assert getattr(declop, name).__module__ == "declop"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"predicates"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates"}))
 def test_public_objects_are_the_originals(name: str) -> None:
     """Re-exports are the defining module's objects, not copies."""
     obj = getattr(declop, name)
@@ -106,6 +118,11 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "Registry": "declop.registry",
         "index": "declop.registry",
         "reconciler": "declop.registry",
+        "transform": "declop.registry",
+        "on_startup": "declop.registry",
+        "on_shutdown": "declop.registry",
+        "background": "declop.registry",
+        "Resource": "declop.resource",
         "Request": "declop.keys",
         "Phase": "declop.result",
         "Result": "declop.result",

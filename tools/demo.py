@@ -30,7 +30,7 @@ def main() -> int:
             steps = [
                 (["kubectl", "run", "nginx", "--image", "nginx"], "Pod created", 1),
                 (["kubectl", "label", "pod", "nginx", "env=prod"], "Pod created", 2),
-                (["kubectl", "delete", "pod", "nginx", "--grace-period=0", "--force"], "The pod was deleted", 1),
+                (["kubectl", "delete", "pod", "nginx"], "The pod was deleted", 1),  # unscheduled: gone at once
             ]
             for cmd, needle, count in steps:
                 print(f"\n$ {' '.join(cmd)}")

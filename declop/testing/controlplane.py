@@ -1,7 +1,7 @@
 """A real Kubernetes control plane for tests: etcd + kube-apiserver (+ kube-controller-manager).
 
-``ControlPlane`` runs the upstream binaries (built by ``tools/controlplane/build.sh``, found by
-:func:`find_assets`) on loopback ports, with generated certificates and an admin kubeconfig::
+``ControlPlane`` runs the upstream binaries (built by ``declop assets build``, found by
+:func:`find_assets`: :func:`declop.assets.find`) on loopback ports, with generated certificates and an admin kubeconfig::
 
     with ControlPlane() as cp:
         subprocess.run(["kubectl", "get", "ns"], env=cp.env(), check=True)
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import kubernetes.client
 
+from declop import assets as assets_module
 from declop.errors import ApiError, ConfigError
 from declop.testing.certs import Certificates, KeyPair, generate
 from declop.testing.process import Component, free_ports, launch
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlPlane", "find_assets"]
 
-REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kubectl")
+REQUIRED_BINARIES = assets_module.REQUIRED_BINARIES
 CONTROLLER_MANAGER = "kube-controller-manager"
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -74,29 +75,18 @@ _STOP_ORDER = {CONTROLLER_MANAGER: 0, APISERVER: 1, ETCD: 2}
 
 
 def find_assets() -> str:
-    """Return the directory holding kube-apiserver, etcd and kubectl.
+    """Return the directory holding kube-apiserver, etcd and kubectl: :func:`declop.assets.find`.
 
     Looks at, in order: ``$KUBEBUILDER_ASSETS``, ``$DECLOP_ASSETS_DIR`` (each, when set, must hold
-    all three), then the newest complete ``${XDG_CACHE_HOME:-~/.cache}/declop/controlplane/*``.
-    kube-controller-manager and helm are optional here.
+    all three), then this declop's cache folder, then the newest complete
+    ``${XDG_CACHE_HOME:-~/.cache}/declop/controlplane/*``. kube-controller-manager and helm are
+    optional here.
 
     Raises:
-        ConfigError: a named folder lacks a binary, or nothing was found at all.
+        ConfigError: a named folder lacks a binary, or nothing was found at all (the message says
+            to run ``declop assets build``).
     """
-    for variable in ("KUBEBUILDER_ASSETS", "DECLOP_ASSETS_DIR"):
-        folder = os.environ.get(variable)
-        if folder:
-            _require(folder, REQUIRED_BINARIES, f"${variable}")
-            return folder
-    root = _cache_root()
-    candidates = [d for d in _subdirs(root) if not _missing(d, REQUIRED_BINARIES)]
-    if candidates:
-        return str(max(candidates, key=lambda d: (d / APISERVER).stat().st_mtime))
-    raise ConfigError(
-        "no Kubernetes control-plane binaries found (looked at $KUBEBUILDER_ASSETS, "
-        f"$DECLOP_ASSETS_DIR and {root}); run tools/controlplane/build.sh (needs Go >= 1.26) "
-        "or set KUBEBUILDER_ASSETS to a folder with kube-apiserver, etcd and kubectl"
-    )
+    return assets_module.find()
 
 
 class ControlPlane:
@@ -153,10 +143,10 @@ class ControlPlane:
             raise RuntimeError("this ControlPlane is already running")
         began = time.monotonic()
         assets = self.assets_dir
-        _require(assets, REQUIRED_BINARIES, "the assets folder")
-        if self.controller_manager and _missing(Path(assets), [CONTROLLER_MANAGER]):
+        assets_module.require(assets, "the assets folder")
+        if self.controller_manager and assets_module.missing(assets, [CONTROLLER_MANAGER]):
             raise ConfigError(
-                f"{CONTROLLER_MANAGER} is not in {assets}; run tools/controlplane/build.sh, or "
+                f"{CONTROLLER_MANAGER} is not in {assets}; run `declop assets build`, or "
                 "pass controller_manager=False (DECLOP_TEST_NO_CONTROLLER_MANAGER=1 in pytest)"
             )
         node = None
@@ -261,7 +251,7 @@ class ControlPlane:
 
     def binary(self, name: str) -> str:
         """Path of binary ``name`` in the assets folder; ``ConfigError`` if it is not there."""
-        _require(self.assets_dir, [name], "the assets folder")
+        assets_module.require(self.assets_dir, "the assets folder", [name])
         return str(Path(self.assets_dir) / name)
 
     def env(self) -> dict[str, str]:
@@ -580,29 +570,3 @@ class ControlPlane:
 
 class _PortTaken(RuntimeError):
     """A component died because its port was taken between picking and binding it."""
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "declop" / "controlplane"
-
-
-def _subdirs(root: Path) -> list[Path]:
-    try:
-        return [d for d in root.iterdir() if d.is_dir()]
-    except OSError:
-        return []
-
-
-def _missing(folder: Path, names: Iterable[str]) -> list[str]:
-    return [n for n in names if not (folder / n).is_file() or not os.access(folder / n, os.X_OK)]
-
-
-def _require(folder: str, names: Iterable[str], where: str) -> None:
-    missing = _missing(Path(folder), names)
-    if missing:
-        raise ConfigError(
-            f"{where} ({folder}) lacks {', '.join(missing)}; run tools/controlplane/build.sh "
-            "(needs Go >= 1.26) or point KUBEBUILDER_ASSETS at a folder with kube-apiserver, "
-            "etcd and kubectl"
-        )

@@ -990,7 +990,11 @@ async def _reconcile(
             if reg.is_async
             else FakeClient(server=server, primary=info, request=key)
         )
-        kwargs = reg.arguments(key, obj, phase, view, logger, rid)
+        given = obj
+        if reg.metadata_only and obj is not None:  # what a metadata-only cache holds
+            meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+            given = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
+        kwargs = reg.arguments(key, given, phase, view, logger, rid)
         outcome = (await reg.fn(**kwargs)) if reg.is_async else reg.fn(**kwargs)
         if phase is Phase.DELETING and reg.finalizer is not None and (outcome is None or isinstance(outcome, Result)):
             await release_finalizer(server, info, obj, reg.finalizer)

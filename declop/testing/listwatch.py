@@ -58,11 +58,12 @@ class Step:
     payload: Any = None
     seconds: float = 0.0
     retry_after: float | None = None
+    message: str = "scripted"
 
     @classmethod
-    def status(cls, code: int, reason: str = "", retry_after: float | None = None) -> Step:
+    def status(cls, code: int, reason: str = "", retry_after: float | None = None, message: str = "scripted") -> Step:
         """Answer the request itself with this HTTP status (a Status body)."""
-        return cls("status", code, reason, retry_after=retry_after)
+        return cls("status", code, reason, retry_after=retry_after, message=message)
 
     @classmethod
     def expire_continue(cls) -> Step:
@@ -287,7 +288,7 @@ class ListWatchServer:
         script = self._watches.popleft() if self._watches else None
         if script is not None and script.steps and script.steps[0].kind == "status":
             step = script.steps[0]
-            return _status(step.code, step.payload or "", "scripted", step.retry_after)
+            return _status(step.code, step.payload or "", step.message, step.retry_after)
         assert request.transport is not None
         self._open.add(request.transport)
         try:
@@ -297,7 +298,7 @@ class ListWatchServer:
 
     def _list(self, query: dict[str, str], step: Step | None) -> web.Response:
         if step is not None and step.kind == "status":
-            return _status(step.code, step.payload or "", "scripted", step.retry_after)
+            return _status(step.code, step.payload or "", step.message, step.retry_after)
         if step is not None and step.kind == "expire_continue" and query.get("continue"):
             return _status(410, "Expired", "The provided continue parameter is too old")
         items = sorted(self._state.objects.values(), key=lambda o: o["metadata"]["name"])

@@ -13,16 +13,15 @@
   finds everything in place sends nothing (so the Deployment's status updates, which wake us,
   never cause a write loop). The mutate functions set only the fields this operator owns, and
   spell out the values the apiserver would default inside lists (``protocol: TCP``).
-* **Status.** ``status.conditions`` holds a ``Ready`` condition with ``observedGeneration``; its
-  ``lastTransitionTime`` changes only when its status does. Status is written only when it differs.
+* **Status.** ``status.conditions`` holds a ``Ready`` condition with ``observedGeneration``, set
+  with ``declop.conditions.set``: its ``lastTransitionTime`` changes only when its status does.
+  Status is written only when it differs.
 * **Predicates.** ``generation_changed`` drops the Widget's own status-only updates (our writes
   coming back); events on the children are not filtered.
 
-The pure functions below (``desired_*``, ``set_condition``) are what ``examples/test_widget_unit.py``
+The pure functions below (``desired_*``) are what ``examples/test_widget_unit.py``
 tests without any cluster, through ``declop.testing.fake.run_reconcile``.
 """
-
-import datetime
 
 import declop
 
@@ -76,31 +75,6 @@ def desired_service(widget):
     return mutate
 
 
-def now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def set_condition(conditions, type, status, reason, message, observed_generation):
-    """Set one condition in place; ``lastTransitionTime`` moves only when ``status`` changes."""
-    for c in conditions:
-        if c.get("type") == type:
-            if c.get("status") != status:
-                c["lastTransitionTime"] = now()
-            c.update(status=status, reason=reason, message=message, observedGeneration=observed_generation)
-            return conditions
-    conditions.append(
-        {
-            "type": type,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "observedGeneration": observed_generation,
-            "lastTransitionTime": now(),
-        }
-    )
-    return conditions
-
-
 def desired_status(widget, deployment):
     """The Widget's status given its Deployment as the cache shows it (None: not there yet)."""
     status = declop.clone(widget.get("status") or {})
@@ -112,13 +86,17 @@ def desired_status(widget, deployment):
         ds = deployment.get("status") or {}
         ready = ds.get("readyReplicas", 0)
         settled = ds.get("observedGeneration") == deployment["metadata"].get("generation")
-    if settled and ready >= want:
-        condition = ("True", "Available", f"{ready}/{want} replicas ready")
-    else:
-        condition = ("False", "Progressing", f"{ready}/{want} replicas ready")
+    available = settled and ready >= want
     status["observedGeneration"] = generation
     status["readyReplicas"] = ready
-    set_condition(status.setdefault("conditions", []), "Ready", *condition, generation)
+    declop.conditions.set(
+        status.setdefault("conditions", []),
+        "Ready",
+        available,
+        reason="Available" if available else "Progressing",
+        message=f"{ready}/{want} replicas ready",
+        observed_generation=generation,
+    )
     return status
 
 
@@ -147,6 +125,6 @@ def widget(request, client, logger, obj, **_):
     status = desired_status(obj, deployment)
     if status != (obj.get("status") or {}):
         client.patch_status(request, {"status": status})
-        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        ready = declop.conditions.get(status["conditions"], "Ready")
         logger.info("Status updated", ready=ready["status"], reason=ready["reason"])
     return None

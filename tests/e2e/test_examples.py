@@ -62,17 +62,24 @@ def test_seed_scenario_pods(control_plane, namespace):
         assert second.group(1) != first.group(1)
         assert len([x for x in op.lines if here in x]) == 2, "\n".join(op.lines)
 
-        # No kubelet runs here, so delete as a kubelet would finish it. The apiserver first
-        # records the deletionTimestamp (an update: the seed's handler still finds the pod and
-        # may log "Pod created" once more), then removes the pod: NotFound in the cache.
-        kubectl(env, "delete", "pod", "nginx", "-n", namespace, "--grace-period=0", "--force")
+        # A plain delete, as the README's scenario types it. No node runs here and nothing
+        # scheduled the pod, so the apiserver finishes the delete at once: it first records the
+        # deletionTimestamp (an update: the seed's handler still finds the pod and may log "Pod
+        # created" once more), then removes the pod: NotFound in the cache.
+        kubectl(env, "delete", "pod", "nginx", "-n", namespace, "--timeout=30s")
         gone = op.wait_for_line('The pod was deleted {"controller": "example", ' + here)
         assert re.match(
             r'^INFO The pod was deleted \{"controller": "example", "namespace": "%s", "name": "nginx", "reconcileID": "%s"\}$'
             % (re.escape(namespace), UUID4),
             gone[0],
         ), gone[0]
+        # the README's order: maybe "Pod created" (the deletionTimestamp), then only "deleted"
+        after = [x.split(" {")[0] for x in op.lines if here in x][2:]
+        first_gone = after.index("INFO The pod was deleted")
+        assert set(after[:first_gone]) <= {"INFO Pod created"}, after
+        assert set(after[first_gone:]) == {"INFO The pod was deleted"}, after
     assert op.returncode == 0
+
 
 def test_finalizer_example(control_plane, namespace):
     env = control_plane.env()
@@ -181,10 +188,58 @@ def test_crd_example(control_plane, namespace):
     assert op.returncode == 0
 
 
+def test_metadata_only_example(control_plane, namespace):
+    """Secrets are seen as metadata; the annotated one is read live and audited (keys counted)."""
+    env = control_plane.env()
+    here = f'"namespace": "{namespace}", "name": "db"'
+    with OperatorProcess([str(EXAMPLES / "metadata_only.py"), "-n", namespace], env=env) as op:
+        op.wait_for_line("Starting workers")
+        kubectl(env, "create", "secret", "generic", "db", "-n", namespace, "--from-literal=password=s3cret")
+        seen = op.wait_for_line(here)
+        assert seen[0].startswith("INFO Secret seen {") and '"labels": 0' in seen[0], seen
+        kubectl(env, "annotate", "secret", "db", "-n", namespace, "example.com/audit=true")
+        audited = op.wait_for_line("Secret audited")
+        assert here in audited[0] and '"keys": 1' in audited[0], audited
+        assert not any("s3cret" in line or "czNjcmV0" in line for line in op.lines + op.stderr)
+        (informer_line,) = [line for line in op.lines if "Starting Controller" in line]
+        assert '"resource": "secrets"' in informer_line
+    assert op.returncode == 0
+
+
+def test_startup_example(control_plane, namespace):
+    """Without its settings the operator refuses to start (exit 1, one line); with them it greets
+    and says goodbye after the drain."""
+    env = {**control_plane.env(), "GREETER_NAMESPACE": namespace}
+    refused = OperatorProcess([str(EXAMPLES / "startup.py"), "-n", namespace], env=env)
+    refused.start()
+    assert refused.proc.wait(60) == 1
+    wait_for(lambda: refused.stderr, 5)
+    assert refused.stderr[-1].startswith(
+        f"declop: error: startup hook 'load_settings' failed: LookupError: ConfigMap {namespace}/greeter-settings is missing"
+    ), refused.stderr
+    assert refused.stderr[-1].endswith("the operator did not start")
+
+    kubectl(env, "create", "configmap", "greeter-settings", "-n", namespace, "--from-literal=greeting=Bonjour")
+    with OperatorProcess([str(EXAMPLES / "startup.py"), "-n", namespace], env=env) as op:
+        loaded = op.wait_for_line("Settings loaded")
+        assert loaded[0] == 'INFO Settings loaded {"hook": "load_settings", "greeting": "Bonjour"}'
+        op.wait_for_line("Starting workers")
+        kubectl(env, "create", "configmap", "world", "-n", namespace)
+        kubectl(env, "label", "configmap", "world", "-n", namespace, "greet=yes")
+        op.wait_for_line("Bonjour, world")
+        assert op.lines.index(loaded[0]) < min(i for i, line in enumerate(op.lines) if "Starting Controller" in line)
+    assert op.returncode == 0
+    goodbye = op.lines.index('INFO Goodbye {"hook": "goodbye", "greeted": 1}')
+    assert goodbye > min(i for i, line in enumerate(op.lines) if "Stopping, waiting for in-flight reconciles" in line)
+
+
 def test_every_example_is_exercised():
     # watches.py runs in tests/integration/test_relations.py; test_widget_unit.py is itself a
-    # test module that pytest collects (testpaths includes examples/)
-    tested = {"pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py", "triggers.py"}
+    # test module that pytest collects (testpaths includes examples/); greeting runs under
+    # `declop dev` in tests/integration/test_dev_reload.py
+    tested = {
+        "pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py", "greeting", "metadata_only.py", "startup.py", "triggers.py",
+    }
     present = {p.name for p in EXAMPLES.iterdir() if p.suffix == ".py" or p.is_dir()} - {"__pycache__"}
     untested = present - tested - set(os.environ.get("DECLOP_EXAMPLES_TESTED_ELSEWHERE", "").split(","))
     assert not untested, f"examples without a test: {sorted(untested)}"

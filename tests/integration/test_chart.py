@@ -315,7 +315,7 @@ def test_schema_and_values_have_the_same_keys() -> None:
     def walk(value: Any, node: dict[str, Any], path: str) -> None:
         if node.get("additionalProperties") is not False:
             return
-        declared = set(node["properties"]) - {"global"}
+        declared = {k for k, v in node["properties"].items() if "x-did-you-mean" not in v} - {"global"}
         assert set(value) == declared, (
             f"{path or 'values'}: values.yaml {sorted(value)} vs schema {sorted(declared)}"
         )
@@ -324,6 +324,50 @@ def test_schema_and_values_have_the_same_keys() -> None:
                 walk(child, node["properties"][key], f"{path}.{key}".lstrip("."))
 
     walk(values, schema, "")
+
+
+def schema_mistakes() -> dict[str, str]:
+    """The well-known mistaken keys the schema lets through for the template to name: path → meant."""
+    found: dict[str, str] = {}
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for key, child in (node.get("properties") or {}).items():
+            if "x-did-you-mean" in child:
+                found[f"{path}{key}"] = child["x-did-you-mean"]
+            else:
+                walk(child, f"{path}{key}.")
+
+    walk(json.loads((CHART / "values.schema.json").read_text()), "")
+    return found
+
+
+def test_mistaken_keys_are_the_same_in_schema_and_template_and_mean_real_values() -> None:
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    in_template = dict(re.findall(r'set \$mistakes "([^"]+)" "([^"]+)"', helpers))
+    assert in_template == schema_mistakes()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for meant in in_template.values():
+        node = values
+        for part in meant.split("."):
+            assert isinstance(node, dict) and part in node, f"{meant} is not a value"
+            node = node[part]
+
+
+@pytest.mark.parametrize(
+    ("args", "path"),
+    [
+        (["--set", "replicas=2"], "replicas"),
+        (["--set", "namespaces={a,b}"], "namespaces"),
+        (["--set", "image.name=me/op"], "image.name"),
+        (["--set", "handlers.configMap=mine"], "handlers.configMap"),
+    ],
+)
+def test_mistaken_key_names_the_right_one(tool_env: dict[str, str], args: list[str], path: str) -> None:
+    error = render_error(tool_env, *args)
+    lines = [line for line in error.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, error  # helm adds only "Use --debug flag to render out invalid YAML"
+    meant = schema_mistakes()[path]
+    assert f"declop: unknown value '{path}': did you mean '{meant}'?" in lines[0]
 
 
 def test_readme_documents_every_value() -> None:

@@ -6,7 +6,7 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +98,65 @@ def test_unknown_resource(tmp_path, kubeconfig):
     h = tmp_path / "h.py"
     h.write_text(HANDLER.format(resource="flumpets"))
     assert_one_line_error(declop_run(str(h), "--kubeconfig", kubeconfig), "unknown resource 'flumpets'", "kubectl api-resources")
+
+
+@pytest.fixture(scope="module")
+def widget_crd(control_plane):
+    env = control_plane.env()
+    crd = Path(__file__).resolve().parents[2] / "examples" / "crd" / "widget-crd.yaml"
+    for args in (
+        ["apply", "-f", str(crd)],
+        ["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s"],
+    ):
+        result = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("resource", "meant"),
+    [("deploymnets", "'deployments.apps'"), ("widgts.example.com", "'widgets.example.com'")],
+)
+def test_misspelt_resource_suggests_the_served_one(tmp_path, kubeconfig, widget_crd, resource, meant):
+    """Discovery on the real apiserver: the closest listable and watchable resources are named.
+    (A singular such as 'pod' is no mistake: it resolves as kubectl reads it.)"""
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource=resource))
+    assert_one_line_error(
+        declop_run(str(h), "--kubeconfig", kubeconfig),
+        f"unknown resource {resource!r}: not served by the apiserver; did you mean {meant}?",
+    )
+
+
+# -- handler mistakes: one line from the loader, before any apiserver is contacted -----------------
+
+
+@pytest.mark.parametrize(
+    ("source", "needles"),
+    [
+        ("@declop.reconciler('pods')\ndef h(reqest, **_):\n    pass\n",
+         ["handler 'h' (h.py:2) takes an unknown argument 'reqest': did you mean 'request'?"]),
+        ("@declop.reconciler('pods')\ndef h(request, loger=None):\n    pass\n",
+         ["takes an unknown argument 'loger', which would always keep its default: did you mean 'logger'?"]),
+        ("@declop.reconciler('pods')\ndef h(spec, meta, **kwargs):\n    pass\n",
+         ["takes 'spec', which Kopf passes and declop does not:", "obj['spec']"]),
+        ("@declop.reconciler('pods', own=['configmaps'])\ndef h(**_):\n    pass\n",
+         ["@reconciler got an unknown option own=: did you mean 'owns'?"]),
+        ("@declop.reconciler('pods', finalizers='example.com/x')\ndef h(**_):\n    pass\n",
+         ["@reconciler got an unknown option finalizers=: did you mean 'finalizer'?"]),
+        ("@declop.reconciler('zalando.org', 'v1', 'kopfexamples')\ndef h(**_):\n    pass\n",
+         ["declop takes the resource as one string: @declop.reconciler('kopfexamples.zalando.org')"]),
+    ],
+    ids=["misspelt argument with **_", "misspelt defaulted argument", "Kopf argument", "misspelt option",
+         "misspelt finalizer option", "Kopf resource in parts"],
+)
+def test_handler_mistakes_explain_themselves(tmp_path, source, needles):
+    h = tmp_path / "h.py"
+    h.write_text("import declop\n" + source)
+    env = {"KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}  # never reached
+    result = declop_run(str(h), env=env)
+    assert_one_line_error(result, *needles)
+    assert result.returncode == 1
+    assert "TypeError" not in result.stderr
 
 
 def test_options_read_declop_environment_variables(tmp_path):

@@ -469,7 +469,7 @@ def test_no_assets_anywhere_says_how_to_build_them(
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     monkeypatch.delenv("DECLOP_ASSETS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"tools/controlplane/build\.sh") as info:
+    with pytest.raises(ConfigError, match=r"run `declop assets build`") as info:
         find_assets()
     assert "\n" not in str(info.value)
     assert "KUBEBUILDER_ASSETS" in str(info.value)

@@ -1,4 +1,5 @@
-"""`declop dev` (what `make run` starts) and the control-plane build script, as a user runs them."""
+"""`declop dev` (what `make run` starts) and the control-plane build (`declop assets build`, its
+build.sh shipped in the package), as a user runs them."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from declop.testing.runner import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "tools" / "controlplane" / "build.sh"
+BUILD = ROOT / "declop" / "assets" / "controlplane" / "build.sh"
 
 
 def test_declop_dev_serves_a_cluster_until_ctrl_c(tmp_path):
@@ -74,6 +74,17 @@ def test_build_script_is_idempotent_and_fast_when_built():
     assert time.monotonic() - start < 600
 
 
+def test_declop_assets_build_finds_what_the_script_built_and_says_so_in_one_line():
+    folder = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=600).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k not in ("DECLOP_ASSETS_DIR", "KUBEBUILDER_ASSETS")}
+    built = subprocess.run([sys.executable, "-m", "declop", "assets", "build"], capture_output=True, text=True, env=env, timeout=60)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.splitlines() == [folder]
+    assert built.stderr.splitlines() == [f"[controlplane] up to date: {folder}"]
+    path = subprocess.run([sys.executable, "-m", "declop", "assets", "path"], capture_output=True, text=True, env=env, timeout=60)
+    assert (path.returncode, path.stdout, path.stderr) == (0, folder + "\n", "")
+
+
 def test_kubectl_reports_the_pinned_version():
     folder = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=600).stdout.strip()
     out = subprocess.run([os.path.join(folder, "kubectl"), "version", "--client", "-o", "json"], capture_output=True, text=True)
@@ -83,7 +94,7 @@ def test_kubectl_reports_the_pinned_version():
 def test_build_script_without_go_says_what_to_install(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bash", "dirname", "sha256sum", "cut", "date", "mkdir"):
+    for tool in ("bash", "dirname", "sha256sum", "cut", "date", "mkdir", "awk", "cat"):
         path = shutil.which(tool)
         if path:
             os.symlink(path, bin_dir / tool)

@@ -1,6 +1,6 @@
 """No object contents in any log line: a handler returning a Secret (``return client.patch(...)``)
-or an invalid Result is a terminal error, logged once, naming the type and key, never the data —
-by default and at ``-v``."""
+, an invalid Result or a Kopf-style dict (Kopf stores it in the status) is a terminal error,
+logged once, naming the type and key, never the data — by default and at ``-v``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ def leaky(request, client, **_):
 def bad_result(request, **_):
     return declop.Result(requeue_after="5")
 
+@declop.reconciler("configmaps", labels="kopf-test=yes")
+def kopf_style(request, **_):
+    return {"message": "hunter2-" + "s3cr3t-value"}  # Kopf would store this in status.kopf_style
+
 @declop.reconciler("configmaps", labels="sentinel=yes")
 def sentinel(logger, **_):
     logger.info("Sentinel reconciled")
@@ -46,17 +50,20 @@ def test_a_handler_returning_a_secret_never_logs_its_data(control_plane, namespa
         {"metadata": {"name": "db", "labels": {"leak-test": "yes"}}, "data": {"password": ENCODED}},
     )
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "cm", "labels": {"leak-test": "yes"}}})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "kopf", "labels": {"kopf-test": "yes"}}})
     args = [str(handlers), "-n", namespace, "--grace-period", "1", *(["-v"] if verbose else [])]
     with OperatorProcess(args, env=control_plane.env()) as op:
         secret_lines = op.wait_for_line("returned a Secret object %s/db (contents not shown)" % namespace)
         result_lines = op.wait_for_line("requeue_after must be a number of seconds or None, got '5'")
+        dict_lines = op.wait_for_line(f"returned a dict (contents not shown) for {namespace}/kopf")
         # terminal, not retried: a retry would follow within milliseconds (5 ms base backoff);
         # a sentinel object's whole round trip through the apiserver comes after that
         core.create_namespaced_config_map(namespace, {"metadata": {"name": "zz", "labels": {"sentinel": "yes"}}})
         op.wait_for_line("Sentinel reconciled")
     everything = op.lines + op.stderr
-    assert len([line for line in op.lines if line.startswith("ERROR")]) == 2, "\n".join(op.lines)
+    assert len([line for line in op.lines if line.startswith("ERROR")]) == 3, "\n".join(op.lines)
     assert "return None or declop.Result(requeue_after=seconds)" in secret_lines[0]
     assert "e.g. Result(requeue_after=30)" in result_lines[0]
+    assert "client.patch_status(request, {'status': {...}}) and return None" in dict_lines[0]
     for line in everything:
         assert PASSWORD not in line and ENCODED not in line, line

@@ -492,3 +492,70 @@ def test_index_functions_get_read_only_views() -> None:
     writer.upsert(cached())
     assert "annotations" not in store.get(Request("ns", "a"))["metadata"]  # type: ignore[index]
     assert store.list(index=("greedy", "x")) == []  # left out of the index, logged
+
+
+# -- guarded user transforms ------------------------------------------------------------------
+
+
+def _raw(name: str = "a", rv: str = "1") -> dict:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv, "managedFields": [{"m": 1}]},
+        "spec": {"big": "x" * 100},
+    }
+
+
+def test_a_guarded_transform_replaces_the_default() -> None:
+    from declop.cache import guarded
+
+    def slim(obj: dict) -> dict:
+        obj.pop("spec")
+        return obj  # managedFields kept: the user's transform replaces the default
+
+    store = Store("pods")
+    Writer(store, guarded(slim, "pods")).upsert(_raw())
+    cached = store.get(Request("ns", "a"))
+    assert cached == {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "1", "managedFields": [{"m": 1}]}}
+
+
+@pytest.mark.parametrize(
+    ("fn", "why"),
+    [
+        (lambda o: 1 / 0, "raised ZeroDivisionError"),
+        (lambda o: None, "it must return the object with metadata name, namespace and resourceVersion unchanged"),
+        (
+            lambda o: {"metadata": {"name": "other"}},
+            "it must return the object with metadata name, namespace and resourceVersion unchanged",
+        ),
+    ],
+)
+def test_a_failing_transform_is_logged_without_contents_and_the_default_applies(fn, why, caplog) -> None:
+    from declop.cache import guarded
+
+    store = Store("pods")
+    with caplog.at_level("ERROR", logger="declop.cache"):
+        Writer(store, guarded(fn, "pods")).upsert(_raw())
+    cached = store.get(Request("ns", "a"))
+    assert cached is not None and "managedFields" not in cached["metadata"]
+    assert cached["metadata"]["resourceVersion"] == "1"
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"The transform of pods failed on ns/a ({why}); cached with the default transform (managedFields dropped)"
+    )
+    assert "xxxx" not in caplog.text
+
+
+def test_a_relist_keeps_an_unchanged_object_after_a_transform() -> None:
+    from declop.cache import guarded
+
+    calls = []
+
+    def count(obj: dict) -> dict:
+        calls.append(obj["metadata"]["name"])
+        return obj
+
+    store = Store("pods")
+    writer = Writer(store, guarded(count, "pods"))
+    writer.replace([_raw("a"), _raw("b")], "5")
+    changes = writer.replace([_raw("a"), _raw("b", rv="2")], "6")
+    assert calls == ["a", "b", "b"]  # unchanged "a" is not transformed again
+    assert [(old is not None, new["metadata"]["name"]) for old, new in changes] == [(True, "b")]

@@ -48,3 +48,54 @@ def test_unknown_list_mode_is_one_clear_error(captured: tuple[list[Options], Pat
     result: Any = CliRunner().invoke(cli.cli, ["run", str(handlers), "--list-mode", "fast"])
     assert result.exit_code == 2
     assert "Invalid value for '--list-mode': 'fast' is not one of 'auto', 'stream', 'paged'." in result.output
+
+
+# -- declop dev: what is refused before a control plane starts ---------------------------------
+
+
+@pytest.fixture()
+def no_control_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    import declop.testing.controlplane as controlplane
+
+    def refuse(*a: Any, **kw: Any) -> None:
+        raise AssertionError("no control plane may start for a refused command")
+
+    monkeypatch.setattr(controlplane, "ControlPlane", refuse)
+    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)
+
+
+def test_dev_refuses_reload_with_node(no_control_plane: None, tmp_path: Path) -> None:
+    result: Any = CliRunner().invoke(cli.cli, ["dev", "--node", "--reload", str(tmp_path / "h.py")], standalone_mode=False)
+    assert isinstance(result.exception, cli.ConfigError) and getattr(result.exception, "exit_code", 1) == 2
+    assert str(result.exception) == "--reload restarts handlers in this process; with --node they run in-cluster: drop --reload (or --node)"
+
+
+def test_dev_names_a_missing_manifest_before_starting(no_control_plane: None, tmp_path: Path) -> None:
+    handlers = tmp_path / "h.py"
+    handlers.write_text("")
+    result: Any = CliRunner().invoke(cli.cli, ["dev", str(handlers), "-f", str(tmp_path / "crd.yaml")], standalone_mode=False)
+    assert str(result.exception) == f"no such file: {tmp_path / 'crd.yaml'}; -f takes a YAML file or a folder of them"
+
+
+def test_dev_names_a_missing_handler_file_before_starting_even_with_reload(no_control_plane: None, tmp_path: Path) -> None:
+    result: Any = CliRunner().invoke(cli.cli, ["dev", str(tmp_path / "handlers.py")], standalone_mode=False)
+    assert str(result.exception).startswith(f"no such file: {tmp_path / 'handlers.py'}")
+
+
+def test_dev_without_watchfiles_says_what_to_install(no_control_plane: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "watchfiles" else real(name, *a))
+    handlers = tmp_path / "h.py"
+    handlers.write_text("")
+    result: Any = CliRunner().invoke(cli.cli, ["dev", str(handlers)], standalone_mode=False)
+    assert str(result.exception) == (
+        "declop dev restarts the operator on save with the watchfiles package, which is not installed: "
+        "pip install 'declop[dev]' (or pass --no-reload)"
+    )
+
+
+def test_dev_names_a_missing_module_before_starting(no_control_plane: None) -> None:
+    result: Any = CliRunner().invoke(cli.cli, ["dev", "-m", "no_such_pkg.handlers"], standalone_mode=False)
+    assert str(result.exception) == "no module named 'no_such_pkg.handlers'; is it installed or on PYTHONPATH?"

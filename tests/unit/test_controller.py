@@ -152,6 +152,17 @@ def test_returning_something_else_is_terminal_with_a_hint(caplog: pytest.LogCapt
     assert "c2VjcmV0" not in caplog.text
 
 
+def test_returning_a_plain_dict_gets_the_kopf_hint_without_its_contents(caplog: pytest.LogCaptureFixture) -> None:
+    """Kopf stores a returned dict in the status; declop says how it is done here."""
+    c, _, clock = make(lambda **_: None)
+    c._settle(KEY, {"message": "hunter2-s3cr3t", "ready": True}, None, logger(), 0.0)
+    clock.advance(10_000)
+    assert queued(c) == [] and c.queue.num_requeues(KEY) == 0  # terminal, not retried
+    assert "returned a dict (contents not shown) for ns/a; declop does not store a returned dict" in caplog.text
+    assert "client.patch_status(request, {'status': {...}}) and return None" in caplog.text
+    assert "hunter2-s3cr3t" not in caplog.text and "message" not in caplog.text
+
+
 # -- processing a key ----------------------------------------------------------------------------
 def run(coro: Any) -> Any:
     return asyncio.run(coro)

@@ -16,6 +16,7 @@ from declop.discovery import (
     parse_legacy_group_versions,
     parse_resource_list,
     resolve,
+    suggest,
 )
 from declop.errors import ApiError, ConfigError, NotFound
 
@@ -486,11 +487,7 @@ def test_ambiguous_across_groups(resources: list[ResourceInfo]) -> None:
     assert "qualify" in message
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["foo", "foos.apps", "widgets.v2.example.com", "deployments.extensions", "things.example.com",
-     ".apps", ""],
-)
+@pytest.mark.parametrize("name", ["foo", "foos.apps", ".apps", ""])
 def test_unknown(resources: list[ResourceInfo], name: str) -> None:
     with pytest.raises(ConfigError) as err:
         resolve(name, resources)
@@ -499,6 +496,38 @@ def test_unknown(resources: list[ResourceInfo], name: str) -> None:
         f"unknown resource {name!r}: not served by the apiserver; "
         "check the name with 'kubectl api-resources'"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("deploymnets", "'deployments.apps'"),  # a bare name is compared with plural, singular, kind, short names
+        ("Deploymnet", "'deployments.apps'"),
+        ("pdos", "'pods'"),
+        ("cofigmaps", "'configmaps'"),
+        ("gadgts", "'gadgets.example.com'"),
+        ("widgts.example.com", "'widgets.example.com'"),  # a dotted one with plural.group
+        ("widgets.exmaple.com", "'widgets.example.com'"),
+        ("widgets.v2.example.com", "'widgets.example.com'"),  # … and plural.version.group
+        ("deployments.extensions", "'deployments.apps'"),
+        ("things.example.com", "'things.a.example.com' or 'things.b.example.com'"),
+    ],
+)
+def test_unknown_suggests_the_closest_served_resources(
+    resources: list[ResourceInfo], name: str, meant: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve(name, resources)
+    assert str(err.value) == (
+        f"unknown resource {name!r}: not served by the apiserver; did you mean {meant}? "
+        "(or check the name with 'kubectl api-resources')"
+    )
+    assert suggest(name, resources) == f"did you mean {meant}?"
+
+
+def test_suggestions_are_only_listable_and_watchable_resources(resources: list[ResourceInfo]) -> None:
+    assert "bindings" not in (suggest("bindngs", resources) or "")  # bindings: create only
+    assert "metrics" not in (suggest("nodes.metrics.k8s.oi", resources) or "")  # get/list only
 
 
 def test_not_watchable(resources: list[ResourceInfo]) -> None:

@@ -309,7 +309,7 @@ def test_only_declared_arguments_are_injected() -> None:
     assert got["request"] == declop.Request("ns", "c") and got["reconcile_id"] == RID
     assert isinstance(got["client"], declop.Client) and got["obj"]["data"] == {"k": "v"}
     assert out.reconcile_id == RID
-    with pytest.raises(declop.RegistrationError, match="unknown argument 'spec'"):
+    with pytest.raises(declop.RegistrationError, match=r"takes 'spec', which Kopf passes and declop does not: .*obj\['spec'\]"):
         run_reconcile(lambda spec: None, "ns/c", resource="configmaps")
 
 
@@ -435,3 +435,19 @@ def test_the_examples_reconcilers_run_without_an_apiserver_in_under_a_second() -
     elapsed = time.perf_counter() - started
     print(f"{runs} reconciles of the examples through the kit: {elapsed * 1000:.1f} ms")
     assert elapsed < 1.0
+
+
+def test_run_reconcile_gives_a_metadata_only_handler_what_its_cache_would_hold() -> None:
+    registry = declop.Registry()
+    seen: list[Any] = []
+
+    @declop.reconciler("configmaps", metadata_only=True, registry=registry)
+    def handler(request: Any, obj: Any, client: Any, **_: Any) -> None:
+        seen.append((obj, client.live.get(request)["data"]))
+
+    run_reconcile(handler, "ns/c", [cm(meta={"managedFields": [{"manager": "kubectl"}]})], registry=registry)
+    ((obj, data),) = seen
+    assert obj["kind"] == "PartialObjectMetadata" and obj["apiVersion"] == "meta.k8s.io/v1"
+    assert set(obj) == {"kind", "apiVersion", "metadata"}
+    assert obj["metadata"]["name"] == "c" and "managedFields" not in obj["metadata"]
+    assert data == {"k": "v"}

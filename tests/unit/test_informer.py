@@ -317,6 +317,31 @@ def test_reflector_no_relist_on_too_many_requests(where: str) -> None:
     run(scenario())
 
 
+@pytest.mark.parametrize("message, level", [("storage is (re)initializing", logging.INFO), ("too many requests", logging.ERROR)])
+def test_a_watch_cache_still_filling_is_not_an_error(message: str, level: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A CRD created a moment ago: the apiserver answers the first streaming list 429 "storage is
+    (re)initializing" with a Retry-After (k8s.io/apiserver cacher; a LIST's 429 is retried by the
+    transport). That is expected: logged at
+    INFO, with the Retry-After honoured, then the informer syncs. Any other 429 stays an ERROR."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            server.script_watch(Step.status(429, "TooManyRequests", retry_after=1, message=message))
+            informer, _ = await start(server, list_mode="stream", backoff=RecordingBackoff(initial=0.05))
+            assert names(informer) == {"a"}
+            streams = [r for r in server.requests if r.verb == "stream"]
+            assert streams[1].at - streams[0].at >= 1.0  # Retry-After honoured
+            await informer.stop()
+
+    run(scenario())
+    retried = [r for r in informer_records(caplog) if "429" in r.getMessage() and "retrying in" in r.getMessage()]
+    assert [r.levelno for r in retried] == [level]
+    if level == logging.INFO:
+        assert "still filling its watch cache" in retried[0].getMessage()
+
+
 def test_outage_of_500s_backs_off_logs_each_attempt_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
     """Bad input and faults: every request answered with 500, then recovery. One ERROR line per
     attempt with the next delay; attempts spaced by the doubling backoff; after recovery the

@@ -198,7 +198,7 @@ def test_registration_error_in_a_file_passes_through(tmp_path: Path) -> None:
             pass
         """,
     )
-    with pytest.raises(RegistrationError, match="unknown argument 'spec'"):
+    with pytest.raises(RegistrationError, match=r"takes 'spec', which Kopf passes and declop does not: .*obj\['spec'\]"):
         load([str(path)])
 
 
@@ -330,3 +330,81 @@ def test_module_with_syntax_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_nothing_to_load() -> None:
     assert load() == []
+
+
+# -- expand, unload and reloading (declop dev) ------------------------------------------------
+
+
+def test_expand_lists_the_files_without_importing(tmp_path: Path) -> None:
+    folder = tmp_path / "ops"
+    write(folder / "b.py", "raise SystemExit('never imported')\n")
+    write(folder / "a.py", "")
+    single = write(tmp_path / "handlers.py", "")
+    from declop.loader import expand
+
+    assert expand([str(single), str(folder)]) == [str(single), str(folder / "a.py"), str(folder / "b.py")]
+    with pytest.raises(ConfigError, match="no such file"):
+        expand([str(tmp_path / "missing.py")])
+
+
+def test_unload_then_load_executes_the_edited_files_afresh(tmp_path: Path) -> None:
+    from declop.loader import unload
+
+    sibling = f"helpers_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / f"{sibling}.py", "GREETING = 'Hello'\n")
+    path = write(tmp_path / "handlers.py", f"from {sibling} import GREETING\n")
+    (first,) = load([str(path)])
+    assert first.GREETING == "Hello"
+    # same size and (very likely) the same second: the bytecode cache could not tell them apart
+    write(tmp_path / f"{sibling}.py", "GREETING = 'Howdy'\n")
+    gone = unload()
+    assert sibling in gone and first.__name__ in gone
+    (second,) = load([str(path)])
+    assert second is not first
+    assert second.GREETING == "Howdy"
+    assert not (tmp_path / "__pycache__").exists()  # compiled from source, nothing written
+
+
+def test_unload_keeps_installed_modules_and_what_was_imported_before(tmp_path: Path) -> None:
+    from declop.loader import unload
+
+    package = f"pkg_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / package / "__init__.py", "")
+    write(tmp_path / package / "part.py", "X = 1\n")
+    path = write(tmp_path / "handlers.py", f"import json\nimport {package}.part\n")
+    load([str(path)])
+    import json
+
+    gone = unload()
+    assert {package, f"{package}.part"} <= set(gone)
+    assert "json" not in gone and sys.modules["json"] is json
+    assert "declop" not in gone and "declop.loader" in sys.modules
+
+
+def test_unload_forgets_named_modules_so_they_register_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default: Registry) -> None:
+    from declop.loader import unload
+
+    name = f"mod_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / f"{name}.py", HANDLER.format(name="by_module").replace(", registry=REG", ""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    load(modules=[name])
+    assert [r.name for r in default.registrations] == ["by_module"]
+    default.clear()
+    assert unload([name]) == [name]
+    load(modules=[name])
+    assert [r.name for r in default.registrations] == ["by_module"]
+
+
+def test_a_load_that_failed_leaves_nothing_for_the_next(tmp_path: Path) -> None:
+    from declop.loader import unload
+
+    sibling = f"part_{tmp_path.name.replace('-', '_')}"
+    write(tmp_path / f"{sibling}.py", "VALUE = 1\n")
+    path = write(tmp_path / "handlers.py", f"import {sibling}\nraise RuntimeError('half-way')\n")
+    with pytest.raises(ConfigError, match=r"RuntimeError: half-way"):
+        load([str(path)])
+    unload()
+    write(tmp_path / "handlers.py", f"import {sibling}\nVALUE = {sibling}.VALUE\n")
+    write(tmp_path / f"{sibling}.py", "VALUE = 2\n")
+    (module,) = load([str(path)])
+    assert module.VALUE == 2

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
+import re
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import declop.registry as registry_module
 from declop.errors import ConfigError, RegistrationError
 from declop.predicates import generation_changed
 from declop.registry import INJECTABLE, Registration, Registry, index, reconciler
+from declop.resource import Resource
 
 
 @pytest.fixture
@@ -100,8 +103,8 @@ def test_registration_fields(reg: Registry) -> None:
         namespaces=("team-a",),
         labels="app=web,tier=db",
         predicates=(generation_changed,),
-        owns=("configmaps",),
-        watches=(("secrets", map_fn),),
+        owns=(Resource("configmaps"),),
+        watches=((Resource("secrets"), map_fn),),
         max_concurrent=4,
         is_async=False,
         wants=frozenset({"request", "obj", "phase"}),
@@ -178,14 +181,64 @@ def test_registration_error_is_a_config_and_type_error() -> None:
 
 
 def test_unknown_argument_raises_naming_it(reg: Registry) -> None:
-    def handle(request: Any, spec: Any) -> None: ...
+    def handle(request: Any, flavour: Any) -> None: ...
 
     with pytest.raises(
-        RegistrationError, match=r"handler 'handle' takes an unknown argument 'spec'"
+        RegistrationError, match=r"handler 'handle' \(test_registry.py:\d+\) takes an unknown argument 'flavour'"
     ) as info:
         reg.reconciler("pods")(handle)
-    assert "add **_" in str(info.value)
+    message = str(info.value)
+    assert "declop passes only client, logger, name, namespace, obj, phase, reconcile_id, request" in message
+    assert "rename it, or give it a default if it is your own" in message
+    assert "did you mean" not in message  # nothing is close to 'flavour'
+    assert "**_" not in message  # **_ would not make declop pass it
+    assert "\n" not in message
     assert len(reg) == 0
+
+
+@pytest.mark.parametrize("var_keyword", [False, True], ids=["plain", "with **_"])
+def test_misspelt_argument_is_refused_with_did_you_mean(reg: Registry, var_keyword: bool) -> None:
+    """``**_`` never fills a name declop does not have: the call would fail every time."""
+    if var_keyword:
+        def handle(reqest, **_):  # type: ignore[no-untyped-def]
+            ...
+    else:
+        def handle(reqest):  # type: ignore[no-untyped-def]
+            ...
+
+    with pytest.raises(RegistrationError) as info:
+        reg.reconciler("pods")(handle)
+    message = str(info.value)
+    assert "takes an unknown argument 'reqest': did you mean 'request'?" in message
+    assert "add **_" not in message
+    assert len(reg) == 0
+
+
+@pytest.mark.parametrize(
+    ("param", "meant"),
+    [("loger", "logger"), ("reqest", "request"), ("namspace", "namespace"), ("phases", "phase"), ("cleint", "client")],
+)
+def test_defaulted_argument_close_to_an_injectable_is_a_typo(reg: Registry, param: str, meant: str) -> None:
+    handle = _handler_with_default(param)
+    with pytest.raises(RegistrationError) as info:
+        reg.reconciler("pods")(handle)
+    message = str(info.value)
+    assert f"takes an unknown argument {param!r}, which would always keep its default: did you mean {meant!r}?" in message
+    assert len(reg) == 0
+
+
+def _handler_with_default(param: str) -> Any:
+    namespace: dict[str, Any] = {}
+    exec(f"def handle(request, {param}=None, **_):\n    return {param}\n", namespace)  # noqa: S102
+    return namespace["handle"]
+
+
+@pytest.mark.parametrize("param", ["retries", "timeout", "log", "body", "patch", "labels"])
+def test_defaulted_argument_not_close_to_an_injectable_is_the_handlers_own(reg: Registry, param: str) -> None:
+    """A defaulted parameter is the handler's own (a test seam, a functools.partial binding)
+    unless it is a typo of an injectable name; Kopf's names with a default are its own too."""
+    reg.reconciler("pods")(_handler_with_default(param))
+    assert only(reg).wants is None
 
 
 def test_unknown_argument_with_default_is_allowed(reg: Registry) -> None:
@@ -193,6 +246,63 @@ def test_unknown_argument_with_default_is_allowed(reg: Registry) -> None:
 
     reg.reconciler("pods")(handle)
     assert only(reg).wants == frozenset({"request"})
+
+
+def test_a_name_bound_by_functools_partial_is_not_a_typo(reg: Registry) -> None:
+    def handle(request: Any, names: tuple[str, ...] = ()) -> None: ...
+
+    reg.reconciler("pods", name="bound")(functools.partial(handle, names=("a",)))
+    assert only(reg).wants == frozenset({"request"})
+    with pytest.raises(RegistrationError, match="did you mean 'name'"):
+        reg.reconciler("pods", name="unbound")(handle)
+
+
+def test_a_partial_needs_a_name(reg: Registry) -> None:
+    def handle(**_: Any) -> None: ...
+
+    with pytest.raises(RegistrationError, match=r"cannot name partial objects; pass name='...'"):
+        reg.reconciler("pods")(functools.partial(handle))
+
+
+@pytest.mark.parametrize(
+    ("param", "hint"),
+    [
+        ("body", "declare obj instead"),
+        ("spec", "read obj['spec']"),
+        ("meta", "read obj['metadata']"),
+        ("status", "client.patch_status(request, {'status': {...}})"),
+        ("patch", "write changes yourself with client.patch(request, {...})"),
+        ("memo", "no per-object memo"),
+        ("diff", "present state only"),
+        ("old", "present state only"),
+        ("new", "present state only"),
+        ("reason", "declare phase instead"),
+        ("event", "never passes watch events"),
+        ("retry", "raise declop.TerminalError to stop"),
+        ("started", "declop does not count retries"),
+        ("runtime", "declop does not count retries"),
+        ("param", "functools.partial"),
+        ("resource", "@declop.reconciler(...)"),
+        ("uid", "obj['metadata']['uid']"),
+    ],
+)
+def test_kopf_arguments_name_the_declop_equivalent(reg: Registry, param: str, hint: str) -> None:
+    namespace: dict[str, Any] = {}
+    exec(f"def handle({param}, **kwargs):\n    pass\n", namespace)  # noqa: S102
+    with pytest.raises(RegistrationError) as info:
+        reg.reconciler("pods")(namespace["handle"])
+    message = str(info.value)
+    assert f"takes {param!r}, which Kopf passes and declop does not: " in message
+    assert hint in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("param", ["kwargs", "_"])
+def test_a_plain_kwargs_argument_asks_for_the_stars(reg: Registry, param: str) -> None:
+    namespace: dict[str, Any] = {}
+    exec(f"def handle(request, {param}):\n    pass\n", namespace)  # noqa: S102
+    with pytest.raises(RegistrationError, match=rf"takes a plain argument '{param}': did you mean \*\*{param}\?"):
+        reg.reconciler("pods")(namespace["handle"])
 
 
 def test_every_injectable_may_be_declared(reg: Registry) -> None:
@@ -234,8 +344,92 @@ def test_var_keyword_handler_wants_none(reg: Registry) -> None:
 def test_positional_only_injectable_raises(reg: Registry) -> None:
     def handle(request: Any, /) -> None: ...
 
-    with pytest.raises(RegistrationError, match="positional-only"):
+    with pytest.raises(RegistrationError, match="'request' must not be positional-only; remove the '/'"):
         reg.reconciler("pods")(handle)
+
+
+# -- decorator options -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "meant"),
+    [
+        ("own", "owns"),
+        ("finalizers", "finalizer"),
+        ("namespace", "namespaces"),
+        ("label", "labels"),
+        ("predicate", "predicates"),
+        ("watch", "watches"),
+        ("max_concurent", "max_concurrent"),
+        ("registy", "registry"),
+    ],
+)
+def test_misspelt_option_says_did_you_mean(reg: Registry, option: str, meant: str) -> None:
+    with pytest.raises(RegistrationError) as info:
+        reconciler("pods", registry=reg, **{option: ()})  # type: ignore[arg-type]
+    assert str(info.value) == f"@reconciler got an unknown option {option}=: did you mean {meant!r}?"
+    assert len(reg) == 0
+
+
+def test_misspelt_option_on_the_registry_method(reg: Registry) -> None:
+    with pytest.raises(RegistrationError, match=r"unknown option own=: did you mean 'owns'\?"):
+        reg.reconciler("pods", own=["configmaps"])  # type: ignore[arg-type]
+    # the method has no registry= option: it is the registry
+    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, metadata_only, fields$"):
+        reg.reconciler("pods", registry=reg)  # type: ignore[arg-type]
+
+
+def test_index_misspelt_option(reg: Registry) -> None:
+    with pytest.raises(RegistrationError, match=r"@index got an unknown option registy=: did you mean 'registry'\?"):
+        index("pods", "by-node", lambda o: [], registy=reg)  # type: ignore[arg-type]
+    assert reg.indexes == []
+
+
+@pytest.mark.parametrize(
+    ("option", "hint"),
+    [("id", "use name="), ("when", "predicates=[...]"), ("field", "predicates=[...]"), ("retries", "TerminalError")],
+)
+def test_kopf_options_name_the_declop_equivalent(reg: Registry, option: str, hint: str) -> None:
+    with pytest.raises(RegistrationError, match=rf"@reconciler got an unknown option {option}=: .*{re.escape(hint)}"):
+        reconciler("pods", registry=reg, **{option: "x"})  # type: ignore[arg-type]
+
+
+def test_an_unknown_option_nothing_is_close_to_lists_them_all(reg: Registry) -> None:
+    with pytest.raises(RegistrationError) as info:
+        reconciler("pods", registry=reg, colour="blue")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "@reconciler got an unknown option colour=: the options are name, finalizer, namespaces, "
+        "labels, predicates, owns, watches, max_concurrent, metadata_only, fields, registry"
+    )
+
+
+@pytest.mark.parametrize(
+    ("parts", "hint"),
+    [
+        (("zalando.org", "v1", "kopfexamples"),
+         "@declop.reconciler('kopfexamples.zalando.org') (or 'kopfexamples.v1.zalando.org' to pin that version)"),
+        (("apps/v1", "deployments"), "@declop.reconciler('deployments.apps') (or 'deployments.v1.apps' to pin"),
+        (("example.com", "widgets"), "@declop.reconciler('widgets.example.com')"),
+        (("", "v1", "pods"), "@declop.reconciler('pods') (or 'pods.v1' to pin"),
+    ],
+)
+def test_kopf_resource_in_parts_names_the_one_string(reg: Registry, parts: tuple[str, ...], hint: str) -> None:
+    with pytest.raises(RegistrationError) as info:
+        reconciler(*parts, registry=reg)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith(f"@reconciler({', '.join(map(repr, parts))}): declop takes the resource as one string: ")
+    assert hint in message
+    with pytest.raises(RegistrationError, match="one string"):
+        reg.reconciler(*parts)  # type: ignore[arg-type]
+
+
+def test_an_option_given_by_position_asks_for_keywords(reg: Registry) -> None:
+    with pytest.raises(RegistrationError) as info:
+        reconciler("pods", "example.com/cleanup", registry=reg)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "@reconciler('pods', 'example.com/cleanup'): declop takes one positional argument, the resource "
+        "('pods', 'widgets.example.com'); pass options by keyword, e.g. finalizer='my.domain/name'"
+    )
 
 
 def test_async_detection(reg: Registry) -> None:
@@ -367,6 +561,154 @@ def test_registrations_and_indexes_are_copies(reg: Registry) -> None:
     reg.indexes.append(None)  # type: ignore[arg-type]
     assert len(reg.registrations) == 1
     assert reg.indexes == []
+
+
+# -- metadata only, field selectors, transforms, lifecycle hooks ----------------------------------
+
+
+def test_metadata_only_and_fields_are_recorded_for_the_primary_and_its_sources(reg: Registry) -> None:
+    def map_fn(o: Any) -> list[str]:
+        return []
+
+    @reg.reconciler(
+        "secrets",
+        metadata_only=True,
+        fields={"type": "Opaque"},
+        owns=[Resource("configmaps", metadata_only=True)],
+        watches=[(Resource("pods", fields="spec.nodeName==n1"), map_fn)],
+    )
+    def handle(**_: Any) -> None: ...
+
+    r = only(reg)
+    assert (r.metadata_only, r.fields) == (True, "type=Opaque")
+    assert r.primary == Resource("secrets", metadata_only=True, fields="type=Opaque")
+    assert r.owns == (Resource("configmaps", metadata_only=True),)
+    assert r.watches == ((Resource("pods", fields="spec.nodeName=n1"), map_fn),)
+
+
+def test_a_resource_object_as_the_primary_takes_its_options_unless_overridden(reg: Registry) -> None:
+    @reg.reconciler(Resource("secrets", metadata_only=True, fields="type=Opaque"), name="a")
+    def a(**_: Any) -> None: ...
+
+    @reg.reconciler(Resource("secrets", metadata_only=True), metadata_only=False, name="b")
+    def b(**_: Any) -> None: ...
+
+    first, second = reg.registrations
+    assert (first.resource, first.metadata_only, first.fields) == ("secrets", True, "type=Opaque")
+    assert (second.metadata_only, second.fields) == (False, "")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"metadata_only": "yes"}, "metadata_only must be True or False, got 'yes'"),
+        ({"fields": "spec.nodeName"}, "'spec.nodeName' is not a valid field selector term"),
+        ({"fields": 3}, "fields must be a field selector like 'spec.nodeName=node-1' or a dict, got int"),
+        ({"owns": [3]}, "owns= entries are resource names like 'secrets'"),
+        ({"watches": [(Resource("pods", metadata_only=True), 3)]}, "watches entries are ('resource', map_fn) pairs"),
+    ],
+)
+def test_bad_cache_options_are_refused_at_registration(reg: Registry, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(RegistrationError) as err:
+        reg.reconciler("pods", **kwargs)
+    assert message in str(err.value)
+
+
+def test_transform_is_recorded_once_per_resource_and_must_be_a_function(reg: Registry) -> None:
+    def keep(obj: Any) -> Any:
+        return obj
+
+    reg.transform(" pods ", keep)
+    reg.transform("pods", keep)  # the same function again is harmless (a module imported twice)
+    assert reg.transforms == {"pods": keep}
+    with pytest.raises(RegistrationError, match="a transform of 'pods' is already registered"):
+        reg.transform("pods", lambda o: o)
+    with pytest.raises(RegistrationError, match="transform of 'secrets': expected a function obj -> obj, got 'x'"):
+        reg.transform("secrets", "x")  # type: ignore[arg-type]
+
+
+def test_module_level_transform_works_as_call_and_decorator() -> None:
+    reg = Registry()
+
+    @registry_module.transform("pods", registry=reg)
+    def slim(obj: Any) -> Any:
+        return obj
+
+    assert registry_module.transform("secrets", slim, registry=reg) is slim
+    assert reg.transforms == {"pods": slim, "secrets": slim}
+
+
+def test_hook_decorators_bare_and_called_return_the_function_and_record_the_hook() -> None:
+    reg = Registry()
+
+    @registry_module.on_startup(registry=reg)
+    def prepare(client: Any, logger: Any) -> None: ...
+
+    @registry_module.on_shutdown(name="bye", registry=reg)
+    async def cleanup(**_: Any) -> None: ...
+
+    @registry_module.background(every_replica=True, registry=reg)
+    async def loop(stop: Any) -> None: ...
+
+    assert [(h.kind, h.name, h.fn, h.wants, h.every_replica) for h in reg.hooks] == [
+        ("startup", "prepare", prepare, frozenset({"client", "logger"}), False),
+        ("shutdown", "bye", cleanup, None, False),
+        ("background", "loop", loop, frozenset({"stop"}), True),
+    ]
+    assert callable(prepare) and prepare.__name__ == "prepare"
+
+
+@pytest.mark.parametrize(
+    ("register", "message"),
+    [
+        (lambda r: registry_module.on_startup(42, registry=r), "@declop.on_startup decorates a function, got 42"),
+        (lambda r: registry_module.on_shutdown("x", registry=r), "@declop.on_shutdown decorates a function, got 'x'"),
+        (
+            lambda r: registry_module.background(lambda stop: None, registry=r),
+            "must be an 'async def' function: a thread cannot be cancelled",
+        ),
+        (
+            lambda r: registry_module.on_startup(registry=r)(lambda request: None),
+            "takes an unknown argument 'request'; declop passes only client, logger, stop",
+        ),
+        (
+            lambda r: registry_module.background(every_replica="yes", registry=r),
+            "every_replica must be True or False, got 'yes'",
+        ),
+    ],
+)
+def test_bad_hooks_are_refused_at_registration(register: Any, message: str) -> None:
+    with pytest.raises(RegistrationError) as err:
+        register(Registry())
+    assert message in str(err.value)
+
+
+def test_hooks_cannot_be_registered_after_the_freeze(reg: Registry) -> None:
+    reg.freeze()
+    with pytest.raises(RegistrationError, match="the manager has already started"):
+        registry_module.on_startup(lambda: None, registry=reg)
+    with pytest.raises(RegistrationError, match="the manager has already started"):
+        reg.transform("pods", lambda o: o)
+
+def test_clear_forgets_everything_and_reopens_a_frozen_registry() -> None:
+    reg = Registry()
+
+    @reg.reconciler("pods")
+    def first(**_: object) -> None:
+        return None
+
+    reg.index("pods", "by-node", lambda obj: [])
+    reg.freeze()
+    with pytest.raises(RegistrationError, match="already started"):
+        reg.reconciler("pods")(first)
+    reg.clear()
+    assert not reg.frozen and len(reg) == 0 and reg.indexes == []
+
+    @reg.reconciler("configmaps")
+    def second(**_: object) -> None:
+        return None
+
+    assert [r.name for r in reg.registrations] == ["second"]
 
 
 # -- tuning options (issue 16) -------------------------------------------------------------------

@@ -16,7 +16,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-K8S_VERSION="v1.36.3"          # the control plane's (tools/controlplane/build.sh)
+K8S_VERSION="v1.36.3"          # the control plane's (declop/assets/controlplane/go.mod)
 BUILDKIT_MODULE="github.com/moby/buildkit"
 BUILDKIT_VERSION="$(awk '$1 == "github.com/moby/buildkit" { print $2; exit }' "$HERE/buildkit/go.mod")"
 BINARIES=(kubelet kube-scheduler kube-proxy buildkitd buildctl pause)

@@ -142,9 +142,56 @@ Renders "true" or "false".
 {{- end }}
 
 {{/*
+Well-known mistaken keys (replicas for replicaCount …) → the value meant. values.schema.json lets
+exactly these through (each marked "x-did-you-mean") so that this check can name the right key:
+the schema alone would only say "additional properties 'replicas' not allowed". Every other
+unknown key is still refused by the schema.
+*/}}
+{{- define "declop.mistakes" -}}
+{{- $mistakes := dict }}
+{{- $_ := set $mistakes "annotations" "podAnnotations" }}
+{{- $_ := set $mistakes "args" "extraArgs" }}
+{{- $_ := set $mistakes "containerSecurityContext" "securityContext" }}
+{{- $_ := set $mistakes "env" "extraEnv" }}
+{{- $_ := set $mistakes "handlers.configMap" "handlers.existingConfigMap" }}
+{{- $_ := set $mistakes "handlers.file" "handlers.files" }}
+{{- $_ := set $mistakes "image.name" "image.repository" }}
+{{- $_ := set $mistakes "image.pullSecrets" "imagePullSecrets" }}
+{{- $_ := set $mistakes "imagePullPolicy" "image.pullPolicy" }}
+{{- $_ := set $mistakes "imageTag" "image.tag" }}
+{{- $_ := set $mistakes "labels" "commonLabels" }}
+{{- $_ := set $mistakes "leaderElect" "leaderElection.enabled" }}
+{{- $_ := set $mistakes "leaderElection.enable" "leaderElection.enabled" }}
+{{- $_ := set $mistakes "metrics.serviceMonitor" "serviceMonitor.enabled" }}
+{{- $_ := set $mistakes "namespaces" "watchNamespaces" }}
+{{- $_ := set $mistakes "pdb" "podDisruptionBudget" }}
+{{- $_ := set $mistakes "pullSecrets" "imagePullSecrets" }}
+{{- $_ := set $mistakes "rbac.enabled" "rbac.create" }}
+{{- $_ := set $mistakes "replica" "replicaCount" }}
+{{- $_ := set $mistakes "replicas" "replicaCount" }}
+{{- $_ := set $mistakes "serviceAccount.enabled" "serviceAccount.create" }}
+{{- $_ := set $mistakes "serviceAccountName" "serviceAccount.name" }}
+{{- $_ := set $mistakes "terminationGracePeriodSeconds" "gracePeriod" }}
+{{- $_ := set $mistakes "volumeMounts" "extraVolumeMounts" }}
+{{- $_ := set $mistakes "volumes" "extraVolumes" }}
+{{- $_ := set $mistakes "watchNamespace" "watchNamespaces" }}
+{{- range $path, $meant := $mistakes }}
+{{- $parts := splitList "." $path }}
+{{- $node := $.Values }}
+{{- range $part := initial $parts }}
+{{- $node = and (kindIs "map" $node) (get $node $part) }}
+{{- end }}
+{{- if and (kindIs "map" $node) (hasKey $node (last $parts)) }}
+{{- fail (printf "declop: unknown value '%s': did you mean '%s'? (values.yaml lists every value)" $path $meant) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Every check that is not a schema check. Included by deployment.yaml, so any render fails on it.
 */}}
 {{- define "declop.validate" -}}
+{{- include "declop.mistakes" . }}
 {{- $_ := include "declop.handlersMode" . }}
 {{- if and (gt (int .Values.replicaCount) 1) (ne (include "declop.leaderElect" .) "true") }}
 {{- fail (printf "declop: replicaCount=%d with leaderElection.enabled=false would have %d Pods reconcile the same objects at once; enable leader election (leaderElection.enabled=true) or use replicaCount=1." (int .Values.replicaCount) (int .Values.replicaCount)) }}

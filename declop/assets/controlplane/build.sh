@@ -2,25 +2,26 @@
 # Build a real Kubernetes control plane (kube-apiserver, kube-controller-manager,
 # etcd, kubectl) and helm from the Go module proxy, once per pinned version.
 #
-# Output: a directory laid out like KUBEBUILDER_ASSETS, printed as the last line
-# of stdout. Idempotent: when every binary is already there it returns at once.
+# Ships inside the declop package beside its wrapper Go module (go.mod, go.sum), so an
+# installed wheel can build too; `declop assets build` runs it (declop/assets/__init__.py).
+# The Kubernetes version is go.mod's k8s.io/kubernetes; the cache key is the sha256 of
+# go.mod + go.sum, computed the same way by declop.assets.
 #
-#   tools/controlplane/build.sh            # build (or find) and print the directory
+# Output: a directory laid out like KUBEBUILDER_ASSETS, printed as the last line
+# of stdout. Idempotent: when every binary is already there it returns at once (no Go needed).
+#
+#   declop assets build                    # build (or find) and print the directory
+#   bash declop/assets/controlplane/build.sh   # the same, from a checkout without a venv
 #   DECLOP_ASSETS_DIR=/some/dir build.sh   # build into a chosen directory
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-K8S_VERSION="v1.36.3"
+K8S_VERSION="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$HERE/go.mod")"
 HELM_MODULE="helm.sh/helm/v3"
 HELM_VERSION="v3.22.0"
 BINARIES=(kube-apiserver kube-controller-manager etcd kubectl helm)
 
 say() { printf '[controlplane] %s\n' "$*" >&2; }
-
-if ! command -v go >/dev/null 2>&1; then
-    say "error: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install or your distribution's golang package) and run this again"
-    exit 2
-fi
 
 sum="$(cat "$HERE/go.mod" "$HERE/go.sum" | sha256sum | cut -c1-12)"  # contents only: any checkout shares the cache
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/controlplane"
@@ -34,6 +35,11 @@ if [[ ${#missing[@]} -eq 0 ]]; then
     say "up to date: $out"
     echo "$out"
     exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+    say "error: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install or your distribution's golang package) and run this again"
+    exit 2
 fi
 
 mkdir -p "$out"

@@ -1,0 +1,260 @@
+"""Lifecycle: hooks around the operator's run — ``@declop.on_startup``, ``@declop.on_shutdown`` and
+``@declop.background`` tasks — and the :class:`Lifecycle` that runs them for the manager.
+
+When each runs (docs/lifecycle.md):
+
+1. **startup** hooks, in registration order, after discovery and before any informer starts
+   (caches are empty: read with ``client.live``). One that raises fails the start: the manager
+   raises :class:`~declop.errors.ConfigError` naming the hook and the error, ``declop run``
+   prints that one line and exits 1; no controller ever starts, and no shutdown hook runs.
+2. **background** tasks (``async def`` only: a thread cannot be cancelled) start once every
+   controller's caches have synced — by default only while this replica leads (at once without
+   leader election), with ``every_replica=True`` on every replica. They are cancelled on
+   shutdown (the ``stop`` event is set first and they get the drain's grace period to return)
+   and, for leader-only tasks, **at once** when the Lease is lost. A task that raises is logged
+   with its traceback and restarted after a backoff (0.8 s doubling to 30 s, reset after 2 quiet
+   minutes); one that returns is done and not restarted.
+3. **shutdown** hooks, in registration order, after the controllers drained and the background
+   tasks ended, while the client still works (before the Lease is released and the watches
+   close). One that raises is logged with its traceback, the others still run, and the process
+   exits 1.
+
+Invariants:
+- a hook's declared keyword arguments are checked at registration: ``client``, ``logger``,
+  ``stop`` (or ``**kwargs`` for all); anything else, or something that is not a function, is a
+  :class:`~declop.errors.RegistrationError` naming the hook;
+- ``client`` is an :class:`~declop.client.AsyncClient` for ``async def`` hooks and a blocking
+  :class:`~declop.client.Client` for plain ones (run in the handler thread pool); ``stop`` is an
+  ``asyncio.Event`` for ``async def`` hooks, a ``threading.Event`` for plain ones, set when the
+  operator stops (or, for a leader-only task, loses the Lease);
+- a background task never runs twice at once in one process; no leader-only task runs while
+  this replica does not hold the Lease, as far as the manager knows (its writes are not fenced
+  like a reconcile's: keep them idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from .client import AsyncClient, Client, ClientContext
+from .errors import ConfigError, RegistrationError
+from .informer import Backoff
+from .logs import ReconcileLogger
+
+__all__ = ["HOOK_INJECTABLE", "Hook", "HookKind", "Lifecycle", "make_hook"]
+
+log = logging.getLogger("declop.lifecycle")
+
+HookKind = Literal["startup", "shutdown", "background"]
+
+#: keyword arguments a hook may declare
+HOOK_INJECTABLE = frozenset({"client", "logger", "stop"})
+
+_DECORATOR = {"startup": "@declop.on_startup", "shutdown": "@declop.on_shutdown", "background": "@declop.background"}
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """One lifecycle hook as declared by its decorator."""
+
+    fn: Callable[..., Any]
+    name: str
+    kind: HookKind
+    is_async: bool
+    #: background only: run on every replica, not only on the leader
+    every_replica: bool = False
+    #: the injectable names the hook declares; None when it takes **kwargs (gets them all)
+    wants: frozenset[str] | None = None
+
+    def arguments(self, client: Any, logger: Any, stop: Any) -> dict[str, Any]:
+        available = {"client": client, "logger": logger, "stop": stop}
+        if self.wants is None:
+            return available
+        return {k: v for k, v in available.items() if k in self.wants}
+
+
+def make_hook(fn: Any, kind: HookKind, *, name: str | None = None, every_replica: bool = False) -> Hook:
+    """Check ``fn`` for use as a ``kind`` hook and describe it.
+
+    Raises:
+        RegistrationError: ``fn`` is not a function, a background task is not ``async def``,
+            ``every_replica`` is given outside ``@declop.background`` or is not a bool, or ``fn``
+            declares an argument declop cannot pass.
+    """
+    decorator = _DECORATOR[kind]
+    if not callable(fn) or isinstance(fn, type):
+        raise RegistrationError(f"{decorator} decorates a function, got {fn!r}")
+    hook_name: str = name or str(getattr(fn, "__name__", None) or repr(fn))
+    is_async = inspect.iscoroutinefunction(fn)
+    if kind == "background" and not is_async:
+        raise RegistrationError(
+            f"{decorator} task {hook_name!r} must be an 'async def' function: a thread cannot be cancelled "
+            "on shutdown or when leadership is lost"
+        )
+    if not isinstance(every_replica, bool):
+        raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
+    if every_replica and kind != "background":
+        raise RegistrationError(f"every_replica= is an option of @declop.background only, not of {decorator}")
+    return Hook(fn, hook_name, kind, is_async, every_replica, _wanted(fn, hook_name, decorator))
+
+
+def _wanted(fn: Callable[..., Any], name: str, decorator: str) -> frozenset[str] | None:
+    wants: set[str] = set()
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if p.kind is p.VAR_POSITIONAL or (p.name not in HOOK_INJECTABLE and p.default is not p.empty):
+            continue
+        if p.name not in HOOK_INJECTABLE:
+            raise RegistrationError(
+                f"{decorator} hook {name!r} takes an unknown argument {p.name!r}; declop passes only "
+                f"{', '.join(sorted(HOOK_INJECTABLE))} (add **_ to accept the rest)"
+            )
+        if p.kind is p.POSITIONAL_ONLY:
+            raise RegistrationError(f"{decorator} hook {name!r}: {p.name!r} must not be positional-only")
+        wants.add(p.name)
+    return frozenset(wants)
+
+
+class _Task:
+    """One running background hook: its asyncio task and its stop event."""
+
+    def __init__(self, hook: Hook, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+        self.hook, self.stop, self.task = hook, stop, task
+
+
+class Lifecycle:
+    """Runs the hooks of one manager (see the module docstring for when)."""
+
+    def __init__(
+        self,
+        hooks: list[Hook],
+        ctx: ClientContext,
+        executor: concurrent.futures.Executor | None,
+        *,
+        backoff: Callable[[], Backoff] = Backoff,
+    ) -> None:
+        self.hooks = list(hooks)
+        self.ctx = ctx
+        self.executor = executor
+        self._backoff = backoff
+        self._tasks: list[_Task] = []
+        self._threads_stop = threading.Event()  # the stop event of plain startup/shutdown hooks
+        #: background hooks started so far (name -> times started), for tests and statistics
+        self.starts: dict[str, int] = {}
+
+    def of(self, kind: HookKind) -> list[Hook]:
+        return [h for h in self.hooks if h.kind == kind]
+
+    @property
+    def running(self) -> list[str]:
+        """Names of the background tasks running now."""
+        return [t.hook.name for t in self._tasks if not t.task.done()]
+
+    def _logger(self, hook: Hook) -> ReconcileLogger:
+        return ReconcileLogger(logging.getLogger(f"declop.hook.{hook.name}"), {"hook": hook.name})
+
+    async def _call(self, hook: Hook, stop: Any) -> None:
+        logger = self._logger(hook)
+        if hook.is_async:
+            await hook.fn(**hook.arguments(AsyncClient(self.ctx), logger, stop))
+            return
+        loop = asyncio.get_running_loop()
+        kwargs = hook.arguments(Client(self.ctx), logger, self._threads_stop)
+        await loop.run_in_executor(self.executor, lambda: hook.fn(**kwargs))
+
+    # -- startup / shutdown --------------------------------------------------------------------
+    async def startup(self) -> None:
+        """Run every startup hook in order; the first failure raises ConfigError."""
+        for hook in self.of("startup"):
+            log.info("Running startup hook", extra={"kv": {"hook": hook.name}})
+            try:
+                await self._call(hook, asyncio.Event())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise ConfigError(
+                    f"startup hook {hook.name!r} failed: {type(exc).__name__}: {exc}; the operator did not start"
+                ) from exc
+
+    async def shutdown(self) -> bool:
+        """Run every shutdown hook in order; True if none failed (each failure is logged)."""
+        self._threads_stop.set()
+        ok = True
+        for hook in self.of("shutdown"):
+            log.info("Running shutdown hook", extra={"kv": {"hook": hook.name}})
+            stop = asyncio.Event()
+            stop.set()
+            try:
+                await self._call(hook, stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                ok = False
+                log.exception("Shutdown hook failed", extra={"kv": {"hook": hook.name}})
+        return ok
+
+    # -- background ----------------------------------------------------------------------------
+    def start_background(self, *, every_replica: bool) -> None:
+        """Start the background tasks with this ``every_replica`` setting (once each)."""
+        loop = asyncio.get_running_loop()
+        running = {t.hook.name for t in self._tasks if not t.task.done()}
+        for hook in self.of("background"):
+            if hook.every_replica is every_replica and hook.name not in running:
+                stop = asyncio.Event()
+                task = loop.create_task(self._supervise(hook, stop), name=f"background {hook.name}")
+                self._tasks.append(_Task(hook, stop, task))
+
+    async def _supervise(self, hook: Hook, stop: asyncio.Event) -> None:
+        """Run ``hook`` until it returns; restart it with backoff after each crash."""
+        backoff = self._backoff()
+        kv = {"hook": hook.name}
+        while not stop.is_set():
+            self.starts[hook.name] = self.starts.get(hook.name, 0) + 1
+            log.info("Starting background task", extra={"kv": kv})
+            try:
+                await self._call(hook, stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if stop.is_set():
+                    log.exception("Background task failed while stopping", extra={"kv": kv})
+                    return
+                delay = backoff.next()
+                log.exception(f"Background task failed; restarting in {delay:.1f} s", extra={"kv": {**kv, "retryIn": round(delay, 2)}})
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            log.info("Background task finished", extra={"kv": kv})
+            return
+
+    async def stop_background(self, *, grace: float, leader_only: bool = False) -> None:
+        """Set the stop event of the background tasks (only leader-only ones with ``leader_only``),
+        give them ``grace`` seconds to return, then cancel the rest and wait for them. With
+        ``grace <= 0`` they are cancelled first, then the event is set."""
+        chosen = [t for t in self._tasks if not (leader_only and t.hook.every_replica)]
+        tasks = [t.task for t in chosen if not t.task.done()]
+        if grace <= 0:  # cancelled at once (leadership lost): before the event, so no race lets one go on
+            for task in tasks:
+                task.cancel()
+        for t in chosen:
+            t.stop.set()
+        if tasks and grace > 0:
+            await asyncio.wait(tasks, timeout=grace)
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in chosen:
+            if not t.task.cancelled() and t.task.done() and t.task.exception() is not None:
+                log.error("Background task ended with an error", extra={"kv": {"hook": t.hook.name}})
+        self._tasks = [t for t in self._tasks if t not in chosen]

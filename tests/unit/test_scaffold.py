@@ -1,0 +1,277 @@
+"""declop.scaffold: names derived and checked, templates rendered, the folder guarded (no cluster).
+
+The generated project's own tests run on a real control plane in
+tests/integration/test_scaffold.py."""
+
+from __future__ import annotations
+
+import configparser
+import fnmatch
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import declop
+from declop import scaffold
+from declop.errors import ConfigError
+from declop.scaffold import ScaffoldError, create, names_for, plural_of, render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- names ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind, plural",
+    [
+        ("Widget", "widgets"),
+        ("Policy", "policies"),
+        ("Gateway", "gateways"),
+        ("Ingress", "ingresses"),
+        ("Box", "boxes"),
+        ("Batch", "batches"),
+        ("Mesh", "meshes"),
+        ("Quiz", "quizes"),  # regular rules only: irregular words take --plural
+        ("DatabaseCluster", "databaseclusters"),
+        ("S3Bucket", "s3buckets"),
+    ],
+)
+def test_plural_of(kind, plural):
+    assert plural_of(kind) == plural
+
+
+def test_every_name_is_derived_from_kind_group_and_version():
+    names = names_for("DatabaseCluster", "db.example.com", "v1alpha1")
+    assert (names.kind, names.singular, names.plural, names.list_kind) == (
+        "DatabaseCluster", "databasecluster", "databaseclusters", "DatabaseClusterList",
+    )
+    assert names.crd_name == "databaseclusters.db.example.com"
+    assert names.api_version == "db.example.com/v1alpha1"
+    assert names.finalizer == "databaseclusters.db.example.com/cleanup"
+    assert names.project == "databasecluster-operator"
+    assert names.python_name == "databasecluster"
+
+
+def test_version_defaults_to_v1_and_plural_can_be_given():
+    names = names_for("Octopus", "sea.example.com", plural="octopodes")
+    assert (names.version, names.plural, names.crd_name) == ("v1", "octopodes", "octopodes.sea.example.com")
+
+
+@pytest.mark.parametrize("kind", ["Class", "Match", "ConfigMap", "Status", "Declop", "Yaml"])
+def test_a_singular_python_or_the_templates_need_gets_an_underscore(kind):
+    names = names_for(kind, "example.com")
+    assert names.python_name == names.singular + "_"
+    assert names.singular == kind.lower()  # the Kubernetes names stay as they are
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("widget", "example.com"), "Kind 'widget' is not CamelCase"),
+        (("my-widget", "example.com"), "(e.g. MyWidget)"),
+        (("Wid get", "example.com"), "Kind 'Wid get'"),
+        (("", "example.com"), "Kind ''"),
+        (("1Widget", "example.com"), "(e.g. Widget)"),
+        (("W" * 64, "example.com"), "at most 63"),
+        (("WidgetList", "example.com"), "ends in 'List'"),
+        (("Widget", "example"), "group 'example' is not a DNS subdomain with a dot"),
+        (("Widget", "Example.com"), "group 'Example.com'"),
+        (("Widget", "example..com"), "group 'example..com'"),
+        (("Widget", "-example.com"), "group '-example.com'"),
+        (("Widget", "apps.k8s.io"), "reserved for Kubernetes' own APIs"),
+        (("Widget", "kubernetes.io"), "reserved for Kubernetes' own APIs"),
+        (("Widget", "example.com", "1"), "version '1' is not a Kubernetes API version"),
+        (("Widget", "example.com", "v0"), "version 'v0'"),
+        (("Widget", "example.com", "v1gamma1"), "version 'v1gamma1'"),
+        (("Widget", "example.com", "v1beta"), "version 'v1beta'"),
+        (("Widget", "example.com", "V1"), "version 'V1'"),
+        (("Widget", "example.com", "v1", "Widgets"), "plural 'Widgets' must be lowercase"),
+        (("Widget", "example.com", "v1", "wid.gets"), "plural 'wid.gets'"),
+        (("Widget", "example.com", "v1", "widget"), "the same as the singular"),
+        (("Widget", "a" * 250 + ".com"), "group"),
+    ],
+)
+def test_bad_names_are_refused_in_one_line(args, words):
+    with pytest.raises(ScaffoldError) as info:
+        names_for(*args)
+    message = str(info.value)
+    assert words in message
+    assert "\n" not in message
+    assert isinstance(info.value, ConfigError) and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "v10", "v1alpha1", "v2beta3", "v1beta12"])
+def test_kubernetes_versions_are_accepted(version):
+    assert names_for("Widget", "example.com", version).version == version
+
+
+def test_a_crd_name_over_253_characters_is_refused():
+    group = ".".join(["a" * 62] * 4)  # 251 characters: a valid group, but widgets.<group> is 259
+    with pytest.raises(ScaffoldError, match="longer than 253"):
+        names_for("Widget", group)
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+EXPECTED_FILES = {
+    ".gitignore", "README.md", "crd.yaml", "example.yaml", "handlers.py", "pyproject.toml",
+    "tests/test_handlers.py", "tests/test_integration.py", "values.yaml",
+}
+
+
+@pytest.fixture(scope="module")
+def files():
+    return render(names_for("Policy", "security.example.com", "v1beta1"))
+
+
+def test_the_project_has_every_file_and_no_placeholder_left(files):
+    assert set(files) == EXPECTED_FILES
+    for path, content in files.items():
+        assert "${" not in content, path
+
+
+@pytest.mark.parametrize("path", ["handlers.py", "tests/test_handlers.py", "tests/test_integration.py"])
+def test_the_python_files_compile(files, path):
+    compile(files[path], path, "exec")
+
+
+def test_the_crd_uses_the_derived_names(files):
+    crd = yaml.safe_load(files["crd.yaml"])
+    assert crd["metadata"]["name"] == "policies.security.example.com"
+    assert crd["spec"]["group"] == "security.example.com"
+    assert crd["spec"]["names"] == {"kind": "Policy", "listKind": "PolicyList", "plural": "policies", "singular": "policy"}
+    assert crd["spec"]["scope"] == "Namespaced"
+    (version,) = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1beta1", True, True)
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Message", "Ready", "Age"]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    assert schema["spec"]["required"] == ["message"]
+    assert schema["status"]["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_the_example_is_a_resource_of_the_crd(files):
+    example = yaml.safe_load(files["example.yaml"])
+    assert (example["apiVersion"], example["kind"]) == ("security.example.com/v1beta1", "Policy")
+    assert example["spec"]["message"]
+
+
+def test_the_handler_registers_the_resource_with_its_finalizer(files):
+    handlers = files["handlers.py"]
+    assert '@declop.reconciler("policies.security.example.com", finalizer=FINALIZER, owns=["configmaps"])' in handlers
+    assert 'FINALIZER = "policies.security.example.com/cleanup"' in handlers
+    assert "declop.conditions.set(" in handlers and "declop.create_or_update(" in handlers
+
+
+def test_the_values_grant_the_resource_and_the_configmaps(files):
+    values = yaml.safe_load(files["values.yaml"])
+    assert values["handlers"] == {"example": False}
+    assert values["rbac"]["watch"] == [
+        {"group": "security.example.com", "resource": "policies", "finalizers": True, "status": True},
+        {"group": "", "resource": "configmaps", "verbs": ["create", "update"]},
+    ]
+
+
+def test_the_values_use_only_keys_the_chart_knows(files):
+    """The chart's schema forbids unknown keys; a generated key the chart lacks would fail install."""
+    values = yaml.safe_load(files["values.yaml"])
+    chart = yaml.safe_load((ROOT / "charts" / "declop" / "values.yaml").read_text())
+    assert set(values) <= set(chart)
+    assert set(values["handlers"]) <= set(chart["handlers"])
+    assert set(values["rbac"]) <= set(chart["rbac"])
+
+
+def test_the_readme_tells_the_next_commands(files):
+    readme = files["README.md"]
+    assert "declop dev handlers.py -f crd.yaml" in readme
+    assert "\npytest" in readme
+    assert "kubectl apply -f example.yaml" in readme
+
+
+def test_every_template_ships_in_the_wheel():
+    """setup.cfg's package_data globs must cover every template, or an installed declop lacks it."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    globs = [g.strip() for g in config["options.package_data"]["declop"].splitlines() if g.strip()]
+    package = Path(declop.__file__).parent
+    templates = [p.relative_to(package).as_posix() for p in (package / scaffold.TEMPLATES).rglob("*") if p.is_file()]
+    assert templates
+    for template in templates:
+        assert template.endswith(scaffold.SUFFIX), template
+        assert any(fnmatch.fnmatch(template, g) and template.count("/") == g.count("/") for g in globs), template
+
+
+# -- the folder -----------------------------------------------------------------------------
+
+
+def test_create_writes_into_a_new_folder(tmp_path):
+    target, written = create(names_for("Widget", "example.com"), tmp_path / "new" / "widgets")
+    assert target == tmp_path / "new" / "widgets"
+    assert {p.relative_to(target).as_posix() for p in written} == EXPECTED_FILES
+    assert (target / ".gitignore").read_text().startswith(".declop/")
+
+
+def test_create_accepts_an_empty_folder(tmp_path):
+    create(names_for("Widget", "example.com"), tmp_path)
+    assert (tmp_path / "handlers.py").is_file()
+
+
+def test_create_refuses_a_folder_that_is_not_empty(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep me")
+    with pytest.raises(ScaffoldError, match="exists and is not empty; give --dir a new or empty folder"):
+        create(names_for("Widget", "example.com"), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def test_create_refuses_a_file(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ScaffoldError, match="is a file"):
+        create(names_for("Widget", "example.com"), tmp_path / "f")
+
+
+def test_the_default_folder_is_named_after_the_kind(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target, _ = create(names_for("Widget", "example.com"))
+    assert target == Path("widget-operator") and (tmp_path / "widget-operator" / "crd.yaml").is_file()
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def declop_new(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "declop", "new", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_command_prints_what_it_wrote_and_what_to_do_next(tmp_path):
+    result = declop_new("Widget", "--group", "example.com", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Created widgets.example.com (example.com/v1, Kind Widget) in widget-operator/:\n")
+    assert "  handlers.py\n" in result.stdout and "  tests/test_integration.py\n" in result.stdout
+    assert result.stdout.endswith("Next:\n  cd widget-operator\n  declop dev handlers.py -f crd.yaml\n  pytest\n")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("widget", "--group", "example.com"), "Kind 'widget' is not CamelCase"),
+        (("Widget", "--group", "example"), "group 'example' is not a DNS subdomain"),
+        (("Widget", "--group", "example.com", "--version", "1.0"), "version '1.0'"),
+        (("Widget", "--group", "example.com", "--plural", "Widgets"), "plural 'Widgets'"),
+        (("Widget", "--group", "example.com", "--dir", "."), "exists and is not empty"),
+    ],
+)
+def test_the_command_refuses_bad_input_in_one_line(tmp_path, args, words):
+    (tmp_path / "occupied").write_text("")
+    result = declop_new(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("declop: error: ") and words in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
