@@ -125,6 +125,7 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--retry-period", type=float, default=2.0, show_default=True, envvar=_env("RETRY_PERIOD"), help="Seconds between Lease attempts."),
         click.option("--qps", type=float, default=20.0, show_default=True, envvar=_env("QPS"), help="Client-side limit on API requests per second."),
         click.option("--burst", type=int, default=30, show_default=True, envvar=_env("BURST"), help="Requests allowed above --qps in a burst."),
+        click.option("--debug-reconciles", type=click.IntRange(min=0), default=0, show_default=True, envvar=_env("DEBUG_RECONCILES"), help="Keep the last N reconciles per controller (trigger, duration, outcome) and serve them on /debug/reconciles on the health port; 0: off."),
         click.option("--list-mode", type=click.Choice(["auto", "stream", "paged"]), default="auto", show_default=True, envvar=_env("LIST_MODE"), help="How informers sync: streaming list with fallback to paginated LIST (auto), or force one."),
     ]
     for option in reversed(options):
@@ -176,6 +177,7 @@ def _options(kw: dict[str, Any], *, secure_by_default: bool = True) -> Options:
         qps=kw["qps"],
         burst=kw["burst"],
         list_mode=kw["list_mode"],
+        debug_reconciles=kw["debug_reconciles"],
     )
 
 
