@@ -86,6 +86,20 @@ class Options:
     #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
     #: apiserver refuses it), "stream" or "paged" (forced)
     list_mode: str = "auto"
+    #: HTTPS port of the webhook server (served only when webhooks are registered)
+    webhook_port: int = 9443
+    #: tls.crt/tls.key (and ca.crt) mounted for the webhook server; None: declop's own CA in a Secret
+    webhook_cert_dir: str | None = None
+    #: "namespace/name[:port]" of the Service in front of the operator (in-cluster); None: the URL form
+    webhook_service: str | None = None
+    #: where the apiserver reaches this process, without the path (default https://127.0.0.1:<port>)
+    webhook_url: str | None = None
+    #: names the webhook configurations and the CA Secret (<name>-webhook-ca)
+    webhook_name: str = "declop"
+    #: the operator's namespace: holds the CA Secret, excluded from admission (default: the Pod's)
+    webhook_namespace: str | None = None
+    #: seconds a generated serving certificate is valid; renewed after two thirds of it
+    webhook_cert_validity: float = 365 * 86400.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -151,7 +165,7 @@ class Manager:
         """Connect, discover and build controllers (no informer runs yet)."""
         self.registry.freeze()
         registrations = self.registry.registrations
-        if not registrations:
+        if not registrations and not self.registry.webhooks:
             raise ConfigError(
                 "no reconciler is registered; decorate a function with @declop.reconciler(\"pods\") "
                 "in the files or modules you pass to 'declop run'"

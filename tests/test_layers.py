@@ -47,6 +47,7 @@ ORDER = [
     "client",
     "ownership",
     "lifecycle",
+    "webhook",
     "registry",
     "controller",
     "probes",
