@@ -182,7 +182,10 @@ def make_webhook(
         raise RegistrationError(
             f"{decorator} {hook_name!r}: timeout must be whole seconds from 1 to 30 (the apiserver's limit), got {timeout!r}"
         )
-    selector = str(parse_selector(labels)) if labels else ""
+    try:
+        selector = str(parse_selector(labels)) if labels else ""
+    except ValueError as exc:
+        raise RegistrationError(f"{decorator} {hook_name!r}: labels=: {exc}") from None
     injectable = CONVERSION_INJECTABLE if kind == "converter" else ADMISSION_INJECTABLE
     return Webhook(
         fn=fn,
