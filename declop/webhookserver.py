@@ -171,7 +171,7 @@ class WebhookServer:
         except Exception:
             log.exception("Webhook handler raised; the request is denied", extra={"kv": pairs})
             return self._reply(deny(uid, _failed(hook), code=500), "error")
-        logger.debug("Answered", seconds=round(time.monotonic() - started, 4), dryRun=review.dry_run)
+        seconds = round(time.monotonic() - started, 4)
         if hook.kind == "validator":
             extra = _warnings(result)
             if extra is None:
@@ -180,6 +180,7 @@ class WebhookServer:
                     extra={"kv": {**pairs, "returned": type(result).__name__}},
                 )
                 return self._reply(deny(uid, _failed(hook), code=500), "error")
+            logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, warnings=len(warnings) + len(extra))
             return self._reply(allow(uid, warnings=[*warnings, *extra]), "allowed")
         # mutator
         if result is not None and not isinstance(result, dict):
@@ -190,6 +191,7 @@ class WebhookServer:
             return self._reply(deny(uid, _failed(hook), code=500), "error")
         mutated = result if result is not None else obj
         patch = diff(review.obj, mutated) if review.obj is not None and mutated is not None else []
+        logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, patchOps=len(patch))
         return self._reply(allow(uid, patch=patch, warnings=warnings), "allowed")
 
     async def _convert(self, hook: Webhook, request: web.Request) -> web.Response:

@@ -1,0 +1,65 @@
+"""declop.webhookconfig: the configuration objects the operator applies."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+import declop
+from declop.discovery import ResourceInfo
+from declop.errors import ConfigError
+from declop.registry import Registry
+from declop.webhookconfig import ClientConfig, configuration, conversion_patch, parse_service
+
+WIDGETS = ResourceInfo("example.com", "v1", "widgets", "Widget", True)
+
+
+def hooks(**options):
+    reg = Registry()
+    declop.validator("widgets.example.com", registry=reg, **options)(lambda obj: None)
+    return [(reg.webhooks[0], WIDGETS)]
+
+
+def test_validating_configuration_with_url():
+    client = ClientConfig(b"CA", url="https://127.0.0.1:9443")
+    config = configuration("validator", "my-op", hooks(failure_policy="Ignore", timeout=5, labels="tier=web"), client, "ops")
+    assert config["kind"] == "ValidatingWebhookConfiguration" and config["metadata"]["name"] == "my-op"
+    (entry,) = config["webhooks"]
+    assert entry == {
+        "name": "lambda.widgets.example.com",
+        "clientConfig": {"caBundle": base64.b64encode(b"CA").decode(), "url": "https://127.0.0.1:9443/validate/lambda.widgets.example.com"},
+        "rules": [{"apiGroups": ["example.com"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["widgets"], "scope": "Namespaced"}],
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": 5,
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["ops"]}]},
+        "objectSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]},
+    }
+
+
+def test_service_client_config_and_hosts():
+    client = ClientConfig(b"CA", service_namespace="ops", service_name="op-webhook", service_port=443)
+    assert client.for_path("/validate/x")["service"] == {"namespace": "ops", "name": "op-webhook", "port": 443, "path": "/validate/x"}
+    assert client.hosts == ["op-webhook.ops.svc", "op-webhook.ops.svc.cluster.local", "op-webhook.ops", "op-webhook"]
+    assert ClientConfig(b"", url="https://10.0.0.5:9443").hosts == ["10.0.0.5", "localhost", "127.0.0.1"]
+
+
+def test_parse_service():
+    assert parse_service("ops/op-webhook") == ("ops", "op-webhook", 443)
+    assert parse_service("ops/op-webhook:8443") == ("ops", "op-webhook", 8443)
+    for bad in ("op-webhook", "ops/", "ops/x:port", "ops/x:0"):
+        with pytest.raises(ConfigError, match="is not NAMESPACE/NAME\\[:PORT\\]"):
+            parse_service(bad)
+
+
+def test_conversion_patch():
+    reg = Registry()
+    declop.converter("widgets.example.com", registry=reg)(lambda obj: obj)
+    patch = conversion_patch(reg.webhooks[0], ClientConfig(b"CA", url="https://127.0.0.1:9443/"))
+    assert patch["spec"]["conversion"]["strategy"] == "Webhook"
+    webhook = patch["spec"]["conversion"]["webhook"]
+    assert webhook["conversionReviewVersions"] == ["v1"]
+    assert webhook["clientConfig"]["url"] == "https://127.0.0.1:9443/convert/lambda.widgets.example.com"
