@@ -63,3 +63,12 @@ def test_conversion_patch():
     webhook = patch["spec"]["conversion"]["webhook"]
     assert webhook["conversionReviewVersions"] == ["v1"]
     assert webhook["clientConfig"]["url"] == "https://127.0.0.1:9443/convert/lambda.widgets.example.com"
+
+
+def test_no_namespace_to_spare_out_of_a_cluster():
+    reg = Registry()
+    declop.mutator("widgets.example.com", registry=reg)(lambda obj: None)
+    config = configuration("mutator", "my-op", [(reg.webhooks[0], WIDGETS)], ClientConfig(b"CA", url="https://127.0.0.1:9443"), None)
+    (entry,) = config["webhooks"]
+    assert "namespaceSelector" not in entry
+    assert config["kind"] == "MutatingWebhookConfiguration"
