@@ -40,7 +40,7 @@ from typing import Any, Coroutine
 
 from .cache import guarded
 from .client import AsyncClient, ClientContext
-from .controller import Controller, ControllerMetrics, Source
+from .controller import Controller, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
