@@ -126,7 +126,7 @@ class WebhookServer:
         if hook.is_async:
             future: asyncio.Future[Any] = asyncio.ensure_future(hook.fn(**kwargs))
         else:
-            future = asyncio.wrap_future(loop.run_in_executor(self.executor, functools.partial(hook.fn, **kwargs)))  # type: ignore[arg-type]
+            future = asyncio.wrap_future(loop.run_in_executor(self.executor, functools.partial(hook.fn, **kwargs)))
         done, _ = await asyncio.wait({future}, timeout=timeout)
         if not done:
             future.cancel()

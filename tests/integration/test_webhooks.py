@@ -19,7 +19,6 @@ import secrets
 import socket
 import ssl
 import subprocess
-import textwrap
 import threading
 import time
 import urllib.error
