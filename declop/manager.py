@@ -286,6 +286,8 @@ class Manager:
         self.webhooks = WebhookServer(
             self.registry.webhooks, port=opts.webhook_port, ssl_context=cert.context, executor=self._webhook_executor
         )
+        self.webhooks.observer = self.metrics.webhook
+        self.webhooks.in_flight = self.metrics.webhook_serving
 
     async def _start_webhooks(self) -> None:
         assert self.webhooks is not None and self.webhook_cert is not None and self._webhook_client is not None

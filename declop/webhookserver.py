@@ -39,7 +39,7 @@ import json
 import logging
 import ssl
 import time
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
@@ -75,15 +75,41 @@ class WebhookServer:
         host: str = "0.0.0.0",
     ) -> None:
         self.webhooks = list(webhooks)
+        self._paths = {h.path for h in self.webhooks}
         self.port, self.host = port, host
         self.ssl_context = ssl_context
         self.executor = executor
         self._runner: web.AppRunner | None = None
         #: answers sent, by outcome ("allowed", "denied", "error", "timeout", "bad-request")
         self.answers: dict[str, int] = {}
+        #: called with (path, HTTP status, seconds) after each request (declop.metrics)
+        self.observer: Callable[[str, int, float], None] | None = None
+        #: called with (path, +1/-1) around each request (declop.metrics)
+        self.in_flight: Callable[[str, int], None] | None = None
+
+    @web.middleware
+    async def _observe(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        path, started = request.path, time.monotonic()
+        if path not in self._paths:  # a scan of random paths must not grow the metrics without bound
+            return await handler(request)
+        if self.in_flight is not None:
+            self.in_flight(path, 1)
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if self.in_flight is not None:
+                self.in_flight(path, -1)
+            if self.observer is not None:
+                self.observer(path, status, time.monotonic() - started)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[self._observe])
         for hook in self.webhooks:
             handler = self._convert if hook.kind == "converter" else self._admit
             app.router.add_post(hook.path, functools.partial(handler, hook))
