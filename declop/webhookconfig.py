@@ -19,6 +19,11 @@ Each webhook entry has (docs/webhooks.md):
   that namespace is known (``--webhook-namespace``, the Service's, the Pod's); out of a cluster
   (``declop dev``) there is none, and every namespace is admitted.
 
+Both configurations are applied on every start, an empty one too: an entry of a handler that
+was removed since the last start disappears with the next apply (a stale entry with
+``failurePolicy: Fail`` would block writes). A CRD keeps ``spec.conversion`` when its converter
+is removed: declop cannot tell it set it; set ``strategy: None`` by hand.
+
 Invariants: these functions build dicts and send requests; no configuration is ever deleted
 by declop (a stopped operator with ``failurePolicy: Fail`` blocks writes to its resources — that
 is what Fail means; see the docs for removing them).
@@ -164,9 +169,9 @@ async def apply_configurations(
 ) -> None:
     """Apply the configurations and CRD conversions for ``hooks``; ConfigError on a refusal."""
     for kind in ("validator", "mutator"):
+        # applied even when empty: entries of handlers removed since the last start go away
+        # (the list is a map keyed by name, so an apply drops what this manager no longer sends)
         mine = [(h, i) for h, i in hooks if h.kind == kind]
-        if not mine:
-            continue
         body = configuration(kind, name, mine, client, own_namespace)
         path = f"/apis/{ADMISSION_API}/{_PLURALS[kind]}/{name}"
         try:

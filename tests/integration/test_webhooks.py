@@ -387,3 +387,20 @@ def test_two_replicas_share_one_ca_and_either_answers(setup: Setup) -> None:
                 assert setup.apply(widget(setup.group, name, setup.namespace, 2)).returncode == 0
                 seen = [r["replica"] for op in (a, b) for r in records(op, "validating") if r["object"] == name]
                 assert seen == [replica]
+
+
+def test_a_removed_handler_leaves_no_entry_behind(setup: Setup, tmp_path: Path) -> None:
+    """Restarted without its mutator, the operator empties the MutatingWebhookConfiguration:
+    a stale entry with failurePolicy Fail would block every write of the resource."""
+    setup.crd(widget_crd(setup.group))
+    with setup.operator() as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+    only_validator = tmp_path / "only_validator.py"
+    only_validator.write_text(HANDLERS.split("@declop.mutator")[0])
+    with setup.operator(handlers=only_validator) as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+        mutating = json.loads(kubectl(setup.env, "get", "mutatingwebhookconfiguration", setup.name, "-o", "json").stdout)
+        assert mutating.get("webhooks", []) == []
+        setup.wait_enforced()
+        assert setup.apply(widget(setup.group, "no-mutator", setup.namespace, 1)).returncode == 0
+        assert get(setup, f"widgets.{setup.group}", "no-mutator")["spec"] == {"size": 1}

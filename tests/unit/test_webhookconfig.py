@@ -72,3 +72,36 @@ def test_no_namespace_to_spare_out_of_a_cluster():
     (entry,) = config["webhooks"]
     assert "namespaceSelector" not in entry
     assert config["kind"] == "MutatingWebhookConfiguration"
+
+
+def test_apply_sends_both_configurations_and_the_crd_patch():
+    import asyncio
+
+    from declop.errors import ApiError
+    from declop.webhookconfig import apply_configurations
+
+    reg = Registry()
+    declop.validator("widgets.example.com", registry=reg)(lambda obj: None)
+    declop.converter("widgets.example.com", registry=reg)(lambda obj: obj)
+    sent = []
+
+    async def request(method, path, **kw):
+        sent.append((method, path, kw.get("params"), kw.get("content_type"), kw.get("body")))
+
+    client = ClientConfig(b"CA", url="https://127.0.0.1:9443")
+    asyncio.run(apply_configurations(request, "my-op", [(h, WIDGETS) for h in reg.webhooks], client, "ops"))
+    assert [(m, p, q, c) for m, p, q, c, _ in sent] == [
+        ("PATCH", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/my-op",
+         {"fieldManager": "declop-webhooks", "force": "true"}, "application/apply-patch+yaml"),
+        ("PATCH", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/my-op",
+         {"fieldManager": "declop-webhooks", "force": "true"}, "application/apply-patch+yaml"),
+        ("PATCH", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com", None, "application/merge-patch+json"),
+    ]
+    assert [w["name"] for w in sent[0][4]["webhooks"]] == ["lambda.widgets.example.com"]
+    assert sent[1][4]["webhooks"] == []  # applied empty: entries of removed mutators go away
+
+    async def refuse(method, path, **kw):
+        raise ApiError(403, "Forbidden", "validatingwebhookconfigurations.admissionregistration.k8s.io \"my-op\" is forbidden")
+
+    with pytest.raises(ConfigError, match=r"^cannot apply the ValidatingWebhookConfiguration 'my-op': validatingwebhookconfigurations"):
+        asyncio.run(apply_configurations(refuse, "my-op", [(h, WIDGETS) for h in reg.webhooks], client, "ops"))
