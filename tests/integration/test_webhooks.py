@@ -19,6 +19,7 @@ import secrets
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -404,3 +405,38 @@ def test_a_removed_handler_leaves_no_entry_behind(setup: Setup, tmp_path: Path) 
         setup.wait_enforced()
         assert setup.apply(widget(setup.group, "no-mutator", setup.namespace, 1)).returncode == 0
         assert get(setup, f"widgets.{setup.group}", "no-mutator")["spec"] == {"size": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--webhook-service", "just-a-name"], "declop: error: --webhook-service 'just-a-name' is not NAMESPACE/NAME[:PORT], e.g. operators/widget-operator-webhook:443"),
+        (["--webhook-url", "http://127.0.0.1:9443"], "declop: error: --webhook-url 'http://127.0.0.1:9443' must start with https:// (the apiserver calls webhooks over TLS only)"),
+        (["--webhook-cert-validity", "1"], "declop: error: --webhook-cert-validity must be at least 10 seconds, got 1"),
+        (["--webhook-cert-dir", "/nonexistent"], "declop: error: cannot read the webhook serving certificate /nonexistent/tls.crt: No such file or directory; mount a Secret with tls.crt and tls.key, or leave --webhook-cert-dir unset for a generated one"),
+    ],
+)
+def test_bad_webhook_options_are_one_line(setup: Setup, args: list[str], expected: str) -> None:
+    setup.crd(widget_crd(setup.group))
+    result = subprocess.run(
+        [sys.executable, "-m", "declop", "run", str(setup.handlers), "--webhook-name", setup.name, "--webhook-namespace", OPERATOR_NS, *args],
+        env=setup.env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [expected]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_webhook_port_in_use_is_one_line(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "declop", "run", str(setup.handlers), "--webhook-port", str(port), "--webhook-name", setup.name, "--webhook-namespace", OPERATOR_NS],
+            env=setup.env, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode != 0
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"declop: error: cannot serve webhooks on port {port}: ") and line.endswith("pick another with --webhook-port"), line
