@@ -53,15 +53,19 @@ from .priorityqueue import Priority as Priority
 from .ratelimit import RateLimit as RateLimit
 from .registry import Registry as Registry
 from .registry import background as background
+from .registry import converter as converter
 from .registry import index as index
+from .registry import mutator as mutator
 from .registry import on_shutdown as on_shutdown
 from .registry import on_startup as on_startup
 from .registry import reconciler as reconciler
 from .registry import transform as transform
+from .registry import validator as validator
 from .resource import Resource as Resource
 from .result import Phase as Phase
 from .result import Result as Result
 from .trigger import Trigger as Trigger
+from .webhook import Rejected as Rejected
 
 __all__ = [
     "AlreadyOwnedError",
@@ -83,6 +87,7 @@ __all__ = [
     "ReconcileLogger",
     "RegistrationError",
     "Registry",
+    "Rejected",
     "Request",
     "Resource",
     "Result",
@@ -95,8 +100,10 @@ __all__ = [
     "clone",
     "conditions",
     "contains_finalizer",
+    "converter",
     "create_or_update",
     "index",
+    "mutator",
     "on_shutdown",
     "on_startup",
     "predicates",
@@ -105,6 +112,7 @@ __all__ = [
     "retry_on_conflict",
     "set_controller_reference",
     "transform",
+    "validator",
 ]
 
 for _name in __all__:
