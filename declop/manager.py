@@ -25,7 +25,12 @@ Invariants:
 - user errors found at start (unknown resource, unreachable apiserver, nothing registered) raise
   :class:`~declop.errors.ConfigError` before any controller starts;
 - with leader election every controller gets the elector's :meth:`~declop.leader.LeaderElector.valid`
-  as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock.
+  as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock;
+- with sharding (``shards`` > 0; never together with leader election) every controller gets a
+  :class:`~declop.shardlease.ShardSet`: it reconciles only keys of the ranges whose Leases this
+  replica holds and knows valid. On a graceful stop the controllers drain first, then the range
+  Leases are released and the member Lease deleted; a range lost while a reconcile of it ran
+  makes the process exit 1, like a lost leader Lease.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
 from .informer import InformerPool
 from .leader import LeaderElector
+from .shardlease import ShardLeases
 from .lifecycle import Lifecycle
 from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
 from .metrics import Metrics
@@ -85,6 +91,10 @@ class Options:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    #: sharded mode: split every controller's hash space into this many ranges, one Lease each
+    #: (0: off). The Leases live in ``leader_election_namespace`` and are named after
+    #: ``leader_election_id``.
+    shards: int = 0
     qps: float = 20.0
     burst: int = 30
     #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
@@ -134,6 +144,8 @@ class Manager:
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.elector: LeaderElector | None = None
+        self.shard_leases: ShardLeases | None = None
+        self._sharding: asyncio.Task[None] | None = None
         self.leadership: asyncio.Event | None = None
         self.probes: ProbeServer | None = None
         self.exit_code = 0
@@ -236,6 +248,18 @@ class Manager:
                 on_change=lambda leading: self.metrics.leader.labels(self.options.leader_election_id).set(int(leading)),
             )
             self.metrics.leader.labels(self.options.leader_election_id).set(0)
+        if self.options.shards:
+            if self.options.leader_elect:
+                raise ConfigError("sharding replaces leader election: pass shards or leader_elect, not both")
+            self.shard_leases = ShardLeases(
+                self.transport,
+                lease_id=self.options.leader_election_id,
+                namespace=self.options.leader_election_namespace or _pod_namespace(),
+                lease_duration=self.options.lease_duration,
+                renew_deadline=self.options.renew_deadline,
+                retry_period=self.options.retry_period,
+                metrics=self.metrics,
+            )
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
             self.metrics.watch_queue(c.queue.statistics)
@@ -391,9 +415,12 @@ class Manager:
                 )
             )
         fence = self.elector.valid if self.elector is not None else None
+        shards = None
+        if self.shard_leases is not None:
+            shards = self.shard_leases.add(reg.name, self.options.shards, reg.shard_by)
         return Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
-            recent=self.options.debug_reconciles,
+            recent=self.options.debug_reconciles, shards=shards,
         )
 
     def checks(self) -> list[Check]:
@@ -432,6 +459,8 @@ class Manager:
         self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
         if self.elector is not None:
             self._leading = loop.create_task(self._lead(), name="leader election")
+        if self.shard_leases is not None:
+            self._sharding = loop.create_task(self._shard(), name="shard leases")
         if self.lifecycle is not None and self.lifecycle.of("background"):
             self._background = loop.create_task(self._start_background(), name="background tasks")
         self.started.set()
@@ -471,6 +500,21 @@ class Manager:
         if self._stop is not None:
             self._stop.set()
 
+    async def _shard(self) -> None:
+        """Hold and balance the range Leases; when a range is lost under a running reconcile,
+        stop reconciling at once and exit 1 (as after a lost leader Lease)."""
+        assert self.shard_leases is not None
+        try:
+            await self.shard_leases.run()
+        except Exception:  # a bug in the Lease loop must not leave ranges held without renewals
+            log.exception("Shard leases failed; stopping")
+        self.exit_code = 1
+        for c in self.controllers:
+            c.halt()
+        await asyncio.gather(*(c.stop(0) for c in self.controllers))
+        if self._stop is not None:
+            self._stop.set()
+
     def ready(self) -> bool:
         """True once every controller passed its sync gate (and the webhooks are registered)."""
         if self.webhooks is not None and not self._webhooks_registered:
@@ -501,6 +545,8 @@ class Manager:
             task.cancel()
         if self._background is not None:
             self._background.cancel()
+        if self.shard_leases is not None:
+            self.shard_leases.stopping = True  # renew only: take no range while draining
         grace = 0.0 if self.exit_code else self.options.grace_period
         stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(grace) for c in self.controllers]
         if self.lifecycle is not None:
@@ -521,6 +567,12 @@ class Manager:
             self._leading = None
         if self.elector is not None:
             await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
+        if self._sharding is not None:  # renewed through the drain; released now that no worker runs
+            self._sharding.cancel()
+            await asyncio.gather(self._sharding, return_exceptions=True)
+            self._sharding = None
+        if self.shard_leases is not None and not lost:
+            await _bounded(self.shard_leases.release_all(), self.options.renew_deadline, "releasing the shard Leases")
         # after a loss every remaining step shares one budget, so the exit comes within 2 s
         loop = asyncio.get_running_loop()
         until = loop.time() + (LOST_CLEANUP_SECONDS if lost else 30.0)

@@ -210,6 +210,15 @@ class Metrics(ControllerMetrics):
             ["name"],
             registry=r,
         )
+        self.shard_ranges = Gauge(
+            "declop_shard_ranges_owned", "Hash ranges whose Lease this replica holds, per controller (sharded mode)", ["controller"], registry=r
+        )
+        self.shard_handovers = Counter(
+            "declop_shard_handovers_total",
+            "Range Leases acquired, released (after a drain) or lost, per controller (sharded mode)",
+            ["controller", "kind"],
+            registry=r,
+        )
         self.rest_requests = Counter(
             "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
         )
