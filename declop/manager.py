@@ -438,6 +438,9 @@ class Manager:
         if self.elector is not None:
             elector = self.elector
             checks.append(("leader-election", lambda: elector.problem))
+        if self.shard_leases is not None:
+            member = self.shard_leases.member  # refused (401/403): it can never own a range
+            checks.append(("sharding", lambda: member.problem))
         if self.webhooks is not None:
             checks.append(("webhooks", lambda: "" if self._webhooks_registered else "webhook server not started"))
         return checks
