@@ -42,6 +42,7 @@ __all__ = [
     "ShardFilter",
     "ShardKey",
     "ShardRange",
+    "difference",
     "fnv1a64",
     "hash_of",
     "merge",
@@ -123,6 +124,26 @@ def merge(ranges: Iterable[ShardRange]) -> tuple[ShardRange, ...]:
                 out[-1] = ShardRange(out[-1].start, r.end)
         else:
             out.append(r)
+    return tuple(out)
+
+
+def difference(a: Iterable[ShardRange], b: Iterable[ShardRange]) -> tuple[ShardRange, ...]:
+    """The hashes in ``a`` and not in ``b``, as merged ranges (what a change of ownership gains
+    when ``a`` is the new set and ``b`` the old one, or releases the other way round)."""
+    out: list[ShardRange] = []
+    cuts = merge(b)
+    for r in merge(a):
+        start = r.start
+        for c in cuts:
+            if c.end <= start or c.start >= r.end:
+                continue
+            if c.start > start:
+                out.append(ShardRange(start, c.start))
+            start = max(start, c.end)
+            if start >= r.end:
+                break
+        if start < r.end:
+            out.append(ShardRange(start, r.end))
     return tuple(out)
 
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from declop import sharding
-from declop.sharding import HASH_SPACE, ShardFilter, ShardRange, fnv1a64, hash_of, merge, selector, split
+from declop.sharding import (
+    HASH_SPACE,
+    ShardFilter,
+    ShardRange,
+    difference,
+    fnv1a64,
+    hash_of,
+    merge,
+    selector,
+    split,
+)
 
 #: sharding.HashField of k8s.io/apimachinery v0.36.3, printed by a Go program calling it (the Go
 #: tests check only length and determinism, so these vectors were produced from the Go code itself);
@@ -88,6 +98,19 @@ def test_merge_keeps_the_same_hashes() -> None:
         ShardRange(0, 4),
         ShardRange(5, 12),
     )
+
+
+def test_difference_is_what_a_change_gains_or_releases() -> None:
+    p = split(12)
+    assert difference([p[0], p[1], p[2]], [p[1]]) == (p[0], p[2])
+    assert difference([p[1]], [p[0], p[1], p[2]]) == ()
+    assert difference([ShardRange(0, 100)], [ShardRange(10, 20), ShardRange(30, 40)]) == (
+        ShardRange(0, 10),
+        ShardRange(20, 30),
+        ShardRange(40, 100),
+    )
+    assert difference([ShardRange(0, 10)], []) == (ShardRange(0, 10),)
+    assert difference([ShardRange(5, 10)], [ShardRange(0, 7)]) == (ShardRange(7, 10),)
 
 
 def test_filter_matches_like_the_selector() -> None:
