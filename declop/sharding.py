@@ -13,8 +13,11 @@ This module is that contract on the client side (``k8s.io/apimachinery/pkg/shard
 - :class:`ShardRange` is ``[start, end)`` with ``0 <= start < end <= 2**64``; a hash ``h`` is in
   it iff ``start <= h < end``.
 - :func:`split` divides ``[0, 2**64)`` into ``n`` fixed, contiguous, disjoint ranges in order;
-  range ``i`` is ``[i * 2**64 // n, (i + 1) * 2**64 // n)``. The same ``n`` gives the same
-  ranges in every process and every release: replicas agree on them without talking.
+  range ``i`` is ``[i * 2**64 // n, (i + 1) * 2**64 // n)`` (bounds rounded *down*);
+  :func:`range_index` finds a hash's range. The same ``n`` gives the same ranges in every
+  process and every release: replicas agree on them without talking. Anything that assigns a
+  hash to a range (Leases, fences, selectors) must use these two functions, so that the range a
+  replica owns is exactly what its shardSelector returns.
 - :func:`selector` renders owned ranges as the ``shardSelector`` string the apiserver parses:
   ``shardRange(object.metadata.uid, '0x…', '0x…') || …``, bounds as lowercase ``0x`` plus exactly
   16 hex digits (the parser refuses anything shorter), except the end bound ``2**64`` which is
@@ -46,6 +49,7 @@ __all__ = [
     "fnv1a64",
     "hash_of",
     "merge",
+    "range_index",
     "selector",
     "split",
 ]
@@ -113,6 +117,14 @@ def split(n: int) -> tuple[ShardRange, ...]:
     if n > HASH_SPACE:
         raise ValueError(f"at most 2**64 shard ranges, got {n}")
     return tuple(ShardRange(i * HASH_SPACE // n, (i + 1) * HASH_SPACE // n) for i in range(n))
+
+
+def range_index(h: int, n: int) -> int:
+    """The index of the range of :func:`split` (``n``) that holds hash ``h``, in O(1)."""
+    if not 0 <= h < HASH_SPACE:
+        raise ValueError(f"a hash is in [0, 2**64), got {h!r}")
+    # the largest i with i * 2**64 // n <= h, i.e. i * 2**64 < (h + 1) * n
+    return ((h + 1) * n + HASH_SPACE - 1) // HASH_SPACE - 1
 
 
 def merge(ranges: Iterable[ShardRange]) -> tuple[ShardRange, ...]:

@@ -13,6 +13,7 @@ from declop.sharding import (
     fnv1a64,
     hash_of,
     merge,
+    range_index,
     selector,
     split,
 )
@@ -56,6 +57,22 @@ def test_split_covers_the_space_in_order_without_gaps() -> None:
         assert ranges[0].start == 0 and ranges[-1].end == HASH_SPACE
         assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
     assert split(4)[1] == ShardRange(0x4000000000000000, 0x8000000000000000)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 12, 16, 1000])
+def test_range_index_agrees_with_split_at_every_bound(n: int) -> None:
+    import random
+
+    ranges = split(n)
+    rng = random.Random(n)
+    probes = [0, HASH_SPACE - 1] + [rng.randrange(HASH_SPACE) for _ in range(200)]
+    for r in ranges:
+        probes += [r.start, r.end - 1]
+    for h in probes:
+        i = range_index(h, n)
+        assert h in ranges[i], (h, i)
+    with pytest.raises(ValueError, match="a hash is in"):
+        range_index(HASH_SPACE, n)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
