@@ -946,7 +946,7 @@ def test_helm_install_with_webhooks_grants_exactly_the_named_objects(
     name = f"{namespace}-op-declop"
     install = run(tool_env, "helm", "install", "op", str(CHART), "-n", namespace, "-f", str(SCENARIOS["webhooks"]))
     try:
-        assert f"behind Service op-declop-webhook (port 443)" in install.stdout, install.stdout
+        assert "behind Service op-declop-webhook (port 443)" in install.stdout, install.stdout
         assert f"ValidatingWebhookConfiguration / MutatingWebhookConfiguration {name}" in install.stdout
         assert f"Secret {namespace}/{name}-webhook-ca" in install.stdout
         service = kubectl_json(tool_env, "get", "service", "op-declop-webhook", "-n", namespace)
