@@ -51,14 +51,18 @@ from .ownership import retry_on_conflict as retry_on_conflict
 from .ownership import set_controller_reference as set_controller_reference
 from .registry import Registry as Registry
 from .registry import background as background
+from .registry import converter as converter
 from .registry import index as index
+from .registry import mutator as mutator
 from .registry import on_shutdown as on_shutdown
 from .registry import on_startup as on_startup
 from .registry import reconciler as reconciler
 from .registry import transform as transform
+from .registry import validator as validator
 from .resource import Resource as Resource
 from .result import Phase as Phase
 from .result import Result as Result
+from .webhook import Rejected as Rejected
 
 __all__ = [
     "AlreadyOwnedError",
@@ -78,6 +82,7 @@ __all__ = [
     "ReconcileLogger",
     "RegistrationError",
     "Registry",
+    "Rejected",
     "Request",
     "Resource",
     "Result",
@@ -89,8 +94,10 @@ __all__ = [
     "clone",
     "conditions",
     "contains_finalizer",
+    "converter",
     "create_or_update",
     "index",
+    "mutator",
     "on_shutdown",
     "on_startup",
     "predicates",
@@ -99,6 +106,7 @@ __all__ = [
     "retry_on_conflict",
     "set_controller_reference",
     "transform",
+    "validator",
 ]
 
 for _name in __all__:

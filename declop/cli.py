@@ -125,6 +125,13 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--retry-period", type=float, default=2.0, show_default=True, envvar=_env("RETRY_PERIOD"), help="Seconds between Lease attempts."),
         click.option("--qps", type=float, default=20.0, show_default=True, envvar=_env("QPS"), help="Client-side limit on API requests per second."),
         click.option("--burst", type=int, default=30, show_default=True, envvar=_env("BURST"), help="Requests allowed above --qps in a burst."),
+        click.option("--webhook-port", type=int, default=9443, show_default=True, envvar=_env("WEBHOOK_PORT"), help="HTTPS port of the admission/conversion webhook server (only when webhooks are registered)."),
+        click.option("--webhook-cert-dir", default=None, type=click.Path(), envvar=_env("WEBHOOK_CERT_DIR"), help="Directory with tls.crt, tls.key (and ca.crt) for webhooks, reloaded when they change (default: declop's CA, kept in a Secret)."),
+        click.option("--webhook-service", default=None, envvar=_env("WEBHOOK_SERVICE"), help="NAMESPACE/NAME[:PORT] of the Service the apiserver calls webhooks through (in-cluster)."),
+        click.option("--webhook-url", default=None, envvar=_env("WEBHOOK_URL"), help="Base URL the apiserver calls webhooks at when there is no --webhook-service (default: https://127.0.0.1:PORT)."),
+        click.option("--webhook-name", default="declop", show_default=True, envvar=_env("WEBHOOK_NAME"), help="Name of the webhook configurations; the CA Secret is NAME-webhook-ca."),
+        click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="The operator's namespace: keeps the CA Secret, excluded from admission (default: the Pod's)."),
+        click.option("--webhook-cert-validity", type=float, default=365 * 86400.0, envvar=_env("WEBHOOK_CERT_VALIDITY"), help="Seconds a generated webhook serving certificate is valid; renewed after two thirds."),
         click.option("--list-mode", type=click.Choice(["auto", "stream", "paged"]), default="auto", show_default=True, envvar=_env("LIST_MODE"), help="How informers sync: streaming list with fallback to paginated LIST (auto), or force one."),
     ]
     for option in reversed(options):
@@ -176,6 +183,13 @@ def _options(kw: dict[str, Any], *, secure_by_default: bool = True) -> Options:
         qps=kw["qps"],
         burst=kw["burst"],
         list_mode=kw["list_mode"],
+        webhook_port=kw["webhook_port"],
+        webhook_cert_dir=kw["webhook_cert_dir"],
+        webhook_service=kw["webhook_service"],
+        webhook_url=kw["webhook_url"],
+        webhook_name=kw["webhook_name"],
+        webhook_namespace=kw["webhook_namespace"],
+        webhook_cert_validity=kw["webhook_cert_validity"],
     )
 
 
@@ -190,7 +204,7 @@ async def _serve(configuration: Any, options: Options, stop: asyncio.Event | Non
 
 
 def _require_registrations(kw: dict[str, Any]) -> None:
-    if not len(default_registry):
+    if not len(default_registry) and not default_registry.webhooks:
         what = ", ".join([*kw["paths"], *(f"-m {m}" for m in kw["modules"])])
         raise ConfigError(
             f"no reconciler is registered by {what}; decorate a function with @declop.reconciler(\"pods\")"

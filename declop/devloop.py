@@ -179,7 +179,7 @@ class DevLoop:
             unload(self.sources.modules)
             try:
                 load(self.sources.paths, self.sources.modules)
-                if not len(self.registry):
+                if not len(self.registry) and not self.registry.webhooks:
                     what = ", ".join([*self.sources.paths, *(f"-m {m}" for m in self.sources.modules)])
                     raise ConfigError(f"no reconciler is registered by {what}; decorate a function with @declop.reconciler(\"pods\")")
             except ConfigError as exc:

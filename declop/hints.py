@@ -45,7 +45,10 @@ _DIFF = (
     "declop passes the present state only, never a change: declare obj and compare it with "
     "what it should be (docs/contract.md §1)"
 )
-_WEBHOOK = "that is a Kopf admission-webhook argument; declop has no admission webhooks"
+_WEBHOOK = (
+    "that is an admission-webhook argument: declop passes it to @declop.validator and "
+    "@declop.mutator handlers (docs/webhooks.md), not to reconcilers"
+)
 
 #: Kopf's handler keyword arguments that declop does not pass → what to use instead.
 #: (``name``, ``namespace`` and ``logger`` are injectable in declop too.)
@@ -84,10 +87,10 @@ KOPF_KWARGS: Mapping[str, str] = {
     "settings": "configure declop with declop run options (declop run --help) or declop.Options",
     "indices": "read an index with client.list(resource, index=(name, value)) (docs/indexes.md)",
     "warnings": _WEBHOOK,
-    "userinfo": _WEBHOOK,
-    "sslpeer": _WEBHOOK,
-    "headers": _WEBHOOK,
-    "dryrun": _WEBHOOK,
+    "userinfo": _WEBHOOK + " (as user_info)",
+    "sslpeer": "declop passes no TLS peer to handlers; webhooks are called by the apiserver only",
+    "headers": "declop passes no HTTP headers to handlers; webhooks get user_info and request_uid",
+    "dryrun": _WEBHOOK + " (as dry_run)",
     "operation": _WEBHOOK,
     "subresource": _WEBHOOK,
 }

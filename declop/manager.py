@@ -2,7 +2,8 @@
 
 Start order: connect and discover → freeze the registry and resolve every resource name (and
 check every field selector with the apiserver) → build one shared informer per (resource,
-namespace, selectors, metadata only) and one controller per registration → probes → startup
+namespace, selectors, metadata only) and one controller per registration → probes → webhook
+server, then its configurations (so nothing is sent to a webhook before it answers) → startup
 hooks → start informers → each controller waits for its caches (and, with leader election, for
 the Lease), then starts its workers; background tasks start once every cache synced (leader-only
 ones once the Lease is ours too).
@@ -54,6 +55,9 @@ from .kubeconfig import SERVICE_ACCOUNT_DIR
 from .metricsauth import MetricsAuth
 from .servingcert import ServingCert
 from .transport import Transport
+from .webhookcert import GeneratedCert, MountedCert, WebhookCert, load_or_create_ca
+from .webhookconfig import ClientConfig, apply_configurations, parse_service
+from .webhookserver import WebhookServer
 
 __all__ = ["Manager", "Options"]
 
@@ -86,6 +90,20 @@ class Options:
     #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
     #: apiserver refuses it), "stream" or "paged" (forced)
     list_mode: str = "auto"
+    #: HTTPS port of the webhook server (served only when webhooks are registered)
+    webhook_port: int = 9443
+    #: tls.crt/tls.key (and ca.crt) mounted for the webhook server; None: declop's own CA in a Secret
+    webhook_cert_dir: str | None = None
+    #: "namespace/name[:port]" of the Service in front of the operator (in-cluster); None: the URL form
+    webhook_service: str | None = None
+    #: where the apiserver reaches this process, without the path (default https://127.0.0.1:<port>)
+    webhook_url: str | None = None
+    #: names the webhook configurations and the CA Secret (<name>-webhook-ca)
+    webhook_name: str = "declop"
+    #: the operator's namespace: holds the CA Secret, excluded from admission (default: the Pod's)
+    webhook_namespace: str | None = None
+    #: seconds a generated serving certificate is valid; renewed after two thirds of it
+    webhook_cert_validity: float = 365 * 86400.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -120,6 +138,11 @@ class Manager:
         self.lifecycle: Lifecycle | None = None
         self._started_up = False  # the startup hooks all succeeded
         self._background: asyncio.Task[None] | None = None
+        self.webhooks: WebhookServer | None = None
+        self.webhook_cert: WebhookCert | None = None
+        self._webhook_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._webhook_client: ClientConfig | None = None
+        self._webhooks_registered = False
 
     # -- start ---------------------------------------------------------------------------------
     async def _discover(self) -> Discovery:
@@ -151,7 +174,7 @@ class Manager:
         """Connect, discover and build controllers (no informer runs yet)."""
         self.registry.freeze()
         registrations = self.registry.registrations
-        if not registrations:
+        if not registrations and not self.registry.webhooks:
             raise ConfigError(
                 "no reconciler is registered; decorate a function with @declop.reconciler(\"pods\") "
                 "in the files or modules you pass to 'declop run'"
@@ -212,6 +235,8 @@ class Manager:
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
             self.metrics.watch_queue(c.queue.statistics)
+        if self.registry.webhooks:
+            await self._setup_webhooks()
         if self.options.health_port or self.options.metrics_port:
             tls, auth = None, None
             if self.options.metrics_port and self.options.metrics_secure:
@@ -225,6 +250,56 @@ class Manager:
                 metrics_tls=tls,
                 metrics_auth=auth,
             )
+
+    async def _setup_webhooks(self) -> None:
+        """Resolve every webhook's resource, get the certificate (the CA Secret is read or created
+        here) and build the server; it starts in :meth:`start`."""
+        assert self.transport is not None
+        opts = self.options
+        for hook in self.registry.webhooks:
+            await self._check(hook.resource, f"{hook.kind} {hook.name!r}")
+        if opts.webhook_service:
+            svc_ns, svc_name, svc_port = parse_service(opts.webhook_service)
+            own = opts.webhook_namespace or svc_ns
+            probe = ClientConfig(b"", service_namespace=svc_ns, service_name=svc_name, service_port=svc_port)
+        else:
+            url = opts.webhook_url or f"https://127.0.0.1:{opts.webhook_port}"
+            if not url.startswith("https://"):
+                raise ConfigError(f"--webhook-url {url!r} must start with https:// (the apiserver calls webhooks over TLS only)")
+            own = opts.webhook_namespace or _pod_namespace()
+            probe = ClientConfig(b"", url=url)
+        self._own_namespace = own
+        if opts.webhook_cert_dir:
+            cert: WebhookCert = MountedCert(opts.webhook_cert_dir)
+        else:
+            ca = await load_or_create_ca(self.transport.request, own, f"{opts.webhook_name}-webhook-ca")
+            cert = GeneratedCert(ca, probe.hosts, opts.webhook_cert_validity)
+        self.webhook_cert = cert
+        self._webhook_client = ClientConfig(
+            cert.ca_bundle, url=probe.url, service_namespace=probe.service_namespace,
+            service_name=probe.service_name, service_port=probe.service_port,
+        )
+        self._webhook_executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="declop-webhook")
+        self.webhooks = WebhookServer(
+            self.registry.webhooks, port=opts.webhook_port, ssl_context=cert.context, executor=self._webhook_executor
+        )
+
+    async def _start_webhooks(self) -> None:
+        assert self.webhooks is not None and self.webhook_cert is not None and self._webhook_client is not None
+        await self.webhook_cert.start()
+        try:
+            await self.webhooks.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve webhooks on port {self.options.webhook_port}: {exc.strerror or exc}; "
+                "pick another with --webhook-port"
+            ) from None
+        hooks = [(h, self._resolve(h.resource)) for h in self.registry.webhooks]
+        assert self.transport is not None
+        await apply_configurations(
+            self.transport.request, self.options.webhook_name, hooks, self._webhook_client, self._own_namespace
+        )
+        self._webhooks_registered = True
 
     async def _check(self, name: str, who: str) -> None:
         assert self.discovery is not None
@@ -307,6 +382,8 @@ class Manager:
         if self.elector is not None:
             elector = self.elector
             checks.append(("leader-election", lambda: elector.problem))
+        if self.webhooks is not None:
+            checks.append(("webhooks", lambda: "" if self._webhooks_registered else "webhook server not started"))
         return checks
 
     async def start(self) -> None:
@@ -316,6 +393,8 @@ class Manager:
         assert self.informers is not None
         if self.probes is not None:
             await self.probes.start()  # before the caches: /healthz answers while they sync
+        if self.webhooks is not None:
+            await self._start_webhooks()  # before startup hooks and informers: their writes may need it
         if self.lifecycle is not None:
             await self.lifecycle.startup()  # a failure raises ConfigError: nothing else starts
         self._started_up = True
@@ -364,8 +443,10 @@ class Manager:
             self._stop.set()
 
     def ready(self) -> bool:
-        """True once every controller passed its sync gate."""
-        return bool(self.controllers) and all(c.synced.is_set() for c in self.controllers)
+        """True once every controller passed its sync gate (and the webhooks are registered)."""
+        if self.webhooks is not None and not self._webhooks_registered:
+            return False
+        return bool(self.controllers or self.webhooks) and all(c.synced.is_set() for c in self.controllers)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in self.controllers)), timeout)
@@ -414,6 +495,12 @@ class Manager:
         # after a loss every remaining step shares one budget, so the exit comes within 2 s
         loop = asyncio.get_running_loop()
         until = loop.time() + (LOST_CLEANUP_SECONDS if lost else 30.0)
+        if self.webhooks is not None:  # served through the drain: another replica may not be up yet
+            await _bounded(self.webhooks.stop(), until - loop.time(), "stopping the webhook server")
+        if self.webhook_cert is not None:
+            await _bounded(self.webhook_cert.stop(), until - loop.time(), "stopping certificate renewal")
+        if self._webhook_executor is not None:
+            self._webhook_executor.shutdown(wait=False, cancel_futures=True)
         if self.informers is not None:
             await _bounded(self.informers.stop(), until - loop.time(), "stopping the informers")
         if self.transport is not None:

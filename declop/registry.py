@@ -1,8 +1,9 @@
 """Registry: the ``@declop.reconciler`` decorator records handlers; the manager reads them at start.
 
 It also records what surrounds them: cache indexes (``declop.index``), cache transforms
-(``declop.transform``) and lifecycle hooks (``@declop.on_startup``, ``@declop.on_shutdown``,
-``@declop.background``; see :mod:`declop.lifecycle`).
+(``declop.transform``), lifecycle hooks (``@declop.on_startup``, ``@declop.on_shutdown``,
+``@declop.background``; see :mod:`declop.lifecycle`) and webhooks (``@declop.validator``,
+``@declop.mutator``, ``@declop.converter``; see :mod:`declop.webhook`).
 
 Invariants:
 - the decorator returns the function **unchanged**, so it stays callable in unit tests;
@@ -22,7 +23,8 @@ Invariants:
   checkers still reject such calls while the runtime explains them;
 - the primary resource and every ``owns=``/``watches=`` entry is stored as a
   :class:`~declop.resource.Resource` (name, metadata only, field selector);
-- at most one transform per resource name.
+- at most one transform per resource name; at most one converter per resource, and webhook
+  names are unique per kind.
 """
 
 from __future__ import annotations
@@ -41,18 +43,22 @@ from .labels import parse_selector
 from .lifecycle import Hook, HookKind, make_hook
 from .predicates import Predicate
 from .resource import Resource
+from .webhook import Webhook, WebhookKind, make_webhook
 
 __all__ = [
     "INJECTABLE",
     "Registration",
     "Registry",
     "background",
+    "converter",
     "default_registry",
     "index",
+    "mutator",
     "on_shutdown",
     "on_startup",
     "reconciler",
     "transform",
+    "validator",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -142,6 +148,7 @@ class Registry:
         self._indexes: list[IndexRegistration] = []
         self._transforms: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         self._hooks: list[Hook] = []
+        self._webhooks: list[Webhook] = []
         self._frozen = False
 
     @property
@@ -162,6 +169,11 @@ class Registry:
         """Lifecycle hooks in registration order."""
         return list(self._hooks)
 
+    @property
+    def webhooks(self) -> list[Webhook]:
+        """Validators, mutators and converters in registration order."""
+        return list(self._webhooks)
+
     def __len__(self) -> int:
         return len(self._registrations)
 
@@ -180,6 +192,7 @@ class Registry:
         self._indexes.clear()
         self._transforms.clear()
         self._hooks.clear()
+        self._webhooks.clear()
         self._frozen = False
 
     def _check_open(self, what: str) -> None:
@@ -291,6 +304,26 @@ class Registry:
             raise RegistrationError(f"a {kind} hook named {hook.name!r} is already registered; pass name= to tell them apart")
         if not any(h.fn is fn and h.kind == kind for h in self._hooks):
             self._hooks.append(hook)
+        return hook
+
+    def webhook(self, kind: WebhookKind, fn: Any, resource: str, **options: Any) -> Webhook:
+        """Record a validator, mutator or converter (what their decorators do); see
+        :func:`declop.webhook.make_webhook` for the options."""
+        self._check_open(f"{kind} {getattr(fn, '__name__', fn)!r}")
+        hook = make_webhook(fn, kind, resource, **options)
+        for other in self._webhooks:
+            if other.fn is fn and other.kind == kind and other.name == hook.name:
+                return other  # the same module imported twice
+            if other.kind == kind and other.name == hook.name:
+                raise RegistrationError(
+                    f"a {kind} named {hook.name!r} is already registered; pass name= to tell them apart"
+                )
+            if kind == "converter" and other.kind == kind and other.resource == hook.resource:
+                raise RegistrationError(
+                    f"{resource!r} already has a converter ({other.name!r}); one converter per resource "
+                    "converts between all of its versions"
+                )
+        self._webhooks.append(hook)
         return hook
 
 
@@ -517,3 +550,84 @@ def background(
     if not isinstance(every_replica, bool):
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     return _hook_decorator("background", fn, name, registry, every_replica)
+
+
+_ADMISSION_OPTIONS = ("operations", "name", "failure_policy", "timeout", "labels", "registry")
+
+
+def _webhook_decorator(kind: WebhookKind, registry: Registry | None, resource: str, **options: Any) -> Callable[[F], F]:
+    reg = registry if registry is not None else default_registry
+
+    def decorate(fn: F) -> F:
+        reg.webhook(kind, fn, resource, **options)
+        return fn
+
+    return decorate
+
+
+def validator(
+    resource: str,
+    *parts: Never,
+    operations: Sequence[str] = ("CREATE", "UPDATE"),
+    name: str | None = None,
+    failure_policy: str = "Fail",
+    timeout: int = 10,
+    labels: str | Mapping[str, str] | None = None,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Callable[[F], F]:
+    """Register a validating admission webhook for ``resource`` (docs/webhooks.md).
+
+    The function declares what it needs among ``obj``, ``old_obj``, ``operation``,
+    ``user_info``, ``dry_run``, ``subresource``, ``logger``, ``request_uid``, ``warnings``;
+    it returns ``None`` to allow, a string or list of strings to allow with warnings, and raises
+    :class:`~declop.webhook.Rejected` to deny. ``failure_policy`` (``"Fail"``/``"Ignore"``) and
+    ``timeout`` (1–30 s) go into the ValidatingWebhookConfiguration; ``labels`` is its object
+    selector. It must be fast and free of side effects: it runs on every write, dry runs too."""
+    _check_call("validator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
+    return _webhook_decorator(
+        "validator", registry, resource, operations=operations, name=name,
+        failure_policy=failure_policy, timeout=timeout, labels=labels,
+    )
+
+
+def mutator(
+    resource: str,
+    *parts: Never,
+    operations: Sequence[str] = ("CREATE", "UPDATE"),
+    name: str | None = None,
+    failure_policy: str = "Fail",
+    timeout: int = 10,
+    labels: str | Mapping[str, str] | None = None,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Callable[[F], F]:
+    """Register a mutating admission webhook for ``resource`` (docs/webhooks.md).
+
+    Same arguments as :func:`validator`; ``obj`` is a deep copy the function changes in place
+    (or it returns a new object). declop answers with the JSON Patch from the object as sent to
+    the result, and with no patch when nothing changed. Raising
+    :class:`~declop.webhook.Rejected` denies the request."""
+    _check_call("mutator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
+    return _webhook_decorator(
+        "mutator", registry, resource, operations=operations, name=name,
+        failure_policy=failure_policy, timeout=timeout, labels=labels,
+    )
+
+
+def converter(
+    resource: str,
+    *parts: Never,
+    name: str | None = None,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Callable[[F], F]:
+    """Register the conversion webhook of the custom resource ``resource`` (docs/webhooks.md).
+
+    The function declares ``obj``, ``desired_api_version``, ``logger``; it converts ``obj`` (a
+    copy) to ``desired_api_version`` in place or returns the converted object. declop sets
+    ``apiVersion`` and keeps ``metadata`` as it was except labels and annotations (all that
+    Kubernetes lets a conversion change). Raising fails the conversion of that batch with a
+    message; the operator sets the CRD's ``spec.conversion`` at start."""
+    _check_call("converter", (resource, *parts), unknown, ("name", "registry"))
+    return _webhook_decorator("converter", registry, resource, name=name)

@@ -1,4 +1,5 @@
-"""Serving certificate for the HTTPS metrics endpoint: from a mounted directory, or self-signed.
+"""Serving certificate for the HTTPS metrics endpoint (and the webhook server's mounted one):
+from a mounted directory, or self-signed.
 
 - ``cert_dir`` given: ``tls.crt`` and ``tls.key`` in it (a Secret mounted as a volume, as
   cert-manager writes it). The files are checked for changes at most every 10 s, on new TLS
@@ -69,8 +70,16 @@ class ServingCert:
     """The TLS context of the metrics server; :attr:`context` is handed to the listener once and
     switches to a renewed pair from ``cert_dir`` by itself (through its SNI callback)."""
 
-    def __init__(self, cert_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        cert_dir: str | None = None,
+        *,
+        what: str = "metrics",
+        flag: str = "--metrics-cert-dir",
+        reload_check: float | None = None,
+    ) -> None:
         self.cert_dir = cert_dir
+        self.what, self.flag, self.reload_check = what, flag, reload_check
         self._stamp: tuple[float, float] | None = None
         self._checked = 0.0
         if cert_dir:
@@ -97,19 +106,20 @@ class ServingCert:
                 key_pem = f.read()
             self._stamp = (os.stat(crt).st_mtime, os.stat(key).st_mtime)
         except OSError as exc:
-            raise ConfigError(f"cannot read the metrics serving certificate {exc.filename}: {exc.strerror}; "
-                              "mount a Secret with tls.crt and tls.key, or leave --metrics-cert-dir unset for a self-signed one") from exc
+            raise ConfigError(f"cannot read the {self.what} serving certificate {exc.filename}: {exc.strerror}; "
+                              f"mount a Secret with tls.crt and tls.key, or leave {self.flag} unset for a generated one") from exc
         return cert_pem, key_pem
 
     def _load(self) -> ssl.SSLContext:
         try:
             return _server_context(*self._read())
         except ssl.SSLError as exc:
-            raise ConfigError(f"the metrics serving certificate in {self.cert_dir} does not load: {exc.reason or exc}") from exc
+            raise ConfigError(f"the {self.what} serving certificate in {self.cert_dir} does not load: {exc.reason or exc}") from exc
 
     def _sni(self, sslobj: ssl.SSLObject, name: str | None, ctx: ssl.SSLContext) -> None:
         now = time.monotonic()
-        if now - self._checked >= RELOAD_CHECK_SECONDS:
+        every = RELOAD_CHECK_SECONDS if self.reload_check is None else self.reload_check
+        if now - self._checked >= every:
             self._checked = now
             crt, key = self._paths()
             try:

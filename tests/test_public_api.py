@@ -28,6 +28,7 @@ EXPECTED = {
     "ReconcileLogger",
     "RegistrationError",
     "Registry",
+    "Rejected",
     "Request",
     "Resource",
     "Result",
@@ -39,8 +40,10 @@ EXPECTED = {
     "clone",
     "conditions",
     "contains_finalizer",
+    "converter",
     "create_or_update",
     "index",
+    "mutator",
     "on_shutdown",
     "on_startup",
     "predicates",
@@ -49,6 +52,7 @@ EXPECTED = {
     "retry_on_conflict",
     "set_controller_reference",
     "transform",
+    "validator",
 }
 
 #: the public names of ``declop.testing``
@@ -119,6 +123,10 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "on_startup": "declop.registry",
         "on_shutdown": "declop.registry",
         "background": "declop.registry",
+        "validator": "declop.registry",
+        "mutator": "declop.registry",
+        "converter": "declop.registry",
+        "Rejected": "declop.webhook",
         "Resource": "declop.resource",
         "Request": "declop.keys",
         "Phase": "declop.result",

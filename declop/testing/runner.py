@@ -89,7 +89,7 @@ class OperatorRunner:
         self._thread.start()
         self._started.wait(self.ready_timeout)
         wait_for(
-            lambda: self._error is not None or (self.manager.controllers and self.manager.ready()),
+            lambda: self._error is not None or self.manager.ready(),
             self.ready_timeout,
             what="the operator's caches to sync",
         )

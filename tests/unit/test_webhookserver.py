@@ -1,0 +1,243 @@
+"""declop.webhookserver over plain HTTP (aiohttp's test server): every answer the module
+docstring lists, bad input, and that nothing from the object or the exception leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import declop
+from declop.patch import apply
+from declop.registry import Registry
+from declop.webhookserver import WebhookServer
+
+OBJ = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "ns"}, "spec": {"size": 3, "token": "s3cr3t"}}
+
+
+def admission(uid: str = "u1", operation: str = "CREATE", obj: Any = OBJ, **extra: Any) -> dict[str, Any]:
+    request = {"uid": uid, "operation": operation, "object": obj, "namespace": "ns", "name": "w", **extra}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def post(reg: Registry, path: str, body: Any) -> tuple[int, Any]:
+    """POST ``body`` (a dict as JSON, or raw bytes) to a server for ``reg``; (status, JSON or text)."""
+
+    async def go() -> tuple[int, Any]:
+        server = WebhookServer(reg.webhooks, port=0, ssl_context=None)
+        async with TestClient(TestServer(server.app())) as client:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            resp = await client.post(path, data=data)
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except json.JSONDecodeError:
+                return resp.status, text
+
+    return asyncio.run(go())
+
+
+def test_validator_allows_denies_and_warns():
+    reg = Registry()
+    seen: list[dict[str, Any]] = []
+
+    @declop.validator("widgets.example.com", registry=reg)
+    def check(obj, old_obj, operation, dry_run, request_uid, user_info, subresource, warnings):
+        seen.append(dict(operation=operation, dry_run=dry_run, uid=request_uid, user=user_info, old=old_obj, sub=subresource))
+        if obj["spec"]["size"] > 5:
+            raise declop.Rejected("must be at most 5", field="spec.size", code=422)
+        warnings.append("size is odd")
+        return "deprecated field"
+
+    status, answer = post(reg, "/validate/check.widgets.example.com", admission(dryRun=True, userInfo={"username": "alice"}))
+    assert status == 200
+    assert answer["response"] == {"uid": "u1", "allowed": True, "warnings": ["size is odd", "deprecated field"]}
+    assert seen == [dict(operation="CREATE", dry_run=True, uid="u1", user={"username": "alice"}, old=None, sub="")]
+
+    big = {**OBJ, "spec": {"size": 9}}
+    status, answer = post(reg, "/validate/check.widgets.example.com", admission(obj=big))
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["message"] == "spec.size: must be at most 5"
+    assert answer["response"]["status"]["code"] == 422
+
+
+def test_async_validator_and_list_of_warnings():
+    reg = Registry()
+
+    @declop.validator("widgets.example.com", registry=reg)
+    async def check(obj):
+        await asyncio.sleep(0)
+        return ["a", "b"]
+
+    _, answer = post(reg, "/validate/check.widgets.example.com", admission())
+    assert answer["response"]["warnings"] == ["a", "b"]
+
+
+def test_handler_error_is_denied_generically_and_logged(caplog):
+    reg = Registry()
+
+    @declop.validator("widgets.example.com", registry=reg)
+    def check(obj):
+        raise KeyError(obj["spec"]["token"])
+
+    with caplog.at_level(logging.ERROR, logger="declop.webhook"):
+        _, answer = post(reg, "/validate/check.widgets.example.com", admission())
+    response = answer["response"]
+    assert response["allowed"] is False and response["status"]["code"] == 500
+    assert response["status"]["message"] == "webhook check.widgets.example.com failed on this request; the operator's log has the details"
+    assert "s3cr3t" not in json.dumps(answer) and "KeyError" not in json.dumps(answer)
+    (record,) = [r for r in caplog.records if r.msg == "Webhook handler raised; the request is denied"]
+    assert record.exc_info and record.exc_info[0] is KeyError
+
+
+def test_validator_returning_a_bool_is_denied(caplog):
+    reg = Registry()
+    declop.validator("widgets.example.com", registry=reg)(lambda obj: False)
+    _, answer = post(reg, "/validate/lambda.widgets.example.com", admission())
+    assert answer["response"]["allowed"] is False
+    assert any("returned something other than None" in r.msg for r in caplog.records)
+
+
+def test_handler_past_its_timeout_is_reported(caplog):
+    reg = Registry()
+
+    @declop.validator("widgets.example.com", timeout=1, registry=reg)
+    async def slow(obj):
+        await asyncio.sleep(5)
+
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="declop.webhook"):
+        _, answer = post(reg, "/validate/slow.widgets.example.com", admission())
+    assert time.monotonic() - started < 3
+    assert answer["response"]["status"]["message"] == "webhook slow.widgets.example.com did not answer within its timeout of 1 s"
+    (record,) = [r for r in caplog.records if "took longer than its timeout" in r.msg]
+    assert record.kv["webhook"] == "slow.widgets.example.com" and record.kv["timeoutSeconds"] == 1
+
+
+def test_mutator_patch_in_place_returned_and_none():
+    reg = Registry()
+
+    @declop.mutator("widgets.example.com", registry=reg)
+    def defaults(obj):
+        obj["spec"].setdefault("color", "blue")
+        obj["metadata"].setdefault("labels", {})["example.com/sized"] = "yes"
+
+    @declop.mutator("widgets.example.com", registry=reg)
+    def replace(obj):
+        return {**obj, "spec": {"size": 1}}
+
+    @declop.mutator("widgets.example.com", registry=reg)
+    def noop(obj):
+        obj["spec"]["size"] = 3  # same value: no change
+
+    _, answer = post(reg, "/mutate/defaults.widgets.example.com", admission())
+    patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert answer["response"]["patchType"] == "JSONPatch"
+    assert apply(OBJ, patch) == {**OBJ, "metadata": {**OBJ["metadata"], "labels": {"example.com/sized": "yes"}}, "spec": {**OBJ["spec"], "color": "blue"}}
+
+    _, answer = post(reg, "/mutate/replace.widgets.example.com", admission())
+    assert apply(OBJ, json.loads(base64.b64decode(answer["response"]["patch"])))["spec"] == {"size": 1}
+
+    _, answer = post(reg, "/mutate/noop.widgets.example.com", admission())
+    assert answer["response"] == {"uid": "u1", "allowed": True}
+
+
+def test_mutator_on_delete_sends_no_patch():
+    reg = Registry()
+    declop.mutator("widgets.example.com", operations=["DELETE"], registry=reg)(lambda obj, old_obj: None)
+    _, answer = post(reg, "/mutate/lambda.widgets.example.com", admission(operation="DELETE", obj=None, oldObject=OBJ))
+    assert answer["response"] == {"uid": "u1", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"<html>", "bad request: the request body is not valid JSON"),
+        ({"apiVersion": "v1", "kind": "Pod"}, "bad request: unknown kind 'Pod': this path answers AdmissionReview only"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE"}}, "bad request: the AdmissionReview request has no uid"),
+    ],
+)
+def test_bad_input_is_a_400_logged_once_and_the_server_keeps_serving(body, message, caplog):
+    reg = Registry()
+    declop.validator("widgets.example.com", registry=reg)(lambda obj: None)
+
+    async def go() -> list[tuple[int, str]]:
+        server = WebhookServer(reg.webhooks, port=0, ssl_context=None)
+        async with TestClient(TestServer(server.app())) as client:
+            out = []
+            for data in (body if isinstance(body, bytes) else json.dumps(body).encode(), json.dumps(admission()).encode()):
+                resp = await client.post("/validate/lambda.widgets.example.com", data=data)
+                out.append((resp.status, await resp.text()))
+            return out
+
+    with caplog.at_level(logging.WARNING, logger="declop.webhook"):
+        (bad_status, bad_text), (good_status, good_text) = asyncio.run(go())
+    assert bad_status == 400 and bad_text.startswith(message) and bad_text.count("\n") == 1
+    assert good_status == 200 and json.loads(good_text)["response"]["allowed"] is True
+    assert len([r for r in caplog.records if r.msg == "Bad webhook request"]) == 1
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def conversion(objects: list[dict[str, Any]], desired: str = "example.com/v1") -> dict[str, Any]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "request": {"uid": "c1", "desiredAPIVersion": desired, "objects": objects}}
+
+
+def widget(version: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"example.com/{version}", "kind": "Widget", "metadata": {"name": name, "uid": name}, "spec": spec}
+
+
+def test_converter_batch():
+    reg = Registry()
+    calls = []
+
+    @declop.converter("widgets.example.com", registry=reg)
+    def convert(obj, desired_api_version):
+        calls.append(obj["metadata"]["name"])
+        if desired_api_version == "example.com/v1":
+            obj["spec"] = {"replicas": obj["spec"].pop("size")}
+        else:
+            obj["spec"] = {"size": obj["spec"].pop("replicas")}
+
+    objects = [widget("v1alpha1", "a", {"size": 1}), widget("v1", "b", {"replicas": 2})]
+    status, answer = post(reg, "/convert/convert.widgets.example.com", conversion(objects))
+    assert status == 200
+    assert answer["response"]["result"] == {"status": "Success"}
+    assert answer["response"]["convertedObjects"] == [widget("v1", "a", {"replicas": 1}), widget("v1", "b", {"replicas": 2})]
+    assert calls == ["a"]  # b is already at v1
+
+
+def test_converter_failure_names_the_object_not_its_data(caplog):
+    reg = Registry()
+
+    @declop.converter("widgets.example.com", registry=reg)
+    def convert(obj, desired_api_version):
+        if obj["metadata"]["name"] == "bad":
+            raise ValueError(obj["spec"]["token"])
+        if obj["metadata"]["name"] == "refused":
+            raise declop.Rejected("size must be set", field="spec.size")
+        return obj
+
+    _, answer = post(reg, "/convert/convert.widgets.example.com", conversion([widget("v1alpha1", "ok", {}), widget("v1alpha1", "bad", {"token": "s3cr3t"})]))
+    result = answer["response"]["result"]
+    assert result["status"] == "Failure"
+    assert result["message"] == (
+        "converting bad from example.com/v1alpha1 to example.com/v1 failed: webhook convert.widgets.example.com "
+        "raised ValueError; the operator's log has the details"
+    )
+    assert "s3cr3t" not in json.dumps(answer)
+    _, answer = post(reg, "/convert/convert.widgets.example.com", conversion([widget("v1alpha1", "refused", {})]))
+    assert answer["response"]["result"]["message"] == "converting refused from example.com/v1alpha1 to example.com/v1: spec.size: size must be set"
+
+
+def test_unknown_path_is_404():
+    reg = Registry()
+    declop.validator("widgets.example.com", registry=reg)(lambda obj: None)
+    status, _ = post(reg, "/validate/other.widgets.example.com", admission())
+    assert status == 404
