@@ -39,7 +39,7 @@ VALIDATOR = '''
 import declop
 
 
-@declop.validator("configmaps", operations=("CREATE", "UPDATE"), labels="webhook-test=yes")
+@declop.validator("configmaps", operations=("CREATE", "UPDATE"), labels="webhook-test=yes", timeout=5)
 def size_limit(obj, dry_run, logger, **_):
     size = int((obj.get("data") or {}).get("size", "0"))
     logger.info("checked", configmap=obj["metadata"].get("name"), size=size, dry_run=dry_run)
@@ -54,7 +54,7 @@ def values_for(image: BuiltImage, replicas: int) -> dict[str, Any]:
         "replicaCount": replicas,
         "handlers": {"files": {"pods.py": PODS.read_text(), "validator.py": VALIDATOR}},
         "rbac": {"watch": [{"group": "", "resource": "pods"}]},
-        "webhooks": {"enabled": True, "failurePolicy": "Fail", "timeoutSeconds": 5},
+        "webhooks": {"enabled": True},
     }
 
 
