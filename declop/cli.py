@@ -130,7 +130,7 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--webhook-service", default=None, envvar=_env("WEBHOOK_SERVICE"), help="NAMESPACE/NAME[:PORT] of the Service the apiserver calls webhooks through (in-cluster)."),
         click.option("--webhook-url", default=None, envvar=_env("WEBHOOK_URL"), help="Base URL the apiserver calls webhooks at when there is no --webhook-service (default: https://127.0.0.1:PORT)."),
         click.option("--webhook-name", default="declop", show_default=True, envvar=_env("WEBHOOK_NAME"), help="Name of the webhook configurations; the CA Secret is NAME-webhook-ca."),
-        click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="The operator's namespace: keeps the CA Secret, excluded from admission (default: the Pod's)."),
+        click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="The operator's namespace: keeps the CA Secret, excluded from admission (default: the Service's, else the Pod's; out of a cluster none is excluded)."),
         click.option("--webhook-cert-validity", type=float, default=365 * 86400.0, envvar=_env("WEBHOOK_CERT_VALIDITY"), help="Seconds a generated webhook serving certificate is valid; renewed after two thirds."),
         click.option("--list-mode", type=click.Choice(["auto", "stream", "paged"]), default="auto", show_default=True, envvar=_env("LIST_MODE"), help="How informers sync: streaming list with fallback to paginated LIST (auto), or force one."),
     ]

@@ -52,7 +52,8 @@ def finish(original: dict[str, Any], result: dict[str, Any], desired_api_version
     out["apiVersion"] = desired_api_version
     out["kind"] = original.get("kind")
     metadata = dict(original.get("metadata") or {})
-    changed = result.get("metadata") if isinstance(result.get("metadata"), dict) else {}
+    given = result.get("metadata")
+    changed: dict[str, Any] = given if isinstance(given, dict) else {}
     for key in ("labels", "annotations"):
         if key not in changed:
             continue  # not given: kept as sent
@@ -78,6 +79,7 @@ def failed(uid: str, message: str) -> dict[str, Any]:
 
 def describe(obj: dict[str, Any]) -> str:
     """``namespace/name`` (or ``name``) of an object, for messages."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    given = obj.get("metadata")
+    meta: dict[str, Any] = given if isinstance(given, dict) else {}
     name, ns = meta.get("name") or "<unnamed>", meta.get("namespace")
     return f"{ns}/{name}" if ns else str(name)

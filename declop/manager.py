@@ -40,7 +40,7 @@ from typing import Any, Coroutine
 
 from .cache import guarded
 from .client import AsyncClient, ClientContext
-from .controller import Controller, ControllerMetrics, Source
+from .controller import Controller, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
@@ -100,7 +100,8 @@ class Options:
     webhook_url: str | None = None
     #: names the webhook configurations and the CA Secret (<name>-webhook-ca)
     webhook_name: str = "declop"
-    #: the operator's namespace: holds the CA Secret, excluded from admission (default: the Pod's)
+    #: the operator's namespace: holds the CA Secret, excluded from admission (default: the
+    #: Service's, else the Pod's; out of a cluster none is excluded and the Secret goes to "default")
     webhook_namespace: str | None = None
     #: seconds a generated serving certificate is valid; renewed after two thirds of it
     webhook_cert_validity: float = 365 * 86400.0
@@ -260,15 +261,17 @@ class Manager:
             await self._check(hook.resource, f"{hook.kind} {hook.name!r}")
         if opts.webhook_service:
             svc_ns, svc_name, svc_port = parse_service(opts.webhook_service)
-            own = opts.webhook_namespace or svc_ns
+            excluded: str | None = opts.webhook_namespace or svc_ns
             probe = ClientConfig(b"", service_namespace=svc_ns, service_name=svc_name, service_port=svc_port)
         else:
             url = opts.webhook_url or f"https://127.0.0.1:{opts.webhook_port}"
             if not url.startswith("https://"):
                 raise ConfigError(f"--webhook-url {url!r} must start with https:// (the apiserver calls webhooks over TLS only)")
-            own = opts.webhook_namespace or _pod_namespace()
+            # out of a cluster (declop dev, a local run) there is no namespace of the operator to spare
+            excluded = opts.webhook_namespace or _pod_namespace(fallback=None)
             probe = ClientConfig(b"", url=url)
-        self._own_namespace = own
+        own = excluded or "default"
+        self._own_namespace = excluded
         if opts.webhook_cert_dir:
             cert: WebhookCert = MountedCert(opts.webhook_cert_dir)
         else:
@@ -283,6 +286,8 @@ class Manager:
         self.webhooks = WebhookServer(
             self.registry.webhooks, port=opts.webhook_port, ssl_context=cert.context, executor=self._webhook_executor
         )
+        self.webhooks.observer = self.metrics.webhook
+        self.webhooks.in_flight = self.metrics.webhook_serving
 
     async def _start_webhooks(self) -> None:
         assert self.webhooks is not None and self.webhook_cert is not None and self._webhook_client is not None
@@ -527,11 +532,11 @@ async def _bounded(step: Any, seconds: float, what: str) -> Any:
         return None
 
 
-def _pod_namespace() -> str:
-    """The namespace this Pod runs in (from the service-account mount), else "default"."""
+def _pod_namespace(fallback: Any = "default") -> Any:
+    """The namespace this Pod runs in (from the service-account mount), else ``fallback``."""
     sa_dir = os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
     try:
         with open(os.path.join(sa_dir, "namespace")) as f:
-            return f.read().strip() or "default"
+            return f.read().strip() or fallback
     except OSError:
-        return "default"
+        return fallback

@@ -11,7 +11,11 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
   ``controller_runtime_reconcile_errors_total``, ``controller_runtime_terminal_reconcile_errors_total``,
   ``controller_runtime_reconcile_time_seconds``, ``controller_runtime_active_workers``,
   ``controller_runtime_max_concurrent_reconciles``;
-- ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``.
+- ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``;
+- ``controller_runtime_webhook_requests_total{webhook,code}``,
+  ``controller_runtime_webhook_latency_seconds{webhook}``,
+  ``controller_runtime_webhook_requests_in_flight{webhook}`` — ``webhook`` is the path served
+  (``/validate/<name>``), as in controller-runtime.
 
 Invariant: hot-path hooks (queue adds, reconcile results) only increment pre-bound children;
 gauges that describe state (depth, in-flight ages) are read from the queues at scrape time.
@@ -154,6 +158,24 @@ class Metrics(ControllerMetrics):
         self.rest_requests = Counter(
             "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
         )
+        self.webhook_requests = Counter(
+            "controller_runtime_webhook_requests_total",
+            "Total number of admission requests by HTTP status code.",
+            ["webhook", "code"],
+            registry=r,
+        )
+        self.webhook_latency = Histogram(
+            "controller_runtime_webhook_latency_seconds",
+            "Histogram of the latency of processing admission requests",
+            ["webhook"],
+            registry=r,
+        )
+        self.webhook_in_flight = Gauge(
+            "controller_runtime_webhook_requests_in_flight",
+            "Current number of admission requests being served.",
+            ["webhook"],
+            registry=r,
+        )
         self._queues: list[Callable[[], QueueStatistics]] = []
         self._bound: dict[str, dict[str, Any]] = {}
         r.register(_QueueState(lambda: [q() for q in self._queues]))
@@ -195,6 +217,14 @@ class Metrics(ControllerMetrics):
 
     def request(self, method: str, code: int) -> None:
         self.rest_requests.labels(method, str(code)).inc()
+
+    def webhook(self, path: str, code: int, seconds: float) -> None:
+        """One webhook request answered (the WebhookServer's observer)."""
+        self.webhook_requests.labels(path, str(code)).inc()
+        self.webhook_latency.labels(path).observe(seconds)
+
+    def webhook_serving(self, path: str, delta: int) -> None:
+        self.webhook_in_flight.labels(path).inc(delta)
 
     def exposition(self) -> bytes:
         """The text format served on /metrics."""

@@ -32,7 +32,6 @@ import asyncio
 import collections
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 

@@ -15,7 +15,14 @@ Each webhook entry has (docs/webhooks.md):
 - ``sideEffects: None``, ``admissionReviewVersions: ["v1"]``, ``failurePolicy`` and
   ``timeoutSeconds`` from the decorator, an ``objectSelector`` from ``labels=``;
 - a ``namespaceSelector`` that excludes the operator's own namespace, so a broken operator can
-  always be repaired (its Deployment, its CA Secret) without its own webhooks in the way.
+  always be repaired (its Deployment, its CA Secret) without its own webhooks in the way — when
+  that namespace is known (``--webhook-namespace``, the Service's, the Pod's); out of a cluster
+  (``declop dev``) there is none, and every namespace is admitted.
+
+Both configurations are applied on every start, an empty one too: an entry of a handler that
+was removed since the last start disappears with the next apply (a stale entry with
+``failurePolicy: Fail`` would block writes). A CRD keeps ``spec.conversion`` when its converter
+is removed: declop cannot tell it set it; set ``strategy: None`` by hand.
 
 Invariants: these functions build dicts and send requests; no configuration is ever deleted
 by declop (a stopped operator with ``failurePolicy: Fail`` blocks writes to its resources — that
@@ -91,7 +98,7 @@ def parse_service(value: str) -> tuple[str, str, int]:
     return ns, name, number
 
 
-def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespace: str) -> dict[str, Any]:
+def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespace: str | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": hook.name,
         "clientConfig": client.for_path(hook.path),
@@ -109,10 +116,11 @@ def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespac
         "failurePolicy": hook.failure_policy,
         "timeoutSeconds": hook.timeout,
         "matchPolicy": "Equivalent",
-        "namespaceSelector": {
-            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [own_namespace]}]
-        },
     }
+    if own_namespace:
+        entry["namespaceSelector"] = {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [own_namespace]}]
+        }
     if hook.labels:
         entry["objectSelector"] = _label_selector(hook.labels)
     if hook.kind == "mutator":
@@ -133,7 +141,7 @@ def _label_selector(canonical: str) -> dict[str, Any]:
 
 
 def configuration(
-    kind: str, name: str, hooks: list[tuple[Webhook, ResourceInfo]], client: ClientConfig, own_namespace: str
+    kind: str, name: str, hooks: list[tuple[Webhook, ResourceInfo]], client: ClientConfig, own_namespace: str | None
 ) -> dict[str, Any]:
     """The Validating- (``kind="validator"``) or MutatingWebhookConfiguration for ``hooks``."""
     return {
@@ -157,13 +165,13 @@ def conversion_patch(hook: Webhook, client: ClientConfig) -> dict[str, Any]:
 
 
 async def apply_configurations(
-    request: Request, name: str, hooks: list[tuple[Webhook, ResourceInfo]], client: ClientConfig, own_namespace: str
+    request: Request, name: str, hooks: list[tuple[Webhook, ResourceInfo]], client: ClientConfig, own_namespace: str | None
 ) -> None:
     """Apply the configurations and CRD conversions for ``hooks``; ConfigError on a refusal."""
     for kind in ("validator", "mutator"):
+        # applied even when empty: entries of handlers removed since the last start go away
+        # (the list is a map keyed by name, so an apply drops what this manager no longer sends)
         mine = [(h, i) for h, i in hooks if h.kind == kind]
-        if not mine:
-            continue
         body = configuration(kind, name, mine, client, own_namespace)
         path = f"/apis/{ADMISSION_API}/{_PLURALS[kind]}/{name}"
         try:

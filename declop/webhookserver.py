@@ -39,7 +39,7 @@ import json
 import logging
 import ssl
 import time
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
@@ -75,15 +75,41 @@ class WebhookServer:
         host: str = "0.0.0.0",
     ) -> None:
         self.webhooks = list(webhooks)
+        self._paths = {h.path for h in self.webhooks}
         self.port, self.host = port, host
         self.ssl_context = ssl_context
         self.executor = executor
         self._runner: web.AppRunner | None = None
         #: answers sent, by outcome ("allowed", "denied", "error", "timeout", "bad-request")
         self.answers: dict[str, int] = {}
+        #: called with (path, HTTP status, seconds) after each request (declop.metrics)
+        self.observer: Callable[[str, int, float], None] | None = None
+        #: called with (path, +1/-1) around each request (declop.metrics)
+        self.in_flight: Callable[[str, int], None] | None = None
+
+    @web.middleware
+    async def _observe(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        path, started = request.path, time.monotonic()
+        if path not in self._paths:  # a scan of random paths must not grow the metrics without bound
+            return await handler(request)
+        if self.in_flight is not None:
+            self.in_flight(path, 1)
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if self.in_flight is not None:
+                self.in_flight(path, -1)
+            if self.observer is not None:
+                self.observer(path, status, time.monotonic() - started)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[self._observe])
         for hook in self.webhooks:
             handler = self._convert if hook.kind == "converter" else self._admit
             app.router.add_post(hook.path, functools.partial(handler, hook))
@@ -126,7 +152,7 @@ class WebhookServer:
         if hook.is_async:
             future: asyncio.Future[Any] = asyncio.ensure_future(hook.fn(**kwargs))
         else:
-            future = asyncio.wrap_future(loop.run_in_executor(self.executor, functools.partial(hook.fn, **kwargs)))  # type: ignore[arg-type]
+            future = asyncio.wrap_future(loop.run_in_executor(self.executor, functools.partial(hook.fn, **kwargs)))
         done, _ = await asyncio.wait({future}, timeout=timeout)
         if not done:
             future.cancel()
@@ -171,7 +197,7 @@ class WebhookServer:
         except Exception:
             log.exception("Webhook handler raised; the request is denied", extra={"kv": pairs})
             return self._reply(deny(uid, _failed(hook), code=500), "error")
-        logger.debug("Answered", seconds=round(time.monotonic() - started, 4), dryRun=review.dry_run)
+        seconds = round(time.monotonic() - started, 4)
         if hook.kind == "validator":
             extra = _warnings(result)
             if extra is None:
@@ -180,6 +206,7 @@ class WebhookServer:
                     extra={"kv": {**pairs, "returned": type(result).__name__}},
                 )
                 return self._reply(deny(uid, _failed(hook), code=500), "error")
+            logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, warnings=len(warnings) + len(extra))
             return self._reply(allow(uid, warnings=[*warnings, *extra]), "allowed")
         # mutator
         if result is not None and not isinstance(result, dict):
@@ -190,6 +217,7 @@ class WebhookServer:
             return self._reply(deny(uid, _failed(hook), code=500), "error")
         mutated = result if result is not None else obj
         patch = diff(review.obj, mutated) if review.obj is not None and mutated is not None else []
+        logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, patchOps=len(patch))
         return self._reply(allow(uid, patch=patch, warnings=warnings), "allowed")
 
     async def _convert(self, hook: Webhook, request: web.Request) -> web.Response:

@@ -9,7 +9,8 @@ what it is, and so what this test does with it.
   - defines ``def test_…``: written to a file of its own and run with pytest (the declop plugin
     and its fixtures, a real control plane) in a subprocess from the repository root; all of a
     page's test blocks share one pytest run, and every test in them must pass;
-  - registers handlers (``@declop.reconciler``, ``declop.index``) and defines no test: a handler
+  - registers handlers (``@declop.reconciler``, ``declop.index``, ``@declop.validator``,
+    ``@declop.mutator``, ``@declop.converter``) and defines no test: a handler
     module, written to a file and loaded with ``declop.loader.load`` in a subprocess — it must
     import cleanly and register at least one handler;
   - anything else: a script, run with ``python`` from the repository root; it must exit 0.
@@ -50,7 +51,7 @@ from declop import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 #: the pages whose blocks this test runs
-DOCUMENTS = ("README.md", "docs/testing.md", "docs/unit-testing.md", "docs/coming-from-kopf.md")
+DOCUMENTS = ("README.md", "docs/testing.md", "docs/unit-testing.md", "docs/coming-from-kopf.md", "docs/webhooks.md")
 
 LANGUAGES = {"python", "bash", "sh", "shell", "console", "text", "yaml", "json", "dockerfile"}
 SHELL = {"bash", "sh", "shell", "console"}
@@ -113,7 +114,7 @@ def python_kind(block: Block) -> str:
         return "excerpt"
     if re.search(r"^\s*(async\s+)?def test_", block.text, re.M):
         return "test"
-    if re.search(r"@(declop|\w*registry)\.reconciler\(|declop\.index\(", block.text):
+    if re.search(r"@(declop|\w*registry)\.(reconciler|validator|mutator|converter)\(|declop\.index\(", block.text):
         return "handlers"
     return "script"
 
@@ -155,7 +156,7 @@ def test_a_handler_block_loads_with_the_loader(block: Block, tmp_path: Path) -> 
         "from declop.loader import load\n"
         "from declop.registry import default_registry\n"
         "load([sys.argv[1]])\n"
-        "print(len(default_registry))\n"
+        "print(len(default_registry) + len(default_registry.webhooks))\n"
     )
     done = subprocess.run([sys.executable, "-c", code, str(handlers)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"{block}: {done.stderr}"

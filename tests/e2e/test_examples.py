@@ -239,7 +239,122 @@ def test_every_example_is_exercised():
     # `declop dev` in tests/integration/test_dev_reload.py
     tested = {
         "pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py", "greeting", "metadata_only.py", "startup.py",
+        "webhooks",  # validator.py, mutator.py, converter.py: the three tests below
     }
     present = {p.name for p in EXAMPLES.iterdir() if p.suffix == ".py" or p.is_dir()} - {"__pycache__"}
     untested = present - tested - set(os.environ.get("DECLOP_EXAMPLES_TESTED_ELSEWHERE", "").split(","))
     assert not untested, f"examples without a test: {sorted(untested)}"
+
+
+# -- webhooks (examples/webhooks/): the apiserver calls the example at https://127.0.0.1:<port> --
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Webhooks:
+    """Run one webhook example under its own --webhook-name and port; remove what it registered."""
+
+    def __init__(self, env: dict[str, str], example: str) -> None:
+        import secrets
+
+        self.env = env
+        self.name = f"ex-{secrets.token_hex(3)}"
+        self.op = OperatorProcess(
+            [str(EXAMPLES / "webhooks" / example), "--webhook-port", str(_free_port()), "--webhook-name", self.name],
+            env=env,
+        )
+
+    def __enter__(self) -> OperatorProcess:
+        self.op.start()
+        return self.op
+
+    def __exit__(self, *exc: object) -> None:
+        self.op.stop()
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            kubectl(self.env, "delete", kind, self.name, "--ignore-not-found", check=False)
+        kubectl(self.env, "delete", "secret", f"{self.name}-webhook-ca", "--ignore-not-found", check=False)
+
+
+def _apply(env: dict[str, str], namespace: str, obj: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "apply", "-n", namespace, "-f", "-", *args], env=env, input=json.dumps(obj),
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def _widget(name: str, spec: dict) -> dict:
+    return {"apiVersion": "webhooks.example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec}
+
+
+def _crd(env: dict[str, str], file: str, name: str) -> None:
+    kubectl(env, "apply", "-f", str(EXAMPLES / "webhooks" / file))
+    kubectl(env, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+
+
+def test_validator_example(control_plane, namespace):
+    """The docstring's session: size 11 refused with the field, the old spelling warned about."""
+    env = control_plane.env()
+    _crd(env, "widget-crd.yaml", "widgets.webhooks.example.com")
+    with _Webhooks(env, "validator.py") as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        # the apiserver loads a new configuration a moment after it is written
+        big = _widget("big", {"size": 11})
+        wait_for(lambda: "denied the request" in _apply(env, namespace, big, "--dry-run=server").stderr, 20, what="enforcement")
+        refused = _apply(env, namespace, big)
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (
+            'Error from server (Forbidden): error when creating "STDIN": admission webhook '
+            '"check-size.widgets.webhooks.example.com" denied the request: spec.size: must be at most 10'
+        )
+        warned = _apply(env, namespace, _widget("old", {"size": 3, "colour": "red"}))
+        assert warned.returncode == 0
+        assert warned.stderr.strip() == "Warning: spec.colour is deprecated; use spec.color"
+        assert warned.stdout.strip() == "widget.webhooks.example.com/old created"
+        assert op.wait_for_line('"dryRun": true')[0].startswith("INFO Refused")
+
+
+def test_mutator_example(control_plane, namespace):
+    """Defaults are stored with their label; a Widget that has both fields is stored as sent."""
+    env = control_plane.env()
+    _crd(env, "widget-crd.yaml", "widgets.webhooks.example.com")
+    with _Webhooks(env, "mutator.py") as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+        probe = _widget("probe", {})
+
+        def defaulted() -> bool:
+            out = _apply(env, namespace, probe, "--dry-run=server", "-o", "json")
+            return out.returncode == 0 and "color" in json.loads(out.stdout)["spec"]
+
+        wait_for(defaulted, 20, what="the mutator to be called")
+        assert _apply(env, namespace, _widget("plain", {})).returncode == 0
+        plain = get_json(env, "widgets.webhooks.example.com", "plain", "-n", namespace)
+        assert plain["spec"] == {"color": "blue", "size": 1}
+        assert plain["metadata"]["labels"] == {"webhooks.example.com/defaulted": "true"}
+        op.wait_for_line('INFO Defaulted {"webhook": "defaults.widgets.webhooks.example.com", "operation": "CREATE", "namespace": "%s", "name": "plain"' % namespace)
+
+        assert _apply(env, namespace, _widget("full", {"color": "red", "size": 2})).returncode == 0
+        full = get_json(env, "widgets.webhooks.example.com", "full", "-n", namespace)
+        assert full["spec"] == {"color": "red", "size": 2} and "labels" not in full["metadata"]
+
+
+def test_converter_example(control_plane, namespace):
+    """A Gadget written at v1 reads the same at v1 and in the v1alpha1 layout."""
+    env = control_plane.env()
+    _crd(env, "gadget-crd.yaml", "gadgets.webhooks.example.com")
+    try:
+        with _Webhooks(env, "converter.py") as op:
+            op.wait_for_line("Registered the conversion webhook")
+            gadget = {"apiVersion": "webhooks.example.com/v1", "kind": "Gadget", "metadata": {"name": "g"},
+                      "spec": {"replicas": 3, "appearance": {"color": "red"}}}
+            wait_for(lambda: _apply(env, namespace, gadget).returncode == 0, 20, what="a write at v1")
+            spec = lambda version: kubectl(env, "get", f"gadgets.{version}.webhooks.example.com", "g", "-n", namespace, "-o", "jsonpath={.spec}").stdout  # noqa: E731
+            assert spec("v1alpha1") == '{"color":"red","size":3}'
+            assert spec("v1") == '{"appearance":{"color":"red"},"replicas":3}'
+    finally:
+        kubectl(env, "delete", "crd", "gadgets.webhooks.example.com", "--ignore-not-found", check=False)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from declop.testing.runner import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "declop" / "assets" / "controlplane" / "build.sh"

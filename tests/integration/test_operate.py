@@ -3,13 +3,11 @@ apiserver and with real processes."""
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import textwrap
 import time
 import urllib.request
-from typing import Any
 
 import kubernetes.client
 import pytest

@@ -241,3 +241,28 @@ def test_unknown_path_is_404():
     declop.validator("widgets.example.com", registry=reg)(lambda obj: None)
     status, _ = post(reg, "/validate/other.widgets.example.com", admission())
     assert status == 404
+
+
+def test_requests_are_counted_with_controller_runtime_names():
+    from declop.metrics import Metrics
+
+    reg = Registry()
+    declop.validator("widgets.example.com", registry=reg)(lambda obj: None)
+    metrics = Metrics()
+
+    async def go() -> None:
+        server = WebhookServer(reg.webhooks, port=0, ssl_context=None)
+        server.observer, server.in_flight = metrics.webhook, metrics.webhook_serving
+        async with TestClient(TestServer(server.app())) as client:
+            for data in (json.dumps(admission()).encode(), b"junk"):
+                await (await client.post("/validate/lambda.widgets.example.com", data=data)).read()
+            await (await client.post("/validate/nothing", data=b"{}")).read()
+
+    asyncio.run(go())
+    text = metrics.exposition().decode()
+    path = "/validate/lambda.widgets.example.com"
+    assert f'controller_runtime_webhook_requests_total{{code="200",webhook="{path}"}} 1.0' in text
+    assert f'controller_runtime_webhook_requests_total{{code="400",webhook="{path}"}} 1.0' in text
+    assert "/validate/nothing" not in text  # paths not served are not counted (no unbounded labels)
+    assert f'controller_runtime_webhook_latency_seconds_count{{webhook="{path}"}} 2.0' in text
+    assert f'controller_runtime_webhook_requests_in_flight{{webhook="{path}"}} 0.0' in text

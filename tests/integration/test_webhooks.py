@@ -1,0 +1,442 @@
+"""Admission and conversion webhooks end to end: real ``declop run`` processes serving HTTPS on
+this host, the real kube-apiserver calling them at ``https://127.0.0.1:<port>``, kubectl as a user
+types it.
+
+Every test has its own API group (a fresh CRD), its own ``--webhook-name`` (configurations and
+CA Secret) and removes them after, so the session's other tests never meet these webhooks. The
+operator's namespace is ``default`` (the CA Secret lives there, and it is excluded from
+admission); objects are written in the test's namespace.
+
+The apiserver picks up a new webhook configuration through its own informer, a moment after
+the operator applied it: :func:`wait_enforced` waits for a server-side dry run to be denied.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import kubernetes.client
+import pytest
+from cryptography import x509
+
+from declop.testing.faults import TcpProxy
+from declop.testing.runner import OperatorProcess, wait_for
+
+pytestmark = pytest.mark.integration
+
+OPERATOR_NS = "default"
+
+HANDLERS = '''
+import asyncio
+import os
+
+import declop
+
+GROUP = os.environ["WH_GROUP"]
+REPLICA = os.environ.get("WH_REPLICA", "")
+POLICY = os.environ.get("WH_POLICY", "Fail")
+
+@declop.validator(f"widgets.{GROUP}", failure_policy=POLICY)
+def check_size(obj, dry_run, warnings, logger, **_):
+    logger.info("validating", object=obj["metadata"]["name"], dryRun=dry_run, replica=REPLICA)
+    size = obj.get("spec", {}).get("size", 0)
+    if size > 10:
+        raise declop.Rejected("must be at most 10", field="spec.size")
+    if size == 7:
+        warnings.append("7 is unlucky")
+
+@declop.validator(f"widgets.{GROUP}", timeout=1, failure_policy="Ignore")
+async def slow(obj, **_):
+    if obj.get("spec", {}).get("size") == 9:
+        await asyncio.sleep(3)
+
+@declop.mutator(f"widgets.{GROUP}")
+def default_color(obj, **_):
+    if obj["metadata"].get("labels", {}).get("plain") != "yes":
+        obj["spec"].setdefault("color", "blue")
+'''
+
+CONVERTER = '''
+import os
+
+import declop
+
+GROUP = os.environ["WH_GROUP"]
+
+def _clean(d):
+    return {k: v for k, v in d.items() if v is not None}
+
+@declop.converter(f"gadgets.{GROUP}")
+def convert(obj, desired_api_version, logger):
+    spec = obj.get("spec", {})
+    if desired_api_version == f"{GROUP}/v1":
+        obj["spec"] = _clean({"replicas": spec.get("size"), "appearance": _clean({"color": spec.get("color")})})
+    else:
+        obj["spec"] = _clean({"size": spec.get("replicas"), "color": spec.get("appearance", {}).get("color")})
+    obj["metadata"].setdefault("labels", {})["converted-by"] = "declop"
+    obj["metadata"]["name"] = "ignored"  # Kubernetes forbids it: declop keeps the original
+    logger.info("converted", to=desired_api_version)
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubectl(env: dict[str, str], *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["kubectl", *args], env=env, input=stdin, capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+def records(op: OperatorProcess, msg: str) -> list[dict[str, Any]]:
+    return [r for r in (json.loads(line) for line in list(op.lines) if line.startswith("{")) if r.get("msg") == msg]
+
+
+def widget(group: str, name: str, namespace: str, size: int, labels: dict[str, str] | None = None) -> str:
+    meta = {"name": name, "namespace": namespace, **({"labels": labels} if labels else {})}
+    return json.dumps({"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": meta, "spec": {"size": size}})
+
+
+def widget_crd(group: str) -> str:
+    schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}, "color": {"type": "string"}}}}}
+    return json.dumps({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {"group": group, "scope": "Namespaced", "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}]},
+    })
+
+
+def gadget_crd(group: str) -> str:
+    def schema(spec: dict[str, Any]) -> dict[str, Any]:
+        return {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object", "properties": spec}}}}
+
+    alpha = schema({"size": {"type": "integer"}, "color": {"type": "string"}})
+    v1 = schema({"replicas": {"type": "integer"}, "appearance": {"type": "object", "properties": {"color": {"type": "string"}}}})
+    return json.dumps({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"gadgets.{group}"},
+        "spec": {"group": group, "scope": "Namespaced", "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+                 "versions": [{"name": "v1alpha1", "served": True, "storage": True, "schema": alpha},
+                              {"name": "v1", "served": True, "storage": False, "schema": v1}]},
+    })
+
+
+class Setup:
+    """One test's group, webhook name, handler file and environment; cleaned up after."""
+
+    def __init__(self, env: dict[str, str], tmp_path: Path, namespace: str) -> None:
+        self.group = f"wh-{secrets.token_hex(3)}.example.com"
+        self.name = f"wh-{secrets.token_hex(3)}"
+        self.env = {**env, "WH_GROUP": self.group}
+        self.namespace = namespace
+        self.handlers = tmp_path / "handlers.py"
+        self.handlers.write_text(HANDLERS)
+        self.converter = tmp_path / "converter.py"
+        self.converter.write_text(CONVERTER)
+        self.crds: list[str] = []
+
+    def crd(self, manifest: str) -> None:
+        name = json.loads(manifest)["metadata"]["name"]
+        kubectl(self.env, "apply", "-f", "-", stdin=manifest)
+        kubectl(self.env, "wait", "--for", "condition=established", f"crd/{name}", "--timeout=30s")
+        self.crds.append(name)
+
+    def operator(self, *extra: str, port: int | None = None, env: dict[str, str] | None = None, handlers: Path | None = None) -> OperatorProcess:
+        args = [str(handlers or self.handlers), "--webhook-port", str(port or free_port()), "--webhook-name", self.name,
+                "--webhook-namespace", OPERATOR_NS, "--log-format", "json", "-v", *extra]
+        return OperatorProcess(args, env={**self.env, **(env or {})})
+
+    def apply(self, manifest: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return kubectl(self.env, "apply", "-f", "-", *args, stdin=manifest, check=False)
+
+    def wait_enforced(self, timeout: float = 20.0) -> None:
+        """Until the apiserver calls the validator: a dry run of size 11 is denied."""
+        probe = widget(self.group, "probe", self.namespace, 11)
+        wait_for(lambda: "denied the request" in self.apply(probe, "--dry-run=server").stderr, timeout, 0.2, "the validator to be enforced")
+
+    def cleanup(self) -> None:
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            kubectl(self.env, "delete", kind, self.name, "--ignore-not-found", check=False)
+        kubectl(self.env, "delete", "secret", f"{self.name}-webhook-ca", "-n", OPERATOR_NS, "--ignore-not-found", check=False)
+        for crd in self.crds:
+            kubectl(self.env, "delete", "crd", crd, "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
+def setup(control_plane: Any, tmp_path: Path, namespace: str) -> Iterator[Setup]:
+    s = Setup(control_plane.env(), tmp_path, namespace)
+    try:
+        yield s
+    finally:
+        s.cleanup()
+
+
+def get(setup: Setup, resource: str, name: str) -> dict[str, Any]:
+    return json.loads(kubectl(setup.env, "get", resource, name, "-n", setup.namespace, "-o", "json").stdout)
+
+
+def ca_bundle(setup: Setup) -> bytes:
+    config = json.loads(kubectl(setup.env, "get", "validatingwebhookconfiguration", setup.name, "-o", "json").stdout)
+    bundles = {w["clientConfig"]["caBundle"] for w in config["webhooks"]}
+    assert len(bundles) == 1
+    return base64.b64decode(bundles.pop())
+
+
+def served_certificate(port: int, ca: bytes) -> x509.Certificate:
+    """The certificate the webhook server presents to a client that trusts only ``ca``."""
+    ctx = ssl.create_default_context(cadata=ca.decode())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_validator_denies_allows_warns_and_sees_dry_run(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    port = free_port()
+    with setup.operator(port=port) as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        setup.wait_enforced()
+
+        denied = setup.apply(widget(setup.group, "big", setup.namespace, 11))
+        assert denied.returncode != 0
+        assert (
+            f'admission webhook "check-size.widgets.{setup.group}" denied the request: spec.size: must be at most 10'
+        ) in denied.stderr, denied.stderr
+        assert "NotFound" in kubectl(setup.env, "get", "widget.v1." + setup.group, "big", "-n", setup.namespace, check=False).stderr
+
+        allowed = setup.apply(widget(setup.group, "small", setup.namespace, 3))
+        assert allowed.returncode == 0, allowed.stderr
+        assert get(setup, f"widgets.{setup.group}", "small")["spec"]["size"] == 3
+
+        warned = setup.apply(widget(setup.group, "seven", setup.namespace, 7))
+        assert warned.returncode == 0 and "Warning: 7 is unlucky" in warned.stderr, warned.stderr
+
+        dry = setup.apply(widget(setup.group, "dry", setup.namespace, 4), "--dry-run=server")
+        assert dry.returncode == 0 and "(server dry run)" in dry.stdout, dry.stdout + dry.stderr
+        seen = wait_for(lambda: [r for r in records(op, "validating") if r["object"] == "dry"], 10, what="the dry run at the handler")
+        assert seen[0]["dryRun"] is True
+        assert all(r["dryRun"] is False for r in records(op, "validating") if r["object"] == "small")
+
+        # bad input over the real TLS listener: one 400 line, logged once, and the server keeps serving
+        ctx = ssl.create_default_context(cadata=ca_bundle(setup).decode())
+        url = f"https://127.0.0.1:{port}/validate/check-size.widgets.{setup.group}"
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"not json", method="POST"), context=ctx, timeout=5)
+        assert info.value.code == 400
+        assert info.value.read().decode().startswith("bad request: the request body is not valid JSON")
+        wait_for(lambda: len(records(op, "Bad webhook request")) == 1, 5, what="one log line for the bad request")
+        assert setup.apply(widget(setup.group, "after", setup.namespace, 2)).returncode == 0
+
+
+def test_mutator_defaults_are_stored_and_a_no_op_sends_no_patch(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    with setup.operator() as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+        setup.wait_enforced()
+        assert setup.apply(widget(setup.group, "defaulted", setup.namespace, 1)).returncode == 0
+        assert get(setup, f"widgets.{setup.group}", "defaulted")["spec"] == {"size": 1, "color": "blue"}
+
+        assert setup.apply(widget(setup.group, "plain", setup.namespace, 1, labels={"plain": "yes"})).returncode == 0
+        assert get(setup, f"widgets.{setup.group}", "plain")["spec"] == {"size": 1}
+        answers = wait_for(
+            lambda: {r["name"]: r["patchOps"] for r in records(op, "Allowed") if "patchOps" in r and r["name"] in ("defaulted", "plain") and r["operation"] == "CREATE"},
+            10, what="the mutator's answers",
+        )
+        assert answers == {"defaulted": 1, "plain": 0}
+
+
+def test_handler_past_its_timeout_is_reported_and_the_policy_applies(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    with setup.operator() as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        setup.wait_enforced()
+        started = time.monotonic()
+        result = setup.apply(widget(setup.group, "slow", setup.namespace, 9))
+        assert result.returncode == 0, result.stderr  # failurePolicy Ignore: admitted after 1 s
+        assert time.monotonic() - started < 10
+        (record,) = wait_for(lambda: records(op, "Webhook handler took longer than its timeout; the apiserver applied the failurePolicy"), 10)
+        assert record["webhook"] == f"slow.widgets.{setup.group}" and record["timeoutSeconds"] == 1
+        assert record["level"] == "ERROR" and record["failurePolicy"] == "Ignore"
+
+
+def test_stopped_webhook_fail_names_it_ignore_admits(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    with setup.operator() as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        setup.wait_enforced()
+    assert op.returncode == 0
+    refused = setup.apply(widget(setup.group, "while-down", setup.namespace, 1))
+    assert refused.returncode != 0
+    # the mutating webhook is called first: its name is the one kubectl shows
+    assert f'failed calling webhook "default-color.widgets.{setup.group}"' in refused.stderr, refused.stderr
+
+    with setup.operator(env={"WH_POLICY": "Ignore"}) as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        wait_for(
+            lambda: json.loads(kubectl(setup.env, "get", "validatingwebhookconfiguration", setup.name, "-o", "json").stdout)["webhooks"][0]["failurePolicy"] == "Ignore",
+            10, what="failurePolicy Ignore",
+        )
+    kubectl(setup.env, "delete", "mutatingwebhookconfiguration", setup.name)  # the mutator is Fail: out of the way
+    admitted = wait_for(lambda: setup.apply(widget(setup.group, "while-down", setup.namespace, 1)).returncode == 0, 20, 0.3, "admission while down with Ignore")
+    assert admitted
+
+
+def test_converter_round_trips_between_versions(setup: Setup) -> None:
+    setup.crd(gadget_crd(setup.group))
+    with setup.operator(handlers=setup.converter) as op:
+        op.wait_for_line("Registered the conversion webhook")
+        crd = json.loads(kubectl(setup.env, "get", "crd", f"gadgets.{setup.group}", "-o", "json").stdout)
+        assert crd["spec"]["conversion"]["strategy"] == "Webhook"
+        assert crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"].endswith(f"/convert/convert.gadgets.{setup.group}")
+
+        v1 = {"apiVersion": f"{setup.group}/v1", "kind": "Gadget",
+              "metadata": {"name": "g", "namespace": setup.namespace, "labels": {"app": "demo"}, "annotations": {"note": "kept"}},
+              "spec": {"replicas": 3, "appearance": {"color": "red"}}}
+        # written at v1 (stored as v1alpha1 through the converter); the CRD change may take a moment to apply
+        wait_for(lambda: kubectl(setup.env, "apply", "-f", "-", stdin=json.dumps(v1), check=False).returncode == 0, 20, 0.3, "a write at v1")
+
+        alpha = get(setup, f"gadgets.v1alpha1.{setup.group}", "g")
+        assert alpha["apiVersion"] == f"{setup.group}/v1alpha1"
+        assert alpha["spec"] == {"size": 3, "color": "red"}
+        assert alpha["metadata"]["labels"] == {"app": "demo", "converted-by": "declop"}
+        assert alpha["metadata"]["annotations"]["note"] == "kept" and alpha["metadata"]["name"] == "g"
+
+        back = get(setup, f"gadgets.v1.{setup.group}", "g")
+        assert back["apiVersion"] == f"{setup.group}/v1" and back["spec"] == v1["spec"]
+        assert back["metadata"]["uid"] == alpha["metadata"]["uid"]
+
+        # written at v1alpha1, read at v1
+        alpha["spec"]["size"] = 5
+        kubectl(setup.env, "replace", "-f", "-", stdin=json.dumps(alpha))
+        assert get(setup, f"gadgets.v1.{setup.group}", "g")["spec"] == {"replicas": 5, "appearance": {"color": "red"}}
+        assert records(op, "converted")
+
+
+def test_certificate_renewed_while_running_fails_no_admission(setup: Setup, k8s_api: kubernetes.client.ApiClient) -> None:
+    setup.crd(widget_crd(setup.group))
+    port = free_port()
+    api = kubernetes.client.CustomObjectsApi(k8s_api)
+    with setup.operator("--webhook-cert-validity", "12", port=port) as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        setup.wait_enforced()
+        ca = ca_bundle(setup)
+        first = served_certificate(port, ca)
+        failures: list[str] = []
+        created = 0
+        stop = threading.Event()
+
+        def write() -> None:
+            nonlocal created
+            while not stop.is_set():
+                body = {"apiVersion": f"{setup.group}/v1", "kind": "Widget", "metadata": {"generateName": "r-"}, "spec": {"size": 1}}
+                try:
+                    api.create_namespaced_custom_object(setup.group, "v1", setup.namespace, "widgets", body)
+                    created += 1
+                except kubernetes.client.ApiException as exc:
+                    failures.append(f"{exc.status} {exc.body}")
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            op.wait_for_line("Renewed the webhook serving certificate", count=1, timeout=30)
+            second = served_certificate(port, ca)  # a new handshake gets the new pair, trusted by the same caBundle
+            time.sleep(2)  # keep writing across the renewal for a moment
+        finally:
+            stop.set()
+            writer.join(30)
+        assert second.serial_number != first.serial_number
+        assert ca_bundle(setup) == ca
+        assert failures == [] and created > 5, (created, failures[:3])
+
+
+def test_two_replicas_share_one_ca_and_either_answers(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    front = free_port()
+    port_a, port_b = free_port(), free_port()
+    url = ["--webhook-url", f"https://127.0.0.1:{front}"]
+    with setup.operator(*url, port=port_a, env={"WH_REPLICA": "a"}) as a, setup.operator(*url, port=port_b, env={"WH_REPLICA": "b"}) as b:
+        a.wait_for_line("Registered ValidatingWebhookConfiguration")
+        b.wait_for_line("Registered ValidatingWebhookConfiguration")
+        ca = ca_bundle(setup)
+        secret = json.loads(kubectl(setup.env, "get", "secret", f"{setup.name}-webhook-ca", "-n", OPERATOR_NS, "-o", "json").stdout)
+        assert base64.b64decode(secret["data"]["ca.crt"]) == ca
+        assert served_certificate(port_a, ca).issuer == served_certificate(port_b, ca).issuer
+        assert len(records(a, "Created the webhook CA")) + len(records(b, "Created the webhook CA")) == 1
+
+        for replica, port in (("a", port_a), ("b", port_b)):
+            with TcpProxy(f"127.0.0.1:{port}", listen_port=front):
+                setup.wait_enforced()
+                name = f"via-{replica}"
+                assert setup.apply(widget(setup.group, name, setup.namespace, 2)).returncode == 0
+                seen = [r["replica"] for op in (a, b) for r in records(op, "validating") if r["object"] == name]
+                assert seen == [replica]
+
+
+def test_a_removed_handler_leaves_no_entry_behind(setup: Setup, tmp_path: Path) -> None:
+    """Restarted without its mutator, the operator empties the MutatingWebhookConfiguration:
+    a stale entry with failurePolicy Fail would block every write of the resource."""
+    setup.crd(widget_crd(setup.group))
+    with setup.operator() as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+    only_validator = tmp_path / "only_validator.py"
+    only_validator.write_text(HANDLERS.split("@declop.mutator")[0])
+    with setup.operator(handlers=only_validator) as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+        mutating = json.loads(kubectl(setup.env, "get", "mutatingwebhookconfiguration", setup.name, "-o", "json").stdout)
+        assert mutating.get("webhooks", []) == []
+        setup.wait_enforced()
+        assert setup.apply(widget(setup.group, "no-mutator", setup.namespace, 1)).returncode == 0
+        assert get(setup, f"widgets.{setup.group}", "no-mutator")["spec"] == {"size": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--webhook-service", "just-a-name"], "declop: error: --webhook-service 'just-a-name' is not NAMESPACE/NAME[:PORT], e.g. operators/widget-operator-webhook:443"),
+        (["--webhook-url", "http://127.0.0.1:9443"], "declop: error: --webhook-url 'http://127.0.0.1:9443' must start with https:// (the apiserver calls webhooks over TLS only)"),
+        (["--webhook-cert-validity", "1"], "declop: error: --webhook-cert-validity must be at least 10 seconds, got 1"),
+        (["--webhook-cert-dir", "/nonexistent"], "declop: error: cannot read the webhook serving certificate /nonexistent/tls.crt: No such file or directory; mount a Secret with tls.crt and tls.key, or leave --webhook-cert-dir unset for a generated one"),
+    ],
+)
+def test_bad_webhook_options_are_one_line(setup: Setup, args: list[str], expected: str) -> None:
+    setup.crd(widget_crd(setup.group))
+    result = subprocess.run(
+        [sys.executable, "-m", "declop", "run", str(setup.handlers), "--webhook-name", setup.name, "--webhook-namespace", OPERATOR_NS, *args],
+        env=setup.env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [expected]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_webhook_port_in_use_is_one_line(setup: Setup) -> None:
+    setup.crd(widget_crd(setup.group))
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "declop", "run", str(setup.handlers), "--webhook-port", str(port), "--webhook-name", setup.name, "--webhook-namespace", OPERATOR_NS],
+            env=setup.env, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode != 0
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"declop: error: cannot serve webhooks on port {port}: ") and line.endswith("pick another with --webhook-port"), line

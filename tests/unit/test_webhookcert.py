@@ -1,0 +1,146 @@
+"""declop.webhookcert: the CA in a Secret (created once, shared, never overwritten) and a serving
+certificate a client trusting only the CA accepts — before and after a renewal, without SNI."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import socket
+import ssl
+import threading
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from declop.errors import ApiError, ConfigError, Conflict, NotFound
+from declop.webhookcert import CertAuthority, GeneratedCert, MountedCert, load_or_create_ca
+
+
+def handshake(ctx: ssl.SSLContext, ca_pem: bytes, server_hostname: str | None = None) -> x509.Certificate:
+    """One TLS handshake against ``ctx`` to 127.0.0.1, verified with ``ca_pem`` (no SNI by default,
+    as Go's client does for an IP); returns the certificate served."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        try:
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        except (ssl.SSLError, OSError):
+            pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    client = ssl.create_default_context(cadata=ca_pem.decode())
+    with socket.create_connection(("127.0.0.1", port)) as raw, client.wrap_socket(raw, server_hostname=server_hostname or "127.0.0.1") as tls:
+        der = tls.getpeercert(binary_form=True)
+    t.join(5)
+    server.close()
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_issued_certificate_is_trusted_through_the_ca_and_renewed():
+    ca = CertAuthority.generate("test CA")
+    cert = GeneratedCert(ca, ["127.0.0.1", "localhost"], validity=3600)
+    first = handshake(cert.context, cert.ca_bundle)
+    assert first.not_valid_after_utc - first.not_valid_before_utc == datetime.timedelta(seconds=3600, minutes=5)
+    cert.renew()
+    second = handshake(cert.context, cert.ca_bundle)
+    assert second.serial_number != first.serial_number
+    assert handshake(cert.context, cert.ca_bundle, server_hostname="localhost").serial_number == second.serial_number
+
+
+def test_renewal_task_runs_after_two_thirds(monkeypatch):
+    cert = GeneratedCert(CertAuthority.generate("ca"), ["127.0.0.1"], validity=10)
+    sleeps: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) > 2:
+            raise asyncio.CancelledError
+
+    async def go() -> None:
+        monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+        with pytest.raises(asyncio.CancelledError):
+            await cert._renew_forever()
+
+    asyncio.run(go())
+    assert sleeps == [pytest.approx(10 * 2 / 3)] * 3 and cert.renewals == 2
+
+
+def test_short_validity_is_refused():
+    with pytest.raises(ConfigError, match="--webhook-cert-validity must be at least 10 seconds"):
+        GeneratedCert(CertAuthority.generate("ca"), ["127.0.0.1"], validity=1)
+
+
+class FakeSecrets:
+    """GET/POST of one Secret, optionally losing the create race once."""
+
+    def __init__(self, lose_race: bool = False) -> None:
+        self.stored: dict[str, Any] | None = None
+        self.lose_race = lose_race
+        self.posts = 0
+
+    async def __call__(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        if method == "GET":
+            if self.stored is None:
+                raise NotFound()
+            return self.stored
+        self.posts += 1
+        if self.lose_race:
+            self.lose_race = False
+            other = CertAuthority.generate("theirs")
+            self.stored = {"data": {"ca.crt": base64.b64encode(other.cert_pem).decode(), "ca.key": base64.b64encode(other.key_pem).decode()}}
+            raise Conflict()
+        self.stored = body
+        return body
+
+
+def test_ca_is_created_once_and_then_shared():
+    api = FakeSecrets()
+    first = asyncio.run(load_or_create_ca(api, "ops", "declop-webhook-ca"))
+    second = asyncio.run(load_or_create_ca(api, "ops", "declop-webhook-ca"))
+    assert first == second and api.posts == 1
+    assert api.stored is not None and api.stored["metadata"] == {"name": "declop-webhook-ca", "namespace": "ops", "labels": {"app.kubernetes.io/managed-by": "declop"}}
+
+
+def test_a_lost_create_race_reads_the_winner():
+    api = FakeSecrets(lose_race=True)
+    ca = asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    assert api.stored is not None and ca.cert_pem == base64.b64decode(api.stored["data"]["ca.crt"])
+
+
+def test_a_broken_secret_is_not_overwritten():
+    api = FakeSecrets()
+    api.stored = {"data": {"ca.crt": base64.b64encode(b"junk").decode()}}
+    with pytest.raises(ConfigError, match=r"the webhook CA Secret ops/ca has no usable ca.crt/ca.key \(KeyError\); delete it"):
+        asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    assert api.posts == 0
+
+
+def test_forbidden_secret_read_is_one_line():
+    async def forbidden(method: str, path: str, **_: Any) -> Any:
+        raise ApiError(403, "Forbidden", 'secrets "ca" is forbidden')
+
+    with pytest.raises(ConfigError, match=r'^cannot read the webhook CA Secret ops/ca: secrets "ca" is forbidden$'):
+        asyncio.run(load_or_create_ca(forbidden, "ops", "ca"))
+
+
+def test_mounted_certificate_uses_ca_crt_as_bundle(tmp_path):
+    ca = CertAuthority.generate("cert-manager CA")
+    crt, key = ca.issue(["127.0.0.1"], datetime.timedelta(hours=1))
+    (tmp_path / "tls.crt").write_bytes(crt)
+    (tmp_path / "tls.key").write_bytes(key)
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    mounted = MountedCert(str(tmp_path))
+    assert mounted.ca_bundle == ca.cert_pem
+    handshake(mounted.context, mounted.ca_bundle)
+
+
+def test_mounted_certificate_missing_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"cannot read the webhook serving certificate .*tls.crt: No such file or directory; .* leave --webhook-cert-dir unset"):
+        MountedCert(str(tmp_path))
