@@ -16,6 +16,7 @@ There is no kubelet: installed Pods never run, which is expected.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -1113,6 +1114,53 @@ def test_helm_install(
     assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
+def kubelet_env(
+    control_plane: Any, tool_env: dict[str, str], namespace: str, tmp_path: Path
+) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """Play kubelet for the installed Deployment ``op-declop``: (its container, the container's
+    env, the env of a ``declop run`` process given that env, the handlers ConfigMap laid out as a
+    volume, a token of the ServiceAccount and free local ports)."""
+    spec = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "handlers")
+    assert env["DECLOP_PATHS"] == mount["mountPath"]
+
+    # Laid out as by the kubelet: ..<time>/NAME, ..data -> ..<time>, NAME -> ..data/NAME
+    cm_name = next(v for v in spec["volumes"] if v["name"] == "handlers")["configMap"]["name"]
+    data = kubectl_json(tool_env, "get", "configmap", cm_name, "-n", namespace)["data"]
+    volume = tmp_path / "handlers"
+    (volume / "..2026_01_01_00_00_00.000000001").mkdir(parents=True)
+    for key, text in data.items():
+        (volume / "..2026_01_01_00_00_00.000000001" / key).write_text(text)
+        (volume / key).symlink_to(f"..data/{key}")
+    (volume / "..data").symlink_to("..2026_01_01_00_00_00.000000001")
+
+    sa_dir = tmp_path / "serviceaccount"
+    sa_dir.mkdir()
+    (sa_dir / "token").write_text(control_plane.service_account_token(namespace, spec["serviceAccountName"]))
+    (sa_dir / "ca.crt").write_text(Path(control_plane.ca_file).read_text())
+    (sa_dir / "namespace").write_text(namespace)
+
+    host, port = control_plane.host.removeprefix("https://").rsplit(":", 1)
+    process_env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": port,
+        "DECLOP_SERVICE_ACCOUNT_DIR": str(sa_dir),
+        **env,
+        "DECLOP_PATHS": str(volume),
+        "DECLOP_HEALTH_PORT": str(free_port()),
+        "DECLOP_METRICS_PORT": str(free_port()),
+    }
+    if "DECLOP_WEBHOOK_PORT" in env:
+        process_env["DECLOP_WEBHOOK_PORT"] = str(free_port())
+    return c, env, process_env
+
+
 def test_installed_container_runs_declop(
     control_plane: Any, tool_env: dict[str, str], namespace: str, tmp_path: Path
 ) -> None:
@@ -1131,47 +1179,8 @@ def test_installed_container_runs_declop(
         "gracePeriod=5",
     )
     try:
-        spec = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)["spec"][
-            "template"
-        ]["spec"]
-        (c,) = spec["containers"]
-        env = {e["name"]: e["value"] for e in c["env"]}
-        mount = next(m for m in c["volumeMounts"] if m["name"] == "handlers")
-        assert env["DECLOP_PATHS"] == mount["mountPath"]
-
-        # Laid out as by the kubelet: ..<time>/NAME, ..data -> ..<time>, NAME -> ..data/NAME
-        cm_name = next(v for v in spec["volumes"] if v["name"] == "handlers")["configMap"]["name"]
-        data = kubectl_json(tool_env, "get", "configmap", cm_name, "-n", namespace)["data"]
-        volume = tmp_path / "handlers"
-        (volume / "..2026_01_01_00_00_00.000000001").mkdir(parents=True)
-        for key, text in data.items():
-            (volume / "..2026_01_01_00_00_00.000000001" / key).write_text(text)
-            (volume / key).symlink_to(f"..data/{key}")
-        (volume / "..data").symlink_to("..2026_01_01_00_00_00.000000001")
-
-        sa_dir = tmp_path / "serviceaccount"
-        sa_dir.mkdir()
-        (sa_dir / "token").write_text(
-            control_plane.service_account_token(namespace, spec["serviceAccountName"])
-        )
-        (sa_dir / "ca.crt").write_text(Path(control_plane.ca_file).read_text())
-        (sa_dir / "namespace").write_text(namespace)
-
-        health, metrics = free_port(), free_port()
-        host, port = control_plane.host.removeprefix("https://").rsplit(":", 1)
-        process_env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "KUBERNETES_SERVICE_HOST": host,
-            "KUBERNETES_SERVICE_PORT": port,
-            "DECLOP_SERVICE_ACCOUNT_DIR": str(sa_dir),
-            **env,
-            "DECLOP_PATHS": str(volume),
-            "DECLOP_HEALTH_PORT": str(health),
-            "DECLOP_METRICS_PORT": str(metrics),
-        }
+        c, env, process_env = kubelet_env(control_plane, tool_env, namespace, tmp_path)
+        health, metrics = process_env["DECLOP_HEALTH_PORT"], process_env["DECLOP_METRICS_PORT"]
         with OperatorProcess(c.get("args", []), env=process_env) as op:
             wait_for(
                 lambda: (
@@ -1248,6 +1257,71 @@ def test_installed_container_runs_declop(
         assert not lease["spec"].get("holderIdentity"), lease["spec"]
     finally:
         run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+
+
+GUARD = '''
+import declop
+
+
+@declop.validator("configmaps", labels="chart-webhook-test=yes", failure_policy="Ignore")
+def guard(obj, **_):
+    if "forbidden" in (obj.get("data") or {}):
+        raise declop.Rejected("no key 'forbidden'", field="data")
+'''
+
+
+def test_installed_container_with_webhooks_registers_the_charts_service(
+    control_plane: Any, tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Play kubelet for a release with webhooks.enabled: `declop run` given the container's env
+    (DECLOP_WEBHOOK_SERVICE, _NAME, _NAMESPACE), its ServiceAccount token and the chart's RBAC
+    creates its CA Secret and registers the service form of the client config, with a serving
+    certificate for the Service's DNS name signed by that CA. (The apiserver cannot call the
+    Service without kube-proxy: tests/node/test_webhooks_on_node.py does that on a real node.)"""
+    namespace = f"wh-{os.urandom(3).hex()}"  # short: the CA's subject holds <namespace>/<secret>
+    run(tool_env, "kubectl", "create", "namespace", namespace)
+    handlers = tmp_path / "guard.py"
+    handlers.write_text(GUARD)
+    name = f"{namespace}-op-declop"
+    run(tool_env, "helm", "install", "op", str(CHART), "-n", namespace, "--set", "webhooks.enabled=true",
+        "--set-file", f"handlers.files.guard\\.py={handlers}", "--set", "leaderElection.enabled=false")  # fmt: skip
+    try:
+        c, env, process_env = kubelet_env(control_plane, tool_env, namespace, tmp_path)
+        assert env["DECLOP_WEBHOOK_SERVICE"] == f"{namespace}/op-declop-webhook:443"
+
+        def registered() -> dict[str, Any] | None:
+            found = run(tool_env, "kubectl", "get", "validatingwebhookconfiguration", name, "-o", "json", check=False)
+            return json.loads(found.stdout) if found.returncode == 0 else None
+
+        with OperatorProcess(c.get("args", []), env=process_env) as op:
+            try:
+                config = wait_for(registered, timeout=30, what=f"ValidatingWebhookConfiguration {name}")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; declop printed:\n" + "\n".join(op.lines + op.stderr)) from None
+            (hook,) = config["webhooks"]
+            service = hook["clientConfig"]["service"]
+            assert (service["namespace"], service["name"], service["port"]) == (namespace, "op-declop-webhook", 443)
+            assert "url" not in hook["clientConfig"]
+            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]} in (
+                hook["namespaceSelector"]["matchExpressions"]
+            )
+            secret = kubectl_json(tool_env, "get", "secret", f"{name}-webhook-ca", "-n", namespace)
+            ca = base64.b64decode(secret["data"]["ca.crt"])
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
+            # what the apiserver would do through the Service: TLS to the Pod's webhook port,
+            # verifying the Service's DNS name against the caBundle
+            context = ssl.create_default_context(cadata=ca.decode())
+            port = int(process_env["DECLOP_WEBHOOK_PORT"])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname=f"op-declop-webhook.{namespace}.svc") as tls:
+                    assert tls.version() in ("TLSv1.2", "TLSv1.3")
+            code = op.stop()
+        assert code == 0, "\n".join(op.lines + op.stderr)
+    finally:
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            run(tool_env, "kubectl", "delete", kind, name, "--ignore-not-found", check=False)
+        run(tool_env, "kubectl", "delete", "namespace", namespace, "--wait=false", check=False)
 
 
 # -- the Dockerfile, read as text --------------------------------------------------------------
