@@ -49,6 +49,8 @@ from .ownership import aretry_on_conflict as aretry_on_conflict
 from .ownership import create_or_update as create_or_update
 from .ownership import retry_on_conflict as retry_on_conflict
 from .ownership import set_controller_reference as set_controller_reference
+from .priorityqueue import Priority as Priority
+from .ratelimit import RateLimit as RateLimit
 from .registry import Registry as Registry
 from .registry import background as background
 from .registry import converter as converter
@@ -62,6 +64,7 @@ from .registry import validator as validator
 from .resource import Resource as Resource
 from .result import Phase as Phase
 from .result import Result as Result
+from .trigger import Trigger as Trigger
 from .webhook import Rejected as Rejected
 
 __all__ = [
@@ -79,6 +82,8 @@ __all__ = [
     "NotFound",
     "Options",
     "Phase",
+    "Priority",
+    "RateLimit",
     "ReconcileLogger",
     "RegistrationError",
     "Registry",
@@ -87,6 +92,7 @@ __all__ = [
     "Resource",
     "Result",
     "TerminalError",
+    "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",

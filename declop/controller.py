@@ -19,6 +19,13 @@ Invariants:
   handler call, checked just before each one, also inside a batch — unless ``fence()`` is True
   at that moment. A closed fence is final (it closes only when leadership is over): the
   controller halts, and the keys it held are dropped — the next leader lists every object;
+- every key a source adds is noted in that key's :class:`~declop.trigger.Trace`; a worker takes
+  the trace with the key, so each reconcile knows every cause since its key's previous run
+  (``trigger``); a delayed requeue or retry is attributed to the run it causes, not to one that
+  an event brought forward;
+- with a priority queue, keys from a sync (initial list, relist) and updates that changed only
+  ``resourceVersion``/``managedFields`` (and ``status``, for the primary) are added with the
+  registration's low priorities; everything else with :data:`~declop.priorityqueue.NORMAL`;
 - the echo filter drops an event only when its resourceVersion is one our own finalizer patch
   produced *and* it differs from the previous state by our finalizer alone (an event that arrives
   while the patch is in flight is held until the answer tells whose it was);
@@ -33,6 +40,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import time
@@ -44,17 +52,19 @@ from .batches import STALL_AFTER, Batch, batch_size
 from .cache import readonly
 from .client import AsyncClient, Client, ClientContext
 from .discovery import ResourceInfo
-from .errors import Conflict, InvalidResult, TerminalError
+from .errors import Conflict, InvalidResult, ReconcileTimeout, TerminalError
 from .hints import returned_dict
 from .finalizers import ensure_finalizer, release_finalizer
 from .informer import Informer
 from .keys import Request
-from .logs import ReconcileLogger
+from .logs import ReconcileLogger, trigger_in_context
 from .mapping import KeyMapper
 from .predicates import Predicate, is_builtin
+from .priorityqueue import NORMAL, PriorityQueue
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .registry import Registration
 from .result import Phase, Result, describe, phase_of
+from .trigger import Trace, Trigger
 from .workqueue import QueueEmpty, QueueMetrics, QueueShutDown, WorkQueue
 
 __all__ = ["Controller", "ControllerMetrics", "Source"]
@@ -64,12 +74,17 @@ log = logging.getLogger("declop.controller")
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """Where keys come from: the informers of one resource, a key mapper and predicates."""
+    """Where keys come from: the informers of one resource, a key mapper and predicates.
+
+    ``label`` names a secondary source in triggers and metrics (``owns:ConfigMap``,
+    ``watches:secrets``; bounded: no object names); ``via`` the map function, if any."""
 
     informers: tuple[Informer, ...]
     mapper: KeyMapper
     predicates: tuple[Predicate, ...] = ()
     primary: bool = False
+    label: str = ""
+    via: str = ""
 
 
 class ControllerMetrics:
@@ -87,6 +102,14 @@ class ControllerMetrics:
     def started(self, controller: str, max_concurrent: int) -> None:
         pass
 
+    def triggered(self, controller: str, trace: Trace) -> None:
+        """One reconcile settled; ``trace`` holds its sources and coalesced event count."""
+        pass
+
+    def timed_out(self, controller: str, kind: str) -> None:
+        """A handler call passed its timeout: ``kind`` is "cancelled" (async) or "overrun"."""
+        pass
+
 
 class Controller:
     """Runs one registration. Created and driven by the manager on its event loop."""
@@ -102,6 +125,7 @@ class Controller:
         rate_limiter: RateLimiter | None = None,
         metrics: ControllerMetrics | None = None,
         fence: Callable[[], bool] | None = None,
+        recent: int = 0,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -110,10 +134,23 @@ class Controller:
         self.ctx = ctx
         self.executor = executor
         self.metrics = metrics or ControllerMetrics()
-        self.queue: WorkQueue[Request] = WorkQueue(
-            name=self.name,
-            rate_limiter=rate_limiter or default_controller_rate_limiter(),
-            metrics=self.metrics.queue(self.name),
+        if rate_limiter is None:
+            limit = registration.rate_limit
+            rate_limiter = limit.limiter() if limit is not None else default_controller_rate_limiter()
+        queue_metrics = self.metrics.queue(self.name)
+        priority = registration.priority
+        self.queue: WorkQueue[Request] = (
+            WorkQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics)
+            if priority is None
+            else PriorityQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, aging=priority.aging)
+        )
+        # key -> why it was added since its last run (taken by the worker with the key)
+        self._traces: dict[Request, Trace] = {}
+        # key -> (source, detail) of its pending delayed add (requeue_after, retry)
+        self._delayed: dict[Request, tuple[str, str | None]] = {}
+        #: the last ``recent`` reconciles (for /debug/reconciles); None when off
+        self.recent: collections.deque[dict[str, Any]] | None = (
+            collections.deque(maxlen=recent) if recent > 0 else None
         )
         self._primary = [i for s in self.sources if s.primary for i in s.informers]
         self._log = logging.getLogger(f"declop.controller.{self.name}")
@@ -135,11 +172,34 @@ class Controller:
         self._released: dict[tuple[str | None, str], str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
-    def _subscriber(self, source: Source) -> Callable[[Any, Any], None]:
+    def _subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:
+        """The event handler of ``source`` on ``informer`` (default: its first)."""
+        if informer is None:
+            informer = source.informers[0]
         add = self.queue.add
+        traces = self._traces
         mapper, predicates = source.mapper, source.predicates
-        own_finalizer = self.registration.finalizer if source.primary else None
+        primary = source.primary
+        own_finalizer = self.registration.finalizer if primary else None
         own_writes, released, writing = self._own_writes, self._released, self._writing
+        priority = self.registration.priority if isinstance(self.queue, PriorityQueue) else None
+        listed = priority.listed if priority is not None else NORMAL
+        # None: updates are not compared (FIFO, or unchanged updates keep NORMAL priority)
+        unchanged = priority.unchanged if priority is not None and priority.unchanged != NORMAL else None
+        label = source.label or f"source:{informer.resource.kind}"
+        kind, via = informer.resource.kind, source.via
+
+        def note(key: Request, why: str, obj: Any) -> None:
+            trace = traces.get(key)
+            if trace is None:
+                trace = traces[key] = Trace()
+            if primary:
+                trace.note(why, (obj.get("metadata") or {}).get("resourceVersion"))
+            else:
+                meta = obj.get("metadata") or {}
+                ns = meta.get("namespace")
+                who = f"{kind} {ns}/{meta.get('name')}" if ns else f"{kind} {meta.get('name')}"
+                trace.note(label, None, f"{via}: {who}" if via else who)
 
         if all(is_builtin(p) for p in predicates):
             guard = None  # the built-ins only read: they get the cache's objects
@@ -157,14 +217,42 @@ class Controller:
                 elif _finalizer_work(old, new, own_finalizer):
                     for key in mapper(old, new):  # past the predicates: the protocol needs it
                         add(key)
+                        note(key, "finalizer", new)
                     return
             if predicates:
                 o, n = (old, new) if guard is None else (guard(old), guard(new))
                 for p in predicates:
                     if not p(o, n):
                         return
-            for key in mapper(old, new):
-                add(key)
+            rank = NORMAL
+            if new is None:
+                why, obj = "deleted", old
+            elif informer.syncing:  # the initial list, a relist, a replay to a late subscriber
+                why, obj, rank = ("initial-list" if informer.lists <= 1 else "relist"), new, listed
+            elif old is None:
+                why, obj = "created", new
+            else:
+                why, obj = "updated", new
+                if unchanged is not None and _only_churn(old, new, primary):
+                    rank = unchanged
+            if primary:  # the hot path: Trace.note inlined (one event, no detail)
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                for key in mapper(old, new):
+                    add(key, rank)
+                    trace = traces.get(key)
+                    if trace is None:
+                        trace = traces[key] = Trace()
+                    trace.events += 1
+                    counts = trace.sources
+                    counts[why] = counts.get(why, 0) + 1
+                    if rv is not None:
+                        if trace.first_rv is None:
+                            trace.first_rv = rv
+                        trace.last_rv = rv
+            else:
+                for key in mapper(old, new):
+                    add(key, rank)
+                    note(key, why, obj)
 
         return on_event
 
@@ -186,6 +274,7 @@ class Controller:
                 self._own_writes[ident] = rv  # its event is still to come
             if any(r != rv for r in held):
                 self.queue.add(key)  # someone else's change: it must be reconciled
+                self._trace(key).note("updated", next(r for r in held if r != rv))
 
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
@@ -194,9 +283,8 @@ class Controller:
         """Subscribe to every source, wait for the sync gate (and ``leadership``, if given), then
         start the workers. Caches warm up while a standby waits for the lease."""
         for source in self.sources:
-            handler = self._subscriber(source)
             for informer in source.informers:
-                informer.subscribe(handler)
+                informer.subscribe(self._subscriber(source, informer))
         self._log.info("Starting Controller", extra={"kv": {"controller": self.name, "resource": str(self.resource)}})
         pending = self.informers()
         while True:
@@ -294,15 +382,29 @@ class Controller:
         calls: list[_Call] = []  # every call is "held" until its key is done() or given back
         try:
             finalizer, created, fence = reg.finalizer, self._created, self.fence
+            traces, delayed = self._traces, self._delayed
+            log_trigger = trigger_in_context()
+            freeze = log_trigger or reg.wants_trigger or self.recent is not None
             for key in keys:
                 if fence is not None and not fence():
                     self._fence_closed(len(keys) - len(calls))
                     break  # the rest never starts; their keys end with done() below
                 call = _Call(key, time.monotonic(), str(uuid.uuid4()))
-                call.logger = ReconcileLogger(
-                    self._log,
-                    {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id},
-                )
+                trace = traces.pop(key, None)
+                if trace is None:
+                    trace = Trace()
+                if delayed and key in delayed and not self.queue.is_waiting(key):
+                    why, detail = delayed.pop(key)  # its delayed add is due: this run serves it
+                    trace.note(why, None, detail)
+                call.trace = trace
+                context = {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id}
+                if freeze:
+                    call.trigger = trace.freeze()
+                    if log_trigger:
+                        context["trigger"] = str(call.trigger)
+                call.logger = ReconcileLogger(self._log, context)
+                if log_trigger and self._log.isEnabledFor(logging.DEBUG):
+                    call.logger.debug("Reconciling")
                 try:
                     obj = self._lookup(key)
                     call.phase = phase_of(obj, finalizer)
@@ -329,7 +431,7 @@ class Controller:
                         if reg.is_async
                         else Client(self.ctx, self.resource, key, self.name)
                     )
-                    call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id)
+                    call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
                 except Exception as exc:  # noqa: BLE001 - settled like a handler error
                     call.error = exc
                     call.finished = True
@@ -343,10 +445,13 @@ class Controller:
                             self._fence_closed(len(calls) - calls.index(call))
                             break  # dropped: the fence never reopens
                         call.called = True
-                        try:
-                            call.outcome = await reg.fn(**call.kwargs)
-                        except Exception as exc:  # noqa: BLE001
-                            call.error = exc
+                        if reg.timeout is None:
+                            try:
+                                call.outcome = await reg.fn(**call.kwargs)
+                            except Exception as exc:  # noqa: BLE001
+                                call.error = exc
+                        else:
+                            await self._call_with_timeout(call, reg.timeout)
                     await self._finish(call)
             else:
                 # Plain handlers: the prepared calls run in one executor job. With more than one
@@ -360,12 +465,13 @@ class Controller:
                 if runnable:
                     loop = asyncio.get_running_loop()
                     fn, stopping = reg.fn, self._is_stopping
+                    timed = reg.timeout is not None
                     if len(runnable) == 1 or reg.max_concurrent == 1:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping, fence)
+                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping, fence, timed)
                     else:
                         batch: Batch[_Call] = Batch(runnable)
-                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping, fence)
+                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping, fence, timed)
                         watch = _Watch(batch, calls, loop.create_future())
                         job.add_done_callback(watch.wake)
                         watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
@@ -397,6 +503,7 @@ class Controller:
             )
             for k in _held(keys, calls):
                 self.queue.add_rate_limited(k)
+                self._delayed[k] = ("retry", "framework error")
         finally:
             for k in _held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
@@ -419,6 +526,7 @@ class Controller:
                 call.held = False
                 if call.add_finalizer:  # we added it for a CREATED call that has not run
                     self._created.add(call.key)
+                self._restore(call.key, call.trace)
             self.queue.give_back(*(call.key for call in back))
             self._log.debug(
                 "A call is slow; the keys behind it go back to the queue",
@@ -429,6 +537,39 @@ class Controller:
 
     def _is_stopping(self) -> bool:
         return self._stopping
+
+    def _trace(self, key: Request) -> Trace:
+        """The trace of ``key``'s next run (created on first use)."""
+        trace = self._traces.get(key)
+        if trace is None:
+            trace = self._traces[key] = Trace()
+        return trace
+
+    def _restore(self, key: Request, trace: Trace) -> None:
+        """A given-back key keeps the causes it was taken with, ahead of any newer ones."""
+        newer = self._traces.get(key)
+        if newer is not None:
+            trace.merge(newer)
+        self._traces[key] = trace
+
+    async def _call_with_timeout(self, call: _Call, timeout: float) -> None:
+        """Await an async handler for at most ``timeout`` seconds; past it, the handler is
+        cancelled and the call fails with :class:`~declop.errors.ReconcileTimeout` (retried with
+        backoff). A ``TimeoutError`` the handler raises itself stays its own error."""
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                call.outcome = await self.registration.fn(**call.kwargs)
+        except TimeoutError as exc:
+            if not scope.expired():
+                call.error = exc
+                return
+            self.metrics.timed_out(self.name, "cancelled")
+            call.error = ReconcileTimeout(
+                f"handler {self.name!r} did not finish within timeout={timeout:g} s for {call.key}; "
+                "it was cancelled and the key is retried with backoff"
+            )
+        except Exception as exc:  # noqa: BLE001
+            call.error = exc
 
     async def _finish(self, call: _Call) -> None:
         """After the handler: release the finalizer after a successful DELETING call, then
@@ -485,37 +626,66 @@ class Controller:
             self.reconciles += 1
             if self._created:
                 self._created.discard(call.key)
-        self._settle(call.key, call.outcome, call.error, call.logger, time.monotonic() - call.started)
+            timeout = self.registration.timeout
+            if timeout is not None and call.ran > timeout:  # a plain handler (a thread cannot be killed)
+                self.metrics.timed_out(self.name, "overrun")
+                call.logger.warning(
+                    "Reconcile overran its timeout (a plain handler cannot be cancelled)",
+                    seconds=round(call.ran, 3),
+                    timeout=timeout,
+                )
+        seconds = time.monotonic() - call.started
+        result = self._settle(call.key, call.outcome, call.error, call.logger, seconds)
+        self.metrics.triggered(self.name, call.trace)
+        if self.recent is not None:
+            self.recent.append(
+                {
+                    "key": str(call.key),
+                    "reconcileID": call.reconcile_id,
+                    "trigger": str(call.trigger),
+                    "events": call.trace.events,
+                    "finished": time.time(),
+                    "seconds": round(seconds, 6),
+                    "outcome": result,
+                    **({"error": type(call.error).__name__} if call.error is not None else {}),
+                }
+            )
         call.held = False
         self.queue.done(call.key)
 
     def _settle(
         self, key: Request, outcome: Any, error: BaseException | None, logger: ReconcileLogger, seconds: float
-    ) -> None:
-        """The outcome table of design §2 — the one place outcomes become queue operations."""
+    ) -> str:
+        """The outcome table of design §2 — the one place outcomes become queue operations.
+        Returns the result (the ``result`` label of the reconcile metrics)."""
         queue = self.queue
         if error is None:
             error = invalid_outcome(self.name, key, outcome)
         if isinstance(error, TerminalError):
             logger.error("Reconciler error (terminal, not retried)", exc_info=error)
             queue.forget(key)
-            self.metrics.reconciled(self.name, "terminal_error", seconds)
+            result = "terminal_error"
         elif isinstance(error, Conflict):
             logger.info("Conflict, requeueing", error=str(error))
             queue.add_rate_limited(key)
-            self.metrics.reconciled(self.name, "error", seconds)
+            self._delayed[key] = ("retry", "Conflict")
+            result = "error"
         elif error is not None:
             logger.error("Reconciler error", exc_info=error)
             queue.add_rate_limited(key)
-            self.metrics.reconciled(self.name, "error", seconds)
+            self._delayed[key] = ("retry", type(error).__name__)
+            result = "error"
         elif isinstance(outcome, Result) and outcome.requeue_after:
             # only a positive delay requeues: 0 is plain success, as in controller-runtime
             queue.forget(key)
             queue.add_after(key, outcome.requeue_after)
-            self.metrics.reconciled(self.name, "requeue_after", seconds)
+            self._delayed[key] = ("requeue_after", None)
+            result = "requeue_after"
         else:
             queue.forget(key)
-            self.metrics.reconciled(self.name, "success", seconds)
+            result = "success"
+        self.metrics.reconciled(self.name, result, seconds)
+        return result
 
 
 def invalid_outcome(controller: str, key: Request, outcome: Any) -> InvalidResult | None:
@@ -554,7 +724,7 @@ class _Call:
 
     __slots__ = (
         "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
-        "finished", "held", "outcome", "error", "stale",
+        "finished", "held", "outcome", "error", "stale", "trace", "trigger", "ran",
     )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
@@ -570,6 +740,9 @@ class _Call:
         self.outcome: Any = None
         self.error: BaseException | None = None
         self.stale = False  # a cached copy behind our own finalizer release: nothing to call
+        self.trace: Trace  # why it runs (taken from the controller with the key)
+        self.trigger: Trigger | None = None  # the frozen trace, when someone reads it
+        self.ran = 0.0  # seconds a plain handler ran (measured only with a timeout)
 
 
 def _held(keys: list[Request], calls: list[_Call]) -> list[Request]:
@@ -583,6 +756,7 @@ def _run_batch(
     calls: Iterable[_Call],
     stopping: Callable[[], bool],
     fence: Callable[[], bool] | None = None,
+    timed: bool = False,
 ) -> None:
     """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
     :class:`~declop.batches.Batch` the loop may take calls back from; stop early at shutdown (the
@@ -592,10 +766,13 @@ def _run_batch(
         if (i and stopping()) or (fence is not None and not fence()):
             return
         call.called = True
+        began = time.monotonic() if timed else 0.0
         try:
             call.outcome = fn(**call.kwargs)
         except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
             call.error = exc
+        if timed:
+            call.ran = time.monotonic() - began
         call.finished = True  # last: everything above is final when the loop sees it
 
 
@@ -635,6 +812,36 @@ def _finalizer_work(old: Any, new: Any, finalizer: str) -> bool:
     if nm.get("deletionTimestamp"):
         return not om.get("deletionTimestamp") and finalizer in (nm.get("finalizers") or ())
     return finalizer in (om.get("finalizers") or ()) and finalizer not in (nm.get("finalizers") or ())
+
+
+_CHURN = frozenset({"resourceVersion", "managedFields"})
+
+
+def _only_churn(old: Any, new: Any, status: bool) -> bool:
+    """``new`` differs from ``old`` at most in ``metadata.resourceVersion``/``managedFields``
+    (and in ``status``, when ``status``): nothing a handler of the object acts on changed.
+    Metadata first: labels and annotations are small and the likeliest to differ."""
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if om.get("annotations") != nm.get("annotations") or om.get("labels") != nm.get("labels"):
+        return False  # the common real change of a ConfigMap-like object, found in two lookups
+    for k, v in nm.items():
+        if k not in _CHURN and om.get(k, _MISSING) != v:
+            return False
+    for k in om:
+        if k not in nm and k not in _CHURN:
+            return False
+    for k, v in new.items():
+        if k == "metadata" or (status and k == "status"):
+            continue
+        if old.get(k, _MISSING) != v:
+            return False
+    for k in old:
+        if k not in new and k != "metadata" and not (status and k == "status"):
+            return False
+    return True
+
+
+_MISSING = object()
 
 
 def _only_our_finalizer(old: Any, new: Any, finalizer: str) -> bool:

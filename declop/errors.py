@@ -10,6 +10,7 @@ Every error declop raises on purpose derives from :class:`DeclopError`::
      │    ├── Conflict            409 — a stale resourceVersion; re-read and retry
      │    └── Forbidden           403 — RBAC denies the request; the message names verb and resource
      ├── CacheNotSyncedError    a read hit a cache that has not listed yet; retried like any failure
+     ├── ReconcileTimeout       an async handler passed its timeout=: cancelled, retried (also a TimeoutError)
      └── TerminalError          raised by a handler: log, count, and do not retry
           └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
 
@@ -29,6 +30,7 @@ __all__ = [
     "Forbidden",
     "InvalidResult",
     "NotFound",
+    "ReconcileTimeout",
     "RegistrationError",
     "TerminalError",
 ]
@@ -106,3 +108,8 @@ class InvalidResult(TerminalError, TypeError, ValueError):
     message names the type (and, for a number or short string, the value) and says what to
     return instead — never the contents of an object.
     """
+
+
+class ReconcileTimeout(DeclopError, TimeoutError):
+    """An ``async def`` handler ran past its ``timeout=``: it was cancelled and its key is retried
+    with backoff. (A plain handler cannot be cancelled: its overrun is only reported.)"""

@@ -97,7 +97,8 @@ KOPF_KWARGS: Mapping[str, str] = {
 
 _FILTER = "filter events with predicates=[...] (declop.predicates, docs/predicates.md)"
 _RETRY_OPTION = (
-    "declop retries every failure with per-key backoff; raise declop.TerminalError to stop"
+    "declop retries every failure with per-key backoff (pace it with rate_limit=declop.RateLimit(...)); "
+    "raise declop.TerminalError to stop"
 )
 _PARTS = "name the resource in the first argument, e.g. @declop.reconciler('widgets.example.com')"
 
@@ -120,7 +121,6 @@ KOPF_OPTIONS: Mapping[str, str] = {
     "retries": _RETRY_OPTION,
     "backoff": _RETRY_OPTION,
     "errors": _RETRY_OPTION,
-    "timeout": _RETRY_OPTION,
     "param": "register the function once per value, each with its own name= and a closure or functools.partial",
     "requires_finalizer": "use finalizer='my.domain/name'",
     "optional": "use finalizer='my.domain/name' only when the handler must clean up",

@@ -184,6 +184,9 @@ class Informer:
         self._stream_synced = False  # the current stream's initial events are in the store
         self.last_error: str = ""
         self.lists = 0  # number of completed syncs (1 + relists), streaming or paginated
+        #: True while subscribers receive a sync's changes (the initial list, a relist, or the
+        #: replay of the cache to a late subscriber): controllers give such keys low priority
+        self.syncing = False
         self.last_sync_mode = ""  # "stream" or "paged": how the last sync was done
         self._kv = {"informer": self.name}
 
@@ -191,8 +194,12 @@ class Informer:
         """Receive every future change; if already synced, replay the cache as additions first."""
         self._subscribers.append(handler)
         if self.store.synced:
-            for obj in self.store:
-                handler(None, obj)
+            self.syncing = True
+            try:
+                for obj in self.store:
+                    handler(None, obj)
+            finally:
+                self.syncing = False
 
     def start(self) -> None:
         if self._task is None:
@@ -412,7 +419,11 @@ class Informer:
         for i in range(len(changes)):
             old, new = changes[i]
             changes[i] = None
-            self._emit(old, new)
+            self.syncing = True
+            try:
+                self._emit(old, new)
+            finally:
+                self.syncing = False
             if i % _CHUNK == _CHUNK - 1:
                 del old, new
                 await asyncio.sleep(0)  # let watches, probes and workers run between chunks

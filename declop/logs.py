@@ -27,7 +27,32 @@ import logging
 import sys
 from typing import Any, Mapping
 
-__all__ = ["JsonFormatter", "PlainFormatter", "REDACTED", "ReconcileLogger", "configure", "kv", "redact"]
+__all__ = [
+    "JsonFormatter",
+    "PlainFormatter",
+    "REDACTED",
+    "ReconcileLogger",
+    "configure",
+    "kv",
+    "redact",
+    "set_trigger_in_context",
+    "trigger_in_context",
+]
+
+# Whether reconcile loggers carry the compact ``trigger`` pair (configure() sets it: JSON, or -v)
+_trigger_in_context = False
+
+
+def trigger_in_context() -> bool:
+    """Reconcile loggers carry a ``trigger`` pair (why the reconcile ran): in JSON mode and at
+    ``-v`` (DEBUG) in plain mode, as :func:`configure` set it."""
+    return _trigger_in_context
+
+
+def set_trigger_in_context(on: bool) -> None:
+    """Turn the ``trigger`` pair on or off (for library users who install their own handlers)."""
+    global _trigger_in_context
+    _trigger_in_context = bool(on)
 
 
 REDACTED = "<redacted>"
@@ -149,6 +174,7 @@ def configure(fmt: str = "plain", level: int = logging.INFO, stream: Any = None)
             root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level)
+    set_trigger_in_context(fmt == "json" or level <= logging.DEBUG)
     # third-party chatter stays quiet unless -v
     for noisy in ("kubernetes", "urllib3", "aiohttp", "asyncio"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

@@ -90,6 +90,9 @@ class Options:
     #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
     #: apiserver refuses it), "stream" or "paged" (forced)
     list_mode: str = "auto"
+    #: keep the last N reconciles per controller and serve them on /debug/reconciles (health
+    #: port); 0: off
+    debug_reconciles: int = 0
     #: HTTPS port of the webhook server (served only when webhooks are registered)
     webhook_port: int = 9443
     #: tls.crt/tls.key (and ca.crt) mounted for the webhook server; None: declop's own CA in a Secret
@@ -236,6 +239,13 @@ class Manager:
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
             self.metrics.watch_queue(c.queue.statistics)
+        debug = self.options.debug_reconciles
+        if not isinstance(debug, int) or isinstance(debug, bool) or debug < 0:
+            raise ConfigError(f"debug_reconciles must be an int >= 0 (0: off), got {debug!r}")
+        if debug and not self.options.health_port:
+            raise ConfigError(
+                "--debug-reconciles serves /debug/reconciles on the health port; pass --health-port too"
+            )
         if self.registry.webhooks:
             await self._setup_webhooks()
         if self.options.health_port or self.options.metrics_port:
@@ -250,8 +260,12 @@ class Manager:
                 metrics=self.metrics.exposition,
                 metrics_tls=tls,
                 metrics_auth=auth,
+                reconciles=self.recent_reconciles if debug else None,
             )
 
+    def recent_reconciles(self) -> dict[str, list[dict[str, Any]]]:
+        """The last reconciles per controller, newest last (``/debug/reconciles``)."""
+        return {c.name: list(c.recent or ()) for c in self.controllers}
     async def _setup_webhooks(self) -> None:
         """Resolve every webhook's resource, get the certificate (the CA Secret is read or created
         here) and build the server; it starts in :meth:`start`."""
@@ -364,13 +378,23 @@ class Manager:
             info = self._resolve(owned.name, f"controller {reg.name!r} owns=")
             mapper = enqueue_owner(primary.group, primary.kind, namespaced=primary.namespaced)
             informers = pool.for_resource(info, reg.namespaces, field_selector=owned.fields, metadata_only=owned.metadata_only)
-            sources.append(Source(tuple(informers), mapper))
+            sources.append(Source(tuple(informers), mapper, label=f"owns:{info.kind}"))
         for watched, fn in reg.watches:
             info = self._resolve(watched.name, f"controller {reg.name!r} watches=")
             informers = pool.for_resource(info, reg.namespaces, field_selector=watched.fields, metadata_only=watched.metadata_only)
-            sources.append(Source(tuple(informers), enqueue_mapped(fn, AsyncClient(ctx))))
+            sources.append(
+                Source(
+                    tuple(informers),
+                    enqueue_mapped(fn, AsyncClient(ctx)),
+                    label=f"watches:{info.group_resource}",
+                    via=getattr(fn, "__name__", "map function"),
+                )
+            )
         fence = self.elector.valid if self.elector is not None else None
-        return Controller(reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence)
+        return Controller(
+            reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
+            recent=self.options.debug_reconciles,
+        )
 
     def checks(self) -> list[Check]:
         """Readiness: one check per controller, failing until its caches synced; with leader

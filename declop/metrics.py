@@ -11,6 +11,11 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
   ``controller_runtime_reconcile_errors_total``, ``controller_runtime_terminal_reconcile_errors_total``,
   ``controller_runtime_reconcile_time_seconds``, ``controller_runtime_active_workers``,
   ``controller_runtime_max_concurrent_reconciles``;
+- ``declop_reconcile_triggers_total{controller,source}`` (per settled reconcile, +1 for each
+  source that caused it: ``created``, ``updated``, ``deleted``, ``initial-list``, ``relist``,
+  ``owns:<Kind>``, ``watches:<resource>``, ``finalizer``, ``requeue_after``, ``retry``),
+  ``declop_reconcile_coalesced_events{controller}`` (events per reconcile),
+  ``declop_reconcile_timeouts_total{controller,kind=cancelled|overrun}``;
 - ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``;
 - ``controller_runtime_webhook_requests_total{webhook,code}``,
   ``controller_runtime_webhook_latency_seconds{webhook}``,
@@ -18,18 +23,22 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
   (``/validate/<name>``), as in controller-runtime.
 
 Invariant: hot-path hooks (queue adds, reconcile results) only increment pre-bound children;
-gauges that describe state (depth, in-flight ages) are read from the queues at scrape time.
+gauges that describe state (depth, in-flight ages) are read from the queues at scrape time. The
+trigger series are plain dict/list counts on the loop, turned into families at scrape time
+(``_TriggerState``): a reconcile pays a few integer increments for them, no lock.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from .controller import ControllerMetrics
+from .trigger import Trace
 from .workqueue import QueueMetrics, QueueStatistics
 
 __all__ = ["Metrics"]
@@ -42,6 +51,9 @@ RECONCILE_BUCKETS = (
     1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60,
 )
 
+
+#: declop_reconcile_coalesced_events buckets: events folded into one reconcile
+COALESCED_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 #: the ``result`` label values of controller_runtime_reconcile_total
 RESULTS = ("success", "error", "requeue_after", "terminal_error")
@@ -96,6 +108,49 @@ class _QueueState(Collector):
         yield depth
         yield unfinished
         yield longest
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+
+class _Triggers:
+    """One controller's trigger counts: per source, and the coalesced-events histogram."""
+
+    __slots__ = ("buckets", "count", "sources", "sum")
+
+    def __init__(self) -> None:
+        self.sources: dict[str, int] = {}
+        self.buckets = [0] * len(COALESCED_BUCKETS)  # non-cumulative; beyond the last: count only
+        self.sum = 0
+        self.count = 0
+
+
+class _TriggerState(Collector):
+    """declop_reconcile_triggers_total and declop_reconcile_coalesced_events, at scrape time."""
+
+    def __init__(self, triggers: dict[str, _Triggers]) -> None:
+        self._triggers = triggers
+
+    def collect(self) -> Iterable[Any]:
+        counter = CounterMetricFamily(
+            "declop_reconcile_triggers",
+            "Reconciles per controller and source that caused them (a reconcile with several sources counts for each)",
+            labels=["controller", "source"],
+        )
+        histogram = HistogramMetricFamily(
+            "declop_reconcile_coalesced_events", "Source events coalesced into one reconcile", labels=["controller"]
+        )
+        for controller, t in list(self._triggers.items()):
+            for source, n in list(t.sources.items()):
+                counter.add_metric([controller, source], n)
+            cumulative, buckets = 0, []
+            for le, n in zip(COALESCED_BUCKETS, t.buckets):
+                cumulative += n
+                buckets.append((str(float(le)), cumulative))
+            buckets.append(("+Inf", t.count))
+            histogram.add_metric([controller], buckets, t.sum)
+        yield counter
+        yield histogram
 
     def describe(self) -> Iterable[Any]:
         return []
@@ -158,6 +213,14 @@ class Metrics(ControllerMetrics):
         self.rest_requests = Counter(
             "rest_client_requests_total", "Number of HTTP requests, partitioned by method and code.", ["method", "code"], registry=r
         )
+        self._triggers: dict[str, _Triggers] = {}
+        r.register(_TriggerState(self._triggers))
+        self.timeouts = Counter(
+            "declop_reconcile_timeouts_total",
+            "Handler calls past their timeout: cancelled (async) or overrun (plain, reported only)",
+            ["controller", "kind"],
+            registry=r,
+        )
         self.webhook_requests = Counter(
             "controller_runtime_webhook_requests_total",
             "Total number of admission requests by HTTP status code.",
@@ -211,6 +274,24 @@ class Metrics(ControllerMetrics):
         c["time"].observe(seconds)
         if result in ("error", "terminal_error"):
             c[result].inc()
+
+    def triggered(self, controller: str, trace: Trace) -> None:
+        t = self._triggers.get(controller)
+        if t is None:
+            t = self._triggers[controller] = _Triggers()
+        counts = t.sources
+        for source in trace.sources:
+            counts[source] = counts.get(source, 0) + 1
+        events = trace.events
+        t.count += 1
+        t.sum += events
+        if events <= 1:
+            t.buckets[0] += 1
+        elif events <= COALESCED_BUCKETS[-1]:
+            t.buckets[bisect.bisect_left(COALESCED_BUCKETS, events)] += 1
+
+    def timed_out(self, controller: str, kind: str) -> None:
+        self.timeouts.labels(controller, kind).inc()
 
     def active(self, controller: str, delta: int) -> None:
         self._children(controller)["active"].inc(delta)

@@ -9,6 +9,9 @@ authentication and authorization by default (aiohttp on the manager's loop).
   the reasons (Forbidden messages naming the ServiceAccount…) are in the logs.
 - ``/metrics`` serves the Prometheus text format; with ``metrics_tls`` over HTTPS, and with
   ``metrics_auth`` (:class:`~declop.metricsauth.MetricsAuth`) only to callers allowed ``get``.
+- ``/debug/reconciles`` (only when a ``reconciles`` source is given: off by default) serves the
+  last reconciles per controller as JSON — key, trigger, duration, outcome; names and counts,
+  never object contents — on the health port.
 
 Health and plain-HTTP metrics may share a port; secure metrics need their own. A port of
 ``None`` or ``0`` disables it.
@@ -45,6 +48,7 @@ class ProbeServer:
         host: str = "0.0.0.0",
         metrics_tls: ssl.SSLContext | None = None,
         metrics_auth: Any = None,
+        reconciles: Callable[[], Any] | None = None,
     ) -> None:
         self.health_port, self.metrics_port = health_port or None, metrics_port or None
         if self.metrics_port and self.metrics_port == self.health_port and (metrics_tls or metrics_auth):
@@ -56,6 +60,7 @@ class ProbeServer:
         self.metrics_auth = metrics_auth
         self.checks = checks
         self.metrics = metrics
+        self.reconciles = reconciles
         self.host = host
         self._runners: list[web.AppRunner] = []
 
@@ -77,10 +82,16 @@ class ProbeServer:
         body = self.metrics() if self.metrics is not None else b""
         return web.Response(body=body, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
 
+    async def _debug_reconciles(self, request: web.Request) -> web.Response:
+        assert self.reconciles is not None
+        return web.json_response(self.reconciles(), headers={"X-Content-Type-Options": "nosniff"})
+
     async def start(self) -> None:
         ports: dict[int, list[tuple[str, Callable[[web.Request], object]]]] = {}
         if self.health_port:
             ports.setdefault(self.health_port, []).extend([("/healthz", self._healthz), ("/readyz", self._readyz)])
+            if self.reconciles is not None:
+                ports[self.health_port].append(("/debug/reconciles", self._debug_reconciles))
         if self.metrics_port:
             ports.setdefault(self.metrics_port, []).append(("/metrics", self._metrics))
         for port, routes in ports.items():

@@ -32,13 +32,16 @@ Invariants:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Hashable, Protocol, runtime_checkable
 
 from declop.clock import MONOTONIC, Clock
+from declop.errors import RegistrationError
 
 __all__ = [
     "ItemExponential",
     "MaxOf",
+    "RateLimit",
     "RateLimiter",
     "TokenBucket",
     "default_controller_rate_limiter",
@@ -238,3 +241,38 @@ def default_controller_rate_limiter(
     """client-go's ``DefaultTypedControllerRateLimiter``: per-item exponential backoff
     (5 ms .. 1000 s) combined with an overall token bucket (10 qps, burst 100)."""
     return MaxOf(ItemExponential(base, cap), TokenBucket(qps, burst, clock))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A controller's retry pacing, as a decorator option: ``rate_limit=RateLimit(qps=50)``.
+
+    The defaults are client-go's ``DefaultTypedControllerRateLimiter``: a failed key waits
+    ``base * 2**failures`` seconds, at most ``cap`` (5 ms .. 1000 s), and all retries together
+    pass an overall token bucket of ``qps`` per second with bursts of ``burst`` (10 qps, 100).
+    Bad values raise :class:`~declop.errors.RegistrationError` (a ``ConfigError``) naming the
+    field and what it accepts.
+    """
+
+    base: float = 0.005
+    cap: float = 1000.0
+    qps: float = 10.0
+    burst: int = 100
+
+    def __post_init__(self) -> None:
+        if not (_number(self.base) and 0 <= self.base < math.inf):
+            raise RegistrationError(f"rate_limit: base must be a number of seconds >= 0 (client-go: 0.005), got {self.base!r}")
+        if not (_number(self.cap) and self.cap >= self.base):
+            raise RegistrationError(f"rate_limit: cap must be a number of seconds >= base ({self.base!r}) (client-go: 1000), got {self.cap!r}")
+        if not (_number(self.qps) and self.qps > 0):
+            raise RegistrationError(f"rate_limit: qps must be a number > 0, or math.inf for no overall limit (client-go: 10), got {self.qps!r}")
+        if not (isinstance(self.burst, int) and not isinstance(self.burst, bool) and self.burst >= 1):
+            raise RegistrationError(f"rate_limit: burst must be an int >= 1 (client-go: 100), got {self.burst!r}")
+
+    def limiter(self, clock: Clock = MONOTONIC) -> RateLimiter:
+        """A fresh limiter with these settings."""
+        return default_controller_rate_limiter(base=self.base, cap=self.cap, qps=self.qps, burst=self.burst, clock=clock)

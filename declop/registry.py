@@ -12,7 +12,7 @@ Invariants:
   until :meth:`Registry.clear` empties it for the next manager;
 - argument names are checked at registration (:func:`_wanted`): a parameter without a default
   must be one of the injectable names (``request``, ``name``, ``namespace``, ``client``,
-  ``logger``, ``reconcile_id``, ``phase``, ``obj``) — with or without ``**kwargs``, which never
+  ``logger``, ``reconcile_id``, ``phase``, ``obj``, ``trigger``) — with or without ``**kwargs``, which never
   fills a name declop does not have; a parameter with a default is the handler's own unless its
   name is within a typo of an injectable one (``loger=None``), which is refused. Refusals say
   "did you mean" or, for Kopf's arguments (``spec``, ``body``, ``patch`` …), what declop does
@@ -24,13 +24,16 @@ Invariants:
 - the primary resource and every ``owns=``/``watches=`` entry is stored as a
   :class:`~declop.resource.Resource` (name, metadata only, field selector);
 - at most one transform per resource name; at most one converter per resource, and webhook
-  names are unique per kind.
+  names are unique per kind;
+- tuning options (``priority``, ``rate_limit``, ``timeout``) are validated at registration: a bad
+  value raises :class:`~declop.errors.RegistrationError` naming the option and what it accepts.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -42,6 +45,9 @@ from .hints import KOPF_KWARGS, KOPF_OPTIONS, did_you_mean, resource_in_parts
 from .labels import parse_selector
 from .lifecycle import Hook, HookKind, make_hook
 from .predicates import Predicate
+from .priorityqueue import Priority
+from .ratelimit import RateLimit
+from .trigger import NO_TRIGGER, Trigger
 from .resource import Resource
 from .webhook import Webhook, WebhookKind, make_webhook
 
@@ -64,7 +70,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: keyword arguments a handler may declare
-INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj"})
+INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"})
 
 #: a defaulted parameter this close to an injectable name (difflib ratio) is taken for a typo
 TYPO_CUTOFF = 0.8
@@ -72,7 +78,7 @@ TYPO_CUTOFF = 0.8
 #: the keyword options of the module-level @reconciler, for "did you mean" on a misspelt one
 RECONCILER_OPTIONS = (
     "name", "finalizer", "namespaces", "labels", "predicates", "owns", "watches", "max_concurrent",
-    "metadata_only", "fields", "registry",
+    "priority", "rate_limit", "timeout", "metadata_only", "fields", "registry",
 )
 _METHOD_OPTIONS = tuple(o for o in RECONCILER_OPTIONS if o != "registry")  # Registry.reconciler
 
@@ -102,10 +108,22 @@ class Registration:
     is_async: bool = False
     #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
     wants: frozenset[str] | None = field(default=None)
+    #: queue priorities; None: a plain FIFO queue
+    priority: Priority | None = field(default_factory=Priority)
+    #: retry pacing; None: client-go's defaults
+    rate_limit: RateLimit | None = None
+    #: seconds a handler call may take (None: unlimited)
+    timeout: float | None = None
+
     #: the primary is cached as PartialObjectMetadata (``obj`` holds metadata only)
     metadata_only: bool = False
     #: the primary's field selector (canonical form), "" for none
     fields: str = ""
+
+    @property
+    def wants_trigger(self) -> bool:
+        """The handler declares ``trigger`` (or takes ``**kwargs``)."""
+        return self.wants is None or "trigger" in self.wants
 
     @property
     def primary(self) -> Resource:
@@ -113,7 +131,14 @@ class Registration:
         return Resource(self.resource, metadata_only=self.metadata_only, fields=self.fields)
 
     def arguments(
-        self, request: Any, obj: Any, phase: Any, client: Any, logger: Any, reconcile_id: str
+        self,
+        request: Any,
+        obj: Any,
+        phase: Any,
+        client: Any,
+        logger: Any,
+        reconcile_id: str,
+        trigger: Trigger | None = None,
     ) -> dict[str, Any]:
         """The keyword arguments for one call: only those the handler declares. ``obj`` is a
         deep copy of the cached object (made only when declared), so the cache stays intact."""
@@ -130,6 +155,8 @@ class Registration:
         kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
         if wants is None or "obj" in wants:
             kwargs["obj"] = clone(obj) if obj is not None else None
+        if wants is None or "trigger" in wants:
+            kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
         return kwargs
 
 
@@ -214,6 +241,9 @@ class Registry:
         owns: Sequence[str | Resource] = (),
         watches: Sequence[tuple[str | Resource, Callable[[Any], Any]]] = (),
         max_concurrent: int = 1,
+        priority: bool | Priority = True,
+        rate_limit: RateLimit | None = None,
+        timeout: float | None = None,
         metadata_only: bool | None = None,
         fields: str | Mapping[str, str] | None = None,
         **unknown: Never,
@@ -244,6 +274,15 @@ class Registry:
         for w in watches:
             if not (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], (str, Resource)) and callable(w[1])):
                 raise RegistrationError(f"watches entries are ('resource', map_fn) pairs, got {w!r}")
+        priorities = _priority(priority)
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise RegistrationError(
+                f"rate_limit must be declop.RateLimit(base=, cap=, qps=, burst=) or None for client-go's defaults, got {rate_limit!r}"
+            )
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf
+        ):
+            raise RegistrationError(f"timeout must be a number of seconds > 0, or None for no timeout, got {timeout!r}")
         watched = tuple((Resource.of(r, what="watches="), fn) for r, fn in watches)
 
         def decorate(fn: F) -> F:
@@ -270,6 +309,9 @@ class Registry:
                 max_concurrent=max_concurrent,
                 is_async=inspect.iscoroutinefunction(fn),
                 wants=_wanted(fn, reg_name),
+                priority=priorities,
+                rate_limit=rate_limit,
+                timeout=None if timeout is None else float(timeout),
                 metadata_only=primary.metadata_only,
                 fields=primary.fields,
             )
@@ -357,6 +399,19 @@ def _where(fn: Callable[..., Any]) -> str:
     return f" ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
 
 
+def _priority(priority: object) -> Priority | None:
+    if priority is True:
+        return Priority()
+    if priority is False:
+        return None
+    if isinstance(priority, Priority):
+        return priority
+    raise RegistrationError(
+        f"priority must be True (the default: a priority queue), False (a FIFO queue) or "
+        f"declop.Priority(listed=, unchanged=, aging=), got {priority!r}"
+    )
+
+
 def _wanted(fn: Callable[..., Any], name: str) -> frozenset[str] | None:
     """The injectable names ``fn`` declares (``None`` when it takes ``**kwargs``: it gets all).
 
@@ -423,6 +478,9 @@ def reconciler(
     owns: Sequence[str | Resource] = (),
     watches: Sequence[tuple[str | Resource, Callable[[Any], Any]]] = (),
     max_concurrent: int = 1,
+    priority: bool | Priority = True,
+    rate_limit: RateLimit | None = None,
+    timeout: float | None = None,
     metadata_only: bool | None = None,
     fields: str | Mapping[str, str] | None = None,
     registry: Registry | None = None,
@@ -431,14 +489,21 @@ def reconciler(
     """Register a reconciler of ``resource`` (``"pods"``, ``"deployments.apps"``, ``"widgets.example.com"``).
 
     The function is called with keyword arguments — the ones it declares among ``request``,
-    ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``, ``phase``, ``obj`` — and
-    returns ``None``, a :class:`~declop.result.Result`, or raises. See ``docs/contract.md``.
+    ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``, ``phase``, ``obj``,
+    ``trigger`` — and returns ``None``, a :class:`~declop.result.Result`, or raises. See
+    ``docs/contract.md``.
 
     ``metadata_only=True`` caches the primary as metadata only: ``obj`` and ``client.get`` hold
     ``metadata`` and nothing else; read the body with ``client.live.get(request)``
     (docs/metadata-only.md). ``fields="spec.nodeName=node-1"`` is a field selector: only matching
     objects reach the cache and the handler (docs/fields-and-transforms.md). ``owns=`` and
     ``watches=`` entries may be a :class:`~declop.resource.Resource` to say the same of them.
+
+    Tuning (``docs/priority.md``, ``docs/tuning.md``): ``priority`` (True: listed and unchanged
+    keys wait behind real changes, with aging; False: FIFO; or a :class:`~declop.Priority`),
+    ``rate_limit`` (a :class:`~declop.RateLimit`; default client-go's 5 ms..1000 s per key, 10
+    qps / burst 100 overall), ``timeout`` (seconds; an ``async def`` handler is cancelled and
+    retried with backoff, a plain one that overruns is reported).
 
     ``parts`` and ``unknown`` only catch mistakes: an extra positional argument (Kopf's
     ``"group", "version", "plural"``) or a misspelt option raises
@@ -456,6 +521,9 @@ def reconciler(
         owns=owns,
         watches=watches,
         max_concurrent=max_concurrent,
+        priority=priority,
+        rate_limit=rate_limit,
+        timeout=timeout,
         metadata_only=metadata_only,
         fields=fields,
     )

@@ -228,11 +228,13 @@ class WorkQueue(Generic[T]):
 
     # ------------------------------------------------------------------ intake
 
-    def add(self, item: T) -> None:
+    def add(self, item: T, priority: int = 0) -> None:
         """Mark ``item`` as needing processing.
 
         Ignored after shutdown and while ``item`` is already dirty (queued, or re-added during
         processing). If a worker holds ``item`` it is only marked dirty; :meth:`done` queues it.
+        ``priority`` is ignored: this queue is FIFO (:class:`~declop.priorityqueue.PriorityQueue`
+        honours it).
         """
         if self._shutting_down or item in self._dirty:
             return
@@ -451,6 +453,10 @@ class WorkQueue(Generic[T]):
             heapq.heappop(heap)  # superseded entry
         return None
 
+    def is_waiting(self, item: T) -> bool:
+        """``item`` waits in the delayed heap (an ``add_after`` whose deadline has not passed)."""
+        return item in self._waiting
+
     def __len__(self) -> int:
         """Ready items (informational: may change as soon as a worker runs)."""
         return len(self._queue)
@@ -461,7 +467,7 @@ class WorkQueue(Generic[T]):
         ages = [now - started for started in self._processing.values()]
         return QueueStatistics(
             name=self._name,
-            depth=len(self._queue),
+            depth=len(self),
             processing=len(self._processing),
             waiting=len(self._waiting),
             adds=self._adds,
@@ -474,7 +480,7 @@ class WorkQueue(Generic[T]):
     def __repr__(self) -> str:
         state = " shutting-down" if self._shutting_down else ""
         return (
-            f"<{type(self).__name__} {self._name!r} depth={len(self._queue)} "
+            f"<{type(self).__name__} {self._name!r} depth={len(self)} "
             f"processing={len(self._processing)} waiting={len(self._waiting)}{state}>"
         )
 

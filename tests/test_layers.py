@@ -31,12 +31,14 @@ ORDER = [
     "conditions",
     "resource",
     "result",
+    "trigger",
     "patch",
     "admission",
     "conversion",
     "clock",
     "ratelimit",
     "workqueue",
+    "priorityqueue",
     "batches",
     "kubeconfig",
     "transport",
@@ -255,3 +257,16 @@ def test_checker_rules() -> None:
     assert slot("declop.testing.plugin") == "testing"
     assert slot("declop.testing.certs") == "testing.certs"
     assert slot("declop.nonexistent") is None
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """tests/ has no packages, so pytest imports each test module by its basename: two files
+    with one name in two folders stop the whole run at collection ("import file mismatch")."""
+    root = Path(__file__).resolve().parent.parent
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted([*root.joinpath("tests").rglob("test_*.py"), *root.joinpath("examples").rglob("test_*.py")]):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(root)} and {path.relative_to(root)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "rename one of: " + "; ".join(clashes)

@@ -25,6 +25,8 @@ EXPECTED = {
     "NotFound",
     "Options",
     "Phase",
+    "Priority",
+    "RateLimit",
     "ReconcileLogger",
     "RegistrationError",
     "Registry",
@@ -33,6 +35,7 @@ EXPECTED = {
     "Resource",
     "Result",
     "TerminalError",
+    "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",
@@ -140,6 +143,9 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "create_or_update": "declop.ownership",
         "retry_on_conflict": "declop.ownership",
         "set_controller_reference": "declop.ownership",
+        "Priority": "declop.priorityqueue",
+        "RateLimit": "declop.ratelimit",
+        "Trigger": "declop.trigger",
     }.get(name, "declop.errors")
     assert getattr(importlib.import_module(defining), name) is obj
 

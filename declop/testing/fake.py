@@ -1005,7 +1005,7 @@ async def _reconcile(
 
     # the controller's own outcome table settles it, against a queue that only records
     queue = _RecordingQueue()
-    stub = types.SimpleNamespace(queue=queue, metrics=_NoMetrics(), name=reg.name, _log=lg)
+    stub = types.SimpleNamespace(queue=queue, metrics=_NoMetrics(), name=reg.name, _log=lg, _delayed={})
     Controller._settle(stub, key, outcome, error, logger, 0.0)  # type: ignore[arg-type]
     verbs = [c[0] for c in queue.calls]
     if "add_rate_limited" in verbs:

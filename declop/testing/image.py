@@ -57,6 +57,10 @@ from declop.errors import ConfigError
 from declop.testing.process import Component, launch
 from declop.version import __version__
 
+#: the BuildKit each state folder is run by in this process: a second one on the same folder
+#: would wait forever for the lock the first holds (flock is per open file, not per process)
+_RUNNING: dict[Path, BuildKit] = {}
+
 #: the binaries this module runs from the node assets folder
 BUILDKIT_BINARIES = ("buildkitd", "buildctl")
 #: Debian packages in the base image, besides debootstrap's minbase. ``tini`` is there so that the
@@ -250,6 +254,13 @@ class BuildKit:
     def _bin(self, name: str) -> str:
         return str((self._assets or find_buildkit()) / name)
 
+    @classmethod
+    def running(cls, state_dir: str | Path | None = None) -> BuildKit | None:
+        """The started BuildKit of this process on ``state_dir`` (default: the shared cache
+        folder), if any — what the image helpers use instead of starting a second one."""
+        folder = Path(state_dir) if state_dir else _cache_root() / "buildkit"
+        return _RUNNING.get(folder.resolve())
+
     def __enter__(self) -> Self:
         return self.start()
 
@@ -316,6 +327,12 @@ class BuildKit:
 
     def _take_lock(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        key = self.state_dir.resolve()
+        if _RUNNING.get(key, self) is not self:
+            raise ImageBuildError(
+                f"this process already runs a BuildKit on {self.state_dir}; pass that one as "
+                "builder= (BuildKit.running() returns it) instead of starting a second"
+            )
         fd = os.open(f"{self.state_dir}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.lock_timeout
         while True:
@@ -331,6 +348,7 @@ class BuildKit:
                     ) from e
                 time.sleep(0.2)  # poll a lock held by another process; no event to await
         self._lock = fd
+        _RUNNING[key] = self
 
     def _wait_ready(self) -> None:
         assert self.process is not None and self.run_dir is not None
@@ -376,6 +394,7 @@ class BuildKit:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
         if self._lock is not None:
+            _RUNNING.pop(self.state_dir.resolve(), None)
             os.close(self._lock)  # closing the last descriptor releases the flock
             self._lock = None
         atexit.unregister(self.stop)
@@ -590,6 +609,7 @@ def _cached_image(
             context.mkdir()
             make_context(work, context)
             out = work / "out"
+            builder = builder or BuildKit.running()
             if builder is None:
                 with BuildKit() as temporary:
                     temporary.build(context, name, output=out / "image.tar")
@@ -847,7 +867,9 @@ def build_image(
     target: str | None = None,
     builder: BuildKit | None = None,
 ) -> BuiltImage:
-    """:meth:`BuildKit.build` on ``builder``, or on a temporary builder when None."""
+    """:meth:`BuildKit.build` on ``builder``, else on this process's running BuildKit, else on
+    a temporary one."""
+    builder = builder or BuildKit.running()
     if builder is None:
         with BuildKit() as temporary:
             return build_image(
@@ -874,6 +896,7 @@ def declop_image(
     if not (source / "Dockerfile").is_file() or not (source / "setup.cfg").is_file():
         raise ConfigError(f"{source} is not a declop source checkout (no Dockerfile or setup.cfg)")
     name = name or f"declop:{__version__}"
+    builder = builder or BuildKit.running()
     if builder is None:
         with BuildKit() as temporary:
             return declop_image(output=output, name=name, source=source, builder=temporary)

@@ -238,12 +238,31 @@ def test_every_example_is_exercised():
     # test module that pytest collects (testpaths includes examples/); greeting runs under
     # `declop dev` in tests/integration/test_dev_reload.py
     tested = {
-        "pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py", "greeting", "metadata_only.py", "startup.py",
+        "pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py", "greeting", "metadata_only.py", "startup.py", "triggers.py",
         "webhooks",  # validator.py, mutator.py, converter.py: the three tests below
     }
     present = {p.name for p in EXAMPLES.iterdir() if p.suffix == ".py" or p.is_dir()} - {"__pycache__"}
     untested = present - tested - set(os.environ.get("DECLOP_EXAMPLES_TESTED_ELSEWHERE", "").split(","))
     assert not untested, f"examples without a test: {sorted(untested)}"
+
+
+def test_triggers_example_logs_why_each_reconcile_ran(control_plane, namespace):
+    """`declop run --log-format json examples/triggers.py`: each line carries the compact
+    ``trigger`` and the handler's own ``why`` from its ``trigger`` argument."""
+    env = control_plane.env()
+    with OperatorProcess(["--log-format", "json", "-n", namespace, str(EXAMPLES / "triggers.py")], env=env) as op:
+        op.wait_for_line("Starting workers")
+        kubectl(env, "create", "configmap", "demo", "--from-literal=k=v", "-n", namespace)
+        (created,) = op.wait_for_line('"name": "demo"')
+        first = json.loads(created)
+        assert (first["msg"], first["why"], first["events"]) == ("Reconciled", ["created"], 1)
+        assert re.fullmatch(r"created rv=\d+", first["trigger"]), first["trigger"]
+        kubectl(env, "label", "configmap", "demo", "tier=gold", "-n", namespace)
+        second = json.loads(op.wait_for_line('"name": "demo"', count=2)[1])
+        assert second["why"] == ["updated"] and second["trigger"].startswith("updated rv=")
+        kubectl(env, "delete", "configmap", "demo", "-n", namespace)
+        third = json.loads(op.wait_for_line('"name": "demo"', count=3)[2])
+        assert (third["msg"], third["why"]) == ("Gone", ["deleted"])
 
 
 # -- webhooks (examples/webhooks/): the apiserver calls the example at https://127.0.0.1:<port> --

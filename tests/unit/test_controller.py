@@ -34,6 +34,9 @@ class FakeInformer:
         self.synced = asyncio.Event()
         self.last_error = ""
         self.subscribers: list[Any] = []
+        self.resource = CM
+        self.syncing = False
+        self.lists = 1
 
     def subscribe(self, handler: Any) -> None:
         self.subscribers.append(handler)
@@ -694,3 +697,238 @@ def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_crea
     assert sorted(seen) == [("a", declop.Phase.CREATED), ("b", declop.Phase.CREATED), ("c", declop.Phase.CREATED)]
     assert len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]  # no second finalizer write
     assert c._created == set()
+
+
+# -- priorities, provenance, timeouts (issue 16) -------------------------------------------------
+from declop.controller import ControllerMetrics  # noqa: E402
+from declop.errors import ReconcileTimeout  # noqa: E402
+from declop.logs import set_trigger_in_context  # noqa: E402
+from declop.priorityqueue import LOW, NORMAL, PriorityQueue  # noqa: E402
+from declop.trigger import Trace, Trigger  # noqa: E402
+
+
+class RecordingControllerMetrics(ControllerMetrics):
+    def __init__(self) -> None:
+        self.triggers: list[tuple[tuple[str, ...], int]] = []
+        self.timeouts: list[str] = []
+
+    def triggered(self, controller: str, trace: Trace) -> None:
+        self.triggers.append((tuple(trace.sources), trace.events))
+
+    def timed_out(self, controller: str, kind: str) -> None:
+        self.timeouts.append(kind)
+
+
+def make_pq(handler: Any, recent: int = 0, **options: Any) -> tuple[Controller, FakeInformer, FakeClock]:
+    """A controller on a PriorityQueue (FakeClock) that records its trigger metrics."""
+    registry = declop.Registry()
+    registry.reconciler("configmaps", **options)(handler)
+    reg = registry.registrations[0]
+    informer = FakeInformer()
+    metrics = RecordingControllerMetrics()
+    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], FakeContext(), metrics=metrics, recent=recent)  # type: ignore[arg-type]
+    clock = FakeClock()
+    aging = reg.priority.aging if reg.priority is not None else 0.0
+    c.queue = PriorityQueue(name=reg.name, rate_limiter=ItemExponential(), clock=clock, aging=aging)
+    return c, informer, clock
+
+
+def take_and_process(c: Controller) -> list[Request]:
+    """What one worker does for every ready key, in queue order."""
+    taken = []
+    while True:
+        try:
+            key = c.queue.get_nowait()
+        except QueueEmpty:
+            return taken
+        taken.append(key)
+        run(c._process([key]))
+
+
+def test_priorities_follow_what_the_event_changed() -> None:
+    c, informer, _ = make_pq(lambda **_: None)
+    on_event = c._subscriber(c.sources[0])
+    informer.syncing = True
+    on_event(None, cm("listed"))
+    informer.syncing = False
+    on_event(None, cm("created"))
+    base = cm("churn", labels={"a": "1"})
+    on_event(base, {**cm("churn", labels={"a": "1"}, resourceVersion="9", managedFields=[{"m": 1}]), "status": {"ready": True}})
+    on_event(cm("label"), cm("label", labels={"a": "2"}, resourceVersion="9"))
+    on_event({**cm("spec"), "data": {"k": "1"}}, {**cm("spec", resourceVersion="9"), "data": {"k": "2"}})
+    on_event(cm("gone"), None)
+    ranks = {key.name: priority for key, priority, _ in c.queue.ranks()}  # type: ignore[attr-defined]
+    assert ranks == {"listed": LOW, "churn": LOW, "created": NORMAL, "label": NORMAL, "spec": NORMAL, "gone": NORMAL}
+    assert [k.name for k in take_and_process(c)] == ["created", "label", "spec", "gone", "listed", "churn"]
+
+
+def test_configured_priorities_and_fifo() -> None:
+    c, informer, _ = make_pq(lambda **_: None, priority=declop.Priority(listed=-5, unchanged=NORMAL))
+    on_event = c._subscriber(c.sources[0])
+    informer.syncing = True
+    on_event(None, cm("listed"))
+    informer.syncing = False
+    on_event(cm("churn"), cm("churn", resourceVersion="2"))
+    assert {k.name: p for k, p, _ in c.queue.ranks()} == {"listed": -5, "churn": NORMAL}  # type: ignore[attr-defined]
+    fifo, _, _ = make(lambda **_: None)
+    assert type(fifo.queue) is WorkQueue
+    registry = declop.Registry()
+    registry.reconciler("configmaps", priority=False)(lambda **_: None)
+    c2 = Controller(registry.registrations[0], CM, [], FakeContext())  # type: ignore[arg-type]
+    assert type(c2.queue) is WorkQueue
+
+
+def test_a_hundred_updates_are_one_reconcile_with_one_trigger() -> None:
+    seen: list[Trigger] = []
+    c, informer, _ = make_pq(lambda trigger, **_: seen.append(trigger))
+    on_event = c._subscriber(c.sources[0])
+    informer.writer.upsert(cm())
+    for i in range(100):
+        on_event(cm(labels={"i": str(i)}, resourceVersion=str(100 + i)), cm(labels={"i": str(i + 1)}, resourceVersion=str(101 + i)))
+    take_and_process(c)
+    assert seen == [Trigger(sources=(("updated", 100),), events=100, resource_versions=("101", "200"))]
+    assert str(seen[0]) == "updated*100 rv=101..200"
+    assert c.metrics.triggers == [(("updated",), 100)]  # type: ignore[attr-defined]
+
+
+def test_each_source_kind_is_named() -> None:
+    seen: list[Trigger] = []
+    c, informer, clock = make_pq(lambda trigger, **_: seen.append(trigger))
+    owned = FakeInformer()
+    owned.resource = ResourceInfo(group="apps", version="v1", plural="deployments", kind="Deployment", namespaced=True)
+    child = Source((owned,), lambda old, new: {KEY}, label="owns:Deployment")  # type: ignore[arg-type]
+    watched = Source((owned,), lambda old, new: {KEY}, label="watches:secrets", via="secret_users")  # type: ignore[arg-type]
+    informer.writer.upsert(cm())
+    deployment = {"metadata": {"name": "d1", "namespace": "ns", "resourceVersion": "5"}}
+    informer.syncing = True
+    c._subscriber(c.sources[0])(None, cm())
+    informer.syncing = False
+    c._subscriber(child, owned)(None, deployment)
+    c._subscriber(watched, owned)(None, deployment)
+    take_and_process(c)
+    assert seen[-1].sources == (("initial-list", 1), ("owns:Deployment", 1), ("watches:secrets", 1))
+    assert seen[-1].details == ("Deployment ns/d1", "secret_users: Deployment ns/d1")
+    informer.lists = 2
+    informer.syncing = True
+    c._subscriber(c.sources[0])(cm(), cm(resourceVersion="3"))
+    informer.syncing = False
+    take_and_process(c)
+    assert seen[-1].names == ("relist",)
+
+
+def test_requeue_after_and_retry_are_attributed_to_the_run_they_cause() -> None:
+    seen: list[Trigger] = []
+    outcomes = [declop.Result(requeue_after=30), None, RuntimeError("boom"), None]
+
+    def handler(trigger: Trigger, **_: Any) -> Any:
+        seen.append(trigger)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    c, informer, clock = make_pq(handler)
+    on_event = c._subscriber(c.sources[0])
+    informer.writer.upsert(cm())
+    on_event(None, cm())
+    take_and_process(c)  # created → requeue_after=30
+    on_event(cm(), cm(labels={"x": "y"}, resourceVersion="2"))
+    take_and_process(c)  # the update runs now: the requeue still waits
+    assert seen[1].names == ("updated",)
+    clock.advance(30)
+    take_and_process(c)  # the requeue: fails
+    assert seen[2].names == ("requeue_after",)
+    clock.advance(1)
+    take_and_process(c)
+    assert seen[3].names == ("retry",) and seen[3].details == ("RuntimeError",)
+
+
+def test_a_given_back_key_keeps_its_trigger() -> None:
+    c, informer, _ = make_pq(lambda **_: None)
+    on_event = c._subscriber(c.sources[0])
+    on_event(None, cm())
+    key = c.queue.get_nowait()
+    trace = c._traces.pop(key)
+    on_event(cm(), cm(labels={"a": "b"}, resourceVersion="2"))  # arrives while held
+    c._restore(key, trace)
+    c.queue.give_back(key)
+    assert c._traces[key].freeze().sources == (("created", 1), ("updated", 1))
+
+
+def test_the_trigger_is_on_the_logger_context_when_asked(caplog: pytest.LogCaptureFixture) -> None:
+    c, informer, _ = make_pq(lambda logger, **_: logger.info("hello"))
+    on_event = c._subscriber(c.sources[0])
+    informer.writer.upsert(cm())
+    on_event(None, cm())
+    set_trigger_in_context(True)
+    try:
+        with caplog.at_level(logging.INFO):
+            take_and_process(c)
+    finally:
+        set_trigger_in_context(False)
+    (record,) = [r for r in caplog.records if r.getMessage() == "hello"]
+    assert record.kv["trigger"] == "created rv=1"  # type: ignore[attr-defined]
+    on_event(cm(), cm(labels={"a": "b"}, resourceVersion="2"))
+    with caplog.at_level(logging.INFO):
+        caplog.clear()
+        take_and_process(c)
+    assert "trigger" not in caplog.records[0].kv  # type: ignore[attr-defined]
+
+
+def test_recent_reconciles_are_kept_for_the_debug_endpoint() -> None:
+    c, informer, _ = make_pq(lambda **_: None, recent=2)
+    on_event = c._subscriber(c.sources[0])
+    informer.writer.upsert(cm())
+    for rv in "234":
+        on_event(cm(), cm(labels={"rv": rv}, resourceVersion=rv))
+        take_and_process(c)
+    assert c.recent is not None and len(c.recent) == 2
+    last = c.recent[-1]
+    assert (last["key"], last["trigger"], last["outcome"], last["events"]) == ("ns/a", "updated rv=4", "success", 1)
+
+
+def test_an_async_handler_past_its_timeout_is_cancelled_and_retried() -> None:
+    cancelled: list[bool] = []
+
+    async def slow(**_: Any) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    c, informer, _ = make_pq(slow, timeout=0.05)
+    informer.writer.upsert(cm())
+    c.queue.add(KEY)
+    take_and_process(c)
+    assert cancelled == [True]
+    assert c.queue.num_requeues(KEY) == 1
+    assert c._delayed[KEY] == ("retry", "ReconcileTimeout")
+    assert c.metrics.timeouts == ["cancelled"]  # type: ignore[attr-defined]
+
+
+def test_a_timeout_error_of_the_handler_itself_is_its_own() -> None:
+    async def own(**_: Any) -> None:
+        raise TimeoutError("upstream")
+
+    c, informer, _ = make_pq(own, timeout=5)
+    informer.writer.upsert(cm())
+    c.queue.add(KEY)
+    take_and_process(c)
+    assert c._delayed[KEY] == ("retry", "TimeoutError")
+    assert c.metrics.timeouts == []  # type: ignore[attr-defined]
+    assert not issubclass(TimeoutError, ReconcileTimeout)
+
+
+def test_a_plain_handler_overrun_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    import time as _time
+
+    c, informer, _ = make_pq(lambda **_: _time.sleep(0.05), timeout=0.01)
+    informer.writer.upsert(cm())
+    c.queue.add(KEY)
+    with caplog.at_level(logging.WARNING):
+        take_and_process(c)
+    assert c.metrics.timeouts == ["overrun"]  # type: ignore[attr-defined]
+    (record,) = [r for r in caplog.records if "overran its timeout" in r.getMessage()]
+    assert record.kv["timeout"] == 0.01 and record.kv["seconds"] >= 0.05  # type: ignore[attr-defined]
+    assert c.queue.num_requeues(KEY) == 0  # it finished: success, not retried

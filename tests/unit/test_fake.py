@@ -305,7 +305,7 @@ def test_only_declared_arguments_are_injected() -> None:
     assert got == {"name": "c", "namespace": "ns"}
     got.clear()
     out = run_reconcile(wide, "ns/c", [cm()], resource="configmaps", reconcile_id=RID)
-    assert set(got) == {"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj"}
+    assert set(got) == {"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"}
     assert got["request"] == declop.Request("ns", "c") and got["reconcile_id"] == RID
     assert isinstance(got["client"], declop.Client) and got["obj"]["data"] == {"k": "v"}
     assert out.reconcile_id == RID

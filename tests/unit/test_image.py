@@ -17,6 +17,7 @@ from declop.errors import ConfigError
 from declop.testing import image as image_module
 from declop.testing import wait_for
 from declop.testing.image import (
+    BuildKit,
     BuiltImage,
     ImageBuildError,
     base_image,
@@ -129,6 +130,47 @@ def test_base_image_found_in_the_cache_needs_no_build(tmp_path: Path) -> None:
         f"declop/python-base:{key}", tmp_path / key / "image.tar", tmp_path / key / "image.oci",
         "sha256:abc",
     )  # fmt: skip
+
+
+def test_a_second_buildkit_on_one_folder_in_one_process_fails_at_once(tmp_path: Path) -> None:
+    """The flock on ``<state>.lock`` is per open file: a second BuildKit of the same process on
+    the same folder used to wait for it until its lock timeout (a 300 s hang in CI). It is refused
+    at once, naming the way out, and the folder is free again once the first one stops."""
+    state = tmp_path / "buildkit"
+    first = BuildKit(state_dir=state)
+    first._take_lock()
+    try:
+        assert BuildKit.running(state) is first
+        second = BuildKit(state_dir=state, lock_timeout=900)
+        with pytest.raises(ImageBuildError, match="already runs a BuildKit on .*pass that one as builder="):
+            second._take_lock()
+    finally:
+        first.stop()
+    assert BuildKit.running(state) is None
+    second._take_lock()
+    try:
+        assert BuildKit.running(state) is second
+    finally:
+        second.stop()
+
+
+def test_an_image_to_build_uses_the_buildkit_this_process_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no builder= given, the helpers build on this process's running BuildKit (here a
+    recording stand-in at the unit boundary) instead of starting a second one on its folder."""
+    built: list[str] = []
+
+    class Recording:
+        def build(self, context: Path, name: str, *, output: Path, **_: object) -> None:
+            built.append(name)
+            layout(output.parent / "image.oci", ["sha256:abc"])
+            output.write_bytes(b"")
+
+    monkeypatch.setattr(image_module, "_require_root", lambda what: None)
+    monkeypatch.setattr(BuildKit, "running", classmethod(lambda cls, state_dir=None: Recording()))
+    found = image_module._cached_image(tmp_path, "k1", "declop/x:1", lambda work, context: None, None)
+    assert built == ["declop/x:1"] and found.tar == tmp_path / "k1" / "image.tar"
 
 
 def test_manifest_digest_wants_exactly_one_image(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """declop.lifecycle: hooks run in order, failures, background supervision (restart, stop, cancel).
 
 The hooks here run on a real event loop with a stand-in ClientContext (hooks that read the
-cluster are tested against the real apiserver in tests/integration/test_lifecycle.py)."""
+cluster are tested against the real apiserver in tests/integration/test_lifecycle_hooks.py)."""
 
 from __future__ import annotations
 

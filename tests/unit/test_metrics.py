@@ -38,3 +38,25 @@ def test_queue_and_reconcile_series() -> None:
 def test_two_managers_do_not_collide() -> None:
     Metrics()
     Metrics()
+
+
+def test_trigger_and_timeout_series() -> None:
+    from declop.trigger import Trace
+
+    m = Metrics()
+    trace = Trace()
+    for _ in range(100):
+        trace.note("updated", "1")
+    trace.note("owns:Pod", None, "Pod ns/p")
+    m.triggered("ctl", trace)
+    single = Trace()
+    single.note("updated")
+    m.triggered("ctl", single)
+    m.timed_out("ctl", "cancelled")
+    text = m.exposition().decode()
+    assert 'declop_reconcile_triggers_total{controller="ctl",source="updated"} 2.0' in text
+    assert 'declop_reconcile_triggers_total{controller="ctl",source="owns:Pod"} 1.0' in text
+    assert 'declop_reconcile_coalesced_events_bucket{controller="ctl",le="1.0"} 1.0' in text
+    assert 'declop_reconcile_coalesced_events_bucket{controller="ctl",le="100.0"} 1.0' in text
+    assert 'declop_reconcile_coalesced_events_sum{controller="ctl"} 102.0' in text
+    assert 'declop_reconcile_timeouts_total{controller="ctl",kind="cancelled"} 1.0' in text

@@ -180,3 +180,15 @@ def test_default_controller_bucket_dominates_after_burst() -> None:
     assert delays[:100] == pytest.approx([0.005] * 100)
     assert delays[100:] == pytest.approx([0.1, 0.2])  # bucket empty: 1/qps spacing wins
     assert "ItemExponential" in repr(limiter) and "TokenBucket" in repr(limiter)
+
+
+def test_rate_limit_builds_client_go_s_limiter_with_its_values() -> None:
+    from declop.clock import FakeClock
+    from declop.ratelimit import RateLimit
+
+    clock = FakeClock()
+    limiter = RateLimit(base=0.5, cap=2.0, qps=1.0, burst=1).limiter(clock)
+    assert [limiter.when("a") for _ in range(4)] == [0.5, 1.0, 2.0, 3.0]  # the bucket: 1/s after a burst of 1
+    limiter.forget("a")
+    assert limiter.num_requeues("a") == 0
+    assert RateLimit() == RateLimit(base=0.005, cap=1000.0, qps=10.0, burst=100)

@@ -306,7 +306,7 @@ def test_a_plain_kwargs_argument_asks_for_the_stars(reg: Registry, param: str) -
 
 
 def test_every_injectable_may_be_declared(reg: Registry) -> None:
-    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj):  # type: ignore[no-untyped-def]
+    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj, trigger):  # type: ignore[no-untyped-def]
         ...
 
     reg.reconciler("pods")(handle)
@@ -375,7 +375,7 @@ def test_misspelt_option_on_the_registry_method(reg: Registry) -> None:
     with pytest.raises(RegistrationError, match=r"unknown option own=: did you mean 'owns'\?"):
         reg.reconciler("pods", own=["configmaps"])  # type: ignore[arg-type]
     # the method has no registry= option: it is the registry
-    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, metadata_only, fields$"):
+    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields$"):
         reg.reconciler("pods", registry=reg)  # type: ignore[arg-type]
 
 
@@ -399,7 +399,7 @@ def test_an_unknown_option_nothing_is_close_to_lists_them_all(reg: Registry) -> 
         reconciler("pods", registry=reg, colour="blue")  # type: ignore[arg-type]
     assert str(info.value) == (
         "@reconciler got an unknown option colour=: the options are name, finalizer, namespaces, "
-        "labels, predicates, owns, watches, max_concurrent, metadata_only, fields, registry"
+        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, registry"
     )
 
 
@@ -709,3 +709,59 @@ def test_clear_forgets_everything_and_reopens_a_frozen_registry() -> None:
         return None
 
     assert [r.name for r in reg.registrations] == ["second"]
+
+
+# -- tuning options (issue 16) -------------------------------------------------------------------
+def test_tuning_defaults_and_values(reg: Registry) -> None:
+    import declop
+
+    reg.reconciler("pods")(lambda **_: None)
+    r = only(reg)
+    assert r.priority == declop.Priority(listed=-100, unchanged=-100, aging=10.0)
+    assert (r.rate_limit, r.timeout) == (None, None)
+    limit = declop.RateLimit(base=0.1, cap=60, qps=50, burst=200)
+    reg2 = Registry()
+    reg2.reconciler("pods", priority=False, rate_limit=limit, timeout=30)(lambda **_: None)
+    r2 = reg2.registrations[0]
+    assert (r2.priority, r2.rate_limit, r2.timeout) == (None, limit, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"priority": "high"}, "priority must be True (the default: a priority queue), False (a FIFO queue) or declop.Priority"),
+        ({"priority": 1}, "priority must be True"),
+        ({"rate_limit": {"qps": 5}}, "rate_limit must be declop.RateLimit(base=, cap=, qps=, burst=) or None"),
+        ({"timeout": 0}, "timeout must be a number of seconds > 0, or None for no timeout, got 0"),
+        ({"timeout": -1.5}, "timeout must be a number of seconds > 0"),
+        ({"timeout": "30"}, "timeout must be a number of seconds > 0"),
+        ({"timeout": float("inf")}, "timeout must be a number of seconds > 0"),
+        ({"timeout": True}, "timeout must be a number of seconds > 0"),
+    ],
+)
+def test_bad_tuning_options_fail_at_registration(reg: Registry, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        reg.reconciler("pods", **options)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda d: d.Priority(listed=-1.5), "priority: listed must be an int (higher runs first; NORMAL is 0, LOW is -100), got -1.5"),
+        (lambda d: d.Priority(unchanged="low"), "priority: unchanged must be an int"),
+        (lambda d: d.Priority(aging=-1), "priority: aging must be a number of priority points per second >= 0 (0: strict priorities), got -1"),
+        (lambda d: d.RateLimit(base=-1), "rate_limit: base must be a number of seconds >= 0 (client-go: 0.005), got -1"),
+        (lambda d: d.RateLimit(base=2, cap=1), "rate_limit: cap must be a number of seconds >= base (2) (client-go: 1000), got 1"),
+        (lambda d: d.RateLimit(qps=0), "rate_limit: qps must be a number > 0, or math.inf for no overall limit (client-go: 10), got 0"),
+        (lambda d: d.RateLimit(burst=0), "rate_limit: burst must be an int >= 1 (client-go: 100), got 0"),
+        (lambda d: d.RateLimit(burst=1.5), "rate_limit: burst must be an int >= 1"),
+    ],
+)
+def test_bad_priority_and_rate_limit_values_name_the_field(build: Any, message: str) -> None:
+    import declop
+
+    with pytest.raises(ConfigError) as info:
+        build(declop)
+    assert message in str(info.value)

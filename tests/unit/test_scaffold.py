@@ -1,7 +1,7 @@
 """declop.scaffold: names derived and checked, templates rendered, the folder guarded (no cluster).
 
 The generated project's own tests run on a real control plane in
-tests/integration/test_scaffold.py."""
+tests/integration/test_scaffold_project.py."""
 
 from __future__ import annotations
 

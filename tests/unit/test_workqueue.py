@@ -1,5 +1,9 @@
 """declop.workqueue: client-go workqueue semantics, deterministic under a FakeClock.
 
+Every test runs twice: against the FIFO :class:`WorkQueue` and against the
+:class:`~declop.priorityqueue.PriorityQueue` (all adds at one priority), which must keep every
+guarantee. The priority queue's own ordering is tested in ``test_priorityqueue.py``.
+
 Async tests drive their own loop with ``asyncio.run`` (no pytest-asyncio). Only the timer tests use
 the real monotonic clock, with deadlines of 10 ms, and they wait by awaiting ``get``.
 """
@@ -12,6 +16,7 @@ import time
 import pytest
 
 from declop.clock import MONOTONIC, FakeClock
+from declop.priorityqueue import PriorityQueue
 from declop.ratelimit import ItemExponential, RateLimiter
 from declop.workqueue import (
     NO_METRICS,
@@ -23,6 +28,16 @@ from declop.workqueue import (
 )
 
 
+QUEUE: type[WorkQueue] = WorkQueue  # type: ignore[type-arg]  # set per test by the fixture below
+
+
+@pytest.fixture(autouse=True, params=[WorkQueue, PriorityQueue], ids=["fifo", "priority"])
+def queue_class(request: pytest.FixtureRequest) -> type[WorkQueue]:  # type: ignore[type-arg]
+    global QUEUE
+    QUEUE = request.param
+    return request.param  # type: ignore[no-any-return]
+
+
 def make(
     *,
     name: str = "",
@@ -31,7 +46,7 @@ def make(
 ) -> tuple[WorkQueue[str], FakeClock]:
     """A queue of strings on a fresh FakeClock."""
     clock = FakeClock()
-    queue = WorkQueue[str](name=name, rate_limiter=rate_limiter, clock=clock, metrics=metrics)
+    queue = QUEUE(name=name, rate_limiter=rate_limiter, clock=clock, metrics=metrics)
     return queue, clock
 
 
@@ -123,7 +138,7 @@ def test_done_without_get_is_a_no_op() -> None:
 
 
 def test_items_can_be_any_hashable() -> None:
-    queue = WorkQueue[tuple[str, str]](clock=FakeClock())
+    queue = QUEUE(clock=FakeClock())
     queue.add(("ns", "x"))
     queue.add(("ns", "x"))
     assert queue.get_nowait() == ("ns", "x")
@@ -373,7 +388,7 @@ def test_async_get_returns_ready_item_without_waiting() -> None:
 
 def test_async_get_wakes_at_delayed_deadline() -> None:
     async def scenario() -> None:
-        queue: WorkQueue[str] = WorkQueue(clock=MONOTONIC)
+        queue: WorkQueue[str] = QUEUE(clock=MONOTONIC)
         start = time.monotonic()
         queue.add_after("a", 0.01)
         assert await asyncio.wait_for(queue.get(), timeout=5.0) == "a"
@@ -384,7 +399,7 @@ def test_async_get_wakes_at_delayed_deadline() -> None:
 
 def test_async_get_rearms_for_an_earlier_deadline_added_while_waiting() -> None:
     async def scenario() -> None:
-        queue: WorkQueue[str] = WorkQueue(clock=MONOTONIC)
+        queue: WorkQueue[str] = QUEUE(clock=MONOTONIC)
         queue.add_after("late", 60.0)
         getter = asyncio.ensure_future(queue.get())
         await asyncio.sleep(0)  # waiting, timer armed for 60 s
@@ -524,7 +539,8 @@ def test_give_back_returns_items_to_the_head_in_order() -> None:
     queue, _ = make()
     for item in "abcde":
         queue.add(item)
-    taken = [queue.get_nowait() for _ in range(3)]  # a, b, c
+    for _ in range(3):  # a, b, c taken
+        queue.get_nowait()
     queue.give_back("b", "c")
     queue.done("a")
     assert drain_ready(queue) == ["b", "c", "d", "e"]
@@ -567,7 +583,7 @@ def test_a_given_back_item_is_never_held_twice() -> None:
 
 def test_give_back_wakes_waiting_getters() -> None:
     async def main() -> list[str]:
-        queue = WorkQueue[str]()
+        queue = QUEUE()
         for item in "ab":
             queue.add(item)
         first, second = queue.get_nowait(), queue.get_nowait()
@@ -581,7 +597,7 @@ def test_give_back_wakes_waiting_getters() -> None:
 
 def test_give_back_after_shutdown_requeues_and_finishes_a_drain() -> None:
     async def main() -> tuple[bool, list[str]]:
-        queue = WorkQueue[str]()
+        queue = QUEUE()
         queue.add("a")
         queue.get_nowait()
         drain = asyncio.ensure_future(queue.shutdown_with_drain(timeout=5))
