@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-COLUMNS = ["declop", "declop-paged", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+COLUMNS = ["declop", "declop-paged", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "kopf-validate",
+           "controller-runtime"]
 TITLES = {
     "declop": "declop",
     "declop-paged": "declop, paged lists",
@@ -24,11 +25,14 @@ TITLES = {
     "kopf-event-nopost": "Kopf on.event, no posting",
     "kopf-cu": "Kopf on.create/update",
     "kopf-cu-nopost": "Kopf on.create/update, no posting",
+    "kopf-validate": "Kopf on.validate",
     "controller-runtime": "controller-runtime",
 }
+#: h.csv (bench/admission.py) names its operators by product; its Kopf is the on.validate column
+ADMISSION_COLUMNS = {"declop": "declop", "kopf": "kopf-validate"}
 #: in-process probe runs, reported in the column of the operator they stand for
 PROBES = {"declop-inproc": "declop", "declop-inproc-paged": "declop-paged"}
-RATIO_VS = [("kopf-event", "Kopf ev"), ("kopf-cu", "Kopf c/u"), ("controller-runtime", "c-r")]
+RATIO_VS = [("kopf-event", "Kopf ev"), ("kopf-cu", "Kopf c/u"), ("kopf-validate", "Kopf val"), ("controller-runtime", "c-r")]
 
 
 def read(out: Path, name: str) -> list[dict[str, str]]:
@@ -246,11 +250,33 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
             if int(r["n"]) == n:
                 m.add(PROBES.get(r["operator"], r["operator"]), num(r["max_stall_ms"]))
         rows.append(m)
+
+    h = read(out, "h")  # bench/admission.py
+    for rate in sorted({float(r["rate"]) for r in h}):
+        at = [r for r in h if float(r["rate"]) == rate]
+        products = [r for r in at if r["operator"] in ADMISSION_COLUMNS]
+        none = [x for r in at if r["operator"] == "none" and (x := num(r["client_p50_ms"])) is not None]
+        baseline = f"; no webhook: {_f(statistics.median(none), 2)} ms" if none else ""
+        for title, key, unit, digits in [
+            (f"h admission p50 at the apiserver (webhook histogram), {rate:g} updates/s", "p50_ms", "ms", 2),
+            (f"h admission p99 at the apiserver (webhook histogram), {rate:g} updates/s", "p99_ms", "ms", 2),
+            (f"h admission mean at the apiserver (histogram sum ÷ count: exact), {rate:g} updates/s", "mean_ms", "ms", 2),
+            (f"h admission reviews ≤ 5 ms (webhook histogram), {rate:g} updates/s", "share_le_5ms", "share", 2),
+            (f"h update p50 seen by the client, {rate:g} updates/s{baseline}", "client_p50_ms", "ms", 2),
+            (f"h update p99 seen by the client, {rate:g} updates/s", "client_p99_ms", "ms", 2),
+            (f"h webhook process CPU per 1k reviews, {rate:g} updates/s", "cpu_s_per_1k_reviews", "s", 2),
+        ]:
+            m = Metric(title, unit, digits=digits)
+            for r in products:
+                m.add(ADMISSION_COLUMNS[r["operator"]], num(r[key]))
+            rows.append(m)
     return rows
 
 
 def table(out: Path, meta: dict[str, Any]) -> str:
     rows = metrics(out, meta)
+    if "runs" not in meta.get("settings", {}):  # bench/admission.py alone: only the rows it measured
+        rows = [m for m in rows if m.values]
     present = [c for c in COLUMNS if any(c in m.values for m in rows)]
     head = ["scenario", "unit", *[TITLES[c] for c in present],
             *[f"declop ÷ {t}" for c, t in RATIO_VS if c in present], "target (declop)", "declop", "runs"]
@@ -264,7 +290,25 @@ def table(out: Path, meta: dict[str, Any]) -> str:
 
 def environment(meta: dict[str, Any]) -> str:
     s = meta.get("settings", {})
-    return "\n".join([
+    lines = _environment(meta, s)
+    if "runs" not in s:  # a folder of bench/admission.py alone: no run.py settings to describe
+        lines = [line for line in lines if not line.startswith("- **Settings:**")]
+    h = s.get("admission")
+    if h:
+        lines.append(
+            f"- **h (bench/admission.py):** {h.get('runs')} run(s); {h.get('rate'):g} merge-patch updates/s for "
+            f"{h.get('seconds'):g} s over {h.get('objects')} ConfigMaps of ~{h.get('size_bytes')} B, each admitted "
+            f"by the operator's no-op validator (plain def, failurePolicy Ignore, local URL, its own TLS); latency "
+            f"from the apiserver's `apiserver_admission_webhook_admission_duration_seconds` histogram (buckets "
+            f"5 ms, 25 ms, 100 ms…: quantiles interpolated inside a bucket, so a p50 in the first bucket is "
+            f"2.5 ms ÷ the share ≤ 5 ms and says no more than that share; the client's update latency beside the "
+            f"no-webhook baseline is the finer figure), client figures from the load generator."
+        )
+    return "\n".join(lines)
+
+
+def _environment(meta: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    return [
         f"- **Machine:** {meta.get('cpu')}, {meta.get('vcpus')} vCPU, {meta.get('memory')} RAM, Linux "
         f"{meta.get('kernel')}; everything (etcd, kube-apiserver, load generator, operator) on the same host.",
         f"- **Versions:** declop {meta.get('declop')} (commit {meta.get('declop_commit')}"
@@ -285,7 +329,7 @@ def environment(meta: dict[str, Any]) -> str:
         (f" **Interrupted** {meta['interrupted']}: figures cover the lifecycles completed before that "
          f"(the runs column counts them)." if meta.get("interrupted") else "") +
         (f" **Failed measurements:** {meta.get('failures')}" if meta.get("failures") else ""),
-    ])
+    ]
 
 
 def plots(out: Path, meta: dict[str, Any]) -> list[str]:
@@ -363,11 +407,12 @@ def write(out: Path) -> str:
     meta = json.loads((out / "meta.json").read_text())
     pics = plots(out, meta)
     s = meta.get("settings", {})
-    mode = "bench-quick" if s.get("quick") else "bench"
+    mode = "make bench-quick" if s.get("quick") else "make bench" if "runs" in s else "python bench/admission.py"
     text = "\n".join([
-        f"# declop benchmark — {meta.get('date')} (`make {mode}`)",
+        f"# declop benchmark — {meta.get('date')} (`{mode}`)",
         "",
-        "Generated by `bench/report.py` from the CSVs in this folder; raw per-update latencies are in `raw/`.",
+        "Generated by `bench/report.py` from the CSVs in this folder"
+        + ("; raw per-update latencies are in `raw/`." if (out / "raw").exists() else "."),
         "Cells: median of the runs (min–max when more than one). Ratios: declop's median ÷ the other's.",
         "Method, fairness and caveats: [bench/README.md](../../README.md).",
         "",

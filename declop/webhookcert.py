@@ -64,11 +64,18 @@ class CertAuthority:
 
     @classmethod
     def generate(cls, common_name: str) -> CertAuthority:
+        """A fresh CA (ECDSA P-256, 10 years). X.509 caps a CommonName at 64 characters: a longer
+        ``common_name`` keeps its first 55 and ends with 8 hex digits of its sha256, so names that
+        differ only at the end still differ."""
+        import hashlib
+
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
 
+        if len(common_name) > 64:
+            common_name = f"{common_name[:55]} {hashlib.sha256(common_name.encode()).hexdigest()[:8]}"
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         now = datetime.datetime.now(datetime.UTC)

@@ -16,6 +16,7 @@ There is no kubelet: installed Pods never run, which is expected.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -801,6 +802,202 @@ def test_optional_objects(tool_env: dict[str, str]) -> None:
     assert "DECLOP_METRICS_PORT" not in env_of(off) and "Service" not in {d["kind"] for d in off}
 
 
+# -- webhooks ----------------------------------------------------------------------------------
+
+WEBHOOK_ENV = (
+    "DECLOP_WEBHOOK_PORT", "DECLOP_WEBHOOK_SERVICE", "DECLOP_WEBHOOK_NAME", "DECLOP_WEBHOOK_NAMESPACE",
+    "DECLOP_WEBHOOK_CERT_DIR",
+)  # fmt: skip
+
+
+def webhook_rules(perms: dict[str, Any], name: str, crds: list[str]) -> list[dict[str, Any]]:
+    """The ClusterRole rules the chart must render for webhooks, from permissions.json."""
+    configurations = perms["webhookConfigurations"]
+    rules = [
+        {"apiGroups": [configurations["apiGroup"]], "resources": configurations["resources"],
+         "verbs": configurations["unnamed"]},
+        {"apiGroups": [configurations["apiGroup"]], "resources": configurations["resources"],
+         "resourceNames": [name], "verbs": configurations["named"]},
+    ]  # fmt: skip
+    if crds:
+        rules.append({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                      "resourceNames": crds, "verbs": perms["conversion"]["named"]})  # fmt: skip
+    return rules
+
+
+def test_webhooks_are_off_by_default(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "--set", "networkPolicy.enabled=true")
+    assert not [d for d in docs if "webhook" in d["metadata"]["name"]]
+    assert not set(env_of(docs)) & set(WEBHOOK_ENV)
+    assert "webhook" not in {p["name"] for p in container(docs)["ports"]}
+    assert "webhook" not in json.dumps(one(docs, "NetworkPolicy")["spec"])
+
+
+def test_webhooks_with_the_generated_ca(tool_env: dict[str, str]) -> None:
+    """Service → every operator Pod's `webhook` port; the service form of the client config;
+    RBAC limited by name to the two configurations, the converters' CRDs and the CA Secret."""
+    perms = json.loads((CHART / "files" / "permissions.json").read_text())
+    docs = render(tool_env, "-f", str(SCENARIOS["webhooks"]))
+    deployment = one(docs, "Deployment")
+    service = one(docs, "Service", "op-declop-webhook")
+    assert service["metadata"]["namespace"] == "ops"
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container(docs)["ports"]
+    env = env_of(docs)
+    assert {k: env.get(k) for k in WEBHOOK_ENV} == {
+        "DECLOP_WEBHOOK_PORT": "9443",
+        "DECLOP_WEBHOOK_SERVICE": "ops/op-declop-webhook:443",
+        "DECLOP_WEBHOOK_NAME": "ops-op-declop",
+        "DECLOP_WEBHOOK_NAMESPACE": "ops",
+        "DECLOP_WEBHOOK_CERT_DIR": None,  # not set: declop's own CA
+    }
+    assert "webhook-tls" not in json.dumps(deployment)
+    role = one(docs, "ClusterRole", "ops-op-declop-webhooks")
+    assert role["rules"] == webhook_rules(perms, "ops-op-declop", ["widgets.example.com"]) == [
+        {"apiGroups": ["admissionregistration.k8s.io"],
+         "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"], "verbs": ["create"]},
+        {"apiGroups": ["admissionregistration.k8s.io"],
+         "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+         "resourceNames": ["ops-op-declop"], "verbs": ["patch"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "resourceNames": ["widgets.example.com"], "verbs": ["patch"]},
+    ]  # fmt: skip
+    binding = one(docs, "ClusterRoleBinding", "ops-op-declop-webhooks")
+    assert binding["roleRef"]["name"] == "ops-op-declop-webhooks"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}]
+    ca = one(docs, "Role", "op-declop-webhook-ca")
+    assert ca["metadata"]["namespace"] == "ops"
+    assert ca["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": perms["webhookCA"]["unnamed"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["ops-op-declop-webhook-ca"],
+         "verbs": perms["webhookCA"]["named"]},
+    ]  # fmt: skip
+    assert perms["webhookCA"] | {"//": ""} == {"//": "", "apiGroup": "", "resource": "secrets", "unnamed": ["create"], "named": ["get"]}
+    ca_binding = one(docs, "RoleBinding", "op-declop-webhook-ca")
+    assert ca_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "op-declop-webhook-ca"}
+    assert ca_binding["subjects"] == [{"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}]
+    # the apiserver is no Pod: webhookFrom (an ipBlock) is the only way to narrow the port
+    policy = one(docs, "NetworkPolicy", "op-declop")["spec"]
+    assert policy["ingress"][-1] == {
+        "ports": [{"port": "webhook", "protocol": "TCP"}], "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    }
+    # without converters, no CRD is touched
+    plain = render(tool_env, "--set", "webhooks.enabled=true", "--set", "networkPolicy.enabled=true")
+    assert one(plain, "ClusterRole", "ops-op-declop-webhooks")["rules"] == webhook_rules(perms, "ops-op-declop", [])
+    assert one(plain, "NetworkPolicy")["spec"]["ingress"][-1] == {"ports": [{"port": "webhook", "protocol": "TCP"}]}
+
+
+def test_webhooks_with_a_mounted_certificate(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "--set", "webhooks.enabled=true", "--set", "webhooks.certSecret=op-webhook-tls",
+                  "--set", "webhooks.service.port=8443", "--set", "webhooks.port=10250")  # fmt: skip
+    env = env_of(docs)
+    assert env["DECLOP_WEBHOOK_CERT_DIR"] == "/etc/declop/webhook-tls"
+    assert (env["DECLOP_WEBHOOK_PORT"], env["DECLOP_WEBHOOK_SERVICE"]) == ("10250", "ops/op-declop-webhook:8443")
+    assert {"name": "webhook-tls", "mountPath": "/etc/declop/webhook-tls", "readOnly": True} in container(docs)["volumeMounts"]
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-tls", "secret": {"secretName": "op-webhook-tls", "defaultMode": 0o440}} in volumes
+    assert one(docs, "Service", "op-declop-webhook")["spec"]["ports"][0]["port"] == 8443
+    # no CA of declop's: no Secret access at all
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and "webhook" in d["metadata"]["name"]]
+    assert "secrets" not in json.dumps([d for d in docs if d["kind"] in ("Role", "ClusterRole")])
+
+
+def test_webhooks_rbac_is_cluster_scoped_also_with_namespaced_scope(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "-f", str(SCENARIOS["namespaced"]), "--set", "webhooks.enabled=true")
+    one(docs, "ClusterRole", "ops-op-declop-webhooks")  # the configurations are cluster-scoped
+    assert one(docs, "Role", "op-declop-webhook-ca")["metadata"]["namespace"] == "ops"  # not a watched namespace
+    off = render(tool_env, "--set", "webhooks.enabled=true", "--set", "rbac.create=false")
+    assert not [d for d in off if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    assert one(off, "Service", "op-declop-webhook")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "webhooks.failurePolicy=Ignore"],
+        ["--set", "webhooks.port=70000"],
+        ["--set", "webhooks.enabled=true", "--set", "webhooks.conversionCRDs[0]=widgets"],
+        ["--set", "webhooks.certSecret=Not_A_Name"],
+        ["--set", "webhooks.service.type=NodePort"],
+        ["--set", "webhooks.enabld=true"],
+    ],
+    ids=["failure policy is per handler", "port", "crd without group", "secret name",
+         "service typo", "typo"],
+)  # fmt: skip
+def test_webhooks_schema_rejects(tool_env: dict[str, str], bad: list[str]) -> None:
+    assert "values don't meet the specifications of the schema" in render_error(tool_env, *bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "webhooks.conversionCRDs[0]=widgets.example.com"],
+         "declop: webhooks.conversionCRDs (widgets.example.com) needs webhooks.enabled=true"),
+        (["--set", "webhooks.enabled=true", "--set", "webhooks.port=8080"],
+         "declop: webhooks.port=8080 is also metrics.port; give the webhook server its own port"),
+        (["--set", "webhooks.enabled=true", "--set", "webhooks.port=8081"],
+         "declop: webhooks.port=8081 is also health.port"),
+        (["--set", "webhook.enabled=true"], "declop: unknown value 'webhook': did you mean 'webhooks'?"),
+        (["--set", "webhooks.enable=true"], "declop: unknown value 'webhooks.enable': did you mean 'webhooks.enabled'?"),
+    ],
+    ids=["converters without webhooks", "metrics port", "health port", "webhook", "enable"],
+)  # fmt: skip
+def test_webhooks_bad_values_fail_clearly(tool_env: dict[str, str], args: list[str], message: str) -> None:
+    error = render_error(tool_env, *args)
+    assert message in error, error
+    # the same port is fine once metrics are off
+    if "metrics.port" in message:
+        render(tool_env, *args, "--set", "metrics.enabled=false")
+
+
+def test_helm_install_with_webhooks_grants_exactly_the_named_objects(
+    tool_env: dict[str, str], namespace: str
+) -> None:
+    """The RBAC as the apiserver evaluates it (kubectl auth can-i), not as rendered."""
+    sa = f"system:serviceaccount:{namespace}:op-declop"
+    name = f"{namespace}-op-declop"
+    install = run(tool_env, "helm", "install", "op", str(CHART), "-n", namespace, "-f", str(SCENARIOS["webhooks"]))
+    try:
+        assert "behind Service op-declop-webhook (port 443)" in install.stdout, install.stdout
+        assert f"ValidatingWebhookConfiguration / MutatingWebhookConfiguration {name}" in install.stdout
+        assert f"Secret {namespace}/{name}-webhook-ca" in install.stdout
+        service = kubectl_json(tool_env, "get", "service", "op-declop-webhook", "-n", namespace)
+        assert service["spec"]["ports"][0]["targetPort"] == "webhook"
+        vwc, mwc = "validatingwebhookconfigurations", "mutatingwebhookconfigurations"
+        expect = {
+            ("create", vwc): True,
+            ("create", mwc): True,
+            ("patch", f"{vwc}/{name}"): True,
+            ("patch", f"{mwc}/{name}"): True,
+            ("get", f"{vwc}/{name}"): False,
+            ("update", f"{vwc}/{name}"): False,
+            ("delete", f"{vwc}/{name}"): False,
+            ("patch", f"{vwc}/another"): False,
+            ("patch", f"{mwc}/another"): False,
+            ("list", vwc): False,
+            ("patch", "customresourcedefinitions/widgets.example.com"): True,
+            ("get", "customresourcedefinitions/widgets.example.com"): False,
+            ("update", "customresourcedefinitions/widgets.example.com"): False,
+            ("patch", "customresourcedefinitions/gadgets.example.com"): False,
+            ("create", "customresourcedefinitions"): False,
+            ("create", "secrets", "-n", namespace): True,
+            ("get", f"secrets/{name}-webhook-ca", "-n", namespace): True,
+            ("update", f"secrets/{name}-webhook-ca", "-n", namespace): False,
+            ("delete", f"secrets/{name}-webhook-ca", "-n", namespace): False,
+            ("get", "secrets/other", "-n", namespace): False,
+            ("list", "secrets", "-n", namespace): False,
+            ("get", f"secrets/{name}-webhook-ca", "-n", "default"): False,
+            ("create", "secrets", "-n", "default"): False,
+        }
+        assert {k: can_i(tool_env, sa, *k) for k in expect} == expect
+    finally:
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+    gone = run(tool_env, "kubectl", "get", "clusterrole", f"{namespace}-op-declop-webhooks", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
 # -- helm install on the control plane ---------------------------------------------------------
 
 
@@ -936,6 +1133,53 @@ def test_helm_install(
     assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
+def kubelet_env(
+    control_plane: Any, tool_env: dict[str, str], namespace: str, tmp_path: Path
+) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """Play kubelet for the installed Deployment ``op-declop``: (its container, the container's
+    env, the env of a ``declop run`` process given that env, the handlers ConfigMap laid out as a
+    volume, a token of the ServiceAccount and free local ports)."""
+    spec = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "handlers")
+    assert env["DECLOP_PATHS"] == mount["mountPath"]
+
+    # Laid out as by the kubelet: ..<time>/NAME, ..data -> ..<time>, NAME -> ..data/NAME
+    cm_name = next(v for v in spec["volumes"] if v["name"] == "handlers")["configMap"]["name"]
+    data = kubectl_json(tool_env, "get", "configmap", cm_name, "-n", namespace)["data"]
+    volume = tmp_path / "handlers"
+    (volume / "..2026_01_01_00_00_00.000000001").mkdir(parents=True)
+    for key, text in data.items():
+        (volume / "..2026_01_01_00_00_00.000000001" / key).write_text(text)
+        (volume / key).symlink_to(f"..data/{key}")
+    (volume / "..data").symlink_to("..2026_01_01_00_00_00.000000001")
+
+    sa_dir = tmp_path / "serviceaccount"
+    sa_dir.mkdir()
+    (sa_dir / "token").write_text(control_plane.service_account_token(namespace, spec["serviceAccountName"]))
+    (sa_dir / "ca.crt").write_text(Path(control_plane.ca_file).read_text())
+    (sa_dir / "namespace").write_text(namespace)
+
+    host, port = control_plane.host.removeprefix("https://").rsplit(":", 1)
+    process_env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": port,
+        "DECLOP_SERVICE_ACCOUNT_DIR": str(sa_dir),
+        **env,
+        "DECLOP_PATHS": str(volume),
+        "DECLOP_HEALTH_PORT": str(free_port()),
+        "DECLOP_METRICS_PORT": str(free_port()),
+    }
+    if "DECLOP_WEBHOOK_PORT" in env:
+        process_env["DECLOP_WEBHOOK_PORT"] = str(free_port())
+    return c, env, process_env
+
+
 def test_installed_container_runs_declop(
     control_plane: Any, tool_env: dict[str, str], namespace: str, tmp_path: Path
 ) -> None:
@@ -954,47 +1198,8 @@ def test_installed_container_runs_declop(
         "gracePeriod=5",
     )
     try:
-        spec = kubectl_json(tool_env, "get", "deployment", "op-declop", "-n", namespace)["spec"][
-            "template"
-        ]["spec"]
-        (c,) = spec["containers"]
-        env = {e["name"]: e["value"] for e in c["env"]}
-        mount = next(m for m in c["volumeMounts"] if m["name"] == "handlers")
-        assert env["DECLOP_PATHS"] == mount["mountPath"]
-
-        # Laid out as by the kubelet: ..<time>/NAME, ..data -> ..<time>, NAME -> ..data/NAME
-        cm_name = next(v for v in spec["volumes"] if v["name"] == "handlers")["configMap"]["name"]
-        data = kubectl_json(tool_env, "get", "configmap", cm_name, "-n", namespace)["data"]
-        volume = tmp_path / "handlers"
-        (volume / "..2026_01_01_00_00_00.000000001").mkdir(parents=True)
-        for key, text in data.items():
-            (volume / "..2026_01_01_00_00_00.000000001" / key).write_text(text)
-            (volume / key).symlink_to(f"..data/{key}")
-        (volume / "..data").symlink_to("..2026_01_01_00_00_00.000000001")
-
-        sa_dir = tmp_path / "serviceaccount"
-        sa_dir.mkdir()
-        (sa_dir / "token").write_text(
-            control_plane.service_account_token(namespace, spec["serviceAccountName"])
-        )
-        (sa_dir / "ca.crt").write_text(Path(control_plane.ca_file).read_text())
-        (sa_dir / "namespace").write_text(namespace)
-
-        health, metrics = free_port(), free_port()
-        host, port = control_plane.host.removeprefix("https://").rsplit(":", 1)
-        process_env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "KUBERNETES_SERVICE_HOST": host,
-            "KUBERNETES_SERVICE_PORT": port,
-            "DECLOP_SERVICE_ACCOUNT_DIR": str(sa_dir),
-            **env,
-            "DECLOP_PATHS": str(volume),
-            "DECLOP_HEALTH_PORT": str(health),
-            "DECLOP_METRICS_PORT": str(metrics),
-        }
+        c, env, process_env = kubelet_env(control_plane, tool_env, namespace, tmp_path)
+        health, metrics = process_env["DECLOP_HEALTH_PORT"], process_env["DECLOP_METRICS_PORT"]
         with OperatorProcess(c.get("args", []), env=process_env) as op:
             wait_for(
                 lambda: (
@@ -1071,6 +1276,71 @@ def test_installed_container_runs_declop(
         assert not lease["spec"].get("holderIdentity"), lease["spec"]
     finally:
         run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+
+
+GUARD = '''
+import declop
+
+
+@declop.validator("configmaps", labels="chart-webhook-test=yes", failure_policy="Ignore")
+def guard(obj, **_):
+    if "forbidden" in (obj.get("data") or {}):
+        raise declop.Rejected("no key 'forbidden'", field="data")
+'''
+
+
+def test_installed_container_with_webhooks_registers_the_charts_service(
+    control_plane: Any, tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Play kubelet for a release with webhooks.enabled: `declop run` given the container's env
+    (DECLOP_WEBHOOK_SERVICE, _NAME, _NAMESPACE), its ServiceAccount token and the chart's RBAC
+    creates its CA Secret and registers the service form of the client config, with a serving
+    certificate for the Service's DNS name signed by that CA. (The apiserver cannot call the
+    Service without kube-proxy: tests/node/test_webhooks_on_node.py does that on a real node.)"""
+    namespace = f"wh-{os.urandom(3).hex()}"  # short: the CA's subject holds <namespace>/<secret>
+    run(tool_env, "kubectl", "create", "namespace", namespace)
+    handlers = tmp_path / "guard.py"
+    handlers.write_text(GUARD)
+    name = f"{namespace}-op-declop"
+    run(tool_env, "helm", "install", "op", str(CHART), "-n", namespace, "--set", "webhooks.enabled=true",
+        "--set-file", f"handlers.files.guard\\.py={handlers}", "--set", "leaderElection.enabled=false")  # fmt: skip
+    try:
+        c, env, process_env = kubelet_env(control_plane, tool_env, namespace, tmp_path)
+        assert env["DECLOP_WEBHOOK_SERVICE"] == f"{namespace}/op-declop-webhook:443"
+
+        def registered() -> dict[str, Any] | None:
+            found = run(tool_env, "kubectl", "get", "validatingwebhookconfiguration", name, "-o", "json", check=False)
+            return json.loads(found.stdout) if found.returncode == 0 else None
+
+        with OperatorProcess(c.get("args", []), env=process_env) as op:
+            try:
+                config = wait_for(registered, timeout=30, what=f"ValidatingWebhookConfiguration {name}")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; declop printed:\n" + "\n".join(op.lines + op.stderr)) from None
+            (hook,) = config["webhooks"]
+            service = hook["clientConfig"]["service"]
+            assert (service["namespace"], service["name"], service["port"]) == (namespace, "op-declop-webhook", 443)
+            assert "url" not in hook["clientConfig"]
+            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]} in (
+                hook["namespaceSelector"]["matchExpressions"]
+            )
+            secret = kubectl_json(tool_env, "get", "secret", f"{name}-webhook-ca", "-n", namespace)
+            ca = base64.b64decode(secret["data"]["ca.crt"])
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
+            # what the apiserver would do through the Service: TLS to the Pod's webhook port,
+            # verifying the Service's DNS name against the caBundle
+            context = ssl.create_default_context(cadata=ca.decode())
+            port = int(process_env["DECLOP_WEBHOOK_PORT"])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname=f"op-declop-webhook.{namespace}.svc") as tls:
+                    assert tls.version() in ("TLSv1.2", "TLSv1.3")
+            code = op.stop()
+        assert code == 0, "\n".join(op.lines + op.stderr)
+    finally:
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            run(tool_env, "kubectl", "delete", kind, name, "--ignore-not-found", check=False)
+        run(tool_env, "kubectl", "delete", "namespace", namespace, "--wait=false", check=False)
 
 
 # -- the Dockerfile, read as text --------------------------------------------------------------

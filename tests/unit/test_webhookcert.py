@@ -108,6 +108,18 @@ def test_ca_is_created_once_and_then_shared():
     assert api.stored is not None and api.stored["metadata"] == {"name": "declop-webhook-ca", "namespace": "ops", "labels": {"app.kubernetes.io/managed-by": "declop"}}
 
 
+def test_a_long_release_namespace_and_name_still_make_a_ca():
+    """The chart names the Secret <namespace>-<release>-declop-webhook-ca: a 12-character namespace
+    used to crash the start (X.509 CommonName > 64 characters). The name is cut and made unique."""
+    api = FakeSecrets()
+    ca = asyncio.run(load_or_create_ca(api, "platform-ops", "platform-ops-widgets-declop-webhook-ca"))
+    (cn,) = x509.load_pem_x509_certificate(ca.cert_pem).subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)
+    assert len(cn.value) <= 64 and cn.value.startswith("declop webhook CA platform-ops/")
+    other = CertAuthority.generate("declop webhook CA platform-ops/platform-ops-widgets-declop-webhook-ca2")
+    (other_cn,) = x509.load_pem_x509_certificate(other.cert_pem).subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)
+    assert other_cn.value != cn.value
+
+
 def test_a_lost_create_race_reads_the_winner():
     api = FakeSecrets(lose_race=True)
     ca = asyncio.run(load_or_create_ca(api, "ops", "ca"))

@@ -177,6 +177,8 @@ unknown key is still refused by the schema.
 {{- $_ := set $mistakes "volumeMounts" "extraVolumeMounts" }}
 {{- $_ := set $mistakes "volumes" "extraVolumes" }}
 {{- $_ := set $mistakes "watchNamespace" "watchNamespaces" }}
+{{- $_ := set $mistakes "webhook" "webhooks" }}
+{{- $_ := set $mistakes "webhooks.enable" "webhooks.enabled" }}
 {{- range $path, $meant := $mistakes }}
 {{- $parts := splitList "." $path }}
 {{- $node := $.Values }}
@@ -206,6 +208,16 @@ Every check that is not a schema check. Included by deployment.yaml, so any rend
 {{- end }}
 {{- if and (eq .Values.rbac.scope "namespaces") (not .Values.watchNamespaces) }}
 {{- fail "declop: rbac.scope=namespaces needs the namespaces in watchNamespaces (it grants access there only); use rbac.scope=cluster to watch all namespaces." }}
+{{- end }}
+{{- if and .Values.webhooks.conversionCRDs (not .Values.webhooks.enabled) }}
+{{- fail (printf "declop: webhooks.conversionCRDs (%s) needs webhooks.enabled=true: the converters are served by the webhook server." (join ", " .Values.webhooks.conversionCRDs)) }}
+{{- end }}
+{{- if .Values.webhooks.enabled }}
+{{- $taken := dict (toString .Values.health.port) "health.port" }}
+{{- if .Values.metrics.enabled }}{{ $_ := set $taken (toString .Values.metrics.port) "metrics.port" }}{{ end }}
+{{- with get $taken (toString .Values.webhooks.port) }}
+{{- fail (printf "declop: webhooks.port=%d is also %s; give the webhook server its own port (default 9443)." (int $.Values.webhooks.port) .) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -246,4 +258,23 @@ The RBAC rules of the watched resources, the event recorder and rbac.rules, as a
 {{- with .Values.rbac.rules }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/*
+Webhooks. The Service the apiserver calls (release namespace); the name the operator gives its
+ValidatingWebhookConfiguration and MutatingWebhookConfiguration (cluster-scoped: named like the
+ClusterRole, with the release namespace, so two releases never collide); the Secret holding the
+CA declop generates, `<name>-webhook-ca` in the release namespace (declop derives it from the
+name). The operator is told these names, so that the RBAC can be restricted to them.
+*/}}
+{{- define "declop.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "declop.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "declop.webhookName" -}}
+{{- include "declop.clusterName" . }}
+{{- end }}
+
+{{- define "declop.webhookCASecretName" -}}
+{{- printf "%s-webhook-ca" (include "declop.webhookName" .) }}
 {{- end }}
