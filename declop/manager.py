@@ -49,9 +49,10 @@ from .controller import Controller, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
-from .informer import InformerPool
+from .informer import Informer, InformerPool
 from .leader import LeaderElector
-from .shardlease import ShardLeases
+from .sharding import ShardFilter, ShardRange
+from .shardlease import ShardLeases, ShardSet
 from .lifecycle import Lifecycle
 from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
 from .metrics import Metrics
@@ -145,6 +146,10 @@ class Manager:
         self._tasks: list[asyncio.Task[None]] = []
         self.elector: LeaderElector | None = None
         self.shard_leases: ShardLeases | None = None
+        #: sharded informer -> the range sets whose held ranges it must cache (their union)
+        self._sharded: dict[Informer, list[ShardSet]] = {}
+        self._resharding: asyncio.Task[None] | None = None
+        self._reshard_again = False
         self._sharding: asyncio.Task[None] | None = None
         self.leadership: asyncio.Event | None = None
         self.probes: ProbeServer | None = None
@@ -259,6 +264,7 @@ class Manager:
                 renew_deadline=self.options.renew_deadline,
                 retry_period=self.options.retry_period,
                 metrics=self.metrics,
+                on_round=self._want_reshard,
             )
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
@@ -386,13 +392,20 @@ class Manager:
         assert self.informers is not None
         primary = self._resolve(reg.resource, f"controller {reg.name!r}")
         pool = self.informers
+        shards = None
+        if self.shard_leases is not None:
+            shards = self.shard_leases.add(reg.name, self.options.shards, reg.shard_by)
+        # sharded: the primary's informers cache only the held ranges (empty until the first is
+        # taken); owned resources too when sharded by namespace (a child's uid is not its owner's,
+        # so by uid they are cached whole and mapped to the owner's key, whose range decides)
+        own = ShardFilter(reg.shard_by, ()) if shards is not None else None  # type: ignore[arg-type]
+        primary_informers = pool.for_resource(
+            primary, reg.namespaces, reg.labels, field_selector=reg.fields, metadata_only=reg.metadata_only, shard=own
+        )
+        sharded = list(primary_informers)
         sources = [
             Source(
-                tuple(
-                    pool.for_resource(
-                        primary, reg.namespaces, reg.labels, field_selector=reg.fields, metadata_only=reg.metadata_only
-                    )
-                ),
+                tuple(primary_informers),
                 enqueue_self,
                 reg.predicates,
                 primary=True,
@@ -401,7 +414,12 @@ class Manager:
         for owned in reg.owns:
             info = self._resolve(owned.name, f"controller {reg.name!r} owns=")
             mapper = enqueue_owner(primary.group, primary.kind, namespaced=primary.namespaced)
-            informers = pool.for_resource(info, reg.namespaces, field_selector=owned.fields, metadata_only=owned.metadata_only)
+            by_namespace = own if reg.shard_by == "namespace" and info.namespaced else None
+            informers = pool.for_resource(
+                info, reg.namespaces, field_selector=owned.fields, metadata_only=owned.metadata_only, shard=by_namespace
+            )
+            if by_namespace is not None:
+                sharded += informers
             sources.append(Source(tuple(informers), mapper, label=f"owns:{info.kind}"))
         for watched, fn in reg.watches:
             info = self._resolve(watched.name, f"controller {reg.name!r} watches=")
@@ -415,9 +433,9 @@ class Manager:
                 )
             )
         fence = self.elector.valid if self.elector is not None else None
-        shards = None
-        if self.shard_leases is not None:
-            shards = self.shard_leases.add(reg.name, self.options.shards, reg.shard_by)
+        if shards is not None:
+            for informer in sharded:
+                self._sharded.setdefault(informer, []).append(shards)
         return Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
             recent=self.options.debug_reconciles, shards=shards,
@@ -503,6 +521,39 @@ class Manager:
         if self._stop is not None:
             self._stop.set()
 
+    def _want_reshard(self) -> None:
+        """Move the informers' shard filters, in a task of its own (at most one at a time; a
+        request while one runs makes it run once more)."""
+        if self._resharding is not None and not self._resharding.done():
+            self._reshard_again = True
+            return
+        self._reshard_again = False
+        self._resharding = asyncio.get_running_loop().create_task(self._reshard(), name="shard filters")
+
+    async def _reshard(self) -> None:
+        """After a Lease round: every sharded informer caches the union of the ranges its
+        controllers hold (draining ones included: their in-flight reconciles read the cache).
+        A gained range is re-listed (its objects arrive as additions and are queued); a released
+        one leaves the cache without deletions."""
+        for informer, sets in self._sharded.items():
+            wanted: set[ShardRange] = set()
+            for s in sets:
+                wanted.update(s.ranges[i] for i in s.held())
+            assert informer.shard is not None
+            if set(informer.shard.ranges) == set(informer.shard.with_ranges(wanted).ranges):
+                continue
+            try:
+                await informer.set_shard(wanted)
+                if wanted:
+                    # an informer that owned nothing was never started (Informer.start returns
+                    # at once for empty ranges) and set_shard restarts only a running one
+                    informer.start()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("Could not change the shard ranges of an informer", extra={"kv": {"informer": informer.name}})
+        if self._reshard_again:
+            self._reshard_again = False
+            await self._reshard()
+
     async def _shard(self) -> None:
         """Hold and balance the range Leases; when a range is lost under a running reconcile,
         stop reconciling at once and exit 1 (as after a lost leader Lease)."""
@@ -570,6 +621,8 @@ class Manager:
             self._leading = None
         if self.elector is not None:
             await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
+        if self._resharding is not None:
+            self._resharding.cancel()
         if self._sharding is not None:  # renewed through the drain; released now that no worker runs
             self._sharding.cancel()
             await asyncio.gather(self._sharding, return_exceptions=True)

@@ -49,6 +49,7 @@ from .priorityqueue import Priority
 from .ratelimit import RateLimit
 from .trigger import NO_TRIGGER, Trigger
 from .resource import Resource
+from .sharding import SHARD_KEYS
 from .webhook import Webhook, WebhookKind, make_webhook
 
 __all__ = [
@@ -474,8 +475,6 @@ def _unknown_required(fn: Callable[..., Any], name: str, param: str) -> str:
 
 default_registry = Registry()
 
-#: what ``shard_by=`` accepts
-SHARD_KEYS = ("uid", "namespace")
 
 
 class _BadShardKey(RegistrationError):

@@ -1,7 +1,9 @@
 """Shard leases: which replica reconciles which hash range of a controller — never two at once.
 
 In sharded mode (``declop run --shards N``) the hash space ``[0, 2^64)`` of every controller is
-split into ``N`` fixed ranges (:mod:`declop.sharding` computes the hash and the ranges). Each
+split into ``N`` fixed ranges (:func:`declop.sharding.split`; a key's range is
+:func:`declop.sharding.range_index` of its FNV-1a hash — the same rounding as the informers'
+shardSelector, so a range's Lease guards exactly the objects its selector returns). Each
 range has one ``coordination.k8s.io/v1`` Lease, ``<id>-<controller>-shard-<i>-of-<n>``, taken,
 renewed and released with exactly the protocol and fencing of leader election
 (:class:`~declop.leader.LeaderElector`, one per range): a worker starts a reconcile for a key only
@@ -43,7 +45,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import logging
 import math
@@ -55,32 +56,14 @@ from typing import Any, Callable, Iterable
 from .clock import MONOTONIC, Clock
 from .errors import ApiError, ConfigError, NotFound
 from .leader import LeaderElector
+from .sharding import ShardRange, fnv1a64, range_index, split
 
-__all__ = ["ShardLeases", "ShardSet", "lease_name", "plan", "range_starts"]
+__all__ = ["ShardLeases", "ShardSet", "lease_name", "plan"]
 
 log = logging.getLogger("declop.shardlease")
 
-SPACE = 1 << 64
-
 #: a member Lease unrenewed for this many of its durations is deleted by the other replicas
 FORGET_AFTER = 10
-
-_FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
-
-
-def fnv1a64(text: str) -> int:
-    """64-bit FNV-1a of the UTF-8 bytes of ``text``."""
-    h = _FNV_OFFSET
-    for b in text.encode():
-        h = ((h ^ b) * _FNV_PRIME) & (SPACE - 1)
-    return h
-
-
-def range_starts(n: int) -> list[int]:
-    """The start of each of ``n`` ranges splitting ``[0, 2^64)``; range ``i`` is
-    ``[starts[i], starts[i + 1])`` (the last ends at 2^64)."""
-    return [-(-i * SPACE // n) for i in range(n)]
-
 
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "x"
@@ -115,7 +98,8 @@ class ShardSet:
     def __init__(self, controller: str, n: int, shard_by: str, electors: list[LeaderElector]) -> None:
         self.controller, self.n, self.shard_by = controller, n, shard_by
         self.electors = electors
-        self.starts = range_starts(n)
+        #: the ranges, by index (:func:`declop.sharding.split`)
+        self.ranges: tuple[ShardRange, ...] = split(n)
         #: ranges being drained: no reconcile starts for their keys; released once idle
         self.draining: set[int] = set()
         #: range -> reconciles of its keys in flight
@@ -128,7 +112,7 @@ class ShardSet:
 
     def index(self, value: str) -> int:
         """The range ``value`` (a uid or a namespace) hashes into."""
-        return bisect.bisect_right(self.starts, fnv1a64(value)) - 1
+        return range_index(fnv1a64(value), self.n)
 
     def held(self) -> list[int]:
         return [i for i, e in enumerate(self.electors) if e.is_leader]
@@ -161,6 +145,7 @@ class ShardLeases:
         clock: Clock = MONOTONIC,
         metrics: Any = None,
         identity: str | None = None,
+        on_round: Callable[[], None] | None = None,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
             raise ConfigError(
@@ -174,6 +159,9 @@ class ShardLeases:
         self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
         self.clock = clock
         self.metrics = metrics
+        #: called after every round (the manager moves the informers' shard filters in a task
+        #: of its own: a re-list never delays a renewal)
+        self.on_round = on_round
         self.member_prefix = f"{_dns(lease_id)}-member-"
         self.member = self._elector(f"{self.member_prefix}{suffix}")
         self.sets: dict[str, ShardSet] = {}
@@ -274,6 +262,8 @@ class ShardLeases:
                 if s.on_dropped is not None:
                     s.on_dropped(i)
             await asyncio.gather(*(self._try(s, i) for i in tries))
+        if self.on_round is not None:
+            self.on_round()
         await self._collect(leases)
 
     def _other_split(self, s: ShardSet, leases: dict[str, dict[str, Any]], live: set[Any]) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from declop.shardlease import fnv1a64, range_starts
+from declop.sharding import fnv1a64, range_index
 from declop.testing.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
@@ -146,9 +146,7 @@ class Shards:
         return all(share - 1 <= counts.get(i, 0) <= share for i in ids) and sum(counts.get(i, 0) for i in ids) == SHARDS
 
     def shard_of(self, name: str) -> int:
-        import bisect
-
-        return bisect.bisect_right(range_starts(SHARDS), fnv1a64(self.uids[name])) - 1
+        return range_index(fnv1a64(self.uids[name]), SHARDS)
 
     def intervals(self) -> list[dict[str, Any]]:
         out = []

@@ -13,7 +13,8 @@ import pytest
 from declop.clock import FakeClock
 from declop.errors import ConfigError, Conflict, NotFound
 from declop.metrics import Metrics
-from declop.shardlease import SPACE, ShardLeases, fnv1a64, lease_name, plan, range_starts
+from declop.sharding import fnv1a64, range_index, split
+from declop.shardlease import ShardLeases, ShardSet, lease_name, plan
 
 
 class Leases:
@@ -86,12 +87,13 @@ def test_plan_drains_the_excess_highest_first_and_fills_up_to_the_share() -> Non
     assert plan([0], [], [1, 2], live=5, n=12) == ([], [1, 2])  # ceil(12 / 5) = 3
 
 
-def test_ranges_split_the_whole_hash_space_and_the_hash_is_fnv1a() -> None:
-    starts = range_starts(12)
-    assert starts[0] == 0 and len(starts) == 12 and starts == sorted(starts)
-    assert all(0 < b - a <= SPACE // 12 + 1 for a, b in zip(starts, starts[1:] + [SPACE]))
-    assert fnv1a64("") == 0xCBF29CE484222325
-    assert fnv1a64("a") == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector
+def test_a_key_s_range_is_the_one_of_declop_sharding_whose_bounds_hold_its_hash() -> None:
+    s = ShardSet("c", 12, "uid", [])
+    for value in ["", "a", "0f1e2d3c-uid", "kube-system", *(f"uid-{i}" for i in range(200))]:
+        i = s.index(value)
+        assert i == range_index(fnv1a64(value), 12)
+        assert s.ranges[i].start <= fnv1a64(value) < s.ranges[i].end
+    assert s.ranges == split(12)
 
 
 def test_lease_names_are_dns_safe() -> None:
