@@ -1,7 +1,7 @@
 """The informer's shard filter against a scripted apiserver that knows nothing of shardSelector
 (as an apiserver with the ShardedListAndWatch gate off): detection, client-side filtering,
 set_shard, the guard against an apiserver that stops filtering, and the pool's keying.
-The real apiserver, gate on and off: tests/integration/test_sharding.py."""
+The real apiserver, gate on and off: tests/integration/test_sharded_list_watch.py."""
 
 from __future__ import annotations
 
