@@ -830,6 +830,7 @@ class InformerPool:
         self.transform = transform
         self.list_mode = list_mode
         self._informers: dict[tuple[str, str, str, str, bool, str], Informer] = {}
+        self._all: tuple[Informer, ...] = ()  # the same informers; copy-on-write, read from any thread
         # group_resource -> its unfiltered informers, full ones first; copy-on-write, read from any thread
         self._unfiltered: dict[str, tuple[Informer, ...]] = {}
         #: group_resource -> the user's transform for it (replaces the default)
@@ -878,6 +879,7 @@ class InformerPool:
             for name, fn in self.indexers.get(resource.group_resource, {}).items():
                 informer.store.add_indexer(name, fn)
             self._informers[key] = informer
+            self._all = (*self._all, informer)
             if not label_selector and not field_selector:
                 gr = resource.group_resource
                 both = (*self._unfiltered.get(gr, ()), informer)
@@ -932,7 +934,8 @@ class InformerPool:
         await asyncio.gather(*(i.stop() for i in self._informers.values()))
 
     def __iter__(self) -> Any:
-        return iter(list(self._informers.values()))
+        """Every informer, as a snapshot (safe from any thread, e.g. a metrics scrape)."""
+        return iter(self._all)
 
     def all_synced(self) -> bool:
         return all(i.store.synced for i in self._informers.values())
