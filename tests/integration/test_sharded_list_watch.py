@@ -24,7 +24,7 @@ from declop.transport import Transport, load_configuration
 pytestmark = pytest.mark.integration
 
 CONFIGMAPS = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
-OBJECTS = 2000
+OBJECTS = 3000
 #: every ConfigMap of these tests carries it, and every LIST and informer selects by it: the
 #: controller-manager's kube-root-ca.crt (when it runs) is not part of the data
 LABEL = "declop-test=sharding"
@@ -95,7 +95,7 @@ def store_names(informer: Informer) -> set[str]:
 
 @pytest.fixture(scope="module")
 def populated(sharded_control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str]]:
-    """A namespace with 2,000 ConfigMaps on the gate-on control plane (created once)."""
+    """A namespace with 3,000 ConfigMaps on the gate-on control plane (created once)."""
     cp = sharded_control_plane
     ns = f"shard-{int(time.time() * 1000) % 10**8}"
     api(cp, "POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
@@ -112,7 +112,7 @@ def test_feature_gate_exists_and_the_server_echoes_shard_info(populated: tuple[C
 
 def test_client_hash_equals_the_servers_for_every_range(populated: tuple[ControlPlane, str]) -> None:
     """For each of 12 ranges: the server-filtered LIST is exactly the client-filtered full LIST,
-    by uid over 2,000 objects; the ranges partition the objects."""
+    by uid over 3,000 objects; the ranges partition the objects."""
     cp, ns = populated
     path = CONFIGMAPS.path(namespace=ns)
     everything = list_all(cp, path)["items"]
@@ -208,7 +208,7 @@ def test_server_side_and_client_side_informers_hold_the_same_objects(
             assert status == 200
             filtered = apiserver_metric(text.decode(), "apiserver_watch_filtered_events_total", 'resource="configmaps"')
             assert filtered >= sent - expected_events
-            for obj in created[40:]:  # leave the namespace as it was (2,000 ConfigMaps)
+            for obj in created[40:]:  # leave the namespace as it was (3,000 ConfigMaps)
                 await transport.request("DELETE", f"{path}/{obj['metadata']['name']}")
         finally:
             await server.stop()
