@@ -27,6 +27,18 @@ The loop is client-go's reflector (``tools/cache/reflector.go``), in asyncio; on
    (uniform in [d, 2d), capped), reset after 2 minutes without backing off; ``Retry-After`` and
    ``retryAfterSeconds`` raise the delay. Failures log one ERROR line each, with the next delay.
 
+**Sharding** (``shard=``, a :class:`~declop.sharding.ShardFilter`): the informer holds only the
+objects whose shard hash is in the owned ranges. At the start of its first pass it asks the
+apiserver once (a LIST of one item with the ``shardSelector``): an answer carrying
+``metadata.shardInfo`` means server-side filtering (``shard_mode == "server"``: every LIST and
+watch carries the selector, so the apiserver sends only owned objects); an answer without it
+(the ``ShardedListAndWatch`` gate off, an apiserver before v1.36) means client-side filtering
+(``"client"``: the full list and watch, objects outside the ranges dropped before the store).
+In both modes every object is also checked against the filter before the store, with the same
+FNV-1a hash as the apiserver's, so an apiserver that stops filtering (a restart with the gate off)
+costs bandwidth, never correctness. :meth:`Informer.set_shard` changes the owned ranges (see
+there; docs/sharding.md explains the choice of re-list).
+
 Invariants:
 - events reach subscribers in the order the store applied them, after the store changed;
 - subscribers are called on the event loop and must not block (they only enqueue keys);
@@ -37,7 +49,9 @@ Invariants:
 - a sync swaps the new content into the store in one step, computed aside in chunks with the
   loop running in between; no step of a sync walks or builds more than a chunk of objects;
 - the cyclic GC is paused while any informer syncs, and the garbage of that time is collected
-  before the heap is frozen (after every page or chunk): nothing is pinned but what survives.
+  before the heap is frozen (after every page or chunk): nothing is pinned but what survives;
+- with a shard filter, the store never holds an object outside the owned ranges, and an object
+  that leaves the store because its range was released is never emitted as a deletion.
 """
 
 from __future__ import annotations
@@ -47,12 +61,14 @@ import gc
 import logging
 import random
 import time
-from typing import Any, Callable, Literal
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal
 
 from .cache import Store, Transform, Writer, strip_managed_fields
 from .discovery import ResourceInfo
 from .errors import ApiError, Forbidden, NotFound
-from .keys import key_of
+from .keys import Request, key_of
+from .sharding import ShardFilter, ShardRange, difference
 from .transport import StreamIdle, StreamInterrupted, Transport, loads
 
 __all__ = [
@@ -65,6 +81,8 @@ __all__ = [
     "Informer",
     "InformerPool",
     "ListMode",
+    "ShardChange",
+    "ShardMode",
 ]
 
 log = logging.getLogger("declop.informer")
@@ -84,6 +102,22 @@ INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 _METADATA_KIND, _METADATA_API_VERSION = "PartialObjectMetadata", "meta.k8s.io/v1"
+
+#: how a sharded informer filters: "server" (the apiserver applies the shardSelector), "client"
+#: (full list and watch, filtered here), "" (not detected yet, or not sharded)
+ShardMode = Literal["", "server", "client"]
+
+
+@dataclass(frozen=True)
+class ShardChange:
+    """What :meth:`Informer.set_shard` did. ``released`` are the keys that left the store (never
+    emitted as deletions: a controller forgets them, it does not reconcile them); ``gained`` the
+    ranges newly owned; ``relisted`` whether a sync was needed to bring their objects in."""
+
+    released: tuple[Request, ...]
+    gained: tuple[ShardRange, ...]
+    relisted: bool
+
 
 _WATCH_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
 
@@ -151,9 +185,13 @@ class Informer:
         list_mode: ListMode = "auto",
         backoff: Backoff | None = None,
         min_watch_timeout: int = 300,
+        shard: ShardFilter | None = None,
+        shard_filtering: Literal["auto", "client"] = "auto",
     ) -> None:
         if list_mode not in LIST_MODES:
             raise ValueError(f"list_mode must be one of {', '.join(LIST_MODES)}, not {list_mode!r}")
+        if shard_filtering not in ("auto", "client"):
+            raise ValueError(f"shard_filtering must be auto or client, not {shard_filtering!r}")
         self.transport = transport
         self.resource = resource
         self.namespace = namespace if resource.namespaced else ""
@@ -168,12 +206,15 @@ class Informer:
         where = f" in {self.namespace}" if self.namespace else ""
         how = [*([label_selector] if label_selector else []), *([field_selector] if field_selector else [])]
         how += ["metadata only"] if metadata_only else []
+        how += [f"sharded by {shard.key}"] if shard is not None else []
         sel = f" ({'; '.join(how)})" if how else ""
         self.name = f"{resource.group_resource}{where}{sel}"
         # the kind/apiVersion of what the apiserver sends: the resource's, or PartialObjectMetadata
         self._kind = _METADATA_KIND if metadata_only else resource.kind
         self._api_version = _METADATA_API_VERSION if metadata_only else resource.api_version
         self.store = Store(self.name)
+        if shard is not None and shard.key == "uid" and transform is not None:
+            transform = _keeping_uid(transform)  # set_shard hashes cached objects again
         self._writer = Writer(self.store, transform)
         self._subscribers: list[EventHandler] = []
         self.synced = asyncio.Event()
@@ -189,6 +230,27 @@ class Informer:
         self.syncing = False
         self.last_sync_mode = ""  # "stream" or "paged": how the last sync was done
         self._kv = {"informer": self.name}
+        #: the owned ranges (None: not sharded); change them with :meth:`set_shard` only
+        self.shard = shard
+        #: "client" from the start with ``shard_filtering="client"`` (no detection: to compare
+        #: both modes on one apiserver), else detected by the first pass
+        self.shard_mode: ShardMode = "client" if shard is not None and shard_filtering == "client" else ""
+        #: object events (not bookmarks) received on watch streams after their sync, before any
+        #: client-side filtering: what the apiserver sent this informer
+        self.events_received = 0
+        #: objects received by syncs (LIST items, initial events of a streaming list)
+        self.objects_listed = 0
+        #: objects and events dropped by the shard filter (client-side filtering)
+        self.dropped = 0
+        #: objects that left the store because their range was released
+        self.released = 0
+        self._emitting = 0  # >0 while a sync's changes are being emitted (not to be cut short)
+        self._calm = asyncio.Event()
+        self._calm.set()
+        self._resume_watch = False  # next pass: watch from the store's resourceVersion, no sync
+        self._resharding = asyncio.Lock()
+        self._sync_owed = False  # a gained range's objects are not in the store until the next sync
+        self._warned_unfiltered = False
 
     def subscribe(self, handler: EventHandler) -> None:
         """Receive every future change; if already synced, replay the cache as additions first."""
@@ -203,6 +265,9 @@ class Informer:
 
     def start(self) -> None:
         if self._task is None:
+            if self.shard is not None and self.shard.empty:
+                self._own_nothing()
+                return
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"informer {self.name}")
 
     async def stop(self) -> None:
@@ -213,6 +278,68 @@ class Informer:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+    def _own_nothing(self) -> None:
+        """No owned ranges: nothing to list or watch; the store is (silently) empty and synced."""
+        for key in self.store.keys():
+            self._writer.delete(key)
+        if not self.store.synced:
+            self._writer.replace([], self.store.resource_version)
+        self.synced.set()
+
+    async def set_shard(self, ranges: Iterable[ShardRange]) -> ShardChange:
+        """Own exactly ``ranges`` from now on; returns what changed.
+
+        - Objects of released ranges leave the store at once and are *not* emitted: they were
+          not deleted, they are someone else's now. Their keys are in the result so that the
+          caller can drop them from its queue.
+        - Ranges only released (no range gained): the watch restarts with the narrower selector
+          from the store's resourceVersion; no sync, no request beyond the new watch.
+        - A range gained: the informer syncs again with the new selector (server-side) or the
+          full list (client-side). The sync's diff against the store emits the gained objects as
+          additions, plus any change missed in kept ranges; unchanged objects emit nothing.
+        - A sync whose changes are being emitted is never cut short: this waits for it.
+
+        Call on the informer's loop; concurrent calls take effect one after the other, in order.
+        Must be a sharded informer (``shard=`` given)."""
+        if self.shard is None:
+            raise ValueError(f"informer {self.name} is not sharded; create it with shard=")
+        async with self._resharding:
+            return await self._set_shard(ranges)
+
+    async def _set_shard(self, ranges: Iterable[ShardRange]) -> ShardChange:
+        assert self.shard is not None
+        new = self.shard.with_ranges(ranges)
+        old = self.shard
+        gained = difference(new.ranges, old.ranges)
+        if new == old:
+            return ShardChange((), (), False)
+        while self._emitting:
+            self._calm.clear()
+            await self._calm.wait()
+        running = self._task is not None
+        if running:
+            await self.stop()
+        self.shard = new
+        released: list[Request] = []
+        for key in self.store.keys():
+            obj = self.store.get(key)
+            if obj is not None and not new.matches(obj):
+                self._writer.delete(key)
+                released.append(key)
+        self.released += len(released)
+        # a sync still owed to an earlier gain (cut short by this change) is owed still
+        relist = bool(gained) or self._sync_owed or not self.store.synced or not self.store.resource_version
+        self._resume_watch = not relist
+        self._sync_owed = relist and not new.empty
+        log.info(
+            f"Shard ranges changed: now {new}; {len(released)} objects released"
+            + (", re-listing for the gained ranges" if relist and not new.empty else ""),
+            extra={"kv": {**self._kv, "released": len(released), "gained": len(gained)}},
+        )
+        if running:
+            self.start()
+        return ShardChange(tuple(released), gained, relist and not new.empty)
 
     @property
     def path(self) -> str:
@@ -256,9 +383,14 @@ class Informer:
     async def _list_and_watch(self) -> None:
         """Sync the store, then watch until only a relist can help (raises ``_Relist``) or the
         pass fails (raises the error). Never returns."""
+        if self.shard is not None and not self.shard_mode:
+            await self._detect_shard_mode()
         streaming = self._streaming  # the current stream is a streaming list not yet synced
         rv_for_stream = self.store.resource_version
-        if not streaming:
+        if self._resume_watch:
+            self._resume_watch = False  # only the ranges narrowed: the store is current at its RV
+            streaming = False
+        elif not streaming:
             await self._list()
         while True:
             self._events = 0
@@ -333,6 +465,50 @@ class Informer:
             log.warning(f"Watch throttled (429); re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         await asyncio.sleep(delay)
 
+    # -- sharding -------------------------------------------------------------------------------
+
+    async def _detect_shard_mode(self) -> None:
+        """One LIST of at most one object with the shardSelector: ``shardInfo`` in the answer
+        means the apiserver filters (server mode); its absence, or a 400/422 refusing the
+        parameter, that it does not (client mode). Other failures raise (the pass backs off)."""
+        assert self.shard is not None and not self.shard.empty
+        params = {"limit": 1, "shardSelector": self.shard.selector}
+        try:
+            page = await self.transport.request("GET", self.path, params=params, timeout=60, lane="informer")
+            served = bool((page.get("metadata") or {}).get("shardInfo"))
+        except ApiError as exc:
+            if exc.status not in (400, 422):
+                raise
+            served = False
+        self.shard_mode = "server" if served else "client"
+        if served:
+            log.info("Sharded list and watch: the apiserver filters by shard", extra={"kv": self._kv})
+        else:
+            log.info(
+                "Sharded list and watch: the apiserver does not filter (feature gate ShardedListAndWatch "
+                "off, or Kubernetes before v1.36); filtering client-side, every event is received",
+                extra={"kv": self._kv},
+            )
+
+    def _shard_params(self, params: dict[str, Any]) -> None:
+        if self.shard is not None and self.shard_mode == "server":
+            params["shardSelector"] = self.shard.selector
+
+    def _outside(self, obj: dict[str, Any]) -> bool:
+        """Whether the shard filter drops ``obj`` (counted; warned once in server mode)."""
+        shard = self.shard
+        if shard is None or shard.matches(obj):
+            return False
+        self.dropped += 1
+        if self.shard_mode == "server" and not self._warned_unfiltered:
+            self._warned_unfiltered = True
+            log.warning(
+                "The apiserver sent an object outside the shardSelector (was it restarted with the "
+                "ShardedListAndWatch gate off?); dropping such objects client-side",
+                extra={"kv": self._kv},
+            )
+        return True
+
     # -- sync: paginated LIST -------------------------------------------------------------------
 
     async def _list(self) -> None:
@@ -355,6 +531,7 @@ class Informer:
             params["labelSelector"] = self.label_selector
         if self.field_selector:
             params["fieldSelector"] = self.field_selector
+        self._shard_params(params)
         accept = METADATA_LIST_ACCEPT if self.metadata_only else None
         rv = ""
         kind = self._kind
@@ -377,6 +554,9 @@ class Informer:
                     "GET", self.path, params=params, timeout=300, lane="informer", accept=accept
                 )
             for item in page.get("items") or ():
+                self.objects_listed += 1
+                if self.shard is not None and self._outside(item):
+                    continue
                 # list items carry no kind/apiVersion; watch events do: make them alike
                 item["kind"] = kind
                 item["apiVersion"] = api_version
@@ -406,6 +586,7 @@ class Informer:
         if big:
             _freeze()
         changes = job.commit()
+        self._sync_owed = False
         self.lists += 1
         self.last_sync_mode = mode
         self.last_error = ""
@@ -415,7 +596,16 @@ class Informer:
     async def _emit_all(self, changes: list[Any]) -> None:
         """Emit a sync's changes in order, in chunks, dropping each pair once emitted: the old
         objects of a relist are freed chunk by chunk rather than all at once when the list goes
-        (freeing 100k objects in one go is a ~100 ms stall)."""
+        (freeing 100k objects in one go is a ~100 ms stall). :meth:`set_shard` waits for it."""
+        self._emitting += 1
+        try:
+            await self._emit_chunks(changes)
+        finally:
+            self._emitting -= 1
+            if not self._emitting:
+                self._calm.set()
+
+    async def _emit_chunks(self, changes: list[Any]) -> None:
         for i in range(len(changes)):
             old, new = changes[i]
             changes[i] = None
@@ -448,7 +638,9 @@ class Informer:
             params["labelSelector"] = self.label_selector
         if self.field_selector:
             params["fieldSelector"] = self.field_selector
+        self._shard_params(params)
         writer, store, kind = self._writer, self.store, self._kind
+        sharded = self.shard is not None
         pending: list[dict[str, Any]] | None = [] if initial else None
         paused = False
         if initial:
@@ -495,6 +687,14 @@ class Informer:
                     why = f"unexpected type {etype!r}" if etype not in _WATCH_TYPES else "unexpected object"
                     self._skip(line, why)
                     continue
+                if pending is None:
+                    self.events_received += 1
+                else:
+                    self.objects_listed += 1
+                if sharded and self._outside(obj):
+                    if pending is None:
+                        store.resource_version = rv  # the watch moved on: resume after it
+                    continue
                 if pending is not None:
                     if etype == "DELETED":  # not part of the protocol; honoured all the same
                         gone = key_of(obj)
@@ -533,6 +733,23 @@ class Informer:
     def _skip(self, line: bytes, why: str) -> None:
         # the line is not shown: it may be a Secret
         log.warning(f"Skipped a watch event ({why}; {len(line)} bytes, contents not shown)", extra={"kv": self._kv})
+
+
+def _keeping_uid(fn: Transform) -> Transform:
+    """``fn``, with ``metadata.uid`` put back if it dropped it: a uid-sharded informer hashes its
+    cached objects again when its ranges change (transforms must keep name, namespace and
+    resourceVersion anyway; the uid is kept for them)."""
+
+    def transform(obj: Any) -> Any:
+        uid = (obj.get("metadata") or {}).get("uid")
+        out = fn(obj)
+        meta = out.get("metadata") if isinstance(out, dict) else None
+        if uid and isinstance(meta, dict) and "uid" not in meta:
+            meta["uid"] = uid
+        return out
+
+    transform.__name__ = getattr(fn, "__name__", "transform")
+    return transform
 
 
 def _is_refusal(exc: ApiError) -> bool:
@@ -612,7 +829,11 @@ def _describe(exc: BaseException, informer: Informer) -> str:
 
 class InformerPool:
     """Every informer of one manager, created on demand and shared: one per
-    (resource, namespace, label selector, field selector, metadata only).
+    (resource, namespace, label selector, field selector, metadata only, shard key).
+
+    A sharded informer (``shard=``) is keyed by its shard *key*, not its ranges: the ranges change
+    over its life (:meth:`Informer.set_shard`), the informer stays. Asking again with other
+    ranges returns the existing informer unchanged.
 
     ``namespaces`` is the operator's scope: empty means all namespaces (one cluster-wide informer
     per resource); otherwise one informer per listed namespace for namespaced resources.
@@ -638,7 +859,8 @@ class InformerPool:
         self.namespaces = tuple(namespaces)
         self.transform = transform
         self.list_mode = list_mode
-        self._informers: dict[tuple[str, str, str, str, bool], Informer] = {}
+        self._informers: dict[tuple[str, str, str, str, bool, str], Informer] = {}
+        self._all: tuple[Informer, ...] = ()  # the same informers; copy-on-write, read from any thread
         # group_resource -> its unfiltered informers, full ones first; copy-on-write, read from any thread
         self._unfiltered: dict[str, tuple[Informer, ...]] = {}
         #: group_resource -> the user's transform for it (replaces the default)
@@ -660,9 +882,17 @@ class InformerPool:
         *,
         field_selector: str = "",
         metadata_only: bool = False,
+        shard: ShardFilter | None = None,
     ) -> Informer:
         """The shared informer for these settings, created (and started, if the pool runs) on first use."""
-        key = (resource.group_resource, namespace if resource.namespaced else "", label_selector, field_selector, metadata_only)
+        key = (
+            resource.group_resource,
+            namespace if resource.namespaced else "",
+            label_selector,
+            field_selector,
+            metadata_only,
+            shard.key if shard is not None else "",
+        )
         informer = self._informers.get(key)
         if informer is None:
             informer = Informer(
@@ -674,14 +904,17 @@ class InformerPool:
                 metadata_only=metadata_only,
                 transform=self.transforms.get(resource.group_resource, self.transform),
                 list_mode=self.list_mode,
+                shard=shard,
             )
             for name, fn in self.indexers.get(resource.group_resource, {}).items():
                 informer.store.add_indexer(name, fn)
             self._informers[key] = informer
+            self._all = (*self._all, informer)
             if not label_selector and not field_selector:
                 gr = resource.group_resource
                 both = (*self._unfiltered.get(gr, ()), informer)
-                self._unfiltered = {**self._unfiltered, gr: tuple(sorted(both, key=lambda i: i.metadata_only))}
+                order = lambda i: (i.metadata_only, i.shard is not None)  # noqa: E731
+                self._unfiltered = {**self._unfiltered, gr: tuple(sorted(both, key=order))}
             if self._started:
                 informer.start()
         return informer
@@ -694,20 +927,26 @@ class InformerPool:
         *,
         field_selector: str = "",
         metadata_only: bool = False,
+        shard: ShardFilter | None = None,
     ) -> list[Informer]:
         return [
-            self.get(resource, ns, label_selector, field_selector=field_selector, metadata_only=metadata_only)
+            self.get(resource, ns, label_selector, field_selector=field_selector, metadata_only=metadata_only, shard=shard)
             for ns in self.scope(resource, namespaces)
         ]
 
     def existing(self, resource: ResourceInfo) -> list[Informer]:
         """Unfiltered informers of ``resource`` that exist already (no creation). Thread-safe.
 
-        Full informers when there are any; else the metadata-only ones (cache reads of a resource
-        cached only as metadata return metadata)."""
+        One kind of informer, the first there is of: full, full sharded (by one shard key),
+        metadata-only, metadata-only sharded. Cache reads of a resource cached only as metadata
+        return metadata; of a sharded one, only the owned objects. One kind only, so that a
+        list never returns an object twice."""
         informers = self._unfiltered.get(resource.group_resource, ())
-        full = [i for i in informers if not i.metadata_only]
-        return full or list(informers)
+        if not informers:
+            return []
+        first = informers[0]
+        kind = (first.metadata_only, first.shard.key if first.shard is not None else "")
+        return [i for i in informers if (i.metadata_only, i.shard.key if i.shard is not None else "") == kind]
 
     def add_indexer(self, resource: ResourceInfo, name: str, fn: Any) -> None:
         self.indexers.setdefault(resource.group_resource, {})[name] = fn
@@ -725,7 +964,8 @@ class InformerPool:
         await asyncio.gather(*(i.stop() for i in self._informers.values()))
 
     def __iter__(self) -> Any:
-        return iter(list(self._informers.values()))
+        """Every informer, as a snapshot (safe from any thread, e.g. a metrics scrape)."""
+        return iter(self._all)
 
     def all_synced(self) -> bool:
         return all(i.store.synced for i in self._informers.values())

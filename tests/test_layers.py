@@ -28,6 +28,7 @@ ORDER = [
     "hints",
     "keys",
     "labels",
+    "sharding",
     "conditions",
     "resource",
     "result",

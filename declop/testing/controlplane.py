@@ -22,6 +22,13 @@ Guarantees:
   interrupted start, and removes the temporary directory (certs, etcd data, logs).
 - A component that dies or does not get ready in time raises ``RuntimeError`` naming the
   component and quoting the last lines of its log; a missing binary raises ``ConfigError``.
+- Extra apiserver flags (``apiserver_flags``) come after declop's own, so a flag given there wins
+  (the apiserver's flag parser keeps the last value); ``feature_gates`` become one
+  ``--feature-gates`` flag, as envtest's ``APIServer.Configure().Append("feature-gates", …)``
+  does. Both are checked before anything starts: a flag that does not start with ``--``, a
+  ``--feature-gates`` flag next to ``feature_gates``, or a gate value that is not a bool raise
+  ``ValueError``; a gate this apiserver does not know makes it exit at start (``RuntimeError``
+  quoting its log).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -100,6 +107,8 @@ class ControlPlane:
         node: also run a real node (containerd, kubelet, kube-proxy, kube-scheduler; needs root,
             see :class:`declop.testing.node.Node`) and serve the apiserver to its Pods. Implies
             ``controller_manager=True``.
+        apiserver_flags: extra kube-apiserver flags (``"--flag=value"``), after declop's own.
+        feature_gates: kube-apiserver feature gates, e.g. ``{"ShardedListAndWatch": True}``.
     """
 
     def __init__(
@@ -109,7 +118,11 @@ class ControlPlane:
         controller_manager: bool = True,
         start_timeout: float = 60.0,
         node: bool = False,
+        apiserver_flags: Iterable[str] = (),
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
+        self.apiserver_flags: tuple[str, ...] = _check_flags(apiserver_flags)
+        self.feature_gates: dict[str, bool] = _check_gates(feature_gates or {}, self.apiserver_flags)
         self._assets_dir = assets_dir
         self.controller_manager = controller_manager or node
         self.with_node = node
@@ -397,13 +410,22 @@ class ControlPlane:
         certs = self._certificates()
         issuer = f"https://127.0.0.1:{self._port(APISERVER)}"
         if self.with_node:
-            return [*self._common_apiserver_args(certs, issuer), *self._node_apiserver_args(certs)]
+            return [
+                *self._common_apiserver_args(certs, issuer),
+                *self._node_apiserver_args(certs),
+                *self._extra_apiserver_args(),
+            ]
         return [
             *self._common_apiserver_args(certs, issuer),
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
             "--disable-admission-plugins=ServiceAccount",
+            *self._extra_apiserver_args(),
         ]
+
+    def _extra_apiserver_args(self) -> list[str]:
+        gates = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(self.feature_gates.items()))
+        return [*([f"--feature-gates={gates}"] if gates else []), *self.apiserver_flags]
 
     def _node_apiserver_args(self, certs: Certificates) -> list[str]:
         """Reachable from Pods (every address, the host IP advertised), as a real cluster admits."""
@@ -566,6 +588,25 @@ class ControlPlane:
     def _port(self, name: str) -> int:
         self._workdir()
         return self._ports[name]
+
+
+def _check_flags(flags: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(flags, str):
+        raise ValueError(f"apiserver_flags must be a list of flags, not the string {flags!r}")
+    out = tuple(flags)
+    for flag in out:
+        if not isinstance(flag, str) or not flag.startswith("--"):
+            raise ValueError(f"apiserver flag {flag!r} must start with '--' (e.g. '--v=2')")
+    return out
+
+
+def _check_gates(gates: Mapping[str, bool], flags: tuple[str, ...]) -> dict[str, bool]:
+    for name, on in gates.items():
+        if not isinstance(on, bool) or not isinstance(name, str) or not name:
+            raise ValueError(f"feature gate {name!r}={on!r}: give a gate name and True or False")
+    if gates and any(f.startswith("--feature-gates") for f in flags):
+        raise ValueError("give feature gates either as feature_gates or as a --feature-gates flag, not both")
+    return dict(gates)
 
 
 class _PortTaken(RuntimeError):

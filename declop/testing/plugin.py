@@ -5,6 +5,12 @@ Fixtures:
 - ``control_plane`` (session): one :class:`~declop.testing.ControlPlane` for the whole run, with
   kube-controller-manager unless ``DECLOP_TEST_NO_CONTROLLER_MANAGER=1``. Missing binaries make
   the fixture *fail* with the ``ConfigError`` that says how to build them; it never skips.
+  ``DECLOP_TEST_FEATURE_GATES="Name=true,Other=false"`` turns apiserver feature gates on or off
+  for it (a malformed value fails the fixture with one line saying the expected form).
+- ``sharded_control_plane`` (session): a control plane with the ``ShardedListAndWatch`` gate on
+  (server-side sharded list and watch, Kubernetes v1.36 alpha): ``control_plane`` itself when
+  ``DECLOP_TEST_FEATURE_GATES`` already turns it on, else a second one, started on first use,
+  without kube-controller-manager.
 - ``kubeconfig`` (session): path of the admin kubeconfig.
 - ``k8s_api`` (session): a ``kubernetes.client.ApiClient`` on the admin configuration.
 - ``namespace`` (function): a fresh namespace ``t-<test name>-<random>`` created before the test
@@ -32,9 +38,18 @@ if TYPE_CHECKING:
 
     from declop.testing.controlplane import ControlPlane
 
-__all__ = ["control_plane", "k8s_api", "kubeconfig", "namespace", "namespace_name"]
+__all__ = [
+    "control_plane",
+    "feature_gates_from_env",
+    "k8s_api",
+    "kubeconfig",
+    "namespace",
+    "namespace_name",
+    "sharded_control_plane",
+]
 
-INTEGRATION_FIXTURES = frozenset({"control_plane", "kubeconfig", "k8s_api", "namespace"})
+INTEGRATION_FIXTURES = frozenset({"control_plane", "kubeconfig", "k8s_api", "namespace", "sharded_control_plane"})
+SHARDING_GATE = "ShardedListAndWatch"
 _DNS_LABEL_MAX = 63
 _SUFFIX_LEN = 5
 
@@ -58,8 +73,36 @@ def control_plane() -> Iterator[ControlPlane]:
     from declop.testing.controlplane import ControlPlane
 
     with_kcm = os.environ.get("DECLOP_TEST_NO_CONTROLLER_MANAGER", "") not in ("1", "true", "yes")
-    with ControlPlane(controller_manager=with_kcm) as plane:
+    gates = feature_gates_from_env(os.environ.get("DECLOP_TEST_FEATURE_GATES", ""))
+    with ControlPlane(controller_manager=with_kcm, feature_gates=gates) as plane:
         yield plane
+
+
+@pytest.fixture(scope="session")
+def sharded_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A control plane with the ``ShardedListAndWatch`` feature gate on (see the module doc)."""
+    from declop.testing.controlplane import ControlPlane
+
+    gates = feature_gates_from_env(os.environ.get("DECLOP_TEST_FEATURE_GATES", ""))
+    if gates.get(SHARDING_GATE):
+        yield request.getfixturevalue("control_plane")
+        return
+    with ControlPlane(controller_manager=False, feature_gates={**gates, SHARDING_GATE: True}) as plane:
+        yield plane
+
+
+def feature_gates_from_env(value: str) -> dict[str, bool]:
+    """``"A=true,B=false"`` (the apiserver's ``--feature-gates`` syntax) as a dict; "" is none."""
+    gates: dict[str, bool] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        name, sep, on = part.partition("=")
+        if not sep or not name.strip() or on.strip().lower() not in ("true", "false"):
+            raise pytest.UsageError(
+                f"DECLOP_TEST_FEATURE_GATES: {part!r} is not Name=true or Name=false "
+                "(e.g. DECLOP_TEST_FEATURE_GATES=ShardedListAndWatch=true)"
+            )
+        gates[name.strip()] = on.strip().lower() == "true"
+    return gates
 
 
 @pytest.fixture(scope="session")

@@ -438,6 +438,24 @@ def test_component_that_dies_during_start_is_reported_with_its_log(
     assert _live_children() <= before
 
 
+def test_an_unknown_feature_gate_stops_the_start_with_the_apiservers_words() -> None:
+    """A gate the apiserver does not know: it exits at start, and the error quotes its log."""
+    before = _live_children()
+    plane = ControlPlane(controller_manager=False, feature_gates={"NoSuchGateInDeclopTests": True})
+    with pytest.raises(RuntimeError, match="kube-apiserver exited") as info:
+        plane.start()
+    assert "NoSuchGateInDeclopTests" in str(info.value)
+    assert _live_children() <= before
+
+
+def test_extra_apiserver_flags_are_passed(tmp_path: Path) -> None:
+    """An extra flag reaches the apiserver's command line, after declop's own (so it wins)."""
+    with ControlPlane(controller_manager=False, apiserver_flags=["--max-requests-inflight=123"]) as plane:
+        cmdline = Path(f"/proc/{plane.pids['kube-apiserver']}/cmdline").read_bytes().split(b"\0")
+        assert b"--max-requests-inflight=123" in cmdline
+        assert cmdline.index(b"--max-requests-inflight=123") > cmdline.index(b"--bind-address=127.0.0.1")
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 

@@ -1,0 +1,234 @@
+"""The informer's shard filter against a scripted apiserver that knows nothing of shardSelector
+(as an apiserver with the ShardedListAndWatch gate off): detection, client-side filtering,
+set_shard, the guard against an apiserver that stops filtering, and the pool's keying.
+The real apiserver, gate on and off: tests/integration/test_sharded_list_watch.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from declop.informer import Informer, InformerPool
+from declop.sharding import ShardFilter, split
+from declop.testing.listwatch import ListWatchServer
+
+HALVES = split(2)
+#: the names vary at the front: FNV-1a keeps the high bits of strings that differ only at the end
+#: (uid-cm-00 … uid-cm-39 all hash into [0xc3f…]); real uids are random and spread
+NAMES = [f"{i:02d}-cm" for i in range(40)]
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+    async def main() -> Any:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(main())
+
+
+async def until(condition: Any, timeout: float = 15, what: str = "") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await asyncio.sleep(0.01)
+
+
+def in_half(server: ListWatchServer, half: int) -> set[str]:
+    f = ShardFilter("uid", (HALVES[half],))
+    return {name for name, obj in server.objects().items() if f.matches(obj)}
+
+
+def store_names(informer: Informer) -> set[str]:
+    return {o["metadata"]["name"] for o in informer.store}
+
+
+@pytest.mark.parametrize("mode", ["auto", "paged"])
+def test_an_apiserver_without_the_gate_means_client_side_filtering(mode: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", list_mode=mode, shard=ShardFilter("uid", (HALVES[0],)))
+            events: list[tuple[Any, Any]] = []
+            informer.subscribe(lambda old, new: events.append((old, new)))
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                assert informer.shard_mode == "client"
+                probe = server.requests[0]
+                assert probe.verb == "list" and probe.query["limit"] == "1" and "shardRange(object.metadata.uid" in probe.query["shardSelector"]
+                assert all("shardSelector" not in r.query for r in server.requests[1:]), "client-side: no selector after the probe"
+                mine = in_half(server, 0)
+                assert 0 < len(mine) < len(NAMES)
+                assert store_names(informer) == mine and len(events) == len(mine)
+                assert informer.dropped == len(NAMES) - len(mine)
+                # watch events outside the range are dropped before the store and the handlers
+                events.clear()
+                for name in NAMES:
+                    server.modify(name, {"v": "1"})
+                await until(lambda: informer.events_received == len(NAMES), what="every watch event")
+                assert sorted(new["metadata"]["name"] for _, new in events) == sorted(mine)
+            finally:
+                await informer.stop()
+
+    run(scenario())
+    assert any("filtering client-side" in r.getMessage() for r in caplog.records)
+
+
+def test_set_shard_gains_by_a_sync_and_releases_without_deletions() -> None:
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
+            events: list[tuple[Any, Any]] = []
+            informer.subscribe(lambda old, new: events.append((old, new)))
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                events.clear()
+                change = await informer.set_shard((HALVES[1],))
+                assert {k.name for k in change.released} == in_half(server, 0)
+                assert change.gained == (HALVES[1],) and change.relisted
+                await until(lambda: store_names(informer) == in_half(server, 1), what="the other half in the store")
+                assert all(old is None for old, _ in events), "additions only: no deletion for what left"
+                assert informer.released == len(in_half(server, 0))
+                # the same ranges again: nothing happens
+                assert (await informer.set_shard((HALVES[1],))).released == ()
+            finally:
+                await informer.stop()
+
+    run(scenario())
+
+
+def test_an_apiserver_that_stops_filtering_costs_bandwidth_not_correctness(caplog: pytest.LogCaptureFixture) -> None:
+    """Server mode (as if detected), but the apiserver sends everything: the informer still keeps
+    only its ranges, and says so once."""
+    caplog.set_level(logging.INFO, "declop.informer")
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
+            informer.shard_mode = "server"
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                assert all("shardSelector" in r.query for r in server.requests)
+                assert store_names(informer) == in_half(server, 0)
+                assert informer.dropped == len(NAMES) - len(in_half(server, 0))
+            finally:
+                await informer.stop()
+
+    run(scenario())
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "outside the shardSelector" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_set_shard_waits_for_a_sync_being_emitted() -> None:
+    """A sync's changes are never cut short by a change of ranges."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
+            informer._emitting = 1  # as inside _emit_all
+            task = asyncio.ensure_future(informer.set_shard((HALVES[1],)))
+            await asyncio.sleep(0.1)
+            assert not task.done() and informer.shard.ranges == (HALVES[0],)
+            informer._emitting = 0
+            informer._calm.set()
+            await asyncio.wait_for(task, 5)
+            assert informer.shard.ranges == (HALVES[1],)
+
+    run(scenario())
+
+
+def test_concurrent_changes_apply_in_order() -> None:
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                first, second = await asyncio.gather(informer.set_shard(split(1)), informer.set_shard((HALVES[1],)))
+                assert first.gained == (HALVES[1],) and {k.name for k in second.released} == in_half(server, 0)
+                await until(lambda: store_names(informer) == in_half(server, 1), what="the last change to hold")
+                assert informer.shard.ranges == (HALVES[1],)
+            finally:
+                await informer.stop()
+
+    run(scenario())
+
+
+def test_owning_nothing_lists_nothing_and_is_synced() -> None:
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.add("a")
+            informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", ()))
+            informer.start()
+            assert informer.synced.is_set() and informer.store.synced and len(informer.store) == 0
+            await asyncio.sleep(0.05)
+            assert server.requests == []
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_bad_arguments_are_one_clear_line() -> None:
+    from declop.discovery import ResourceInfo
+
+    resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+    with pytest.raises(ValueError, match="shard_filtering must be auto or client"):
+        Informer(object(), resource, shard=ShardFilter("uid", ()), shard_filtering="server")  # type: ignore[arg-type]
+    unsharded = Informer(object(), resource)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is not sharded; create it with shard="):
+        run(unsharded.set_shard(HALVES))
+
+
+def test_pool_keys_sharded_informers_by_shard_key_not_ranges() -> None:
+    from declop.discovery import ResourceInfo
+
+    resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+    pool = InformerPool(object())  # type: ignore[arg-type]
+    by_uid = pool.get(resource, "ns", shard=ShardFilter("uid", (HALVES[0],)))
+    assert pool.get(resource, "ns", shard=ShardFilter("uid", (HALVES[1],))) is by_uid
+    assert by_uid.shard == ShardFilter("uid", (HALVES[0],)), "asking again does not change the ranges"
+    by_ns = pool.get(resource, "ns", shard=ShardFilter("namespace", (HALVES[0],)))
+    assert by_ns is not by_uid
+    assert pool.existing(resource) == [by_uid], "one kind of informer for cache reads: no duplicates"
+    full = pool.get(resource, "ns")
+    assert pool.existing(resource) == [full], "an unsharded informer, when there is one, answers reads"
+
+
+def test_a_transform_that_drops_the_uid_does_not_break_a_range_change() -> None:
+    """set_shard hashes cached objects again: their uid is kept even if the transform drops it."""
+
+    def slim(obj: Any) -> Any:
+        return {"metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "resourceVersion")}}
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", transform=slim, shard=ShardFilter("uid", split(1)))
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                assert all(o["metadata"]["uid"] for o in informer.store) and "data" not in next(iter(informer.store))
+                change = await informer.set_shard((HALVES[0],))
+                assert {k.name for k in change.released} == in_half(server, 1)
+                assert store_names(informer) == in_half(server, 0)
+            finally:
+                await informer.stop()
+
+    run(scenario())
