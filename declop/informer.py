@@ -213,6 +213,8 @@ class Informer:
         self._kind = _METADATA_KIND if metadata_only else resource.kind
         self._api_version = _METADATA_API_VERSION if metadata_only else resource.api_version
         self.store = Store(self.name)
+        if shard is not None and shard.key == "uid" and transform is not None:
+            transform = _keeping_uid(transform)  # set_shard hashes cached objects again
         self._writer = Writer(self.store, transform)
         self._subscribers: list[EventHandler] = []
         self.synced = asyncio.Event()
@@ -246,6 +248,8 @@ class Informer:
         self._calm = asyncio.Event()
         self._calm.set()
         self._resume_watch = False  # next pass: watch from the store's resourceVersion, no sync
+        self._resharding = asyncio.Lock()
+        self._sync_owed = False  # a gained range's objects are not in the store until the next sync
         self._warned_unfiltered = False
 
     def subscribe(self, handler: EventHandler) -> None:
@@ -296,9 +300,15 @@ class Informer:
           additions, plus any change missed in kept ranges; unchanged objects emit nothing.
         - A sync whose changes are being emitted is never cut short: this waits for it.
 
-        Call on the informer's loop. Must be a sharded informer (``shard=`` given)."""
+        Call on the informer's loop; concurrent calls take effect one after the other, in order.
+        Must be a sharded informer (``shard=`` given)."""
         if self.shard is None:
             raise ValueError(f"informer {self.name} is not sharded; create it with shard=")
+        async with self._resharding:
+            return await self._set_shard(ranges)
+
+    async def _set_shard(self, ranges: Iterable[ShardRange]) -> ShardChange:
+        assert self.shard is not None
         new = self.shard.with_ranges(ranges)
         old = self.shard
         gained = difference(new.ranges, old.ranges)
@@ -318,8 +328,10 @@ class Informer:
                 self._writer.delete(key)
                 released.append(key)
         self.released += len(released)
-        relist = bool(gained) or not self.store.synced or not self.store.resource_version
+        # a sync still owed to an earlier gain (cut short by this change) is owed still
+        relist = bool(gained) or self._sync_owed or not self.store.synced or not self.store.resource_version
         self._resume_watch = not relist
+        self._sync_owed = relist and not new.empty
         log.info(
             f"Shard ranges changed: now {new}; {len(released)} objects released"
             + (", re-listing for the gained ranges" if relist and not new.empty else ""),
@@ -574,6 +586,7 @@ class Informer:
         if big:
             _freeze()
         changes = job.commit()
+        self._sync_owed = False
         self.lists += 1
         self.last_sync_mode = mode
         self.last_error = ""
@@ -722,6 +735,23 @@ class Informer:
         log.warning(f"Skipped a watch event ({why}; {len(line)} bytes, contents not shown)", extra={"kv": self._kv})
 
 
+def _keeping_uid(fn: Transform) -> Transform:
+    """``fn``, with ``metadata.uid`` put back if it dropped it: a uid-sharded informer hashes its
+    cached objects again when its ranges change (transforms must keep name, namespace and
+    resourceVersion anyway; the uid is kept for them)."""
+
+    def transform(obj: Any) -> Any:
+        uid = (obj.get("metadata") or {}).get("uid")
+        out = fn(obj)
+        meta = out.get("metadata") if isinstance(out, dict) else None
+        if uid and isinstance(meta, dict) and "uid" not in meta:
+            meta["uid"] = uid
+        return out
+
+    transform.__name__ = getattr(fn, "__name__", "transform")
+    return transform
+
+
 def _is_refusal(exc: ApiError) -> bool:
     """Whether a streaming-list request was refused as such (an old or configured-off apiserver
     answers 400/422 to ``sendInitialEvents``), rather than failing for a reason a paginated LIST
@@ -830,6 +860,7 @@ class InformerPool:
         self.transform = transform
         self.list_mode = list_mode
         self._informers: dict[tuple[str, str, str, str, bool, str], Informer] = {}
+        self._all: tuple[Informer, ...] = ()  # the same informers; copy-on-write, read from any thread
         # group_resource -> its unfiltered informers, full ones first; copy-on-write, read from any thread
         self._unfiltered: dict[str, tuple[Informer, ...]] = {}
         #: group_resource -> the user's transform for it (replaces the default)
@@ -878,6 +909,7 @@ class InformerPool:
             for name, fn in self.indexers.get(resource.group_resource, {}).items():
                 informer.store.add_indexer(name, fn)
             self._informers[key] = informer
+            self._all = (*self._all, informer)
             if not label_selector and not field_selector:
                 gr = resource.group_resource
                 both = (*self._unfiltered.get(gr, ()), informer)
@@ -932,7 +964,8 @@ class InformerPool:
         await asyncio.gather(*(i.stop() for i in self._informers.values()))
 
     def __iter__(self) -> Any:
-        return iter(list(self._informers.values()))
+        """Every informer, as a snapshot (safe from any thread, e.g. a metrics scrape)."""
+        return iter(self._all)
 
     def all_synced(self) -> bool:
         return all(i.store.synced for i in self._informers.values())

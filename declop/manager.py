@@ -208,6 +208,7 @@ class Manager:
         self.informers = InformerPool(
             self.transport, namespaces=self.options.namespaces, list_mode=self.options.list_mode  # type: ignore[arg-type]
         )
+        self.metrics.watch_informers(lambda: self.informers or ())
         loop = asyncio.get_running_loop()
         sync_workers = sum(r.max_concurrent for r in registrations if not r.is_async)
         self.executor = concurrent.futures.ThreadPoolExecutor(

@@ -17,6 +17,14 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
   ``declop_reconcile_coalesced_events{controller}`` (events per reconcile),
   ``declop_reconcile_timeouts_total{controller,kind=cancelled|overrun}``;
 - ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``;
+- per informer (``informer`` is its name: resource, namespace, selectors, "sharded by uid"), read
+  at scrape time: ``declop_informer_events_received_total`` (watch events of objects the
+  apiserver sent after the sync, before any client-side shard filtering),
+  ``declop_informer_objects_listed_total`` (objects received by syncs),
+  ``declop_informer_shard_dropped_total`` (dropped by the shard filter),
+  ``declop_informer_shard_released_total`` (left the cache with a released range),
+  ``declop_informer_objects`` (objects in its cache) and, for sharded informers,
+  ``declop_informer_shard_server_side`` (1: the apiserver filters, 0: client-side);
 - ``controller_runtime_webhook_requests_total{webhook,code}``,
   ``controller_runtime_webhook_latency_seconds{webhook}``,
   ``controller_runtime_webhook_requests_in_flight{webhook}`` — ``webhook`` is the path served
@@ -108,6 +116,41 @@ class _QueueState(Collector):
         yield depth
         yield unfinished
         yield longest
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+
+class _InformerState(Collector):
+    """What each informer received and holds, read from the informers when scraped."""
+
+    def __init__(self, sources: Callable[[], Iterable[Any]]) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterable[Any]:
+        labels = ["informer"]
+        received = CounterMetricFamily(
+            "declop_informer_events_received", "Watch events of objects received after the sync, before shard filtering.", labels=labels
+        )
+        listed = CounterMetricFamily("declop_informer_objects_listed", "Objects received by list syncs.", labels=labels)
+        dropped = CounterMetricFamily("declop_informer_shard_dropped", "Objects and events dropped by the shard filter.", labels=labels)
+        released = CounterMetricFamily(
+            "declop_informer_shard_released", "Objects that left the cache because their shard range was released.", labels=labels
+        )
+        held = GaugeMetricFamily("declop_informer_objects", "Objects in the informer's cache.", labels=labels)
+        server = GaugeMetricFamily(
+            "declop_informer_shard_server_side", "1 when the apiserver filters by shard, 0 when filtering is client-side.", labels=labels
+        )
+        for i in self._sources():
+            name = [i.name]
+            received.add_metric(name, i.events_received)
+            listed.add_metric(name, i.objects_listed)
+            dropped.add_metric(name, i.dropped)
+            released.add_metric(name, i.released)
+            held.add_metric(name, len(i.store))
+            if i.shard is not None and i.shard_mode:
+                server.add_metric(name, int(i.shard_mode == "server"))
+        yield from (received, listed, dropped, released, held, server)
 
     def describe(self) -> Iterable[Any]:
         return []
@@ -251,6 +294,14 @@ class Metrics(ControllerMetrics):
         self._queues: list[Callable[[], QueueStatistics]] = []
         self._bound: dict[str, dict[str, Any]] = {}
         r.register(_QueueState(lambda: [q() for q in self._queues]))
+        self._informers: Callable[[], Iterable[Any]] = lambda: ()
+        r.register(_InformerState(lambda: self._informers()))
+
+    def watch_informers(self, informers: Callable[[], Iterable[Any]]) -> None:
+        """Report the counters of the informers ``informers()`` returns at scrape time (called
+        from the metrics server's thread: it must return a snapshot, not a growing dict). A
+        later call replaces the source (a manager started again)."""
+        self._informers = informers
 
     def watch_queue(self, statistics: Callable[[], QueueStatistics]) -> None:
         """Report depth and in-flight ages of a queue at scrape time."""

@@ -26,7 +26,9 @@ is removed: declop cannot tell it set it; set ``strategy: None`` by hand.
 
 Invariants: these functions build dicts and send requests; no configuration is ever deleted
 by declop (a stopped operator with ``failurePolicy: Fail`` blocks writes to its resources — that
-is what Fail means; see the docs for removing them).
+is what Fail means; see the docs for removing them). The chart creates both configurations,
+empty, as objects of its release, so ``helm uninstall`` removes them with the operator; the
+apply only fills in ``webhooks`` (Helm never set that field, so an upgrade leaves it alone).
 """
 
 from __future__ import annotations
@@ -147,7 +149,9 @@ def configuration(
     return {
         "apiVersion": ADMISSION_API,
         "kind": _KINDS[kind],
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "declop"}},
+        # no labels: the chart creates these objects with its own (so that `helm uninstall`
+        # deletes them), and a label of ours would flip theirs on every apply and upgrade
+        "metadata": {"name": name},
         "webhooks": [_entry(h, info, client, own_namespace) for h, info in hooks],
     }
 

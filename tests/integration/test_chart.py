@@ -1308,9 +1308,15 @@ def test_installed_container_with_webhooks_registers_the_charts_service(
         c, env, process_env = kubelet_env(control_plane, tool_env, namespace, tmp_path)
         assert env["DECLOP_WEBHOOK_SERVICE"] == f"{namespace}/op-declop-webhook:443"
 
+        # the chart creates both configurations empty (so that `helm uninstall` deletes them)
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            made = kubectl_json(tool_env, "get", kind, name)
+            assert "webhooks" not in made and made["metadata"]["labels"]["app.kubernetes.io/instance"] == "op"
+
         def registered() -> dict[str, Any] | None:
             found = run(tool_env, "kubectl", "get", "validatingwebhookconfiguration", name, "-o", "json", check=False)
-            return json.loads(found.stdout) if found.returncode == 0 else None
+            config = json.loads(found.stdout) if found.returncode == 0 else {}
+            return config if config.get("webhooks") else None
 
         with OperatorProcess(c.get("args", []), env=process_env) as op:
             try:
@@ -1336,6 +1342,14 @@ def test_installed_container_with_webhooks_registers_the_charts_service(
                     assert tls.version() in ("TLSv1.2", "TLSv1.3")
             code = op.stop()
         assert code == 0, "\n".join(op.lines + op.stderr)
+        # an upgrade leaves the operator's entries alone (the chart never sets `webhooks`) ...
+        run(tool_env, "helm", "upgrade", "op", str(CHART), "-n", namespace, "--reuse-values")
+        assert registered() is not None
+        # ... and `helm uninstall` deletes both: nothing is left to refuse writes with no operator
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace)
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            gone = run(tool_env, "kubectl", "get", kind, name, "--ignore-not-found", "-o", "name", check=False)
+            assert gone.stdout.strip() == "", f"{kind} {name} outlived helm uninstall"
     finally:
         run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
         for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):

@@ -217,10 +217,26 @@ def test_failed_build_quotes_the_builders_last_lines(builder: BuildKit, tmp_path
 def test_second_builder_on_the_same_state_waits_then_says_so(
     builder: BuildKit, node_assets: Path
 ) -> None:
-    other = BuildKit(assets_dir=node_assets, state_dir=builder.state_dir, lock_timeout=0.3)
-    with pytest.raises(ImageBuildError, match=r"another builder holds .*buildkit.lock"):
-        other.start()
-    assert other.process is None and other.run_dir is None
+    """Another process's BuildKit on the same state folder waits for the lock, then says so; a
+    second one in this process is refused at once (flock is per open file: it would wait for
+    itself), naming the builder to use instead."""
+    script = (
+        "import sys\n"
+        "from declop.testing.image import BuildKit, ImageBuildError\n"
+        f"other = BuildKit(assets_dir={str(node_assets)!r}, state_dir={str(builder.state_dir)!r}, lock_timeout=0.3)\n"
+        "try:\n"
+        "    other.start()\n"
+        "except ImageBuildError as exc:\n"
+        "    print(exc); sys.exit(3 if other.process is None and other.run_dir is None else 4)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "another builder holds" in done.stdout and "buildkit.lock" in done.stdout
+    same_process = BuildKit(assets_dir=node_assets, state_dir=builder.state_dir, lock_timeout=900)
+    with pytest.raises(ImageBuildError, match=r"this process already runs a BuildKit on .*builder="):
+        same_process.start()
+    assert same_process.process is None and same_process.run_dir is None
+    assert BuildKit.running(builder.state_dir) is builder
 
 
 def test_stop_mid_build_leaves_nothing(

@@ -81,6 +81,11 @@ def test_probes_and_metrics(kubeconfig, k8s_api, namespace):
         assert metric(text, "controller_runtime_max_concurrent_reconciles", controller="probed") == 1
         assert metric(text, "controller_runtime_terminal_reconcile_errors_total", controller="probed") == 0
         assert metric(text, "rest_client_requests_total", method="GET", code="200") >= 1
+        # per informer, read at scrape time: 3 objects listed at start, held in its cache
+        informer = f"configmaps in {namespace} (probe-test=yes)"
+        assert metric(text, "declop_informer_objects_listed_total", informer=informer) == 3
+        assert metric(text, "declop_informer_objects", informer=informer) == 3
+        assert metric(text, "declop_informer_events_received_total", informer=informer) is not None
 
 
 def test_readyz_waits_for_the_caches(control_plane, namespace, tmp_path):

@@ -132,6 +132,10 @@ def assert_seed_lines(lines: list[str]) -> None:
 def release_namespace(cluster: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     yield name
+    # as a user removes a release: helm uninstall first (it deletes the release's cluster-scoped
+    # objects too, e.g. webhook configurations that would refuse writes with no operator left)
+    for release in sh(cluster, "helm", "list", "-n", name, "-q", check=False).split():
+        sh(cluster, "helm", "uninstall", release, "-n", name, "--wait", check=False)
     sh(cluster, "kubectl", "delete", "namespace", name, "--wait=false", check=False)
     sh(cluster, "kubectl", "delete", "pod", "nginx", "--ignore-not-found", "--wait=false", check=False)
 

@@ -154,11 +154,14 @@ def test_either_replica_answers_through_the_service(
         ca_uid = kubectl_json(cluster, "get", "secret", f"{name}-webhook-ca", "-n", namespace)["metadata"]["uid"]
         counter = iter(range(1000))
 
+        answers: list[str] = []
+
         def denied_by_the_validator() -> bool:
             result = create_configmap(cluster, objs, f"big-{next(counter)}", 11)
+            answers.append(result.stderr or result.stdout)
             return result.returncode != 0 and "data.size: must be at most 10" in result.stderr
 
-        assert denied_by_the_validator()
+        assert denied_by_the_validator(), answers[-1]
         for pod in sorted(first):
             sh(cluster, "kubectl", "delete", "pod", pod, "-n", namespace, "--wait=false")
             # the other replica answers; the apiserver may need a moment to drop the endpoint

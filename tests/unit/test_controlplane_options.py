@@ -1,5 +1,5 @@
 """ControlPlane's extra apiserver flags and feature gates, checked before anything starts, and
-the plugin's DECLOP_TEST_FEATURE_GATES. Starting with them: tests/integration/test_sharding.py
+the plugin's DECLOP_TEST_FEATURE_GATES. Starting with them: tests/integration/test_sharded_list_watch.py
 (the gate on) and tests/integration/test_controlplane.py (an unknown gate)."""
 
 from __future__ import annotations

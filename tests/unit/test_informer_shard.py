@@ -1,7 +1,7 @@
 """The informer's shard filter against a scripted apiserver that knows nothing of shardSelector
 (as an apiserver with the ShardedListAndWatch gate off): detection, client-side filtering,
 set_shard, the guard against an apiserver that stops filtering, and the pool's keying.
-The real apiserver, gate on and off: tests/integration/test_sharding.py."""
+The real apiserver, gate on and off: tests/integration/test_sharded_list_watch.py."""
 
 from __future__ import annotations
 
@@ -151,6 +151,25 @@ def test_set_shard_waits_for_a_sync_being_emitted() -> None:
     run(scenario())
 
 
+def test_concurrent_changes_apply_in_order() -> None:
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                first, second = await asyncio.gather(informer.set_shard(split(1)), informer.set_shard((HALVES[1],)))
+                assert first.gained == (HALVES[1],) and {k.name for k in second.released} == in_half(server, 0)
+                await until(lambda: store_names(informer) == in_half(server, 1), what="the last change to hold")
+                assert informer.shard.ranges == (HALVES[1],)
+            finally:
+                await informer.stop()
+
+    run(scenario())
+
+
 def test_owning_nothing_lists_nothing_and_is_synced() -> None:
     async def scenario() -> None:
         async with ListWatchServer() as server:
@@ -189,3 +208,27 @@ def test_pool_keys_sharded_informers_by_shard_key_not_ranges() -> None:
     assert pool.existing(resource) == [by_uid], "one kind of informer for cache reads: no duplicates"
     full = pool.get(resource, "ns")
     assert pool.existing(resource) == [full], "an unsharded informer, when there is one, answers reads"
+
+
+def test_a_transform_that_drops_the_uid_does_not_break_a_range_change() -> None:
+    """set_shard hashes cached objects again: their uid is kept even if the transform drops it."""
+
+    def slim(obj: Any) -> Any:
+        return {"metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "resourceVersion")}}
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for name in NAMES:
+                server.add(name)
+            informer = Informer(server.transport(), server.resource, namespace="default", transform=slim, shard=ShardFilter("uid", split(1)))
+            informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 15)
+                assert all(o["metadata"]["uid"] for o in informer.store) and "data" not in next(iter(informer.store))
+                change = await informer.set_shard((HALVES[0],))
+                assert {k.name for k in change.released} == in_half(server, 1)
+                assert store_names(informer) == in_half(server, 0)
+            finally:
+                await informer.stop()
+
+    run(scenario())

@@ -60,3 +60,26 @@ def test_trigger_and_timeout_series() -> None:
     assert 'declop_reconcile_coalesced_events_bucket{controller="ctl",le="100.0"} 1.0' in text
     assert 'declop_reconcile_coalesced_events_sum{controller="ctl"} 102.0' in text
     assert 'declop_reconcile_timeouts_total{controller="ctl",kind="cancelled"} 1.0' in text
+
+
+def test_informer_series_are_read_at_scrape_time() -> None:
+    from types import SimpleNamespace
+
+    from declop.sharding import ShardFilter, split
+
+    m = Metrics()
+    assert "declop_informer_events_received_total{" not in m.exposition().decode()
+    sharded = SimpleNamespace(
+        name="configmaps (sharded by uid)", events_received=7, objects_listed=30, dropped=20, released=3,
+        store=[1, 2], shard=ShardFilter("uid", split(2)[:1]), shard_mode="server",
+    )
+    plain = SimpleNamespace(name="pods", events_received=1, objects_listed=2, dropped=0, released=0, store=[1], shard=None, shard_mode="")
+    m.watch_informers(lambda: (sharded, plain))
+    text = m.exposition().decode()
+    assert 'declop_informer_events_received_total{informer="configmaps (sharded by uid)"} 7.0' in text
+    assert 'declop_informer_objects_listed_total{informer="pods"} 2.0' in text
+    assert 'declop_informer_shard_dropped_total{informer="configmaps (sharded by uid)"} 20.0' in text
+    assert 'declop_informer_shard_released_total{informer="configmaps (sharded by uid)"} 3.0' in text
+    assert 'declop_informer_objects{informer="pods"} 1.0' in text
+    assert 'declop_informer_shard_server_side{informer="configmaps (sharded by uid)"} 1.0' in text
+    assert 'declop_informer_shard_server_side{informer="pods"}' not in text
