@@ -123,6 +123,7 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--lease-duration", type=float, default=15.0, show_default=True, envvar=_env("LEASE_DURATION"), help="Seconds a standby waits before taking an unrenewed Lease."),
         click.option("--renew-deadline", type=float, default=10.0, show_default=True, envvar=_env("RENEW_DEADLINE"), help="Seconds the leader keeps trying to renew before it gives up."),
         click.option("--retry-period", type=float, default=2.0, show_default=True, envvar=_env("RETRY_PERIOD"), help="Seconds between Lease attempts."),
+        click.option("--shards", type=int, default=None, envvar=_env("SHARDS"), help="Split each controller's objects into N hash ranges, one Lease each; replicas share the ranges (replaces --leader-elect; docs/sharding.md)."),
         click.option("--qps", type=float, default=20.0, show_default=True, envvar=_env("QPS"), help="Client-side limit on API requests per second."),
         click.option("--burst", type=int, default=30, show_default=True, envvar=_env("BURST"), help="Requests allowed above --qps in a burst."),
         click.option("--debug-reconciles", type=click.IntRange(min=0), default=0, show_default=True, envvar=_env("DEBUG_RECONCILES"), help="Keep the last N reconciles per controller (trigger, duration, outcome) and serve them on /debug/reconciles on the health port; 0: off."),
@@ -152,9 +153,24 @@ class _BadOptions(ConfigError):
     exit_code = 2
 
 
+def _check_shards(kw: dict[str, Any]) -> None:
+    """--shards: a positive count, never with --leader-elect."""
+    shards = kw.get("shards")
+    if shards is None:
+        return
+    if shards < 1:
+        raise _BadOptions(f"--shards must be 1 or more (the number of hash ranges, e.g. 16), got {shards}")
+    if kw["leader_elect"]:
+        raise _BadOptions(
+            "--shards replaces --leader-elect: every replica reconciles its own ranges, each guarded by a Lease "
+            "of its own; drop --leader-elect (see docs/sharding.md)"
+        )
+
+
 def _check_lease_timings(kw: dict[str, Any]) -> None:
     """client-go's rule, checked before anything connects: duration > deadline > 1.2 × retry."""
-    if not kw["leader_elect"]:
+    _check_shards(kw)
+    if not kw["leader_elect"] and not kw.get("shards"):
         return
     duration, deadline, retry = kw["lease_duration"], kw["renew_deadline"], kw["retry_period"]
     if not (duration > deadline > 1.2 * retry and retry > 0):
@@ -181,6 +197,7 @@ def _options(kw: dict[str, Any], *, secure_by_default: bool = True) -> Options:
         lease_duration=kw["lease_duration"],
         renew_deadline=kw["renew_deadline"],
         retry_period=kw["retry_period"],
+        shards=kw.get("shards") or 0,
         qps=kw["qps"],
         burst=kw["burst"],
         list_mode=kw["list_mode"],

@@ -19,6 +19,13 @@ Invariants:
   handler call, checked just before each one, also inside a batch — unless ``fence()`` is True
   at that moment. A closed fence is final (it closes only when leadership is over): the
   controller halts, and the keys it held are dropped — the next leader lists every object;
+- with ``shards`` (sharded mode, :mod:`declop.shardlease`), a key is reconciled only while the
+  Lease of its range is known valid and the range is not draining — checked when a worker takes
+  the key and again just before the handler call; keys of other ranges are dropped (done(), not
+  retried: their owner reconciles them). A key's range comes from the primary's uid (cached, or
+  remembered from its last event) or from its namespace, per the registration's ``shard_by``;
+  a key whose uid was never seen is dropped. Every reconcile of a range is counted in flight
+  from the moment its key passes the check until its batch ends, so a drain waits for it;
 - every key a source adds is noted in that key's :class:`~declop.trigger.Trace`; a worker takes
   the trace with the key, so each reconcile knows every cause since its key's previous run
   (``trigger``); a delayed requeue or retry is attributed to the run it causes, not to one that
@@ -63,6 +70,7 @@ from .predicates import Predicate, is_builtin
 from .priorityqueue import NORMAL, PriorityQueue
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .registry import Registration
+from .shardlease import ShardSet
 from .result import Phase, Result, describe, phase_of
 from .trigger import Trace, Trigger
 from .workqueue import QueueEmpty, QueueMetrics, QueueShutDown, WorkQueue
@@ -126,6 +134,7 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         fence: Callable[[], bool] | None = None,
         recent: int = 0,
+        shards: ShardSet | None = None,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -163,6 +172,16 @@ class Controller:
         #: may a reconcile start now? (the manager's Lease fence; None: always)
         self.fence = fence
         self.fenced = 0  # keys the fence stopped before their reconcile started
+        #: this controller's ranges in sharded mode (None: not sharded)
+        self.shards = shards
+        self.unowned = 0  # keys dropped because their range is not ours (sharded mode)
+        # key -> uid of the primary object, from its last event (sharded by uid: a deleted
+        # object's key still finds its range)
+        self._uids: dict[Request, str] | None = None
+        if shards is not None:
+            if registration.shard_by == "uid":
+                self._uids = {}
+            shards.on_gained = self.gained
         # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
         self._own_writes: dict[tuple[str | None, str], str] = {}
         # (namespace, name) -> resourceVersions of finalizer-only events seen while our finalizer
@@ -188,6 +207,7 @@ class Controller:
         unchanged = priority.unchanged if priority is not None and priority.unchanged != NORMAL else None
         label = source.label or f"source:{informer.resource.kind}"
         kind, via = informer.resource.kind, source.via
+        uids = self._uids if primary else None
 
         def note(key: Request, why: str, obj: Any) -> None:
             trace = traces.get(key)
@@ -236,7 +256,11 @@ class Controller:
                 if unchanged is not None and _only_churn(old, new, primary):
                     rank = unchanged
             if primary:  # the hot path: Trace.note inlined (one event, no detail)
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                meta = obj.get("metadata") or {}
+                rv = meta.get("resourceVersion")
+                if uids is not None and meta.get("uid"):
+                    for key in mapper(old, new):
+                        uids[key] = meta["uid"]
                 for key in mapper(old, new):
                     add(key, rank)
                     trace = traces.get(key)
@@ -380,6 +404,12 @@ class Controller:
         """
         reg = self.registration
         calls: list[_Call] = []  # every call is "held" until its key is done() or given back
+        shards = self.shards
+        ranges: dict[Request, int] = {}
+        if shards is not None:
+            keys = self._owned(keys, ranges)
+            if not keys:
+                return
         try:
             finalizer, created, fence = reg.finalizer, self._created, self.fence
             traces, delayed = self._traces, self._delayed
@@ -398,6 +428,9 @@ class Controller:
                     trace.note(why, None, detail)
                 call.trace = trace
                 context = {"controller": self.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id}
+                if shards is not None:
+                    call.shard = ranges[key]
+                    context["shard"] = f"{call.shard}/{shards.n}"
                 if freeze:
                     call.trigger = trace.freeze()
                     if log_trigger:
@@ -444,6 +477,9 @@ class Controller:
                         if fence is not None and not fence():
                             self._fence_closed(len(calls) - calls.index(call))
                             break  # dropped: the fence never reopens
+                        if shards is not None and not shards.may_start(call.shard):
+                            self.unowned += 1
+                            continue  # its range is draining or lost: dropped (done() below)
                         call.called = True
                         if reg.timeout is None:
                             try:
@@ -466,12 +502,13 @@ class Controller:
                     loop = asyncio.get_running_loop()
                     fn, stopping = reg.fn, self._is_stopping
                     timed = reg.timeout is not None
+                    shard_fence = shards.may_start if shards is not None else None
                     if len(runnable) == 1 or reg.max_concurrent == 1:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping, fence, timed)
+                        await loop.run_in_executor(self.executor, _run_batch, fn, runnable, stopping, fence, timed, shard_fence)
                     else:
                         batch: Batch[_Call] = Batch(runnable)
-                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping, fence, timed)
+                        job = loop.run_in_executor(self.executor, _run_batch, fn, batch, stopping, fence, timed, shard_fence)
                         watch = _Watch(batch, calls, loop.create_future())
                         job.add_done_callback(watch.wake)
                         watch.timer = loop.call_later(STALL_AFTER, self._watch, watch)
@@ -507,7 +544,52 @@ class Controller:
         finally:
             for k in _held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
+            if shards is not None:
+                for r in ranges.values():
+                    shards.end(r)
 
+    def _shard_of(self, key: Request) -> int | None:
+        """The range of ``key`` (None: its uid was never seen)."""
+        assert self.shards is not None
+        if self._uids is None:
+            return self.shards.index(key.namespace)
+        obj = self._lookup(key)
+        uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
+        if not uid:
+            uid = self._uids.get(key)
+        return self.shards.index(uid) if uid else None
+
+    def _owned(self, keys: list[Request], ranges: dict[Request, int]) -> list[Request]:
+        """The keys whose range may start a reconcile now, each counted in flight for its range
+        (``ranges``); the others are done() at once — their range's owner reconciles them."""
+        assert self.shards is not None
+        shards, owned = self.shards, []
+        for key in keys:
+            r = self._shard_of(key)
+            if r is None or not shards.may_start(r):
+                self.unowned += 1
+                self._traces.pop(key, None)
+                self._delayed.pop(key, None)
+                self.queue.done(key)
+                continue
+            shards.begin(r)
+            ranges[key] = r
+            owned.append(key)
+        return owned
+
+    def gained(self, index: int) -> None:
+        """Range ``index`` became ours: queue every cached primary object of it (changes made
+        while nobody owned the range are not missed)."""
+        shards = self.shards
+        assert shards is not None
+        n = 0
+        for informer in self._primary:
+            for key in informer.store.keys():
+                if self._shard_of(key) == index:
+                    self.queue.add(key)
+                    self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}")
+                    n += 1
+        self._log.info("Shard gained; queued its objects", extra={"kv": {"controller": self.name, "shard": f"{index}/{shards.n}", "keys": n}})
     def _watch(self, watch: _Watch) -> None:
         """Timer on the loop while a batch runs. Once a call has run for ``STALL_AFTER``, the calls
         waiting behind it are given back (their keys to the head of the queue), and the worker is
@@ -622,6 +704,8 @@ class Controller:
 
     def _complete(self, call: _Call) -> None:
         """Settle the outcome and mark the key done."""
+        if self._uids is not None and call.obj is None:
+            self._uids.pop(call.key, None)  # gone: its next event (a new object) brings a new uid
         if call.called:
             self.reconciles += 1
             if self._created:
@@ -724,7 +808,7 @@ class _Call:
 
     __slots__ = (
         "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
-        "finished", "held", "outcome", "error", "stale", "trace", "trigger", "ran",
+        "finished", "held", "outcome", "error", "stale", "trace", "trigger", "ran", "shard",
     )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
@@ -743,6 +827,7 @@ class _Call:
         self.trace: Trace  # why it runs (taken from the controller with the key)
         self.trigger: Trigger | None = None  # the frozen trace, when someone reads it
         self.ran = 0.0  # seconds a plain handler ran (measured only with a timeout)
+        self.shard = -1  # the key's range in sharded mode
 
 
 def _held(keys: list[Request], calls: list[_Call]) -> list[Request]:
@@ -757,14 +842,18 @@ def _run_batch(
     stopping: Callable[[], bool],
     fence: Callable[[], bool] | None = None,
     timed: bool = False,
+    shard_fence: Callable[[int], bool] | None = None,
 ) -> None:
     """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
     :class:`~declop.batches.Batch` the loop may take calls back from; stop early at shutdown (the
     first call always runs: it was taken before the stop) and as soon as ``fence()`` is False
-    (checked just before *every* call, the first one included)."""
+    (checked just before *every* call, the first one included). A call whose range
+    ``shard_fence`` refuses is skipped (not called: its key is done() by the worker)."""
     for i, call in enumerate(calls):
         if (i and stopping()) or (fence is not None and not fence()):
             return
+        if shard_fence is not None and not shard_fence(call.shard):
+            continue
         call.called = True
         began = time.monotonic() if timed else 0.0
         try:

@@ -89,6 +89,8 @@ class LeaderElector:
         self.request_timeout = renew_deadline / 2
         self.clock = clock
         self.on_change = on_change
+        #: level of the "Released leader lease" line (range Leases log their own line instead)
+        self.release_level = logging.INFO
         self.is_leader = False
         #: clock() when the last successful acquire/renew attempt started; None before the first
         self.renewed_at: float | None = None
@@ -117,6 +119,11 @@ class LeaderElector:
             return True
         self._expired = True
         return False
+
+    def won(self) -> None:
+        """Record that :meth:`try_acquire_or_renew` made us the holder (for callers that drive
+        the attempts themselves instead of :meth:`acquire`)."""
+        self._set_leader(True)
 
     def _set_leader(self, value: bool) -> None:
         if value:
@@ -227,6 +234,12 @@ class LeaderElector:
         self._lease = lease
         self._observe(lease.get("spec") or {})
 
+    def observe(self, spec: dict[str, Any]) -> None:
+        """Note a record of this Lease read elsewhere (e.g. a LIST of every Lease): its
+        ``leaseDurationSeconds`` counts from the first time we saw that very record, whoever read it."""
+        if not self.is_leader:
+            self._observe(spec)
+
     def _observe(self, spec: dict[str, Any]) -> None:
         self.holder = spec.get("holderIdentity") or ""
         record = (self.holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
@@ -273,11 +286,13 @@ class LeaderElector:
                     continue  # the check above reports the loss
                 await asyncio.sleep(min(self.retry_period, remaining))
 
-    def lose(self, why: str) -> None:
-        """Stop leading now (the fence closes); the Lease is left to expire, not released."""
+    def lose(self, why: str, *, quiet: bool = False) -> None:
+        """Stop leading now (the fence closes); the Lease is left to expire, not released.
+        ``quiet``: the caller logs the loss itself."""
         self._set_leader(False)
         self._lease = None
-        log.error("Leader election lost", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "reason": why}})
+        if not quiet:
+            log.error("Leader election lost", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "reason": why}})
 
     async def release(self) -> None:
         """Give the Lease up (if we hold it) so a standby takes over at once."""
@@ -303,7 +318,7 @@ class LeaderElector:
                     return
                 spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
                 await self._request("PUT", f"{self._path}/{self.name}", lease)
-            log.info("Released leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
+            log.log(self.release_level, "Released leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
         except ApiError as exc:
             log.warning("Could not release lease", extra={"kv": {"error": str(exc)}})
         finally:

@@ -25,7 +25,12 @@ Invariants:
 - user errors found at start (unknown resource, unreachable apiserver, nothing registered) raise
   :class:`~declop.errors.ConfigError` before any controller starts;
 - with leader election every controller gets the elector's :meth:`~declop.leader.LeaderElector.valid`
-  as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock.
+  as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock;
+- with sharding (``shards`` > 0; never together with leader election) every controller gets a
+  :class:`~declop.shardlease.ShardSet`: it reconciles only keys of the ranges whose Leases this
+  replica holds and knows valid. On a graceful stop the controllers drain first, then the range
+  Leases are released and the member Lease deleted; a range lost while a reconcile of it ran
+  makes the process exit 1, like a lost leader Lease.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from .controller import Controller, Source
 from .discovery import Discovery, ResourceInfo
 from .errors import ApiError, ConfigError, Forbidden
 from .events import EventRecorder
-from .informer import InformerPool
+from .informer import Informer, InformerPool
 from .leader import LeaderElector
+from .sharding import ShardFilter, ShardRange
+from .shardlease import ShardLeases, ShardSet
 from .lifecycle import Lifecycle
 from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
 from .metrics import Metrics
@@ -85,6 +92,10 @@ class Options:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    #: sharded mode: split every controller's hash space into this many ranges, one Lease each
+    #: (0: off). The Leases live in ``leader_election_namespace`` and are named after
+    #: ``leader_election_id``.
+    shards: int = 0
     qps: float = 20.0
     burst: int = 30
     #: how informers sync: "auto" (streaming list, logged fallback to paginated LIST when the
@@ -134,6 +145,12 @@ class Manager:
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.elector: LeaderElector | None = None
+        self.shard_leases: ShardLeases | None = None
+        #: sharded informer -> the range sets whose held ranges it must cache (their union)
+        self._sharded: dict[Informer, list[ShardSet]] = {}
+        self._resharding: asyncio.Task[None] | None = None
+        self._reshard_again = False
+        self._sharding: asyncio.Task[None] | None = None
         self.leadership: asyncio.Event | None = None
         self.probes: ProbeServer | None = None
         self.exit_code = 0
@@ -237,6 +254,19 @@ class Manager:
                 on_change=lambda leading: self.metrics.leader.labels(self.options.leader_election_id).set(int(leading)),
             )
             self.metrics.leader.labels(self.options.leader_election_id).set(0)
+        if self.options.shards:
+            if self.options.leader_elect:
+                raise ConfigError("sharding replaces leader election: pass shards or leader_elect, not both")
+            self.shard_leases = ShardLeases(
+                self.transport,
+                lease_id=self.options.leader_election_id,
+                namespace=self.options.leader_election_namespace or _pod_namespace(),
+                lease_duration=self.options.lease_duration,
+                renew_deadline=self.options.renew_deadline,
+                retry_period=self.options.retry_period,
+                metrics=self.metrics,
+                on_round=self._want_reshard,
+            )
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
             self.metrics.watch_queue(c.queue.statistics)
@@ -363,13 +393,20 @@ class Manager:
         assert self.informers is not None
         primary = self._resolve(reg.resource, f"controller {reg.name!r}")
         pool = self.informers
+        shards = None
+        if self.shard_leases is not None:
+            shards = self.shard_leases.add(reg.name, self.options.shards, reg.shard_by)
+        # sharded: the primary's informers cache only the held ranges (empty until the first is
+        # taken); owned resources too when sharded by namespace (a child's uid is not its owner's,
+        # so by uid they are cached whole and mapped to the owner's key, whose range decides)
+        own = ShardFilter(reg.shard_by, ()) if shards is not None else None  # type: ignore[arg-type]
+        primary_informers = pool.for_resource(
+            primary, reg.namespaces, reg.labels, field_selector=reg.fields, metadata_only=reg.metadata_only, shard=own
+        )
+        sharded = list(primary_informers)
         sources = [
             Source(
-                tuple(
-                    pool.for_resource(
-                        primary, reg.namespaces, reg.labels, field_selector=reg.fields, metadata_only=reg.metadata_only
-                    )
-                ),
+                tuple(primary_informers),
                 enqueue_self,
                 reg.predicates,
                 primary=True,
@@ -378,7 +415,12 @@ class Manager:
         for owned in reg.owns:
             info = self._resolve(owned.name, f"controller {reg.name!r} owns=")
             mapper = enqueue_owner(primary.group, primary.kind, namespaced=primary.namespaced)
-            informers = pool.for_resource(info, reg.namespaces, field_selector=owned.fields, metadata_only=owned.metadata_only)
+            by_namespace = own if reg.shard_by == "namespace" and info.namespaced else None
+            informers = pool.for_resource(
+                info, reg.namespaces, field_selector=owned.fields, metadata_only=owned.metadata_only, shard=by_namespace
+            )
+            if by_namespace is not None:
+                sharded += informers
             sources.append(Source(tuple(informers), mapper, label=f"owns:{info.kind}"))
         for watched, fn in reg.watches:
             info = self._resolve(watched.name, f"controller {reg.name!r} watches=")
@@ -392,9 +434,12 @@ class Manager:
                 )
             )
         fence = self.elector.valid if self.elector is not None else None
+        if shards is not None:
+            for informer in sharded:
+                self._sharded.setdefault(informer, []).append(shards)
         return Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
-            recent=self.options.debug_reconciles,
+            recent=self.options.debug_reconciles, shards=shards,
         )
 
     def checks(self) -> list[Check]:
@@ -412,6 +457,9 @@ class Manager:
         if self.elector is not None:
             elector = self.elector
             checks.append(("leader-election", lambda: elector.problem))
+        if self.shard_leases is not None:
+            member = self.shard_leases.member  # refused (401/403): it can never own a range
+            checks.append(("sharding", lambda: member.problem))
         if self.webhooks is not None:
             checks.append(("webhooks", lambda: "" if self._webhooks_registered else "webhook server not started"))
         return checks
@@ -433,6 +481,8 @@ class Manager:
         self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
         if self.elector is not None:
             self._leading = loop.create_task(self._lead(), name="leader election")
+        if self.shard_leases is not None:
+            self._sharding = loop.create_task(self._shard(), name="shard leases")
         if self.lifecycle is not None and self.lifecycle.of("background"):
             self._background = loop.create_task(self._start_background(), name="background tasks")
         self.started.set()
@@ -472,6 +522,54 @@ class Manager:
         if self._stop is not None:
             self._stop.set()
 
+    def _want_reshard(self) -> None:
+        """Move the informers' shard filters, in a task of its own (at most one at a time; a
+        request while one runs makes it run once more)."""
+        if self._resharding is not None and not self._resharding.done():
+            self._reshard_again = True
+            return
+        self._reshard_again = False
+        self._resharding = asyncio.get_running_loop().create_task(self._reshard(), name="shard filters")
+
+    async def _reshard(self) -> None:
+        """After a Lease round: every sharded informer caches the union of the ranges its
+        controllers hold (draining ones included: their in-flight reconciles read the cache).
+        A gained range is re-listed (its objects arrive as additions and are queued); a released
+        one leaves the cache without deletions."""
+        for informer, sets in self._sharded.items():
+            wanted: set[ShardRange] = set()
+            for s in sets:
+                wanted.update(s.ranges[i] for i in s.held())
+            assert informer.shard is not None
+            if set(informer.shard.ranges) == set(informer.shard.with_ranges(wanted).ranges):
+                continue
+            try:
+                await informer.set_shard(wanted)
+                if wanted:
+                    # an informer that owned nothing was never started (Informer.start returns
+                    # at once for empty ranges) and set_shard restarts only a running one
+                    informer.start()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("Could not change the shard ranges of an informer", extra={"kv": {"informer": informer.name}})
+        if self._reshard_again:
+            self._reshard_again = False
+            await self._reshard()
+
+    async def _shard(self) -> None:
+        """Hold and balance the range Leases; when a range is lost under a running reconcile,
+        stop reconciling at once and exit 1 (as after a lost leader Lease)."""
+        assert self.shard_leases is not None
+        try:
+            await self.shard_leases.run()
+        except Exception:  # a bug in the Lease loop must not leave ranges held without renewals
+            log.exception("Shard leases failed; stopping")
+        self.exit_code = 1
+        for c in self.controllers:
+            c.halt()
+        await asyncio.gather(*(c.stop(0) for c in self.controllers))
+        if self._stop is not None:
+            self._stop.set()
+
     def ready(self) -> bool:
         """True once every controller passed its sync gate (and the webhooks are registered)."""
         if self.webhooks is not None and not self._webhooks_registered:
@@ -502,6 +600,8 @@ class Manager:
             task.cancel()
         if self._background is not None:
             self._background.cancel()
+        if self.shard_leases is not None:
+            self.shard_leases.stopping = True  # renew only: take no range while draining
         grace = 0.0 if self.exit_code else self.options.grace_period
         stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(grace) for c in self.controllers]
         if self.lifecycle is not None:
@@ -522,6 +622,14 @@ class Manager:
             self._leading = None
         if self.elector is not None:
             await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
+        if self._resharding is not None:
+            self._resharding.cancel()
+        if self._sharding is not None:  # renewed through the drain; released now that no worker runs
+            self._sharding.cancel()
+            await asyncio.gather(self._sharding, return_exceptions=True)
+            self._sharding = None
+        if self.shard_leases is not None and not lost:
+            await _bounded(self.shard_leases.release_all(), self.options.renew_deadline, "releasing the shard Leases")
         # after a loss every remaining step shares one budget, so the exit comes within 2 s
         loop = asyncio.get_running_loop()
         until = loop.time() + (LOST_CLEANUP_SECONDS if lost else 30.0)

@@ -17,6 +17,8 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
   ``declop_reconcile_coalesced_events{controller}`` (events per reconcile),
   ``declop_reconcile_timeouts_total{controller,kind=cancelled|overrun}``;
 - ``leader_election_master_status{name}``; ``rest_client_requests_total{method}``;
+- sharded mode: ``declop_shard_ranges_owned{controller}`` (range Leases this replica holds),
+  ``declop_shard_handovers_total{controller,kind=acquired|released|lost}``;
 - per informer (``informer`` is its name: resource, namespace, selectors, "sharded by uid"), read
   at scrape time: ``declop_informer_events_received_total`` (watch events of objects the
   apiserver sent after the sync, before any client-side shard filtering),
@@ -251,6 +253,15 @@ class Metrics(ControllerMetrics):
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master.",
             ["name"],
+            registry=r,
+        )
+        self.shard_ranges = Gauge(
+            "declop_shard_ranges_owned", "Hash ranges whose Lease this replica holds, per controller (sharded mode)", ["controller"], registry=r
+        )
+        self.shard_handovers = Counter(
+            "declop_shard_handovers_total",
+            "Range Leases acquired, released (after a drain) or lost, per controller (sharded mode)",
+            ["controller", "kind"],
             registry=r,
         )
         self.rest_requests = Counter(

@@ -49,6 +49,7 @@ from .priorityqueue import Priority
 from .ratelimit import RateLimit
 from .trigger import NO_TRIGGER, Trigger
 from .resource import Resource
+from .sharding import SHARD_KEYS
 from .webhook import Webhook, WebhookKind, make_webhook
 
 __all__ = [
@@ -78,7 +79,7 @@ TYPO_CUTOFF = 0.8
 #: the keyword options of the module-level @reconciler, for "did you mean" on a misspelt one
 RECONCILER_OPTIONS = (
     "name", "finalizer", "namespaces", "labels", "predicates", "owns", "watches", "max_concurrent",
-    "priority", "rate_limit", "timeout", "metadata_only", "fields", "registry",
+    "priority", "rate_limit", "timeout", "metadata_only", "fields", "shard_by", "registry",
 )
 _METHOD_OPTIONS = tuple(o for o in RECONCILER_OPTIONS if o != "registry")  # Registry.reconciler
 
@@ -119,6 +120,8 @@ class Registration:
     metadata_only: bool = False
     #: the primary's field selector (canonical form), "" for none
     fields: str = ""
+    #: what a key hashes by in sharded mode (``declop run --shards N``): "uid" or "namespace"
+    shard_by: str = "uid"
 
     @property
     def wants_trigger(self) -> bool:
@@ -246,6 +249,7 @@ class Registry:
         timeout: float | None = None,
         metadata_only: bool | None = None,
         fields: str | Mapping[str, str] | None = None,
+        shard_by: str = "uid",
         **unknown: Never,
     ) -> Callable[[F], F]:
         """Register the decorated function as the reconciler of ``resource``; see design §2.
@@ -284,6 +288,10 @@ class Registry:
         ):
             raise RegistrationError(f"timeout must be a number of seconds > 0, or None for no timeout, got {timeout!r}")
         watched = tuple((Resource.of(r, what="watches="), fn) for r, fn in watches)
+        if shard_by not in SHARD_KEYS:
+            raise _BadShardKey(
+                f"shard_by must be 'uid' (the default) or 'namespace', got {shard_by!r}; see docs/sharding.md"
+            )
 
         def decorate(fn: F) -> F:
             self._check_open(f"reconciler {getattr(fn, '__name__', fn)!r}")
@@ -314,6 +322,7 @@ class Registry:
                 timeout=None if timeout is None else float(timeout),
                 metadata_only=primary.metadata_only,
                 fields=primary.fields,
+                shard_by=shard_by,
             )
             return fn
 
@@ -467,6 +476,13 @@ def _unknown_required(fn: Callable[..., Any], name: str, param: str) -> str:
 default_registry = Registry()
 
 
+
+class _BadShardKey(RegistrationError):
+    """``shard_by`` is neither "uid" nor "namespace": a usage error (exit 2 from the CLI)."""
+
+    exit_code = 2
+
+
 def reconciler(
     resource: str | Resource,
     *parts: Never,
@@ -483,6 +499,7 @@ def reconciler(
     timeout: float | None = None,
     metadata_only: bool | None = None,
     fields: str | Mapping[str, str] | None = None,
+    shard_by: str = "uid",
     registry: Registry | None = None,
     **unknown: Never,
 ) -> Callable[[F], F]:
@@ -505,6 +522,10 @@ def reconciler(
     qps / burst 100 overall), ``timeout`` (seconds; an ``async def`` handler is cancelled and
     retried with backoff, a plain one that overruns is reported).
 
+    Sharding (``declop run --shards N``, docs/sharding.md): ``shard_by="uid"`` (the default)
+    hashes the primary's uid, and an owned child its owner reference's uid; ``"namespace"``
+    hashes the namespace, so everything of one namespace lands on one replica.
+
     ``parts`` and ``unknown`` only catch mistakes: an extra positional argument (Kopf's
     ``"group", "version", "plural"``) or a misspelt option raises
     :class:`~declop.errors.RegistrationError` with the one string or option meant. Type
@@ -526,6 +547,7 @@ def reconciler(
         timeout=timeout,
         metadata_only=metadata_only,
         fields=fields,
+        shard_by=shard_by,
     )
 
 

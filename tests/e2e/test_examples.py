@@ -239,6 +239,7 @@ def test_every_example_is_exercised():
     # `declop dev` in tests/integration/test_dev_reload.py
     tested = {
         "pods.py", "finalizer.py", "crd", "watches.py", "test_widget_unit.py", "greeting", "metadata_only.py", "startup.py", "triggers.py",
+        "sharded.py",
         "webhooks",  # validator.py, mutator.py, converter.py: the three tests below
     }
     present = {p.name for p in EXAMPLES.iterdir() if p.suffix == ".py" or p.is_dir()} - {"__pycache__"}
@@ -377,3 +378,43 @@ def test_converter_example(control_plane, namespace):
             assert spec("v1") == '{"appearance":{"color":"red"},"replicas":3}'
     finally:
         kubectl(env, "delete", "crd", "gadgets.webhooks.example.com", "--ignore-not-found", check=False)
+
+
+def test_sharded_example_two_replicas_split_the_configmaps(control_plane, namespace):
+    """Two `declop run examples/sharded.py --shards 4` replicas: every labelled ConfigMap is
+    logged by exactly one of them, each line names its shard, both get a share; after one stops
+    (SIGTERM: drain, release) the other reconciles every ConfigMap of the ranges it took."""
+    env = control_plane.env()
+    args = [
+        str(EXAMPLES / "sharded.py"), "--shards", "4", "--log-format", "json", "-n", namespace,
+        "--leader-election-namespace", namespace, "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
+    ]
+
+    def seen(op: OperatorProcess) -> dict[str, str]:
+        out = {}
+        for line in list(op.lines):
+            if line.startswith("{") and '"ConfigMap seen"' in line:
+                record = json.loads(line)
+                out[record["name"]] = record["shard"]
+        return out
+
+    names = [f"cm-{i}" for i in range(16)]
+    with OperatorProcess(args, env=env) as one, OperatorProcess(args, env=env) as two:
+        for op in (one, two):
+            op.wait_for_line("Acquired shard", timeout=60)
+        for name in names:
+            kubectl(env, "create", "configmap", name, "--from-literal=colour=blue", "-n", namespace)
+            kubectl(env, "label", "configmap", name, "sharded=yes", "-n", namespace)
+        wait_for(lambda: set(seen(one)) | set(seen(two)) == set(names), 60, what="every ConfigMap reconciled")
+        a, b = seen(one), seen(two)
+        assert a and b, "both replicas hold ranges and reconcile some ConfigMaps"
+        assert not set(a) & set(b), f"reconciled by both: {sorted(set(a) & set(b))}"
+        assert all(re.fullmatch(r"[0-3]/4", shard) for shard in [*a.values(), *b.values()])
+        two.stop()
+        assert two.returncode == 0
+        # a gained range queues every cached object of it: the survivor logs b's ConfigMaps too
+        wait_for(lambda: set(names) <= set(seen(one)), 60, what="the survivor reconciled the ConfigMaps of the ranges it took")
+        identity = next(json.loads(line)["identity"] for line in one.lines if '"Sharding: joining"' in line)
+        leases = get_json(env, "leases", "-n", namespace)
+        holders = {i["metadata"]["name"]: i["spec"].get("holderIdentity") for i in leases["items"] if "-shard-" in i["metadata"]["name"]}
+        assert len(holders) == 4 and set(holders.values()) == {identity}, holders

@@ -549,6 +549,25 @@ def test_leader_election_role_is_restricted_to_the_lease(tool_env: dict[str, str
     assert one(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
 
 
+def test_sharding_passes_shards_turns_leader_election_off_and_grants_the_range_leases(tool_env: dict[str, str]) -> None:
+    docs = render(tool_env, "--set", "replicaCount=3", "--set", "sharding.enabled=true", "--set", "sharding.shards=12")
+    env = env_of(docs)
+    assert env["DECLOP_SHARDS"] == "12" and env["DECLOP_LEADER_ELECT"] == "false"
+    assert env["DECLOP_LEADER_ELECTION_ID"] == "op-declop" and env["DECLOP_LEADER_ELECTION_NAMESPACE"] == "ops"
+    assert one(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert not [d for d in docs if d["metadata"]["name"] == "op-declop-leader-election"]
+    role = one(docs, "Role", "op-declop-sharding")
+    assert role["metadata"]["namespace"] == "ops"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "update", "delete"]}
+    ]
+    binding = one(docs, "RoleBinding", "op-declop-sharding")
+    assert binding["roleRef"]["name"] == "op-declop-sharding"
+    assert "DECLOP_SHARDS" not in env_of(render(tool_env))
+    error = render_error(tool_env, "--set", "replicaCount=4", "--set", "sharding.enabled=true", "--set", "sharding.shards=2")
+    assert "declop: sharding.shards=2 is less than replicaCount=4" in error
+
+
 def test_leader_election_is_on_by_default_even_with_one_replica(tool_env: dict[str, str]) -> None:
     # so that `helm upgrade --set replicaCount=2` later rolls safely: the old Pod holds the Lease
     default = render(tool_env)

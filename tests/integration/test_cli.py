@@ -190,3 +190,31 @@ def test_contradictory_lease_timings_exit_2_before_connecting(tmp_path, timings,
     result = declop_run(str(h), "--leader-elect", *timings, env=env)
     assert_one_line_error(result, "--lease-duration", "--renew-deadline", "1.2 × --retry-period")
     assert result.returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needles"),
+    [
+        (("--shards", "0"), {}, ("--shards must be 1 or more", "got 0")),
+        ((), {"DECLOP_SHARDS": "-3"}, ("--shards must be 1 or more", "got -3")),
+        (("--shards", "4", "--leader-elect"), {}, ("--shards replaces --leader-elect", "drop --leader-elect")),
+        (("--shards", "4"), {"DECLOP_LEADER_ELECT": "true"}, ("--shards replaces --leader-elect",)),
+    ],
+    ids=["zero", "negative-from-env", "with-leader-elect", "with-leader-elect-from-env"],
+)
+def test_bad_shards_exit_2_before_connecting(tmp_path, args, env, needles):
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource="pods"))
+    env = {**env, "KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}  # never reached
+    result = declop_run(str(h), *args, env=env)
+    assert_one_line_error(result, *needles)
+    assert result.returncode == 2
+
+
+def test_a_shard_key_that_is_not_uid_or_namespace_exits_2(tmp_path):
+    h = tmp_path / "h.py"
+    h.write_text("import declop\n\n@declop.reconciler('pods', shard_by='name')\ndef handler(**_):\n    pass\n")
+    env = {"KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}  # never reached
+    result = declop_run(str(h), "--shards", "4", env=env)
+    assert_one_line_error(result, "shard_by must be 'uid' (the default) or 'namespace'", "'name'")
+    assert result.returncode == 2

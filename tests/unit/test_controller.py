@@ -932,3 +932,107 @@ def test_a_plain_handler_overrun_is_reported(caplog: pytest.LogCaptureFixture) -
     (record,) = [r for r in caplog.records if "overran its timeout" in r.getMessage()]
     assert record.kv["timeout"] == 0.01 and record.kv["seconds"] >= 0.05  # type: ignore[attr-defined]
     assert c.queue.num_requeues(KEY) == 0  # it finished: success, not retried
+
+
+# -- sharded mode: the per-range fence --------------------------------------------------------------
+class _Elector:
+    """Stands in for a range's LeaderElector: held, and valid while ``open``."""
+
+    def __init__(self) -> None:
+        self.is_leader, self.open = False, False
+
+    def valid(self) -> bool:
+        return self.is_leader and self.open
+
+
+def sharded(handler: Any, n: int = 4, *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, Any]:
+    from declop.shardlease import ShardSet
+
+    c, informer, clock = make(handler, finalizer=finalizer)
+    shards = ShardSet(c.name, n, "uid", [_Elector() for _ in range(n)])  # type: ignore[list-item]
+    c.shards, c._uids = shards, {}
+    shards.on_gained = c.gained
+    return c, informer, shards
+
+
+def own(shards: Any, *ranges: int) -> None:
+    for i in ranges:
+        shards.electors[i].is_leader = shards.electors[i].open = True
+
+
+def uid_in(shards: Any, index: int, avoid: tuple[str, ...] = ()) -> str:
+    """A uid that hashes into range ``index``."""
+    for i in range(10_000):
+        uid = f"uid-{i}"
+        if shards.index(uid) == index and uid not in avoid:
+            return uid
+    raise AssertionError("no uid found")
+
+
+def test_keys_of_ranges_not_held_are_dropped_before_anything_starts() -> None:
+    called: list[str] = []
+    c, informer, shards = sharded(lambda name, **_: called.append(name), finalizer="x.io/f")
+    own(shards, 0)
+    informer.writer.upsert(cm("mine", uid=uid_in(shards, 0)))
+    informer.writer.upsert(cm("theirs", uid=uid_in(shards, 1)))
+    run(c._process([Request("ns", "mine"), Request("ns", "theirs")]))
+    assert called == ["mine"]
+    assert c.unowned == 1 and [p for _, p, _ in c.ctx.transport.calls if "theirs" in p] == []  # type: ignore[attr-defined]
+    assert c.queue.num_requeues(Request("ns", "theirs")) == 0 and not c.queue.shutting_down  # dropped, not retried, not halted
+    assert shards.in_flight == {}, "every in-flight count ends with its batch"
+
+
+def test_a_range_fence_closing_inside_a_batch_skips_only_that_range() -> None:
+    called: list[str] = []
+    c, informer, shards = sharded(lambda name, **_: (called.append(name), name == "a1" and shards.draining.add(1)))
+    own(shards, 1, 2)
+    u1 = uid_in(shards, 1)
+    informer.writer.upsert(cm("a1", uid=u1))
+    informer.writer.upsert(cm("b2", uid=uid_in(shards, 2)))
+    informer.writer.upsert(cm("c1", uid=uid_in(shards, 1, avoid=(u1,))))
+    run(c._process([Request("ns", n) for n in ("a1", "b2", "c1")]))
+    assert called == ["a1", "b2"]  # range 1 started draining while a1 ran: c1 never starts
+
+
+def test_a_reconcile_is_in_flight_for_its_range_until_its_batch_ends() -> None:
+    seen: list[dict[int, int]] = []
+    c, informer, shards = sharded(lambda **_: seen.append(dict(shards.in_flight)))
+    own(shards, 3)
+    informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
+    run(c._process([KEY]))
+    assert seen == [{3: 1}] and shards.in_flight == {}
+
+
+def test_a_deleted_objects_key_keeps_its_range_from_its_last_event() -> None:
+    called: list[Any] = []
+    c, informer, shards = sharded(lambda obj, **_: called.append(obj))
+    own(shards, 2)
+    on_event = c._subscriber(c.sources[0])
+    gone = cm("a", uid=uid_in(shards, 2))
+    on_event(gone, None)  # a deletion: the cache no longer has it
+    run(c._process([KEY]))
+    assert called == [None] and KEY not in c._uids  # type: ignore[operator]
+
+
+def test_a_gained_range_queues_every_cached_object_of_it(caplog: pytest.LogCaptureFixture) -> None:
+    c, informer, shards = sharded(lambda **_: None)
+    inside = [f"in-{i}" for i in range(3)]
+    used: tuple[str, ...] = ()
+    for name in inside:
+        uid = uid_in(shards, 0, avoid=used)
+        used += (uid,)
+        informer.writer.upsert(cm(name, uid=uid))
+    informer.writer.upsert(cm("out", uid=uid_in(shards, 1)))
+    with caplog.at_level(logging.INFO):
+        c.gained(0)
+    assert sorted(k.name for k in queued(c)) == inside
+    assert any(getattr(r, "kv", {}).get("keys") == 3 for r in caplog.records)
+
+
+def test_the_shard_is_on_every_reconcile_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    c, informer, shards = sharded(lambda logger, **_: logger.info("hello"))
+    own(shards, 2)
+    informer.writer.upsert(cm("a", uid=uid_in(shards, 2)))
+    with caplog.at_level(logging.INFO):
+        run(c._process([KEY]))
+    assert [r.kv["shard"] for r in caplog.records if r.getMessage() == "hello"] == ["2/4"]  # type: ignore[attr-defined]

@@ -375,7 +375,7 @@ def test_misspelt_option_on_the_registry_method(reg: Registry) -> None:
     with pytest.raises(RegistrationError, match=r"unknown option own=: did you mean 'owns'\?"):
         reg.reconciler("pods", own=["configmaps"])  # type: ignore[arg-type]
     # the method has no registry= option: it is the registry
-    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields$"):
+    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by$"):
         reg.reconciler("pods", registry=reg)  # type: ignore[arg-type]
 
 
@@ -399,7 +399,7 @@ def test_an_unknown_option_nothing_is_close_to_lists_them_all(reg: Registry) -> 
         reconciler("pods", registry=reg, colour="blue")  # type: ignore[arg-type]
     assert str(info.value) == (
         "@reconciler got an unknown option colour=: the options are name, finalizer, namespaces, "
-        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, registry"
+        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, registry"
     )
 
 
@@ -765,3 +765,15 @@ def test_bad_priority_and_rate_limit_values_name_the_field(build: Any, message: 
     with pytest.raises(ConfigError) as info:
         build(declop)
     assert message in str(info.value)
+
+
+def test_shard_by_defaults_to_uid_and_accepts_namespace(reg: Registry) -> None:
+    reg.reconciler("pods", name="a")(lambda **_: None)
+    reg.reconciler("configmaps", name="b", shard_by="namespace")(lambda **_: None)
+    assert [r.shard_by for r in reg.registrations] == ["uid", "namespace"]
+
+
+@pytest.mark.parametrize("value", ["name", "", None, "UID"])
+def test_shard_by_must_be_uid_or_namespace(reg: Registry, value: Any) -> None:
+    with pytest.raises(RegistrationError, match="shard_by must be 'uid' \\(the default\\) or 'namespace'"):
+        reg.reconciler("pods", shard_by=value)

@@ -126,7 +126,9 @@ Renders "true" or "false".
 */}}
 {{- define "declop.leaderElect" -}}
 {{- $enabled := .Values.leaderElection.enabled }}
-{{- if kindIs "bool" $enabled }}
+{{- if .Values.sharding.enabled }}
+{{- false }}
+{{- else if kindIs "bool" $enabled }}
 {{- $enabled }}
 {{- else }}
 {{- gt (int .Values.replicaCount) 1 }}
@@ -195,7 +197,10 @@ Every check that is not a schema check. Included by deployment.yaml, so any rend
 {{- define "declop.validate" -}}
 {{- include "declop.mistakes" . }}
 {{- $_ := include "declop.handlersMode" . }}
-{{- if and (gt (int .Values.replicaCount) 1) (ne (include "declop.leaderElect" .) "true") }}
+{{- if and .Values.sharding.enabled (lt (int .Values.sharding.shards) (int .Values.replicaCount)) }}
+{{- fail (printf "declop: sharding.shards=%d is less than replicaCount=%d: some replicas would reconcile nothing; use at least as many ranges as replicas (e.g. 16)." (int .Values.sharding.shards) (int .Values.replicaCount)) }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (ne (include "declop.leaderElect" .) "true") (not .Values.sharding.enabled) }}
 {{- fail (printf "declop: replicaCount=%d with leaderElection.enabled=false would have %d Pods reconcile the same objects at once; enable leader election (leaderElection.enabled=true) or use replicaCount=1." (int .Values.replicaCount) (int .Values.replicaCount)) }}
 {{- end }}
 {{- if and .Values.serviceMonitor.enabled (not (and .Values.metrics.enabled .Values.metrics.service.enabled)) }}

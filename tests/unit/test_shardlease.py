@@ -1,0 +1,181 @@
+"""Range Leases: the balancing plan, the hash and ranges, and whole replicas driven round by round
+against an in-memory Lease store on a fake clock (the protocol, not the network; the integration
+tests run real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from declop.clock import FakeClock
+from declop.errors import ConfigError, Conflict, NotFound
+from declop.metrics import Metrics
+from declop.sharding import fnv1a64, range_index, split
+from declop.shardlease import ShardLeases, ShardSet, lease_name, plan
+
+
+class Leases:
+    """GET, LIST, POST, PUT (with resourceVersion checks) and DELETE of Leases in one namespace."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.rv = 0
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        tail = path.rsplit("/leases", 1)[1].strip("/")
+        if method == "GET" and not tail:
+            return {"items": [copy.deepcopy(v) for v in self.items.values()]}
+        if method == "GET":
+            if tail not in self.items:
+                raise NotFound()
+            return copy.deepcopy(self.items[tail])
+        if method == "DELETE":
+            if self.items.pop(tail, None) is None:
+                raise NotFound()
+            return {}
+        name = body["metadata"]["name"]
+        if method == "POST" and name in self.items:
+            raise Conflict()
+        if method == "PUT" and body["metadata"].get("resourceVersion") != self.items.get(name, {}).get("metadata", {}).get("resourceVersion"):
+            raise Conflict()
+        self.rv += 1
+        stored = copy.deepcopy(body)
+        stored["metadata"]["resourceVersion"] = str(self.rv)
+        self.items[name] = stored
+        return copy.deepcopy(stored)
+
+    def holders(self, n: int = 12) -> dict[int, str]:
+        return {
+            i: (self.items.get(lease_name("t", "c", i, n)) or {}).get("spec", {}).get("holderIdentity") or ""
+            for i in range(n)
+        }
+
+
+def replica(store: Leases, clock: FakeClock, name: str, n: int = 12) -> ShardLeases:
+    r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, metrics=Metrics(), identity=name)
+    r.add("c", n, "uid")
+    return r
+
+
+def rounds(clock: FakeClock, replicas: list[ShardLeases], n: int = 1, store: Leases | None = None) -> None:
+    """``n`` rounds of every replica, 0.5 s apart; after each, no range has two valid holders."""
+    async def go() -> None:
+        for _ in range(n):
+            for r in replicas:
+                await r.step()
+            if store is not None:
+                check_exclusive(replicas)
+            clock.advance(0.5)
+
+    asyncio.run(go())
+
+
+def check_exclusive(replicas: list[ShardLeases]) -> None:
+    for i in range(12):
+        fenced_in = [r.identity for r in replicas if r.sets["c"].may_start(i)]
+        assert len(fenced_in) <= 1, f"range {i} open on {fenced_in}"
+
+
+def test_plan_drains_the_excess_highest_first_and_fills_up_to_the_share() -> None:
+    assert plan(range(6), [], [], live=4, n=12) == ([3, 4, 5], [])
+    assert plan([], [], range(12), live=3, n=12) == ([], [0, 1, 2, 3])
+    assert plan([0, 1], [], [5, 6, 7], live=3, n=12) == ([], [5, 6])
+    assert plan([0, 1, 2, 3, 4], [4], [], live=3, n=12) == ([], [])  # 4 draining: 4 kept
+    assert plan([0], [], [1, 2], live=5, n=12) == ([], [1, 2])  # ceil(12 / 5) = 3
+
+
+def test_a_key_s_range_is_the_one_of_declop_sharding_whose_bounds_hold_its_hash() -> None:
+    s = ShardSet("c", 12, "uid", [])
+    for value in ["", "a", "0f1e2d3c-uid", "kube-system", *(f"uid-{i}" for i in range(200))]:
+        i = s.index(value)
+        assert i == range_index(fnv1a64(value), 12)
+        assert s.ranges[i].start <= fnv1a64(value) < s.ranges[i].end
+    assert s.ranges == split(12)
+
+
+def test_lease_names_are_dns_safe() -> None:
+    assert lease_name("declop", "My_Controller.v2", 3, 16) == "declop-my-controller-v2-shard-3-of-16"
+
+
+def test_timings_are_validated_like_leader_election() -> None:
+    with pytest.raises(ConfigError, match="lease_duration > renew_deadline"):
+        ShardLeases(Leases(), lease_id="t", namespace="ns", lease_duration=3, renew_deadline=3)
+
+
+def test_three_replicas_settle_on_four_ranges_each_without_ever_sharing_one() -> None:
+    clock, store = FakeClock(), Leases()
+    reps = [replica(store, clock, x) for x in "abc"]
+    rounds(clock, reps, 6, store)
+    counts = {x: list(store.holders().values()).count(x) for x in "abc"}
+    assert counts == {"a": 4, "b": 4, "c": 4}
+    assert all(r.live == 3 for r in reps)
+
+
+def test_a_draining_range_is_fenced_at_once_and_released_only_when_idle() -> None:
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a")
+    rounds(clock, [a], 3, store)
+    assert len(a.sets["c"].held()) == 12
+    busy = 11
+    a.sets["c"].begin(busy)  # a reconcile of range 11 runs
+    b = replica(store, clock, "b")
+    rounds(clock, [a, b], 3, store)
+    s = a.sets["c"]
+    assert busy in s.draining and not s.may_start(busy)
+    assert store.holders()[busy] == "a", "released while a reconcile of it ran"
+    s.end(busy)
+    rounds(clock, [a, b], 4, store)
+    assert store.holders()[busy] == "b"
+    assert {x: list(store.holders().values()).count(x) for x in "ab"} == {"a": 6, "b": 6}
+
+
+def test_a_dead_replicas_fence_closes_on_its_own_clock_and_others_take_over_after_expiry() -> None:
+    clock, store = FakeClock(), Leases()
+    reps = [replica(store, clock, x) for x in "abc"]
+    rounds(clock, reps, 6, store)
+    dead = reps[2]
+    held = dead.sets["c"].held()
+    assert all(dead.sets["c"].may_start(i) for i in held)
+    clock.advance(3.0)  # renew_deadline without a round: the fence is closed, no request needed
+    assert not any(dead.sets["c"].may_start(i) for i in held)
+    rounds(clock, reps[:2], 12, store)  # > lease duration + 2 retry periods later
+    holders = store.holders()
+    assert all(holders[i] in ("a", "b") for i in held)
+    assert all(r.live == 2 for r in reps[:2])
+
+
+def test_a_range_lost_while_its_reconcile_runs_fails_the_replica() -> None:
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a")
+    rounds(clock, [a], 3, store)
+    a.sets["c"].begin(0)
+    clock.advance(5.0)  # frozen past the lease
+    rounds(clock, [a], 1)
+    assert a.failed.is_set()
+    assert not a.sets["c"].may_start(0)
+
+
+def test_replicas_of_another_split_take_nothing_while_the_old_one_lives() -> None:
+    clock, store = FakeClock(), Leases()
+    old = replica(store, clock, "old", n=12)
+    rounds(clock, [old], 3)
+    new = replica(store, clock, "new", n=16)
+    rounds(clock, [old, new], 6)
+    assert new.sets["c"].held() == []
+    asyncio.run(old.release_all())
+    rounds(clock, [new], 4)
+    assert len(new.sets["c"].held()) == 16
+
+
+def test_graceful_release_frees_every_range_and_deletes_the_member_lease() -> None:
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a")
+    rounds(clock, [a], 3)
+    asyncio.run(a.release_all())
+    assert set(store.holders().values()) == {""}
+    assert not [n for n in store.items if "-member-" in n]
+    assert a.metrics.shard_ranges.labels("c")._value.get() == 0
+    assert a.metrics.shard_handovers.labels("c", "released")._value.get() == 12
