@@ -114,6 +114,15 @@ def test_admission_through_the_charts_service_beside_the_seed_example(
     sh(cluster, "kubectl", "create", "namespace", f"{namespace}-objs")
     objs = f"{namespace}-objs"
     try:
+        # registered is not reachable yet: the Service has an endpoint once the Pod is Ready and
+        # kube-proxy has synced (until then the apiserver gets "connection refused" and, with
+        # failurePolicy Fail, refuses the write — the first-install window of any webhook)
+        sh(cluster, "kubectl", "rollout", "status", f"deployment/{release}-declop", "-n", namespace, "--timeout=120s")
+        probes = iter(range(1000))
+        wait_for(
+            lambda: "denied the request" in create_configmap(cluster, objs, f"probe-{next(probes)}", 11).stderr,
+            timeout=60, interval=0.5, what="the validator to answer through the Service",
+        )  # fmt: skip
         denied = create_configmap(cluster, objs, "big", 11)
         assert denied.returncode != 0
         assert 'admission webhook "' in denied.stderr and "denied the request: data.size: must be at most 10" in denied.stderr, denied.stderr
@@ -161,7 +170,9 @@ def test_either_replica_answers_through_the_service(
             answers.append(result.stderr or result.stdout)
             return result.returncode != 0 and "data.size: must be at most 10" in result.stderr
 
-        assert denied_by_the_validator(), answers[-1]
+        sh(cluster, "kubectl", "rollout", "status", f"deployment/{release}-declop", "-n", namespace, "--timeout=120s")
+        # the first-install window: Ready Pods, then endpoints, then kube-proxy's rules
+        wait_for(denied_by_the_validator, timeout=60, interval=0.5, what="the validator to answer through the Service")
         for pod in sorted(first):
             sh(cluster, "kubectl", "delete", "pod", pod, "-n", namespace, "--wait=false")
             # the other replica answers; the apiserver may need a moment to drop the endpoint
