@@ -324,6 +324,42 @@ def aggregate(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def reading(agg: list[dict[str, Any]]) -> list[str]:
+    """One sentence per mode comparing its largest replica count with one replica (medians of ``agg``).
+
+    The RSS per cached object is the slope between the two (``(RSS(1) - RSS(k)) / (cached(1) -
+    cached(k))``), and the part of a replica's RSS that does not shrink is RSS(1) minus that slope
+    times the objects one replica caches: what the ratios of RSS tend to instead of ``1/k``.
+    """
+    out = []
+    for mode in dict.fromkeys(a["mode"] for a in agg):
+        rows = sorted((a for a in agg if a["mode"] == mode), key=lambda a: a["replicas"])
+        one, top = rows[0], rows[-1]
+        if one["replicas"] != 1 or top is one:
+            continue
+        k = top["replicas"]
+        med = {
+            key: (_median(one[key]), _median(top[key]))
+            for key in ("events", "cpu", "cpu_total", "rss", "cached", "apiserver_cpu")
+        }
+        slope = (
+            (med["rss"][0] - med["rss"][1]) / (med["cached"][0] - med["cached"][1])
+            if med["cached"][0] != med["cached"][1]
+            else math.nan
+        )
+        fixed = med["rss"][0] - slope * med["cached"][0]
+        label = "Server-side" if mode == "server" else "Client-side"
+        out.append(
+            f"- **{label}, {k} replicas vs 1:** each replica receives {_ratio(med['events'][1], med['events'][0])} "
+            f"the events and caches {_ratio(med['cached'][1], med['cached'][0])} the objects; its CPU in the window is "
+            f"{_ratio(med['cpu'][1], med['cpu'][0])} and all replicas together use {_ratio(med['cpu_total'][1], med['cpu_total'][0])} "
+            f"the CPU of one; RSS per replica {_ratio(med['rss'][1], med['rss'][0])} ({slope * 1024:,.1f} KiB per cached object "
+            f"between the two, {fixed:.0f} MiB that does not shrink); kube-apiserver CPU "
+            f"{_ratio(med['apiserver_cpu'][1], med['apiserver_cpu'][0])}."
+        )
+    return out
+
+
 def summarize(raw: dict[str, Any]) -> str:
     """summary.md, every figure computed from ``raw`` (raw.json)."""
     s, meta = raw["settings"], raw["meta"]
@@ -370,7 +406,7 @@ def summarize(raw: dict[str, Any]) -> str:
             f"| {_spread(a['apiserver_cpu'], '.1f')} "
             f"| {_spread(a['owned_s'], '.1f')} | {a['runs']} |"
         )
-    lines += ["", "Per replica (every run):", "",
+    lines += ["", *reading(agg), "", "Per replica (every run):", "",
               ("| filtering | replicas | run | replica | ranges | events received | dropped by the filter "
               "| objects cached | CPU s | idle CPU s | RSS MiB | reconciles |"),
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -400,7 +436,12 @@ def summarize(raw: dict[str, Any]) -> str:
         (
             f"- **Machine:** {meta['cpu']}, {meta['vcpus']} vCPU, {meta['memory']} RAM; etcd, kube-apiserver, the "
             "load generator and every replica share these cores, and the machine was shared with other work "
-            "during the run: CPU seconds are counted per process and are comparable, wall times less so."
+            "during the run: CPU seconds are counted per process and are comparable, wall times less so. "
+            "The modes ran one after the other, each on its own control plane (server-side first)."
+        ),
+        (
+            "- **RSS after a handover:** replicas start together, and one may own more ranges for a moment "
+            "before the others join; its allocator keeps some of that memory (VmRSS at the end, VmHWM in raw.json)."
         ),
         (
             f"- **Versions:** declop {meta['declop']} (commit {meta['declop_commit']}), CPython {meta['python']}, "
