@@ -21,6 +21,7 @@ import os
 import signal
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import pytest
 
 from declop.sharding import fnv1a64, range_index
 from declop.testing.plugin import namespace_name
+from declop.testing.process import free_ports
 from declop.testing.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
@@ -89,8 +91,10 @@ class Shards:
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.leases = kubernetes.client.CoordinationV1Api(self.api)
         self.procs: dict[str, OperatorProcess] = {}
+        self.metrics_ports: dict[str, int] = {}
         #: what each replica's informer logs about the apiserver's filtering on this control plane
         self.mode = ""
+        self.gate_on = False
         self.uids: dict[str, str] = {}
 
     def start(self, replica: str, **extra_env: str) -> OperatorProcess:
@@ -100,6 +104,9 @@ class Shards:
             "--lease-duration", str(LEASE_DURATION), "--renew-deadline", str(RENEW_DEADLINE),
             "--retry-period", str(RETRY_PERIOD), "--grace-period", "20",
         ]
+        if replica not in self.metrics_ports:
+            self.metrics_ports[replica] = free_ports(1)[0]
+        args += ["--metrics-port", str(self.metrics_ports[replica]), "--metrics-secure", "false"]
         env = {**self.control_plane.env(), "DECLOP_TEST_REPLICA": replica, "DECLOP_TEST_OUT": str(self.tmp / f"{replica}.jsonl"), **extra_env}
         op = self.procs[replica] = OperatorProcess(args, env=env)
         op.start()
@@ -159,6 +166,27 @@ class Shards:
         counts = self.counts()
         return all(share - 1 <= counts.get(i, 0) <= share for i in ids) and sum(counts.get(i, 0) for i in ids) == SHARDS
 
+    def received(self, replica: str) -> int:
+        """Watch events of ConfigMaps the replica's informer received (its /metrics)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[replica]}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        values = [
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("declop_informer_events_received_total{") and "configmaps" in line
+        ]  # fmt: skip
+        assert len(values) == 1, f"replica {replica}: one ConfigMap informer expected, got {values}"
+        return int(values[0])
+
+    def apiserver_filtered(self) -> float:
+        """``apiserver_watch_filtered_events_total`` of configmaps (0 without the gate)."""
+        status, body = self.control_plane.request("GET", "/metrics", timeout=30)
+        assert status == 200
+        name = "apiserver_watch_filtered_events_total{"
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+            if line.startswith(name) and 'resource="configmaps"' in line
+        )  # fmt: skip
+
     def shard_of(self, name: str) -> int:
         return range_index(fnv1a64(self.uids[name]), SHARDS)
 
@@ -209,6 +237,7 @@ def shards(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
     s = Shards(cp, namespace, tmp_path, "sh-" + request.node.originalname[5:25].replace("_", "-").strip("-"))
     s.mode = "the apiserver filters by shard" if gate_on else "the apiserver does not filter"
+    s.gate_on = gate_on
     yield s
     s.close()
     kubernetes.client.CoreV1Api(api).delete_namespace(namespace)
@@ -240,6 +269,35 @@ def test_three_replicas_share_twelve_ranges_and_never_overlap_under_churn(shards
         acquired = {int(rec["shard"].split("/")[0]) for rec in records(shards.procs[r], "Acquired shard")}
         keys = {iv["key"] for iv in shards.intervals() if iv["replica"] == r}
         assert {shards.shard_of(k) for k in keys} <= acquired
+
+    # What each replica *receives*, with the ranges settled: one more update of every object
+    # makes exactly 2 watch events per object (the update, then the handler's annotation patch).
+    # Gate on: the apiserver sends each event only to the replica owning the object's range, so a
+    # replica receives 2 × its objects (about a third) and the apiserver counts the rest of every
+    # sharded watch as filtered; gate off: every replica receives all of them.
+    holders = shards.holders()
+    owner = {r: {i for i, h in holders.items() if h == shards.identity(r)} for r in "abc"}
+    before = {r: shards.received(r) for r in "abc"}
+    filtered_before = shards.apiserver_filtered()
+    shards.update(names, "4")
+    wait_for(lambda: shards.converged("4"), 600, interval=1.0, what="every object reconciled at 4")
+    sent = 2 * OBJECTS
+    if shards.gate_on:
+        expected = {r: 2 * sum(1 for n in names if shards.shard_of(n) in owner[r]) for r in "abc"}
+    else:
+        expected = dict.fromkeys("abc", sent)
+    wait_for(lambda: {r: shards.received(r) - before[r] for r in "abc"} == expected, 60, interval=0.5,
+             what=f"events received per replica {expected}")  # fmt: skip
+    assert shards.holders() == holders, "the ranges moved during the measurement"
+    filtered = shards.apiserver_filtered() - filtered_before
+    print(f"measured: events received per replica {expected} of {sent}; apiserver filtered {filtered:g}")
+    if shards.gate_on:
+        assert sum(expected.values()) == sent
+        assert all(0.25 * sent <= n <= 0.42 * sent for n in expected.values()), expected
+        # each of the 3 sharded watches had the other replicas' events filtered out
+        assert filtered >= 3 * sent - sent
+    else:
+        assert filtered == 0
 
 
 def test_kill_9_ranges_taken_over_within_lease_duration_and_two_retry_periods(shards: Shards) -> None:
