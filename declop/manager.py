@@ -555,7 +555,10 @@ class Manager:
             if set(informer.shard.ranges) == set(informer.shard.with_ranges(wanted).ranges):
                 continue
             try:
-                await informer.set_shard(wanted)
+                change = await informer.set_shard(wanted)
+                for c in self.controllers:
+                    if c.shards in sets:
+                        c.forget(informer, change.released)
                 if wanted:
                     # an informer that owned nothing was never started (Informer.start returns
                     # at once for empty ranges) and set_shard restarts only a running one
