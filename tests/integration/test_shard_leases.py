@@ -21,7 +21,6 @@ import os
 import signal
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,8 @@ import kubernetes.client
 import pytest
 
 from declop.sharding import fnv1a64, range_index
+from declop.testing import OperatorProcess, Replicas, wait_for
 from declop.testing.plugin import namespace_name
-from declop.testing.process import free_ports
-from declop.testing.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -90,27 +88,22 @@ class Shards:
         self.api = control_plane.api_client()
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.leases = kubernetes.client.CoordinationV1Api(self.api)
-        self.procs: dict[str, OperatorProcess] = {}
-        self.metrics_ports: dict[str, int] = {}
+        args = [
+            str(self.handlers), "-n", self.namespace, "--log-format", "json", "--shards", str(SHARDS),
+            "--leader-election-id", self.lease_id, "--leader-election-namespace", self.namespace,
+            "--lease-duration", str(LEASE_DURATION), "--renew-deadline", str(RENEW_DEADLINE),
+            "--retry-period", str(RETRY_PERIOD), "--grace-period", "20",
+        ]  # fmt: skip
+        self.replicas = Replicas(args, env=control_plane.env())
+        self.procs = self.replicas.procs
         #: what each replica's informer logs about the apiserver's filtering on this control plane
         self.mode = ""
         self.gate_on = False
         self.uids: dict[str, str] = {}
 
     def start(self, replica: str, **extra_env: str) -> OperatorProcess:
-        args = [
-            str(self.handlers), "-n", self.namespace, "--log-format", "json", "--shards", str(SHARDS),
-            "--leader-election-id", self.lease_id, "--leader-election-namespace", self.namespace,
-            "--lease-duration", str(LEASE_DURATION), "--renew-deadline", str(RENEW_DEADLINE),
-            "--retry-period", str(RETRY_PERIOD), "--grace-period", "20",
-        ]
-        if replica not in self.metrics_ports:
-            self.metrics_ports[replica] = free_ports(1)[0]
-        args += ["--metrics-port", str(self.metrics_ports[replica]), "--metrics-secure", "false"]
-        env = {**self.control_plane.env(), "DECLOP_TEST_REPLICA": replica, "DECLOP_TEST_OUT": str(self.tmp / f"{replica}.jsonl"), **extra_env}
-        op = self.procs[replica] = OperatorProcess(args, env=env)
-        op.start()
-        return op
+        out = str(self.tmp / f"{replica}.jsonl")
+        return self.replicas.start(replica, DECLOP_TEST_REPLICA=replica, DECLOP_TEST_OUT=out, **extra_env)
 
     def create(self, n: int) -> None:
         for i in range(n):
@@ -168,14 +161,7 @@ class Shards:
 
     def received(self, replica: str) -> int:
         """Watch events of ConfigMaps the replica's informer received (its /metrics)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[replica]}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        values = [
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("declop_informer_events_received_total{") and "configmaps" in line
-        ]  # fmt: skip
-        assert len(values) == 1, f"replica {replica}: one ConfigMap informer expected, got {values}"
-        return int(values[0])
+        return int(self.replicas.metric(replica, "declop_informer_events_received_total", 'informer="configmaps'))
 
     def apiserver_filtered(self) -> float:
         """``apiserver_watch_filtered_events_total`` of configmaps (0 without the gate)."""
@@ -220,9 +206,7 @@ class Shards:
         return sum(len(v) for v in by_key.values())
 
     def close(self) -> None:
-        for op in self.procs.values():
-            if op.proc is not None and op.proc.poll() is None:
-                op.stop()
+        self.replicas.stop()
         self.api.close()
 
 
@@ -312,8 +296,7 @@ def test_kill_9_ranges_taken_over_within_lease_duration_and_two_retry_periods(sh
     victim = shards.identity("c")
     lost = [i for i, h in shards.holders().items() if h == victim]
     assert len(lost) == 4
-    shards.procs["c"].proc.send_signal(signal.SIGKILL)
-    shards.procs["c"].proc.wait(10)
+    assert shards.replicas.kill("c") == -signal.SIGKILL
     # the victim's last renewals (renewTime is written with this host's clock, like acquireTime)
     last = {i: shards.lease(i).spec.renew_time.timestamp() for i in lost}
     orphans = [f"cm-{i}" for i in range(60) if shards.shard_of(f"cm-{i}") in lost]
@@ -376,14 +359,14 @@ def test_a_frozen_replica_does_not_reconcile_a_range_it_lost(shards: Shards) -> 
     frozen = shards.identity("c")
     lost = {i for i, h in shards.holders().items() if h == frozen}
     op = shards.procs["c"]
-    op.proc.send_signal(signal.SIGSTOP)
+    shards.replicas.signal("c", signal.SIGSTOP)
     stopped = time.time()
     survivors = {shards.identity("a"), shards.identity("b")}
     wait_for(lambda: all(shards.holders()[i] in survivors for i in lost), 60, what="the frozen replica's ranges taken over")
     shards.update(names, "1")
     wait_for(lambda: shards.converged("1"), 120, what="reconciled by the others")
     cont = time.time()
-    op.proc.send_signal(signal.SIGCONT)
+    shards.replicas.signal("c", signal.SIGCONT)
     shards.update(names, "2")  # events reach the frozen replica's informers too
     wait_for(lambda: shards.converged("2"), 120, what="converged after SIGCONT")
     wait_for(lambda: len(records(op, "Shard lease lost")) >= len(lost) or op.proc.poll() is not None, 30, what="the loss noticed")
