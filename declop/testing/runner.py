@@ -291,12 +291,28 @@ class Replicas:
         """Wait until every running replica printed ``count`` lines containing ``needle``."""
         return {n: self.procs[n].wait_for_line(needle, count, timeout) for n in self.running()}
 
-    def metrics(self, name: str, timeout: float = 10.0) -> str:
-        """One replica's ``/metrics`` (Prometheus text)."""
+    def metrics(self, name: str, timeout: float = 20.0) -> str:
+        """One replica's ``/metrics`` (Prometheus text); while it starts (nothing listening on
+        its port yet) this waits up to ``timeout``, and fails at once if the process exited."""
+        import urllib.error
         import urllib.request
 
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=timeout) as r:
-            return str(r.read().decode())
+        op = self.procs[name]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=timeout) as r:
+                    return str(r.read().decode())
+            except urllib.error.URLError as exc:
+                if not isinstance(exc.reason, ConnectionRefusedError):
+                    raise
+                if op.proc.poll() is not None:
+                    raise AssertionError(
+                        f"replica {name} exited with {op.proc.returncode}:\n" + "\n".join(op.lines[-20:] + op.stderr[-20:])
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"replica {name}: nothing listens on its metrics port after {timeout} s") from None
+                time.sleep(0.05)
 
     def metric(self, name: str, metric: str, match: str = "") -> float:
         """The sum of one replica's samples of ``metric`` whose line contains ``match`` (e.g. a
