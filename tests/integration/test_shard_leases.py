@@ -278,8 +278,10 @@ def test_three_replicas_share_twelve_ranges_and_never_overlap_under_churn(shards
     if shards.gate_on:
         assert sum(expected.values()) == sent
         assert all(0.25 * sent <= n <= 0.42 * sent for n in expected.values()), expected
-        # each of the 3 sharded watches had the other replicas' events filtered out
-        assert filtered >= 3 * sent - sent
+        # each of the 3 sharded watches had the other replicas' events filtered out; the apiserver
+        # counts a filtered update twice (its cacher tests the old and the new object: v1.36.3
+        # cacher.go filterWithAttrsAndPrefixFunction), and every event here is an update
+        assert filtered >= 2 * (3 * sent - sent)
     else:
         assert filtered == 0
 
