@@ -71,6 +71,12 @@ __all__ = ["Manager", "Options"]
 log = logging.getLogger("declop.manager")
 
 
+class _BadShardKey(ConfigError):
+    """A shard key that cannot spread a controller's objects: a usage error (exit 2)."""
+
+    exit_code = 2
+
+
 @dataclass
 class Options:
     """Settings of one manager; ``cli.py`` fills them from flags and ``DECLOP_*`` variables."""
@@ -395,6 +401,11 @@ class Manager:
         pool = self.informers
         shards = None
         if self.shard_leases is not None:
+            if reg.shard_by == "namespace" and not primary.namespaced:
+                raise _BadShardKey(
+                    f"controller {reg.name!r}: shard_by='namespace' on {primary.group_resource}, which is cluster-scoped: "
+                    "every object has the empty namespace, so one replica would own them all; use shard_by='uid'"
+                )
             shards = self.shard_leases.add(reg.name, self.options.shards, reg.shard_by)
         # sharded: the primary's informers cache only the held ranges (empty until the first is
         # taken); owned resources too when sharded by namespace (a child's uid is not its owner's,
@@ -544,7 +555,10 @@ class Manager:
             if set(informer.shard.ranges) == set(informer.shard.with_ranges(wanted).ranges):
                 continue
             try:
-                await informer.set_shard(wanted)
+                change = await informer.set_shard(wanted)
+                for c in self.controllers:
+                    if c.shards in sets:
+                        c.forget(informer, change.released)
                 if wanted:
                     # an informer that owned nothing was never started (Informer.start returns
                     # at once for empty ranges) and set_shard restarts only a running one
