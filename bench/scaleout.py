@@ -17,7 +17,8 @@ not its own before the cache). N ConfigMaps of ~6 KB are created once per contro
    (``ceil(16/k)`` or one less), and their caches hold N objects in all
    (``declop_informer_objects``) — the time from the spawn to this is ``owned_s``; then settled:
    every object was reconciled once and no reconcile was logged for 2 s;
-3. the window: the load generator's paced merge patches at ``--rate`` for ``--seconds``,
+3. an idle window (``--idle-seconds``, no writes): each replica's CPU with nothing but its Lease
+   rounds to do; then the window: the load generator's paced merge patches at ``--rate`` for ``--seconds``,
    round-robin over the N objects, until every written object was reconciled at its last
    written ``bench/seq`` (or 60 s more);
 4. per replica: CPU seconds in the window (utime + stime, /proc/<pid>/stat), VmRSS at its end,
