@@ -153,6 +153,10 @@ class _BadOptions(ConfigError):
     exit_code = 2
 
 
+#: --shards above this is refused: one Lease write per range per retry period, one LIST of them all
+MAX_SHARDS = 1024
+
+
 def _check_shards(kw: dict[str, Any]) -> None:
     """--shards: a positive count, never with --leader-elect."""
     shards = kw.get("shards")
@@ -160,6 +164,12 @@ def _check_shards(kw: dict[str, Any]) -> None:
         return
     if shards < 1:
         raise _BadOptions(f"--shards must be 1 or more (the number of hash ranges, e.g. 16), got {shards}")
+    if shards > MAX_SHARDS:
+        raise _BadOptions(
+            f"--shards {shards} is more than {MAX_SHARDS}: each range is a Lease renewed every --retry-period by its "
+            f"holder ({shards / 2:.0f} writes/s per controller at the default 2 s); use at most {MAX_SHARDS} "
+            "(16-64 is typical: a few ranges per replica)"
+        )
     if kw["leader_elect"]:
         raise _BadOptions(
             "--shards replaces --leader-elect: every replica reconciles its own ranges, each guarded by a Lease "

@@ -577,6 +577,19 @@ class Controller:
             owned.append(key)
         return owned
 
+    def forget(self, informer: Informer, released: Iterable[Request]) -> int:
+        """``released`` keys left ``informer``'s store because their range went to another
+        replica: drop what this controller remembers of them (the uid of a primary object). A
+        key still cached by another primary informer is kept. Returns how many were dropped;
+        without it the map would hold every object that ever passed through this replica."""
+        if self._uids is None or informer not in self._primary:
+            return 0
+        n = 0
+        for key in released:
+            if not any(i.store.get(key) is not None for i in self._primary) and self._uids.pop(key, None) is not None:
+                n += 1
+        return n
+
     def gained(self, index: int) -> None:
         """Range ``index`` became ours: queue every cached primary object of it (changes made
         while nobody owned the range are not missed)."""

@@ -22,7 +22,9 @@ last *successful* acquire/renew attempt started (before its request was sent, so
 than the ``renewTime`` other candidates saw). A standby cannot take the Lease before it has seen
 our last record unchanged for ``leaseDurationSeconds`` > ``renew_deadline``, so while ``valid()``
 is True no other replica holds the Lease — even after this process was frozen (SIGSTOP) and
-continued: the first thing it checks is its own clock, not a network answer.
+continued: the first thing it checks is its own clock, not a network answer. The clock is
+:data:`declop.clock.LEASE_CLOCK` (CLOCK_BOOTTIME on Linux): wall-clock steps do not move it, and
+a machine suspended and resumed sees its Lease expired, as a stopped process does.
 
 Invariants:
 
@@ -45,7 +47,7 @@ import socket
 import uuid
 from typing import Any, Callable
 
-from .clock import MONOTONIC, Clock
+from .clock import LEASE_CLOCK, Clock
 from .errors import ApiError, ConfigError, Conflict, NotFound
 
 __all__ = ["LeaderElector"]
@@ -73,7 +75,7 @@ class LeaderElector:
         lease_duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
-        clock: Clock = MONOTONIC,
+        clock: Clock = LEASE_CLOCK,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):

@@ -267,8 +267,10 @@ class Registry:
         owned = tuple(Resource.of(o, what="owns=") for o in owns)
         if finalizer is not None and not _valid_finalizer(finalizer):
             raise RegistrationError(f"finalizer {finalizer!r} is not a valid name; use 'my.domain/name'")
-        if not isinstance(max_concurrent, int) or max_concurrent < 1:
-            raise RegistrationError(f"max_concurrent must be a positive int, got {max_concurrent!r}")
+        if not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool) or max_concurrent < 1:
+            raise _BadConcurrency(
+                f"max_concurrent must be a positive int (workers per process; with --shards, per replica), got {max_concurrent!r}"
+            )
         if isinstance(namespaces, str):
             namespaces = (namespaces,)
         selector = str(parse_selector(labels)) if labels else ""
@@ -475,6 +477,12 @@ def _unknown_required(fn: Callable[..., Any], name: str, param: str) -> str:
 
 default_registry = Registry()
 
+
+
+class _BadConcurrency(RegistrationError):
+    """``max_concurrent`` is not a positive int: a usage error (exit 2 from the CLI)."""
+
+    exit_code = 2
 
 
 class _BadShardKey(RegistrationError):

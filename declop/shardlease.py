@@ -53,7 +53,7 @@ import socket
 import uuid
 from typing import Any, Callable, Iterable
 
-from .clock import MONOTONIC, Clock
+from .clock import LEASE_CLOCK, Clock
 from .errors import ApiError, ConfigError, NotFound
 from .leader import LeaderElector
 from .sharding import ShardRange, fnv1a64, range_index, split
@@ -142,7 +142,7 @@ class ShardLeases:
         lease_duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
-        clock: Clock = MONOTONIC,
+        clock: Clock = LEASE_CLOCK,
         metrics: Any = None,
         identity: str | None = None,
         on_round: Callable[[], None] | None = None,

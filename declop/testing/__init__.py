@@ -3,7 +3,8 @@
 - :class:`ControlPlane`, and the pytest plugin (entry point ``declop``) with the ``control_plane``,
   ``kubeconfig``, ``k8s_api`` and ``namespace`` fixtures: a real etcd + kube-apiserver.
 - :class:`OperatorRunner` / :class:`OperatorProcess`: run an operator in a thread or as
-  ``declop run``; :func:`wait_for` polls a condition.
+  ``declop run``; :class:`Replicas`: several ``declop run`` processes of one operator (sharding,
+  leader election, rollouts); :func:`wait_for` polls a condition.
 - :func:`run_reconcile`, :class:`FakeClient`: unit-test a reconciler with no apiserver at all.
 - :class:`ListWatchServer`: a scriptable fake list/watch endpoint (plain HTTP) for informer tests.
 - :class:`BuildKit`, :func:`build_image`, :func:`declop_image`, :func:`base_image`,
@@ -27,7 +28,7 @@ from declop.testing.image import (
     wheelhouse,
 )
 from declop.testing.listwatch import ListWatchServer
-from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
+from declop.testing.runner import OperatorProcess, OperatorRunner, Replicas, wait_for
 
 __all__ = [
     "BuildKit",
@@ -39,6 +40,7 @@ __all__ = [
     "OperatorProcess",
     "OperatorRunner",
     "ReconcileOutcome",
+    "Replicas",
     "base_image",
     "build_image",
     "declop_image",

@@ -11,6 +11,7 @@ process cross over, unlike a subprocess). Leaving the block stops it gracefully,
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from types import TracebackType
@@ -20,7 +21,7 @@ from ..manager import Manager, Options
 from ..registry import Registry
 from ..transport import load_configuration
 
-__all__ = ["OperatorProcess", "OperatorRunner", "wait_for"]
+__all__ = ["OperatorProcess", "OperatorRunner", "Replicas", "wait_for"]
 
 T = TypeVar("T")
 
@@ -205,3 +206,122 @@ class OperatorProcess:
                 self.proc.wait()
         self.returncode = self.proc.returncode
         return self.returncode
+
+
+class Replicas:
+    """Several ``declop run ARGS`` processes of one operator, as a Deployment's replicas run:
+    each an :class:`OperatorProcess` under a name, with its own ``/metrics`` port (plain HTTP on
+    127.0.0.1) and environment, started, signalled and scraped by name.
+
+        args = ["handlers.py", "--shards", "12", "--leader-election-namespace", ns]
+        with Replicas(args, env=cp.env(), count=3) as replicas:      # "0", "1", "2"
+            replicas.wait_for_line("Acquired shard")                 # on every replica
+            replicas.kill("2")                                       # SIGKILL, reaped
+            replicas.start()                                         # one more: "3"
+            replicas.metric("0", "declop_shard_ranges_owned")        # summed over its samples
+
+    Leaving the block stops every replica still running with SIGTERM (each waited for).
+    """
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, count: int = 0) -> None:
+        self.args, self.env, self.cwd = list(args), env, cwd
+        #: name -> process, in start order (a killed or stopped replica stays, with its output)
+        self.procs: dict[str, OperatorProcess] = {}
+        #: name -> its /metrics port (kept when a replica of the same name is started again)
+        self.metrics_ports: dict[str, int] = {}
+        self._count = count
+
+    def __enter__(self) -> Replicas:
+        for _ in range(self._count):
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __getitem__(self, name: str) -> OperatorProcess:
+        return self.procs[name]
+
+    def running(self) -> list[str]:
+        """Names of the replicas whose process has not exited."""
+        return [n for n, op in self.procs.items() if op.proc is not None and op.proc.poll() is None]
+
+    def start(self, name: str | None = None, **extra_env: str) -> OperatorProcess:
+        """Start a replica (the next free number when ``name`` is None); ``extra_env`` adds to
+        the common environment. A name used before gets a new process on the same metrics port."""
+        from .process import free_ports
+
+        if name is None:
+            name = str(next(i for i in range(len(self.procs) + 1) if str(i) not in self.procs))
+        if name in self.running():
+            raise ValueError(f"replica {name!r} is already running")
+        port = self.metrics_ports.setdefault(name, free_ports(1)[0])
+        env = {**(self.env if self.env is not None else os.environ), **extra_env}
+        op = OperatorProcess([*self.args, "--metrics-port", str(port), "--metrics-secure", "false"], env=env, cwd=self.cwd)
+        self.procs[name] = op
+        op.start()
+        return op
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` (SIGSTOP, SIGCONT, SIGTERM, ...) to one replica."""
+        self.procs[name].proc.send_signal(sig)
+
+    def kill(self, name: str, timeout: float = 10.0) -> int:
+        """SIGKILL one replica and reap it; returns its exit status (-9)."""
+        import signal
+
+        op = self.procs[name]
+        op.proc.send_signal(signal.SIGKILL)
+        op.returncode = op.proc.wait(timeout)
+        return int(op.returncode)
+
+    def stop(self, name: str | None = None, timeout: float = 30.0) -> dict[str, int]:
+        """SIGTERM one replica (or every running one, all signalled before any is waited for,
+        as a Deployment scaled to zero) and wait; returns their exit codes."""
+        import signal
+
+        names = [name] if name is not None else self.running()
+        for n in names:
+            op = self.procs[n]
+            if op.proc is not None and op.proc.poll() is None:
+                op.proc.send_signal(signal.SIGTERM)
+        return {n: self.procs[n].stop(timeout) for n in names}
+
+    def wait_for_line(self, needle: str, count: int = 1, timeout: float = 20.0) -> dict[str, list[str]]:
+        """Wait until every running replica printed ``count`` lines containing ``needle``."""
+        return {n: self.procs[n].wait_for_line(needle, count, timeout) for n in self.running()}
+
+    def metrics(self, name: str, timeout: float = 20.0) -> str:
+        """One replica's ``/metrics`` (Prometheus text); while it starts (nothing listening on
+        its port yet) this waits up to ``timeout``, and fails at once if the process exited."""
+        import urllib.error
+        import urllib.request
+
+        op = self.procs[name]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=timeout) as r:
+                    return str(r.read().decode())
+            except urllib.error.URLError as exc:
+                if not isinstance(exc.reason, ConnectionRefusedError):
+                    raise
+                if op.proc.poll() is not None:
+                    raise AssertionError(
+                        f"replica {name} exited with {op.proc.returncode}:\n" + "\n".join(op.lines[-20:] + op.stderr[-20:])
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"replica {name}: nothing listens on its metrics port after {timeout} s") from None
+                time.sleep(0.05)
+
+    def metric(self, name: str, metric: str, match: str = "") -> float:
+        """The sum of one replica's samples of ``metric`` whose line contains ``match`` (e.g. a
+        label value); 0 when it has none."""
+        total = 0.0
+        for line in self.metrics(name).splitlines():
+            if line.startswith("#") or match not in line:
+                continue
+            sample = line.split("{", 1)[0].split(" ", 1)[0]
+            if sample == metric:
+                total += float(line.rsplit(" ", 1)[1])
+        return total

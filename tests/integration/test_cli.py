@@ -218,3 +218,33 @@ def test_a_shard_key_that_is_not_uid_or_namespace_exits_2(tmp_path):
     result = declop_run(str(h), "--shards", "4", env=env)
     assert_one_line_error(result, "shard_by must be 'uid' (the default) or 'namespace'", "'name'")
     assert result.returncode == 2
+
+
+def test_more_shards_than_leases_can_carry_exits_2(tmp_path):
+    h = tmp_path / "h.py"
+    h.write_text(HANDLER.format(resource="pods"))
+    env = {"KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}  # never reached
+    result = declop_run(str(h), "--shards", "5000", env=env)
+    assert_one_line_error(result, "--shards 5000 is more than 1024", "2500 writes/s", "use at most 1024")
+    assert result.returncode == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "'4'", "True"])
+def test_a_bad_max_concurrent_is_refused_in_sharded_mode_too(tmp_path, value):
+    """max_concurrent is per replica (each replica runs that many workers for its own ranges);
+    a value that is not a positive int is refused before connecting, sharded or not."""
+    h = tmp_path / "h.py"
+    h.write_text(f"import declop\n\n@declop.reconciler('pods', max_concurrent={value})\ndef handler(**_):\n    pass\n")
+    env = {"KUBECONFIG": str(tmp_path / "nope"), "KUBERNETES_SERVICE_HOST": ""}  # never reached
+    result = declop_run(str(h), "--shards", "4", env=env)
+    assert_one_line_error(result, "max_concurrent must be a positive int", "per replica", f"got {value}")
+    assert result.returncode == 2
+
+
+def test_a_namespace_shard_key_on_a_cluster_scoped_resource_exits_2(tmp_path, kubeconfig):
+    """Every cluster-scoped object hashes the empty namespace: one range, one replica for all."""
+    h = tmp_path / "h.py"
+    h.write_text("import declop\n\n@declop.reconciler('namespaces', shard_by='namespace')\ndef handler(**_):\n    pass\n")
+    result = declop_run(str(h), "--kubeconfig", kubeconfig, "--shards", "4", "--leader-election-namespace", "default")
+    assert_one_line_error(result, "shard_by='namespace' on namespaces, which is cluster-scoped", "use shard_by='uid'")
+    assert result.returncode == 2

@@ -28,8 +28,8 @@ import kubernetes.client
 import pytest
 
 from declop.sharding import fnv1a64, range_index
+from declop.testing import OperatorProcess, Replicas, wait_for
 from declop.testing.plugin import namespace_name
-from declop.testing.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -88,22 +88,22 @@ class Shards:
         self.api = control_plane.api_client()
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.leases = kubernetes.client.CoordinationV1Api(self.api)
-        self.procs: dict[str, OperatorProcess] = {}
-        #: what each replica's informer logs about the apiserver's filtering on this control plane
-        self.mode = ""
-        self.uids: dict[str, str] = {}
-
-    def start(self, replica: str, **extra_env: str) -> OperatorProcess:
         args = [
             str(self.handlers), "-n", self.namespace, "--log-format", "json", "--shards", str(SHARDS),
             "--leader-election-id", self.lease_id, "--leader-election-namespace", self.namespace,
             "--lease-duration", str(LEASE_DURATION), "--renew-deadline", str(RENEW_DEADLINE),
             "--retry-period", str(RETRY_PERIOD), "--grace-period", "20",
-        ]
-        env = {**self.control_plane.env(), "DECLOP_TEST_REPLICA": replica, "DECLOP_TEST_OUT": str(self.tmp / f"{replica}.jsonl"), **extra_env}
-        op = self.procs[replica] = OperatorProcess(args, env=env)
-        op.start()
-        return op
+        ]  # fmt: skip
+        self.replicas = Replicas(args, env=control_plane.env())
+        self.procs = self.replicas.procs
+        #: what each replica's informer logs about the apiserver's filtering on this control plane
+        self.mode = ""
+        self.gate_on = False
+        self.uids: dict[str, str] = {}
+
+    def start(self, replica: str, **extra_env: str) -> OperatorProcess:
+        out = str(self.tmp / f"{replica}.jsonl")
+        return self.replicas.start(replica, DECLOP_TEST_REPLICA=replica, DECLOP_TEST_OUT=out, **extra_env)
 
     def create(self, n: int) -> None:
         for i in range(n):
@@ -159,6 +159,20 @@ class Shards:
         counts = self.counts()
         return all(share - 1 <= counts.get(i, 0) <= share for i in ids) and sum(counts.get(i, 0) for i in ids) == SHARDS
 
+    def received(self, replica: str) -> int:
+        """Watch events of ConfigMaps the replica's informer received (its /metrics)."""
+        return int(self.replicas.metric(replica, "declop_informer_events_received_total", 'informer="configmaps'))
+
+    def apiserver_filtered(self) -> float:
+        """``apiserver_watch_filtered_events_total`` of configmaps (0 without the gate)."""
+        status, body = self.control_plane.request("GET", "/metrics", timeout=30)
+        assert status == 200
+        name = "apiserver_watch_filtered_events_total{"
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+            if line.startswith(name) and 'resource="configmaps"' in line
+        )  # fmt: skip
+
     def shard_of(self, name: str) -> int:
         return range_index(fnv1a64(self.uids[name]), SHARDS)
 
@@ -192,9 +206,7 @@ class Shards:
         return sum(len(v) for v in by_key.values())
 
     def close(self) -> None:
-        for op in self.procs.values():
-            if op.proc is not None and op.proc.poll() is None:
-                op.stop()
+        self.replicas.stop()
         self.api.close()
 
 
@@ -209,6 +221,7 @@ def shards(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
     s = Shards(cp, namespace, tmp_path, "sh-" + request.node.originalname[5:25].replace("_", "-").strip("-"))
     s.mode = "the apiserver filters by shard" if gate_on else "the apiserver does not filter"
+    s.gate_on = gate_on
     yield s
     s.close()
     kubernetes.client.CoreV1Api(api).delete_namespace(namespace)
@@ -241,6 +254,37 @@ def test_three_replicas_share_twelve_ranges_and_never_overlap_under_churn(shards
         keys = {iv["key"] for iv in shards.intervals() if iv["replica"] == r}
         assert {shards.shard_of(k) for k in keys} <= acquired
 
+    # What each replica *receives*, with the ranges settled: one more update of every object
+    # makes exactly 2 watch events per object (the update, then the handler's annotation patch).
+    # Gate on: the apiserver sends each event only to the replica owning the object's range, so a
+    # replica receives 2 × its objects (about a third) and the apiserver counts the rest of every
+    # sharded watch as filtered; gate off: every replica receives all of them.
+    holders = shards.holders()
+    owner = {r: {i for i, h in holders.items() if h == shards.identity(r)} for r in "abc"}
+    before = {r: shards.received(r) for r in "abc"}
+    filtered_before = shards.apiserver_filtered()
+    shards.update(names, "4")
+    wait_for(lambda: shards.converged("4"), 600, interval=1.0, what="every object reconciled at 4")
+    sent = 2 * OBJECTS
+    if shards.gate_on:
+        expected = {r: 2 * sum(1 for n in names if shards.shard_of(n) in owner[r]) for r in "abc"}
+    else:
+        expected = dict.fromkeys("abc", sent)
+    wait_for(lambda: {r: shards.received(r) - before[r] for r in "abc"} == expected, 60, interval=0.5,
+             what=f"events received per replica {expected}")  # fmt: skip
+    assert shards.holders() == holders, "the ranges moved during the measurement"
+    filtered = shards.apiserver_filtered() - filtered_before
+    print(f"measured: events received per replica {expected} of {sent}; apiserver filtered {filtered:g}")
+    if shards.gate_on:
+        assert sum(expected.values()) == sent
+        assert all(0.25 * sent <= n <= 0.42 * sent for n in expected.values()), expected
+        # each of the 3 sharded watches had the other replicas' events filtered out; the apiserver
+        # counts a filtered update twice (its cacher tests the old and the new object: v1.36.3
+        # cacher.go filterWithAttrsAndPrefixFunction), and every event here is an update
+        assert filtered >= 2 * (3 * sent - sent)
+    else:
+        assert filtered == 0
+
 
 def test_kill_9_ranges_taken_over_within_lease_duration_and_two_retry_periods(shards: Shards) -> None:
     """kill -9 of one replica: every range it held is taken by the survivors within lease
@@ -254,8 +298,7 @@ def test_kill_9_ranges_taken_over_within_lease_duration_and_two_retry_periods(sh
     victim = shards.identity("c")
     lost = [i for i, h in shards.holders().items() if h == victim]
     assert len(lost) == 4
-    shards.procs["c"].proc.send_signal(signal.SIGKILL)
-    shards.procs["c"].proc.wait(10)
+    assert shards.replicas.kill("c") == -signal.SIGKILL
     # the victim's last renewals (renewTime is written with this host's clock, like acquireTime)
     last = {i: shards.lease(i).spec.renew_time.timestamp() for i in lost}
     orphans = [f"cm-{i}" for i in range(60) if shards.shard_of(f"cm-{i}") in lost]
@@ -318,14 +361,14 @@ def test_a_frozen_replica_does_not_reconcile_a_range_it_lost(shards: Shards) -> 
     frozen = shards.identity("c")
     lost = {i for i, h in shards.holders().items() if h == frozen}
     op = shards.procs["c"]
-    op.proc.send_signal(signal.SIGSTOP)
+    shards.replicas.signal("c", signal.SIGSTOP)
     stopped = time.time()
     survivors = {shards.identity("a"), shards.identity("b")}
     wait_for(lambda: all(shards.holders()[i] in survivors for i in lost), 60, what="the frozen replica's ranges taken over")
     shards.update(names, "1")
     wait_for(lambda: shards.converged("1"), 120, what="reconciled by the others")
     cont = time.time()
-    op.proc.send_signal(signal.SIGCONT)
+    shards.replicas.signal("c", signal.SIGCONT)
     shards.update(names, "2")  # events reach the frozen replica's informers too
     wait_for(lambda: shards.converged("2"), 120, what="converged after SIGCONT")
     wait_for(lambda: len(records(op, "Shard lease lost")) >= len(lost) or op.proc.poll() is not None, 30, what="the loss noticed")

@@ -229,3 +229,25 @@ def test_declop_assets_build_prints_the_folder_last_and_progress_on_stderr(cache
     assert out.stderr.splitlines()[-1] == f"[controlplane] done: {folder}"
     again = run_cli("assets", "build", env=dict(os.environ))
     assert (again.stdout, again.stderr) == (f"{folder}\n", f"[controlplane] up to date: {folder}\n")
+
+
+def test_a_second_build_waits_for_the_first_and_then_finds_its_binaries(cache: Path, fake_go: Path) -> None:
+    """Two builds into one folder (two terminals, two test sessions) would write the same .tmp
+    files: the second waits on the folder's lock, then finds what the first built and runs no go."""
+    import fcntl
+
+    folder = assets.cache_folder()
+    folder.mkdir(parents=True)
+    with open(folder / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first build, in progress
+        second = subprocess.Popen(["bash", str(assets.build_script())], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        assert second.stderr is not None
+        assert second.stderr.readline().strip() == f"[controlplane] another build into {folder} is running; waiting for it"
+        assert second.poll() is None
+        fake_binaries(folder)  # what the first build leaves
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out, err = second.communicate(timeout=30)
+    assert second.returncode == 0, err
+    assert out.strip() == str(folder)
+    assert err.strip() == f"[controlplane] up to date: {folder}"
+    assert not fake_go.exists(), "the second build ran go"

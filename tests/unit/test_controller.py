@@ -1036,3 +1036,27 @@ def test_the_shard_is_on_every_reconcile_log_line(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.INFO):
         run(c._process([KEY]))
     assert [r.kv["shard"] for r in caplog.records if r.getMessage() == "hello"] == ["2/4"]  # type: ignore[attr-defined]
+
+
+def test_a_sharded_controller_forgets_the_uids_of_keys_whose_range_was_released() -> None:
+    """Sharded by uid, the controller remembers each primary key's uid (a deleted object's key
+    still finds its range). Keys that left the cache with a released range are forgotten, or the
+    map would grow with every object that ever passed through the replica; keys still cached stay."""
+    from declop.shardlease import ShardSet
+
+    registry = declop.Registry()
+    registry.reconciler("configmaps", shard_by="uid")(lambda **_: None)
+    informer = FakeInformer()
+    shards = ShardSet("configmaps", 4, "uid", [])
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext(), shards=shards)  # type: ignore[arg-type]
+    on_event = c._subscriber(c.sources[0], informer)  # type: ignore[arg-type]
+    for name in ("a", "b", "c"):
+        obj = cm(name, uid=f"uid-{name}")
+        on_event(*informer.writer.upsert(obj))
+    assert c._uids == {Request("ns", n): f"uid-{n}" for n in "abc"}
+    informer.writer.delete(Request("ns", "a"))  # left with its range: no event
+    informer.writer.delete(Request("ns", "b"))
+    assert c.forget(informer, [Request("ns", "a"), Request("ns", "b"), Request("ns", "c")]) == 2
+    assert c._uids == {Request("ns", "c"): "uid-c"}  # still cached: kept
+    assert c.forget(FakeInformer(), [Request("ns", "c")]) == 0  # not a primary informer of this controller
+    assert c._uids == {Request("ns", "c"): "uid-c"}

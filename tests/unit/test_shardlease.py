@@ -179,3 +179,38 @@ def test_graceful_release_frees_every_range_and_deletes_the_member_lease() -> No
     assert not [n for n in store.items if "-member-" in n]
     assert a.metrics.shard_ranges.labels("c")._value.get() == 0
     assert a.metrics.shard_handovers.labels("c", "released")._value.get() == 12
+
+
+def test_a_replica_whose_clock_jumps_forward_starts_nothing_and_takes_nothing_early() -> None:
+    """A suspend/resume seen by LEASE_CLOCK: one replica's clock jumps an hour while the others
+    (their clocks moving at the real rate) go on. Its fences close on the jump alone, before any
+    request; the others take its ranges once expired on their clocks; when it runs again it never
+    opens a fence of a range another replica holds, and rejoins with its share."""
+    shared, own, store = FakeClock(), FakeClock(), Leases()
+    a, b = replica(store, shared, "a"), replica(store, shared, "b")
+    c = replica(store, own, "c")
+    reps = [a, b, c]
+
+    async def round_all(members: list[ShardLeases]) -> None:
+        for r in members:
+            await r.step()
+        check_exclusive(reps)
+        shared.advance(0.5)
+        own.advance(0.5)
+
+    async def go() -> None:
+        for _ in range(8):
+            await round_all(reps)
+        held = c.sets["c"].held()
+        assert len(held) == 4 and all(c.sets["c"].may_start(i) for i in held)
+        own.advance(3600)  # c was suspended for an hour
+        assert not any(c.sets["c"].may_start(i) for i in held), "fences closed by the jump alone"
+        for _ in range(12):  # meanwhile the others' clocks move 6 s: c's Leases expire for them
+            await round_all([a, b])
+        assert all(store.holders()[i] in ("a", "b") for i in held)
+        for _ in range(20):  # c runs again: it notices, drops, and rejoins through balancing
+            await round_all(reps)
+        assert sorted(len(r.sets["c"].held()) for r in reps) == [4, 4, 4]
+
+    asyncio.run(go())
+

@@ -37,6 +37,24 @@ if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi
 
+# One build per directory at a time: two at once (two terminals, parallel test sessions) would
+# write the same .tmp files. The second waits for the first, then finds the binaries built.
+mkdir -p "$out"
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+    say "another build into $out is running; waiting for it"
+    flock 9
+fi
+missing=()
+for b in "${BINARIES[@]}"; do
+    [[ -x "$out/$b" ]] || missing+=("$b")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+    say "up to date: $out"
+    echo "$out"
+    exit 0
+fi
+
 if ! command -v go >/dev/null 2>&1; then
     say "error: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install or your distribution's golang package) and run this again"
     exit 2
