@@ -655,8 +655,14 @@ def test_helm_rolling_update_with_sharding_has_no_key_on_two_pods_at_once_and_lo
     }
     assert all(handovers[name] >= 1 for name in new), handovers
     assert during_rollout >= 20, f"only {during_rollout} updates during the rollout"
+    lease_lines = Counter(
+        json.loads(line)["msg"]
+        for follower in pods.followers.values()
+        for line in follower.lines
+        if line.startswith("{") and any(f'"msg": "{m}"' in line for m in ("Released shard", "Shard lease lost"))
+    )
     print(
         f"rollout {rollout:.1f} s, {during_rollout} updates during it, {len(churned)} in all; "
         f"{len(calls)} handler calls over {len(pods.followers)} Pods, none overlapping across Pods; "
-        f"ranges acquired per Pod {handovers}"
+        f"ranges acquired per Pod {handovers}; {dict(lease_lines)}"
     )
