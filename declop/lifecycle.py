@@ -9,7 +9,8 @@ When each runs (docs/lifecycle.md):
    prints that one line and exits 1; no controller ever starts, and no shutdown hook runs.
 2. **background** tasks (``async def`` only: a thread cannot be cancelled) start once every
    controller's caches have synced — by default only while this replica leads (at once without
-   leader election), with ``every_replica=True`` on every replica. They are cancelled on
+   leader election; in sharded mode, while it holds the ``--leader-election-id`` Lease), with
+   ``every_replica=True`` on every replica. They are cancelled on
    shutdown (the ``stop`` event is set first and they get the drain's grace period to return)
    and, for leader-only tasks, **at once** when the Lease is lost. A task that raises is logged
    with its traceback and restarted after a backoff (0.8 s doubling to 30 s, reset after 2 quiet

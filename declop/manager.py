@@ -165,6 +165,10 @@ class Manager:
         self.lifecycle: Lifecycle | None = None
         self._started_up = False  # the startup hooks all succeeded
         self._background: asyncio.Task[None] | None = None
+        #: sharded mode: the Lease whose holder runs the leader-only background tasks
+        self.background_elector: LeaderElector | None = None
+        self._singleton: asyncio.Task[None] | None = None
+        self._stopping = False
         self.webhooks: WebhookServer | None = None
         self.webhook_cert: WebhookCert | None = None
         self._webhook_executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -504,11 +508,38 @@ class Manager:
         assert self.lifecycle is not None
         await asyncio.gather(*(c.synced.wait() for c in self.controllers))
         self.lifecycle.start_background(every_replica=True)
+        if self.shard_leases is not None:
+            if any(not h.every_replica for h in self.lifecycle.of("background")):
+                self._singleton = asyncio.get_running_loop().create_task(self._lead_background(), name="background lease")
+            return
         if self.leadership is not None:
             await self.leadership.wait()
             if self.elector is None or not self.elector.valid():
                 return  # lost before we got here: _lead is stopping everything
         self.lifecycle.start_background(every_replica=False)
+
+    async def _lead_background(self) -> None:
+        """Sharded mode has no leader, but a leader-only background task must still run on one
+        replica at a time: the holder of the Lease named ``--leader-election-id`` (leader
+        election's own Lease, so a task stays single across a switch between the two modes),
+        acquired, renewed and released exactly as in leader election. Lost: its tasks are
+        cancelled at once (they are ``async def``) and this replica is a candidate again — the
+        ranges and their reconciles are not affected. Renewed until the shutdown stopped them."""
+        assert self.lifecycle is not None
+        o = self.options
+        while not self._stopping:
+            e = self.background_elector = LeaderElector(
+                self.transport, name=o.leader_election_id, namespace=o.leader_election_namespace or _pod_namespace(),
+                lease_duration=o.lease_duration, renew_deadline=o.renew_deadline, retry_period=o.retry_period,
+            )  # fmt: skip
+            await e.acquire()
+            if self._stopping or not e.valid():
+                continue  # the shutdown releases it
+            log.info("Holding the background lease; starting leader-only background tasks", extra={"kv": {"lease": f"{e.namespace}/{e.name}"}})
+            self.lifecycle.start_background(every_replica=False)
+            await e.hold()
+            log.warning("Background lease lost; leader-only background tasks stopped", extra={"kv": {"lease": f"{e.namespace}/{e.name}"}})
+            await self.lifecycle.stop_background(grace=0, leader_only=True)
 
     async def _lead(self) -> None:
         """Acquire the lease, let the workers start, hold it; on loss stop reconciling at once."""
@@ -610,6 +641,7 @@ class Manager:
 
         After a lost Lease (``exit_code`` 1) there is no drain and every step is bounded, so the
         process can exit within 2 s even with a handler stuck in a thread."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         if self._background is not None:
@@ -636,6 +668,12 @@ class Manager:
             self._leading = None
         if self.elector is not None:
             await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
+        if self._singleton is not None:  # renewed while the background tasks stopped
+            self._singleton.cancel()
+            await asyncio.gather(self._singleton, return_exceptions=True)
+            self._singleton = None
+        if self.background_elector is not None and not lost:
+            await _bounded(self.background_elector.release(), self.options.renew_deadline, "releasing the background Lease")
         if self._resharding is not None:
             self._resharding.cancel()
         if self._sharding is not None:  # renewed through the drain; released now that no worker runs

@@ -9,6 +9,7 @@ import datetime
 import json
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,97 @@ def test_a_leader_only_task_runs_on_the_leader_is_cancelled_on_loss_and_moves_to
     assert b.returncode == 0
     assert records(b, "leader task cancelled") == [], "a graceful stop sets the event and the task returns"
     assert records(b, "replica task stopped")
+
+
+SINGLETON = """
+import json
+import os
+import time
+
+import declop
+
+REPLICA, OUT = os.environ["DECLOP_TEST_REPLICA"], os.environ["DECLOP_TEST_OUT"]
+
+
+def note(what):
+    with open(OUT, "a") as f:
+        f.write(json.dumps({"replica": REPLICA, "what": what, "at": time.time()}) + "\\n")
+
+
+@declop.reconciler("configmaps", labels="singleton-test=yes")
+def nothing(**_):
+    pass
+
+
+@declop.background
+async def singleton(stop, logger):
+    import asyncio
+
+    note("start")
+    while not stop.is_set():
+        note("tick")
+        try:
+            await asyncio.wait_for(stop.wait(), 0.1)
+        except asyncio.TimeoutError:
+            pass
+    note("end")
+
+
+@declop.background(every_replica=True)
+async def everywhere(stop, logger):
+    note("everywhere")
+    await stop.wait()
+"""
+
+
+def test_sharded_replicas_run_a_leader_only_task_on_one_replica_at_a_time(control_plane, namespace, tmp_path):
+    """Sharding has no leader, but a leader-only background task must still run once: on the
+    holder of the --leader-election-id Lease. 3 replicas: one runs it (every_replica tasks run on
+    all three); kill -9 of it: another takes over once the Lease expired; SIGTERM of that one: it
+    ends its task and releases, and the last takes over within a few retry periods. Never two at
+    overlapping times."""
+    from declop.testing import Replicas
+
+    handlers = tmp_path / "singleton.py"
+    handlers.write_text(SINGLETON)
+    out = tmp_path / "notes.jsonl"
+    args = [
+        str(handlers), "-n", namespace, "--log-format", "json", "--shards", "6",
+        "--leader-election-id", "singleton", "--leader-election-namespace", namespace,
+        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
+    ]  # fmt: skip
+
+    def notes() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+    def runners() -> list[str]:
+        return sorted({n["replica"] for n in notes() if n["what"] == "start"})
+
+    with Replicas(args, env=control_plane.env()) as replicas:
+        for r in "abc":
+            replicas.start(r, DECLOP_TEST_REPLICA=r, DECLOP_TEST_OUT=str(out))
+        wait_for(lambda: len({n["replica"] for n in notes() if n["what"] == "everywhere"}) == 3, 60, what="every_replica tasks on all 3")
+        first = wait_for(lambda: runners()[0] if runners() else None, 60, what="one replica running the task")
+        replicas["a"].wait_for_line("Acquired shard", timeout=30)
+        wait_for(lambda: sum(1 for n in notes() if n["what"] == "tick" and n["replica"] == first) >= 20, 30, what="ticks")
+        assert runners() == [first], "a leader-only task ran on two replicas"
+        assert replicas.kill(first) == -9
+        killed_at = time.time()
+        second = wait_for(lambda: next((r for r in runners() if r != first), None), 30, what="a second replica taking over")
+        took = min(n["at"] for n in notes() if n["replica"] == second and n["what"] == "start") - killed_at
+        print(f"measured: leader-only task moved {took:.2f} s after kill -9 (lease duration 4 s)")
+        assert took <= 4 + 2 * 0.5 + 1.0
+        assert replicas.stop(second)[second] == 0
+        stopped_at = max(n["at"] for n in notes() if n["replica"] == second and n["what"] == "end")
+        third = wait_for(lambda: next((r for r in runners() if r not in (first, second)), None), 30, what="the last replica taking over")
+        took = min(n["at"] for n in notes() if n["replica"] == third and n["what"] == "start") - stopped_at
+        print(f"measured: leader-only task moved {took:.2f} s after a graceful stop (released)")
+        assert took < 4, "a released Lease is taken within a retry period or two, not after expiry"
+    # never two at once: each replica's run is [start, last tick or end]; the runs do not overlap
+    runs = []
+    for r in (first, second, third):
+        mine = [n["at"] for n in notes() if n["replica"] == r and n["what"] in ("start", "tick", "end")]
+        runs.append((min(mine), max(mine), r))
+    runs.sort()
+    for (_, end, a), (start, _, b) in zip(runs, runs[1:]):
+        assert start > end, f"{b} started its task at {start} before {a}'s ended at {end}"

@@ -2,21 +2,26 @@
 
 Every test installs the chart with helm as a user would (``--wait`` needs the readiness probe to
 pass) and checks what only a running Pod shows: the seed's lines in ``kubectl logs``, a rolling
-update under leader election, the liveness probe restarting a wedged operator, the metrics
-Service from another Pod, and the restricted securityContext inside the container.
+update under leader election, a rolling update of three sharded Pods under churn, the liveness
+probe restarting a wedged operator, the metrics Service from another Pod, and the restricted
+securityContext inside the container.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
+import kubernetes.watch
 import pytest
 
 from declop.testing import ControlPlane, wait_for
@@ -87,6 +92,7 @@ class LogFollower:
         if self._proc.poll() is None:
             self._proc.terminate()
         self._proc.wait(10)
+        self._thread.join(10)  # every line read before the caller looks at them
 
 
 def seed_scenario(cp: ControlPlane, namespace: str, release: str) -> list[str]:
@@ -411,3 +417,252 @@ def test_helm_upgrade_to_two_replicas_never_has_two_pods_reconciling_and_the_old
         assert start >= end, f"{second} started at {start} before {first} ended at {end}"
     # The old leader drained: its reconcile ended, after SIGTERM, before it exited.
     assert any(name == leader and end != float("inf") for _, end, name in intervals)
+
+
+HANDOVER = '''
+import time
+
+import declop
+
+
+@declop.reconciler("configmaps", labels="shard-test=yes")
+def handover(name, obj, client, logger, **_):
+    if obj is None:
+        return None
+    want = (obj.get("data") or {}).get("v")
+    logger.info("reconcile start", at=time.time(), v=want)
+    time.sleep(0.06)  # long enough that two Pods reconciling one key at once would overlap
+    if (obj["metadata"].get("annotations") or {}).get("seen") != want:
+        client.patch(obj, {"metadata": {"annotations": {"seen": want}}})
+    logger.info("reconcile end", at=time.time())
+'''
+SHARDS = 12
+OBJECTS = 80
+
+
+class PodWatch:
+    """Every Pod of a release through a watch: a LogFollower per Pod once its container runs, and
+    each container's exit code and restarts.
+
+    A watch, not polling: a rolled-out Pod's terminated state can stand for less than a poll's
+    interval before the Pod object is deleted, but the watch delivers every change of it.
+    """
+
+    def __init__(self, cp: ControlPlane, namespace: str, release: str) -> None:
+        self.cp, self.namespace, self.release = cp, namespace, release
+        self.followers: dict[str, LogFollower] = {}
+        self.exits: dict[str, int] = {}
+        self.restarts: dict[str, int] = {}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _see(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            self.restarts[name] = max(self.restarts.get(name, 0), status.get("restartCount", 0))
+            state = status.get("state") or {}
+            if name not in self.followers and ("running" in state or "terminated" in state):
+                self.followers[name] = LogFollower(self.cp, self.namespace, name)
+            if "terminated" in state:
+                self.exits[name] = state["terminated"]["exitCode"]
+
+    def _run(self) -> None:
+        api = self.cp.api_client()
+        core = kubernetes.client.CoreV1Api(api)
+        w = kubernetes.watch.Watch()
+        selector = f"app.kubernetes.io/instance={self.release}"
+        try:
+            while not self._stop.is_set():
+                try:
+                    for event in w.stream(core.list_namespaced_pod, self.namespace, label_selector=selector,
+                                          resource_version=w.resource_version, timeout_seconds=5):  # fmt: skip
+                        self._see(event["raw_object"])
+                except kubernetes.client.ApiException as e:
+                    if e.status != 410:
+                        raise
+                    w.resource_version = None  # expired: list again (every Pod comes as ADDED)
+        except BaseException as e:  # noqa: BLE001 - the test asserts there was none
+            self.error = e
+        finally:
+            api.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        for follower in self.followers.values():
+            follower.close()
+
+
+def reconcile_intervals(followers: dict[str, LogFollower]) -> list[dict[str, Any]]:
+    """Every handler call of the followed Pods: key, pod, v, start and end (``inf`` if no end was
+    logged), matched by (pod, reconcileID, key)."""
+    calls: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for pod, follower in followers.items():
+        for line in list(follower.lines):
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if record.get("msg") not in ("reconcile start", "reconcile end"):
+                continue
+            ident = (pod, record["reconcileID"], record["name"])
+            if record["msg"] == "reconcile start":
+                calls[ident] = {"key": record["name"], "pod": pod, "v": record["v"], "start": record["at"], "end": float("inf")}
+            else:
+                calls[ident]["end"] = record["at"]
+    return list(calls.values())
+
+
+def overlaps_across_pods(calls: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs of calls of one key on two different Pods whose [start, end] intervals intersect."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for call in calls:
+        by_key.setdefault(call["key"], []).append(call)
+    found = []
+    for key_calls in by_key.values():
+        key_calls.sort(key=lambda c: c["start"])
+        for i, first in enumerate(key_calls):
+            for second in key_calls[i + 1 :]:
+                if second["start"] >= first["end"]:
+                    continue  # sorted by start: later ones may still overlap a longer `first`
+                if second["pod"] != first["pod"]:
+                    found.append((first, second))
+    return found
+
+
+def test_helm_rolling_update_with_sharding_has_no_key_on_two_pods_at_once_and_loses_no_update(
+    cluster: ControlPlane, declop_image_built: BuiltImage, release_namespace: str
+) -> None:
+    """Issue 13: a RollingUpdate of 3 sharded Pods (12 ranges) under churn — no key reconciled by
+    two Pods at once, every update reconciled, every old Pod drained and exited 0."""
+    namespace = release_namespace
+    values = {
+        **image_values(declop_image_built),
+        "handlers": {"files": {"handover.py": HANDOVER}},
+        "watchNamespaces": [namespace],
+        "rbac": {"scope": "namespaces", "watch": [{"group": "", "resource": "configmaps", "verbs": ["patch"]}]},
+        "replicaCount": 3,
+        "sharding": {"enabled": True, "shards": SHARDS},
+        "logFormat": "json",
+    }
+    helm(cluster, "install", "sh", namespace, values)
+    api = cluster.api_client()
+    core = kubernetes.client.CoreV1Api(api)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    pods = PodWatch(cluster, namespace, "sh")
+    expected: dict[str, str] = {}
+
+    def converged() -> bool:
+        items = core.list_namespaced_config_map(namespace, label_selector="shard-test=yes").items
+        seen = {cm.metadata.name: (cm.metadata.annotations or {}).get("seen") for cm in items}
+        return seen == expected
+
+    def range_holders() -> dict[str, str]:
+        return {
+            lease.metadata.name: lease.spec.holder_identity or ""
+            for lease in leases.list_namespaced_lease(namespace).items
+            if "-shard-" in lease.metadata.name and lease.metadata.name.endswith(f"-of-{SHARDS}")
+        }
+
+    churned: list[str] = []
+    churn_errors: list[BaseException] = []
+    stop_churn = threading.Event()
+
+    def churn() -> None:  # a new data.v for a random object every ~50 ms until stopped
+        rng = random.Random(13)
+        own = cluster.api_client()
+        core = kubernetes.client.CoreV1Api(own)
+        try:
+            while not stop_churn.is_set():
+                name, value = rng.choice(sorted(expected)), f"c{len(churned)}"
+                core.patch_namespaced_config_map(name, namespace, {"data": {"v": value}})
+                expected[name] = value
+                churned.append(name)
+                stop_churn.wait(0.05)  # pacing, not synchronisation
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            churn_errors.append(e)
+        finally:
+            own.close()
+
+    try:
+        old = {p["metadata"]["name"] for p in pods_of(cluster, namespace, "sh")}
+        assert len(old) == 3, old
+        wait_for(lambda: set(pods.followers) >= old, timeout=30, interval=0.2, what="log followers on the 3 Pods")
+        for i in range(OBJECTS):
+            name = f"cm-{i}"
+            core.create_namespaced_config_map(namespace, {"metadata": {"name": name, "labels": {"shard-test": "yes"}}, "data": {"v": "0"}})
+            expected[name] = "0"
+        wait_for(converged, timeout=120, interval=0.5, what=f"the {OBJECTS} objects seen by the 3 Pods")
+        wait_for(
+            lambda: (h := range_holders()) and len(h) == SHARDS and all(v.split("_")[0] in old for v in h.values()) and h,
+            timeout=60, interval=0.5, what=f"the {SHARDS} range Leases held by the first Pods",
+        )  # fmt: skip
+        churner = threading.Thread(target=churn, daemon=True)
+        churner.start()
+        wait_for(lambda: len(churned) >= 20, timeout=30, interval=0.1, what="churn running")
+        before_rollout = len(churned)
+        started = time.monotonic()
+        # A new Pod template: a RollingUpdate (maxSurge 1, maxUnavailable 0) of the 3 Pods; each
+        # old Pod gets SIGTERM, drains its ranges and releases their Leases.
+        helm(cluster, "upgrade", "sh", namespace, values, "--set", "podAnnotations.rollout=two", "--timeout", "300s")
+        wait_for(lambda: old <= set(pods.exits), timeout=60, interval=0.2, what="the exit codes of the 3 old Pods")
+        rollout = time.monotonic() - started
+        stop_churn.set()
+        churner.join(10)
+        during_rollout = len(churned) - before_rollout
+        assert not churn_errors, churn_errors
+        # Every update made during the rollout is reconciled (none lost in a handover)...
+        wait_for(converged, timeout=120, interval=0.5, what="every churned update seen")
+        # ...and a last update of every object, reconciled by the new Pods alone.
+        for name in sorted(expected):
+            core.patch_namespaced_config_map(name, namespace, {"data": {"v": "final"}})
+            expected[name] = "final"
+        wait_for(converged, timeout=120, interval=0.5, what="every object's last update seen")
+        new = {p["metadata"]["name"] for p in pods_of(cluster, namespace, "sh")} - old
+        assert len(new) == 3, new
+        # Balanced again: ceil(12 / 3) = 4 ranges for each new Pod, none left to an old one.
+        wait_for(
+            lambda: Counter(h.split("_")[0] for h in range_holders().values()) == dict.fromkeys(new, SHARDS // 3),
+            timeout=60, interval=0.5, what=f"the {SHARDS} range Leases held 4 by 4 by the new Pods",
+        )  # fmt: skip
+        # The last update's calls, as the new Pods logged them (the lines may trail the patches).
+        wait_for(
+            lambda: {c["key"] for c in reconcile_intervals(pods.followers) if c["pod"] in new and c["v"] == "final"}
+            == set(expected),
+            timeout=30, interval=0.5, what="every key's last update in a new Pod's log",
+        )  # fmt: skip
+    finally:
+        stop_churn.set()
+        pods.close()
+        api.close()
+
+    assert pods.error is None, pods.error
+    calls = reconcile_intervals(pods.followers)
+    clashes = overlaps_across_pods(calls)
+    assert not clashes, clashes[:5]
+    assert {name: pods.exits[name] for name in old} == dict.fromkeys(old, 0), pods.exits
+    assert all(pods.restarts.get(name, 0) == 0 for name in old | new), pods.restarts
+    # Graceful drain: every call an old Pod started, it finished before exiting.
+    unfinished = [c for c in calls if c["pod"] in old and c["end"] == float("inf")]
+    assert not unfinished, unfinished
+    # Work moved (awaited above: the last update of every key was reconciled on a new Pod, the
+    # old ones being gone): every new Pod reconciled keys, and handed-over ranges were acquired.
+    assert all(any(c["pod"] == name for c in calls) for name in new), {c["pod"] for c in calls}
+    handovers = {
+        name: sum('"msg": "Acquired shard"' in line for line in follower.lines)
+        for name, follower in pods.followers.items()
+    }
+    assert all(handovers[name] >= 1 for name in new), handovers
+    assert during_rollout >= 20, f"only {during_rollout} updates during the rollout"
+    lease_lines = Counter(
+        json.loads(line)["msg"]
+        for follower in pods.followers.values()
+        for line in follower.lines
+        if line.startswith("{") and any(f'"msg": "{m}"' in line for m in ("Released shard", "Shard lease lost"))
+    )
+    print(
+        f"rollout {rollout:.1f} s, {during_rollout} updates during it, {len(churned)} in all; "
+        f"{len(calls)} handler calls over {len(pods.followers)} Pods, none overlapping across Pods; "
+        f"ranges acquired per Pod {handovers}; {dict(lease_lines)}"
+    )
