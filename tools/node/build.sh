@@ -55,17 +55,28 @@ sum="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/buildkit/go.mod" "$HERE/buildkit
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/node"
 out="${DECLOP_NODE_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 
-missing=()
-for b in "${BINARIES[@]}"; do
-    [[ -x "$out/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "up to date: $out"
-    echo "$out"
-    exit 0
-fi
+# Sets `missing`; when nothing is, prints the folder and exits.
+exit_if_built() {
+    missing=()
+    for b in "${BINARIES[@]}"; do
+        [[ -x "$out/$b" ]] || missing+=("$b")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        say "up to date: $out"
+        echo "$out"
+        exit 0
+    fi
+}
+exit_if_built
 
+# One build per directory at a time (see declop/assets/controlplane/build.sh)
 mkdir -p "$out"
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+    say "another build into $out is running; waiting for it"
+    flock 9
+fi
+exit_if_built
 say "building ${missing[*]} into $out"
 say "with a warm Go build cache (the control plane built before) this takes ~3 minutes on 2 cores; later runs take a second"
 

@@ -27,15 +27,19 @@ sum="$(cat "$HERE/go.mod" "$HERE/go.sum" | sha256sum | cut -c1-12)"  # contents 
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/controlplane"
 out="${DECLOP_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 
-missing=()
-for b in "${BINARIES[@]}"; do
-    [[ -x "$out/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "up to date: $out"
-    echo "$out"
-    exit 0
-fi
+# Sets `missing`; when nothing is, prints the folder and exits.
+exit_if_built() {
+    missing=()
+    for b in "${BINARIES[@]}"; do
+        [[ -x "$out/$b" ]] || missing+=("$b")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        say "up to date: $out"
+        echo "$out"
+        exit 0
+    fi
+}
+exit_if_built
 
 # One build per directory at a time: two at once (two terminals, parallel test sessions) would
 # write the same .tmp files. The second waits for the first, then finds the binaries built.
@@ -45,15 +49,7 @@ if ! flock -n 9; then
     say "another build into $out is running; waiting for it"
     flock 9
 fi
-missing=()
-for b in "${BINARIES[@]}"; do
-    [[ -x "$out/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "up to date: $out"
-    echo "$out"
-    exit 0
-fi
+exit_if_built
 
 if ! command -v go >/dev/null 2>&1; then
     say "error: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install or your distribution's golang package) and run this again"
