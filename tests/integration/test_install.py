@@ -190,7 +190,7 @@ def test_the_sdist_and_the_wheel_hold_the_package_and_the_go_module(dist: Path) 
     names = set(zipfile.ZipFile(wheel).namelist())
     packaged = {str(p.relative_to(ROOT)) for p in (ROOT / "declop").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert packaged <= names, sorted(packaged - names)
-    assert {"declop/assets/controlplane/go.mod", "declop/assets/controlplane/go.sum", "declop/assets/controlplane/build.sh"} <= names
+    assert {"declop/assets/controlplane/go.mod", "declop/assets/controlplane/go.sum", "declop/assets/controlplane/build.sh", "declop/assets/controlplane/common.sh"} <= names
     with tarfile.open(sdist) as tar:
         in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert packaged <= in_sdist, sorted(packaged - in_sdist)

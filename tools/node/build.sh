@@ -55,27 +55,16 @@ sum="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/buildkit/go.mod" "$HERE/buildkit
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/node"
 out="${DECLOP_NODE_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 
-missing=()
-for b in "${BINARIES[@]}"; do
-    [[ -x "$out/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "up to date: $out"
-    echo "$out"
-    exit 0
-fi
+# shellcheck source=../../declop/assets/controlplane/common.sh
+source "$HERE/../../declop/assets/controlplane/common.sh"
+exit_if_built
+lock_folder
+exit_if_built
 
-mkdir -p "$out"
 say "building ${missing[*]} into $out"
 say "with a warm Go build cache (the control plane built before) this takes ~3 minutes on 2 cores; later runs take a second"
 
-minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-version_flags=""
-for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-    version_flags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    version_flags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit=declop-wrapper-$sum -X $pkg.buildDate=$build_date"
-done
+kubernetes_version_flags
 buildkit_flags="-X $BUILDKIT_MODULE/version.Version=$BUILDKIT_VERSION -X $BUILDKIT_MODULE/version.Package=$BUILDKIT_MODULE"
 buildkit_flags+=" -X $BUILDKIT_MODULE/version.Revision=declop-wrapper"
 

@@ -27,50 +27,22 @@ sum="$(cat "$HERE/go.mod" "$HERE/go.sum" | sha256sum | cut -c1-12)"  # contents 
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/controlplane"
 out="${DECLOP_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 
-missing=()
-for b in "${BINARIES[@]}"; do
-    [[ -x "$out/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "up to date: $out"
-    echo "$out"
-    exit 0
-fi
-
-# One build per directory at a time: two at once (two terminals, parallel test sessions) would
-# write the same .tmp files. The second waits for the first, then finds the binaries built.
-mkdir -p "$out"
-exec 9>"$out/.build.lock"
-if ! flock -n 9; then
-    say "another build into $out is running; waiting for it"
-    flock 9
-fi
-missing=()
-for b in "${BINARIES[@]}"; do
-    [[ -x "$out/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "up to date: $out"
-    echo "$out"
-    exit 0
-fi
+# shellcheck source=common.sh
+source "$HERE/common.sh"
+exit_if_built
+lock_folder
+exit_if_built
 
 if ! command -v go >/dev/null 2>&1; then
     say "error: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install or your distribution's golang package) and run this again"
     exit 2
 fi
 
-mkdir -p "$out"
 say "building ${missing[*]} for Kubernetes $K8S_VERSION into $out"
 say "the first build downloads ~1 GB of modules and takes 10-20 minutes on 2 cores; later runs take seconds"
 
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-version_flags=""
-for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-    version_flags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    version_flags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit=declop-wrapper-$sum -X $pkg.buildDate=$build_date"
-done
+kubernetes_version_flags
 
 export CGO_ENABLED=0
 cd "$HERE"
