@@ -62,7 +62,7 @@ class _Command(click.Command):
         self.examples = tuple(examples)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
+        rows: list[tuple[str, str]] = []
         for param in self.get_params(ctx):
             names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
             what = "/".join(param.opts) if isinstance(param, click.Option) else param.human_readable_name

@@ -77,8 +77,8 @@ class HostState:
         for name, value in self.sysctls.items():
             if read_sysctl(name) != value:
                 write_sysctl(name, value)
-        for path, before in self.paths.items():
-            restore_tree(path, before)
+        for path, was in self.paths.items():
+            restore_tree(path, was)
 
     def difference(self, private: str, cgroup_root: str) -> list[str]:
         """Human-readable list of what differs from the recorded state."""
@@ -99,12 +99,12 @@ class HostState:
             for name, value in self.sysctls.items()
             if read_sysctl(name) != value
         ]
-        for path, before in self.paths.items():
+        for path, was in self.paths.items():
             now = tree(path)
-            if before is None and now is not None:
+            if was is None and now is not None:
                 found.append(f"path {path}")
-            elif before is not None:
-                found += [f"path {extra}" for extra in sorted((now or set()) - before)]
+            elif was is not None:
+                found += [f"path {extra}" for extra in sorted((now or set()) - was)]
         return found
 
     def _new_mounts(self, private: str) -> list[str]:

@@ -758,9 +758,9 @@ def lock_problems(source: str | Path, extras: Sequence[str] = ("fast",)) -> list
         lock = locks[relative] = read_lock(source / relative)
         if not any(LOCK_COMMAND in line for line in lock.header):
             problems.append(f"{relative}'s header does not say '{LOCK_COMMAND}' regenerates it")
-        for pin in lock.pins.values():
-            if not any(h.startswith("sha256:") for h in pin.hashes):
-                problems.append(f"{relative}: {pin.name}=={pin.version} has no --hash=sha256:")
+        for locked in lock.pins.values():
+            if not any(h.startswith("sha256:") for h in locked.hashes):
+                problems.append(f"{relative}: {locked.name}=={locked.version} has no --hash=sha256:")
     for line in wanted:
         relative = BUILD_LOCK if line in build else RUNTIME_LOCK
         if relative not in locks:
