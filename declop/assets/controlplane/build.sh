@@ -30,13 +30,13 @@ out="${DECLOP_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
 exit_if_built
-lock_folder
-exit_if_built
 
 if ! command -v go >/dev/null 2>&1; then
     say "error: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install or your distribution's golang package) and run this again"
     exit 2
 fi
+lock_folder
+exit_if_built
 
 say "building ${missing[*]} for Kubernetes $K8S_VERSION into $out"
 say "the first build downloads ~1 GB of modules and takes 10-20 minutes on 2 cores; later runs take seconds"

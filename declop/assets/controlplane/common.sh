@@ -16,9 +16,11 @@ exit_if_built() {
 
 # One build per folder at a time: two at once (two terminals, parallel test sessions) would
 # write the same .tmp files. The second waits for the first, then (exit_if_built again) finds
-# the binaries it built. The lock is fd 9, held until the script exits.
+# the binaries it built. The lock is fd 9, held until the script exits. Without flock(1)
+# (util-linux; macOS lacks it) there is no lock: one build at a time is then up to the user.
 lock_folder() {
     mkdir -p "$out"
+    command -v flock >/dev/null 2>&1 || return 0
     exec 9>"$out/.build.lock"
     if ! flock -n 9; then
         say "another build into $out is running; waiting for it"
