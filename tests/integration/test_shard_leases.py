@@ -29,6 +29,7 @@ import pytest
 
 from declop.sharding import fnv1a64, range_index
 from declop.testing import OperatorProcess, Replicas, wait_for
+from declop.testing.faults import TcpProxy
 from declop.testing.plugin import namespace_name
 
 pytestmark = pytest.mark.integration
@@ -47,6 +48,7 @@ import declop
 REPLICA = os.environ["DECLOP_TEST_REPLICA"]
 OUT = os.environ["DECLOP_TEST_OUT"]
 SLOW = float(os.environ.get("DECLOP_TEST_SLOW", "0"))  # seconds the object "slow" takes
+TICK = float(os.environ.get("DECLOP_TEST_TICK", "0"))  # objects labelled tick=yes: look again after this long
 
 @declop.reconciler("configmaps", labels="shard-test=yes")
 def sharded(name, namespace, obj, client, logger, **_):
@@ -61,6 +63,9 @@ def sharded(name, namespace, obj, client, logger, **_):
         client.patch(obj, {"metadata": {"annotations": {"seen": want}}})
     with open(OUT, "a") as f:
         f.write(json.dumps({"key": name, "replica": REPLICA, "start": start, "end": time.time()}) + "\\n")
+    if TICK and (obj["metadata"].get("labels") or {}).get("tick") == "yes":
+        return declop.Result(requeue_after=TICK)  # from the queue alone: no event, no request
+    return None
 """
 
 
@@ -408,3 +413,76 @@ def test_a_replica_frozen_inside_a_reconcile_exits_1_once_it_runs_again(shards: 
     assert [iv["key"] for iv in shards.intervals() if iv["replica"] == "a"] == ["slow"], "a started nothing after its call"
     wait_for(lambda: any(iv["key"] == "slow" for iv in shards.intervals() if iv["replica"] == "b"), 60, what="b reconciled the slow object")
     assert b.proc.poll() is None
+
+
+def test_a_partitioned_replica_stops_at_its_renew_deadline_and_its_ranges_move(shards: Shards) -> None:
+    """A proxy between replica b and the apiserver stops forwarding (requests hang, nothing
+    errors; the held bytes, stale renewals among them, are delivered when it heals). b keeps
+    reconciling a key of its own from its queue alone (``requeue_after``) until its Leases are
+    ``renew_deadline`` old on its clock, then starts nothing of those ranges; a takes them once
+    they expire and reconciles the changes b cannot see. Healed, b rejoins and gets its share
+    back, or — if a call of a lost range was running at the loss — exits 1 (never a third way).
+    No key overlaps."""
+    with TcpProxy(shards.control_plane.host) as proxy:
+        via_proxy = proxy.kubeconfig(shards.control_plane.kubeconfig_path, shards.tmp / "b.kubeconfig")
+        shards.start("a")
+        b = shards.start("b", KUBECONFIG=via_proxy, DECLOP_TEST_TICK="0.2")
+        shards.create(60)
+        names = [f"cm-{i}" for i in range(60)]
+        wait_for(lambda: shards.balanced(["a", "b"]), 90, what="6 ranges per replica")
+        wait_for(lambda: shards.converged("0"), 120, what="first pass")
+        partitioned = shards.identity("b")
+        lost = {i for i, h in shards.holders().items() if h == partitioned}
+        tick = next(n for n in names if shards.shard_of(n) in lost)
+        shards.core.patch_namespaced_config_map(tick, shards.namespace, {"metadata": {"labels": {"tick": "yes"}}})
+        wait_for(lambda: sum(iv["key"] == tick and iv["replica"] == "b" for iv in shards.intervals()) >= 5, 30,
+                 what="b reconciling its key in a loop")  # fmt: skip
+        renewals: dict[int, float] = {}
+
+        def taken_over() -> bool:
+            specs = {i: shards.lease(i).spec for i in lost}  # holder and renewTime from one read
+            for i, spec in specs.items():
+                if spec.holder_identity == partitioned:
+                    renewals[i] = spec.renew_time.timestamp()
+            return all(spec.holder_identity == shards.identity("a") for spec in specs.values())
+
+        taken_over()
+        blackholed = time.time()
+        proxy.blackhole()
+        try:
+            shards.update(names, "1")  # b sees none of these
+            wait_for(taken_over, 60, interval=0.05, what="a to take the partitioned replica's ranges")
+            wait_for(lambda: shards.converged("1"), 120, what="a reconciled every change")
+        finally:
+            proxy.forward()
+        last_renewal = max(renewals.values())
+        b_starts = [iv["start"] for iv in shards.intervals() if iv["replica"] == "b" and shards.shard_of(iv["key"]) in lost]
+        b_last = max(b_starts)
+        assert b_last > blackholed, "b must have been reconciling during the black hole"
+        acquired = {i: shards.lease(i).spec.acquire_time.timestamp() for i in lost}
+        print(f"measured: b's last start {b_last - last_renewal:.3f} s, a's takeover "
+              f"{min(acquired.values()) - last_renewal:.3f}–{max(acquired.values()) - last_renewal:.3f} s after b's last renewal")  # fmt: skip
+        # the fence (the handler reads its clock a moment after the framework's check)
+        assert b_last <= last_renewal + RENEW_DEADLINE + 0.5, f"b started {b_last - last_renewal:.3f} s after its last renewal"
+        for i in lost:  # a took each range only once it had expired, and after b's last start
+            assert acquired[i] >= renewals[i] + LEASE_DURATION - 0.05 and acquired[i] > b_last, (i, renewals, acquired, b_last)
+        wait_for(lambda: len(records(b, "Shard lease lost")) >= len(lost) or b.proc.poll() is not None, 30, what="b noticed the loss")
+        if b.proc.poll() is not None:  # a call of a lost range was running when the loss was seen
+            assert b.proc.wait(10) == 1
+            assert records(b, "A reconcile of a lost shard is still running; exiting so it cannot overlap with the next owner")
+        else:
+            wait_for(lambda: shards.balanced(["a", "b"]), 60, what="b rejoined and got its share back")
+            shards.update(names, "2")
+            wait_for(lambda: shards.converged("2"), 120, what="converged after healing")
+            # after its fence b reconciled only keys of ranges it had acquired again, from then on
+            fence = last_renewal + RENEW_DEADLINE + 0.5
+            again: dict[int, float] = {}
+            for rec in records(b, "Acquired shard"):
+                if ts(rec) >= blackholed:
+                    again.setdefault(int(rec["shard"].split("/")[0]), ts(rec))
+            after = [iv for iv in shards.intervals() if iv["replica"] == "b" and iv["start"] > fence]
+            assert after, "b rejoined and reconciled its new ranges"
+            for iv in after:
+                r = shards.shard_of(iv["key"])
+                assert r in again and iv["start"] >= again[r], f"b reconciled {iv['key']} of range {r} it had not acquired again"
+        print(f"measured: {shards.assert_no_overlap()} intervals compared, b {'exited 1' if b.proc.poll() is not None else 'rejoined'}")
