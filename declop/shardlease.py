@@ -28,7 +28,10 @@ graceful stop drains every range the same way (the manager stops the controllers
 releases the range Leases and deletes the member Lease.
 
 Loss (no successful renewal for ``renew_deadline``, or another holder seen — e.g. after a
-SIGSTOP): the range's fence closes at once and its keys are dropped. When a reconcile of a lost
+SIGSTOP): the range's fence closes at once and its keys are dropped. A lost range whose record
+still names us (nobody took it: an apiserver outage past the renew deadline hits every replica
+alike) is taken again at the next round whatever the share — the other replicas see a live
+holder and would never take it — and drained if over the share. When a reconcile of a lost
 range is still running (it cannot be stopped: a plain handler runs in a thread), :attr:`failed`
 is set and the manager exits non-zero, as after a lost leader Lease.
 
@@ -235,18 +238,26 @@ class ShardLeases:
                 spec = leases.get(e.name)
                 if spec is not None and not e.is_leader:
                     e.observe(spec)
+            released = set()
             for i in sorted(s.draining):
                 if not s.in_flight[i]:
                     await self._release(s, i)
-            if not balance or self.stopping:
-                continue
-            candidates = []
+                    released.add(i)
+            if not balance or self.stopping or self.failed.is_set():
+                continue  # a failed replica is exiting: it takes nothing, not even its own again
+            candidates, ours = [], []
             for i, e in enumerate(s.electors):
                 spec = leases.get(e.name)
                 holder = (spec or {}).get("holderIdentity") or ""
-                if not holder or holder not in live_holders:
+                if holder == self.identity and not e.is_leader and i not in released:
+                    # lost (e.g. an apiserver outage past the renew deadline) yet nobody took it:
+                    # the others see a live holder and never will, so it is ours to take again
+                    # (and to drain if over the share), or it would stay unowned for ever
+                    ours.append(i)
+                elif not holder or holder not in live_holders:
                     candidates.append(i)
             drain, tries = plan(s.held(), s.draining, candidates, self.live, s.n)
+            tries = ours + [i for i in tries if i not in ours]
             other = self._other_split(s, leases, live_holders)
             if other:
                 if not s.warned:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from declop.clock import FakeClock
-from declop.errors import ConfigError, Conflict, NotFound
+from declop.errors import ApiError, ConfigError, Conflict, NotFound
 from declop.metrics import Metrics
 from declop.sharding import fnv1a64, range_index, split
 from declop.shardlease import ShardLeases, ShardSet, lease_name, plan
@@ -214,3 +214,36 @@ def test_a_replica_whose_clock_jumps_forward_starts_nothing_and_takes_nothing_ea
 
     asyncio.run(go())
 
+
+
+def test_after_an_outage_past_the_renew_deadline_every_range_is_owned_again() -> None:
+    """The apiserver is gone for longer than the lease duration: every replica's fences close
+    while the range Leases still name it, and each sees the others' ranges as held by a live
+    replica. Each must take its own again (nobody else will), so every range is open on exactly
+    one replica again and the split is even, instead of ranges owned on paper only."""
+    clock, store = FakeClock(), Leases()
+    reps = [replica(store, clock, x) for x in "ab"]
+    rounds(clock, reps, 6, store)
+    assert {x: list(store.holders().values()).count(x) for x in "ab"} == {"a": 6, "b": 6}
+    real = store.request
+
+    async def down(*_: Any, **__: Any) -> Any:
+        raise ApiError(0, "Unavailable", "cannot reach the apiserver")
+
+    store.request = down  # type: ignore[method-assign]
+
+    async def outage() -> None:
+        for _ in range(12):  # 6 s > lease duration
+            for r in reps:
+                with pytest.raises(ApiError):
+                    await r.step()
+            clock.advance(0.5)
+
+    asyncio.run(outage())
+    assert not any(r.sets["c"].may_start(i) for r in reps for i in range(12)), "every fence closed"
+    assert set(store.holders().values()) == {"a", "b"}, "the records still name the old holders"
+    store.request = real  # type: ignore[method-assign]
+    rounds(clock, reps, 4, store)
+    open_on = {i: [r.identity for r in reps if r.sets["c"].may_start(i)] for i in range(12)}
+    assert all(len(v) == 1 for v in open_on.values()), open_on
+    assert {x: list(store.holders().values()).count(x) for x in "ab"} == {"a": 6, "b": 6}
