@@ -257,7 +257,7 @@ class ShardLeases:
                 elif not holder or holder not in live_holders:
                     candidates.append(i)
             drain, tries = plan(s.held(), s.draining, candidates, self.live, s.n)
-            tries = ours + [i for i in tries if i not in ours]
+            tries = ours + tries  # candidates never include ours
             other = self._other_split(s, leases, live_holders)
             if other:
                 if not s.warned:

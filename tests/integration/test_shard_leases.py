@@ -182,6 +182,14 @@ class Shards:
             if line.startswith(name) and 'resource="configmaps"' in line
         )  # fmt: skip
 
+    def acquired_since(self, replica: str, since: float) -> dict[int, float]:
+        """Range -> when ``replica`` first acquired it at or after ``since`` (its own log)."""
+        first: dict[int, float] = {}
+        for rec in records(self.procs[replica], "Acquired shard"):
+            if ts(rec) >= since:
+                first.setdefault(int(rec["shard"].split("/")[0]), ts(rec))
+        return first
+
     def shard_of(self, name: str) -> int:
         return range_index(fnv1a64(self.uids[name]), SHARDS)
 
@@ -395,10 +403,7 @@ def test_a_frozen_replica_does_not_reconcile_a_range_it_lost(shards: Shards) -> 
     wait_for(lambda: shards.balanced(["a", "b", "c"]), 60, what="rebalanced after SIGCONT")
     shards.update(names, "3")  # now c owns ranges again: it must reconcile their keys
     wait_for(lambda: shards.converged("3"), 120, what="converged after the rebalancing")
-    reacquired: dict[int, float] = {}
-    for rec in records(op, "Acquired shard"):
-        if ts(rec) >= cont:
-            reacquired.setdefault(int(rec["shard"].split("/")[0]), ts(rec))
+    reacquired = shards.acquired_since("c", cont)
     after = [iv for iv in shards.intervals() if iv["replica"] == "c" and iv["start"] >= cont]
     for iv in after:
         r = shards.shard_of(iv["key"])
@@ -490,10 +495,7 @@ def test_a_partitioned_replica_stops_at_its_renew_deadline_and_its_ranges_move(s
             wait_for(lambda: shards.converged("2"), 120, what="converged after healing")
             # after its fence b reconciled only keys of ranges it had acquired again, from then on
             fence = last_renewal + RENEW_DEADLINE + 0.5
-            again: dict[int, float] = {}
-            for rec in records(b, "Acquired shard"):
-                if ts(rec) >= blackholed:
-                    again.setdefault(int(rec["shard"].split("/")[0]), ts(rec))
+            again = shards.acquired_since("b", blackholed)
             after = [iv for iv in shards.intervals() if iv["replica"] == "b" and iv["start"] > fence]
             assert after, "b rejoined and reconciled its new ranges"
             for iv in after:
@@ -538,14 +540,10 @@ def test_an_apiserver_outage_past_the_renew_deadline_leaves_no_range_unowned(sha
     assert gone == [owner], gone
     assert all(shards.procs[r].proc.poll() is None for r in "ab"), "idle at the loss: both stay up"
     # between its fences closing and taking a range again, a replica starts nothing of that range
-    again: dict[tuple[str, int], float] = {}
-    for r in "ab":
-        for rec in records(shards.procs[r], "Acquired shard"):
-            if ts(rec) >= stopped:
-                again.setdefault((r, int(rec["shard"].split("/")[0])), ts(rec))
+    again = {r: shards.acquired_since(r, stopped) for r in "ab"}
     closed = [
         iv for iv in shards.intervals()
-        if stopped + RENEW_DEADLINE + 0.5 < iv["start"] < again.get((iv["replica"], shards.shard_of(iv["key"])), float("inf"))
+        if stopped + RENEW_DEADLINE + 0.5 < iv["start"] < again[iv["replica"]].get(shards.shard_of(iv["key"]), float("inf"))
     ]  # fmt: skip
     assert closed == [], f"reconciles started while their range's fence was closed: {closed}"
     print(f"measured: {shards.assert_no_overlap()} intervals compared")
