@@ -116,7 +116,7 @@ class Operator:
             argv = [sys.executable, "-m", "declop", "run", str(OPS / "declop_validator.py"), "--kubeconfig", kubeconfig,
                     "--webhook-port", str(port), "--webhook-name", name, "--webhook-namespace", CA_NAMESPACE]
         else:
-            from declop.servingcert import self_signed
+            from declop.serving.cert import self_signed
 
             cert, key = self_signed(["127.0.0.1", "localhost"])
             (work / "kopf-tls.crt").write_bytes(cert)

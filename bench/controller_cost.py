@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 import declop
-from declop.cache import Store, Writer
-from declop.controller import Controller, Source
-from declop.discovery import ResourceInfo
-from declop.keys import Request
-from declop.mapping import enqueue_self
+from declop.cache.store import Store, Writer
+from declop.reconcile.controller import Controller, Source
+from declop.kube.discovery import ResourceInfo
+from declop.kube.keys import Request
+from declop.reconcile.mapping import enqueue_self
 
 CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
 KEYS = 2000
@@ -58,7 +58,7 @@ def noop(request: Any, obj: Any, **_: Any) -> None:
 
 
 async def main() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps")(noop)
     informer = FakeInformer()
     data = {f"k{i}": os.urandom(500).hex() for i in range(6)}

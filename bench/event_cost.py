@@ -51,12 +51,12 @@ class Inline(concurrent.futures.Executor):
 
 async def measure(events: int, reps: int, rate: float, seconds: float) -> dict[str, Any]:
     import declop
-    from declop.cache import Store, Writer
-    from declop.controller import Controller, Source
-    from declop.discovery import ResourceInfo
-    from declop.mapping import enqueue_self
-    from declop.metrics import Metrics
-    from declop.transport import loads
+    from declop.cache.store import Store, Writer
+    from declop.reconcile.controller import Controller, Source
+    from declop.kube.discovery import ResourceInfo
+    from declop.reconcile.mapping import enqueue_self
+    from declop.serving.metrics import Metrics
+    from declop.kube.transport import loads
 
     cm = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
 
@@ -92,7 +92,7 @@ async def measure(events: int, reps: int, rate: float, seconds: float) -> dict[s
     lines = [json.dumps({"type": "MODIFIED", "object": obj(i % OBJECTS, 1000 + i)}).encode() for i in range(max(events, int(rate * seconds)))]
 
     async def pipeline(executor: concurrent.futures.Executor) -> tuple[Any, Any, Any]:
-        registry = declop.Registry()
+        registry = declop.registry.Registry()
         fifo = {"priority": False} if os.environ.get("BENCH_FIFO") == "1" else {}  # a tree with the option
         registry.reconciler("configmaps", **fifo)(handler)
         informer = FakeInformer()

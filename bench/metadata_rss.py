@@ -37,9 +37,9 @@ def rss_bytes() -> int:
 
 
 async def child(kubeconfig: str, namespace: str, metadata_only: bool, n: int, trace: bool) -> dict[str, Any]:
-    from declop.discovery import ResourceInfo
-    from declop.informer import Informer
-    from declop.transport import Transport, load_configuration
+    from declop.kube.discovery import ResourceInfo
+    from declop.cache.informer import Informer
+    from declop.kube.transport import Transport, load_configuration
 
     configmaps = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
     transport = Transport(load_configuration(kubeconfig))

@@ -70,7 +70,7 @@ def restart(n: int, handler_ms: float, runs: int, out: Path | None) -> None:
         print(f"created {n} ConfigMaps in {time.monotonic() - t:.1f} s", flush=True)
         for run in range(1, runs + 1):
             for variant in ("fifo", "priority"):
-                registry = declop.Registry()
+                registry = declop.registry.Registry()
                 first: dict[str, float] = {}
                 order: list[str] = []
                 lock = threading.Lock()
@@ -120,17 +120,17 @@ class _Ctx:
 
 def starvation(low: int, hot: int, rate: float, seconds: float, handler_ms: float, out: Path | None) -> None:
     rows = []
-    for variant, priority in (("priority (aging 10/s)", True), ("strict (aging 0)", declop.Priority(aging=0)), ("fifo", False)):
+    for variant, priority in (("priority (aging 10/s)", True), ("strict (aging 0)", declop.queue.priority.Priority(aging=0)), ("fifo", False)):
         rows.append(asyncio.run(_starve(variant, priority, low, hot, rate, seconds, handler_ms)))
         print(rows[-1], flush=True)
     write(out, "priority_starvation", rows)
 
 
 async def _starve(variant: str, priority: Any, low: int, hot: int, rate: float, seconds: float, handler_ms: float) -> dict[str, Any]:
-    from declop.cache import Store, Writer
-    from declop.controller import Controller, Source
-    from declop.discovery import ResourceInfo
-    from declop.mapping import enqueue_self
+    from declop.cache.store import Store, Writer
+    from declop.reconcile.controller import Controller, Source
+    from declop.kube.discovery import ResourceInfo
+    from declop.reconcile.mapping import enqueue_self
 
     cm = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
 
@@ -151,7 +151,7 @@ async def _starve(variant: str, priority: Any, low: int, hot: int, rate: float, 
         starts.setdefault(name, []).append(time.monotonic())
         time.sleep(handler_ms / 1000)
 
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", priority=priority)(handle)
     informer = Informer()
     pool = concurrent.futures.ThreadPoolExecutor(2)

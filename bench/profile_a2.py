@@ -35,7 +35,7 @@ def _cb(phase, info):
 gc.callbacks.append(_cb)
 _exp = set(filter(None, os.environ.get("BENCH_EXPERIMENTS", "").split(",")))
 if "identity" in _exp:  # no gzip for LIST responses
-    import declop.transport as _tr
+    import declop.kube.transport as _tr
     _h = _tr.Transport._headers
     def _headers(self, ct):
         h = _h(self, ct)
@@ -43,7 +43,7 @@ if "identity" in _exp:  # no gzip for LIST responses
         return h
     _tr.Transport._headers = _headers
 if "nogc-list" in _exp:  # no cyclic GC while a LIST is decoded and stored (freeze follows anyway)
-    import declop.informer as _inf
+    import declop.cache.informer as _inf
     _list = _inf.Informer._list
     async def _quiet_list(self):
         gc.disable()

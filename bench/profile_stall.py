@@ -25,10 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import declop.informer as inf
-from declop.informer import Informer
+import declop.cache.informer as inf
+from declop.cache.informer import Informer
 from declop.testing.listwatch import ListWatchServer
-from declop.transport import Transport
+from declop.kube.transport import Transport
 
 
 def _serve(n: int, port_q: Any, cmd_q: Any) -> None:

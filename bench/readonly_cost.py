@@ -1,7 +1,7 @@
 """What guarding the cache from predicates and map functions costs per event (issue 10, item 8).
 
 Compares, per event (old + new object), a user predicate and a user map function called with
-the cache's objects (unsafe), with read-only views (declop.cache.readonly, what declop does) and
+the cache's objects (unsafe), with read-only views (declop.cache.store.readonly, what declop does) and
 with deep copies (declop.clone). Objects: the benchmark's 6 KB ConfigMap and a Deployment as
 kube-apiserver returns it (managedFields stripped, like the cache).
 
@@ -14,7 +14,7 @@ import os
 import timeit
 from typing import Any
 
-from declop.cache import clone, readonly
+from declop.cache.store import clone, readonly
 
 CONFIGMAP = {
     "apiVersion": "v1", "kind": "ConfigMap",

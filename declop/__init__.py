@@ -15,84 +15,67 @@ from a shared cache kept current by informers and acts until the world matches w
         logger.info("Pod created")
 
 Run it with ``declop run handlers.py``. The contract is in ``docs/contract.md``.
+
+This namespace holds what a handler author uses every day: the decorators, the key and the
+result, the client, the write helpers and the errors a handler catches or raises. Everything
+else lives in the package that owns it and is imported from there (``declop.errors``,
+``declop.manager``, ``declop.webhooks``, ``declop.testing`` …; docs/architecture.md lists them).
+Names that used to be here, and modules that used to sit at the top, still import for one
+release with a :class:`DeprecationWarning` naming their new home.
 """
 
 from __future__ import annotations
 
-from .version import __version__ as __version__
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+from typing import Any
 
-from . import conditions as conditions
-from . import predicates as predicates
-from .cache import clone as clone
-from .client import AsyncClient as AsyncClient
-from .client import Client as Client
-from .errors import ApiError as ApiError
-from .errors import CacheNotSyncedError as CacheNotSyncedError
-from .errors import ConfigError as ConfigError
-from .errors import Conflict as Conflict
-from .errors import DeclopError as DeclopError
-from .errors import Forbidden as Forbidden
-from .errors import InvalidResult as InvalidResult
-from .errors import NotFound as NotFound
-from .errors import RegistrationError as RegistrationError
-from .errors import TerminalError as TerminalError
-from .finalizers import add_finalizer as add_finalizer
-from .finalizers import contains_finalizer as contains_finalizer
-from .finalizers import remove_finalizer as remove_finalizer
-from .keys import Request as Request
-from .logs import ReconcileLogger as ReconcileLogger
-from .manager import Manager as Manager
-from .manager import Options as Options
-from .ownership import AlreadyOwnedError as AlreadyOwnedError
-from .ownership import acreate_or_update as acreate_or_update
-from .ownership import aretry_on_conflict as aretry_on_conflict
-from .ownership import create_or_update as create_or_update
-from .ownership import retry_on_conflict as retry_on_conflict
-from .ownership import set_controller_reference as set_controller_reference
-from .priorityqueue import Priority as Priority
-from .ratelimit import RateLimit as RateLimit
-from .registry import Registry as Registry
-from .registry import background as background
-from .registry import converter as converter
-from .registry import index as index
-from .registry import mutator as mutator
-from .registry import on_shutdown as on_shutdown
-from .registry import on_startup as on_startup
-from .registry import reconciler as reconciler
-from .registry import transform as transform
-from .registry import validator as validator
-from .resource import Resource as Resource
-from .result import Phase as Phase
-from .result import Result as Result
-from .trigger import Trigger as Trigger
-from .webhook import Rejected as Rejected
+from declop.version import __version__ as __version__
+
+from declop import conditions as conditions
+from declop.cache.store import clone as clone
+from declop.errors import Conflict as Conflict
+from declop.errors import NotFound as NotFound
+from declop.errors import TerminalError as TerminalError
+from declop.kube.keys import Request as Request
+from declop.reconcile import predicates as predicates
+from declop.reconcile.client import AsyncClient as AsyncClient
+from declop.reconcile.client import Client as Client
+from declop.reconcile.finalizers import add_finalizer as add_finalizer
+from declop.reconcile.finalizers import contains_finalizer as contains_finalizer
+from declop.reconcile.finalizers import remove_finalizer as remove_finalizer
+from declop.reconcile.ownership import acreate_or_update as acreate_or_update
+from declop.reconcile.ownership import aretry_on_conflict as aretry_on_conflict
+from declop.reconcile.ownership import create_or_update as create_or_update
+from declop.reconcile.ownership import retry_on_conflict as retry_on_conflict
+from declop.reconcile.ownership import set_controller_reference as set_controller_reference
+from declop.reconcile.result import Phase as Phase
+from declop.reconcile.result import Result as Result
+from declop.registry import background as background
+from declop.registry import converter as converter
+from declop.registry import index as index
+from declop.registry import mutator as mutator
+from declop.registry import on_shutdown as on_shutdown
+from declop.registry import on_startup as on_startup
+from declop.registry import reconciler as reconciler
+from declop.registry import transform as transform
+from declop.registry import validator as validator
+from declop.webhooks.declaration import Rejected as Rejected
 
 __all__ = [
-    "AlreadyOwnedError",
-    "ApiError",
     "AsyncClient",
-    "CacheNotSyncedError",
     "Client",
-    "ConfigError",
     "Conflict",
-    "DeclopError",
-    "Forbidden",
-    "InvalidResult",
-    "Manager",
     "NotFound",
-    "Options",
     "Phase",
-    "Priority",
-    "RateLimit",
-    "ReconcileLogger",
-    "RegistrationError",
-    "Registry",
     "Rejected",
     "Request",
-    "Resource",
     "Result",
     "TerminalError",
-    "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",
@@ -123,3 +106,117 @@ for _name in __all__:
         except (AttributeError, TypeError):
             pass
 del _name, _obj
+
+#: names that left this namespace → the module that holds them now (importable, with a warning)
+MOVED_NAMES = {
+    "AlreadyOwnedError": "declop.reconcile.ownership",
+    "ApiError": "declop.errors",
+    "CacheNotSyncedError": "declop.errors",
+    "ConfigError": "declop.errors",
+    "DeclopError": "declop.errors",
+    "Forbidden": "declop.errors",
+    "InvalidResult": "declop.errors",
+    "Manager": "declop.manager",
+    "Options": "declop.manager",
+    "Priority": "declop.queue.priority",
+    "RateLimit": "declop.queue.ratelimit",
+    "ReconcileLogger": "declop.logs",
+    "RegistrationError": "declop.errors",
+    "Registry": "declop.registry",
+    "Resource": "declop.kube.resource",
+    "Trigger": "declop.reconcile.trigger",
+}
+
+#: modules that used to sit at the top of the package → where they live now
+MOVED_MODULES = {
+    "declop.admission": "declop.webhooks.admission",
+    "declop.batches": "declop.queue.batches",
+    "declop.client": "declop.reconcile.client",
+    "declop.controller": "declop.reconcile.controller",
+    "declop.conversion": "declop.webhooks.conversion",
+    "declop.devloop": "declop.dev.loop",
+    "declop.discovery": "declop.kube.discovery",
+    "declop.events": "declop.reconcile.events",
+    "declop.finalizers": "declop.reconcile.finalizers",
+    "declop.informer": "declop.cache.informer",
+    "declop.keys": "declop.kube.keys",
+    "declop.kubeconfig": "declop.kube.kubeconfig",
+    "declop.labels": "declop.kube.labels",
+    "declop.leader": "declop.leases.leader",
+    "declop.manifests": "declop.dev.manifests",
+    "declop.mapping": "declop.reconcile.mapping",
+    "declop.metrics": "declop.serving.metrics",
+    "declop.metricsauth": "declop.serving.metricsauth",
+    "declop.ownership": "declop.reconcile.ownership",
+    "declop.patch": "declop.webhooks.patch",
+    "declop.predicates": "declop.reconcile.predicates",
+    "declop.priorityqueue": "declop.queue.priority",
+    "declop.probes": "declop.serving.probes",
+    "declop.ratelimit": "declop.queue.ratelimit",
+    "declop.resource": "declop.kube.resource",
+    "declop.result": "declop.reconcile.result",
+    "declop.scaffold": "declop.dev.scaffold",
+    "declop.servingcert": "declop.serving.cert",
+    "declop.sharding": "declop.leases.hashing",
+    "declop.shardlease": "declop.leases.shards",
+    "declop.transport": "declop.kube.transport",
+    "declop.trigger": "declop.reconcile.trigger",
+    "declop.webhook": "declop.webhooks.declaration",
+    "declop.webhookcert": "declop.webhooks.certs",
+    "declop.webhookconfig": "declop.webhooks.configuration",
+    "declop.webhookserver": "declop.webhooks.server",
+    "declop.workqueue": "declop.queue.workqueue",
+}
+
+#: old module paths that stay valid without a warning: ``declop.predicates`` is in ``__all__``
+_SILENT = frozenset({"declop.predicates"})
+
+
+def __getattr__(name: str) -> Any:
+    """Old names with a warning; submodules on first use (``declop.manager.Options``)."""
+    home = MOVED_NAMES.get(name)
+    if home is not None:
+        warnings.warn(
+            f"declop.{name} moved to {home}.{name}; import it from there (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
+    old = f"{__name__}.{name}"
+    if old in MOVED_MODULES:
+        return importlib.import_module(old)  # through the finder below: warns unless silent
+    try:
+        return importlib.import_module(old)
+    except ModuleNotFoundError as e:
+        if e.name != old:
+            raise
+    raise AttributeError(f"module 'declop' has no attribute {name!r}")
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import declop.workqueue`` gives ``declop.queue.workqueue`` itself (same module object,
+    so state and ``isinstance`` are shared) and warns that the path is old."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        old = module.__name__
+        new = MOVED_MODULES[old]
+        if old not in _SILENT:
+            warnings.warn(
+                f"{old} moved to {new}; import it from there (the old path goes in the next release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        # the import statement returns sys.modules[old] after this: the real module
+        sys.modules[old] = importlib.import_module(new)
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())

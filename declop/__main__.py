@@ -1,3 +1,3 @@
-from .cli import main
+from declop.cli import main
 
 main()

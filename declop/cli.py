@@ -10,7 +10,7 @@ This is the only module that configures logging and turns errors into exit codes
 - a lost leader Lease exits 1 within 2 s, even with a plain handler stuck in its thread;
 - every exit goes through :func:`_exit`: flush the logs, then exit (``os._exit`` when stuck
   handler threads would block it). No credential file exists to be left behind: declop reads
-  the kubeconfig itself and keeps certificates in memory (:mod:`declop.kubeconfig`).
+  the kubeconfig itself and keeps certificates in memory (:mod:`declop.kube.kubeconfig`).
 
 Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
 """
@@ -30,15 +30,15 @@ from typing import Any, Sequence
 
 import click
 
-from .version import __version__
-from .errors import ConfigError, DeclopError
-from .devloop import DevLoop, Sources
-from .loader import expand, load
-from .manifests import read as read_manifests
-from .logs import configure
-from .manager import Manager, Options
-from .registry import default_registry
-from .transport import load_configuration
+from declop.version import __version__
+from declop.errors import ConfigError, DeclopError
+from declop.dev.loop import DevLoop, Sources
+from declop.loader import expand, load
+from declop.dev.manifests import read as read_manifests
+from declop.logs import configure
+from declop.manager import Manager, Options
+from declop.registry import default_registry
+from declop.kube.transport import load_configuration
 
 __all__ = ["main"]
 
@@ -310,7 +310,7 @@ def dev(**kw: Any) -> None:
     if not kw["verbose"]:
         logging.getLogger("watchfiles").setLevel(logging.WARNING)  # not a line per saved file
     _check_lease_timings(kw)
-    from .testing.controlplane import ControlPlane
+    from declop.testing.controlplane import ControlPlane
 
     if kw["node"]:
         if kw["reload"]:
@@ -319,7 +319,7 @@ def dev(**kw: Any) -> None:
             raise _BadOptions("--node needs the controller-manager (ServiceAccounts, ReplicaSets); drop --no-controller-manager")
         if kw["modules"]:
             raise _BadOptions("--node runs handler files from a ConfigMap; -m modules belong in your own image (docs/deploy.md)")
-        from .testing.node import Node
+        from declop.testing.node import Node
 
         Node(ControlPlane()).check()  # no root, no packages: one line before anything starts
 
@@ -426,7 +426,7 @@ def new(kind: str, group: str, version: str, plural: str | None, directory: str 
       declop new Widget --group example.com
       cd widget-operator && declop dev handlers.py -f crd.yaml
     """
-    from .scaffold import create, names_for
+    from declop.dev.scaffold import create, names_for
 
     names = names_for(kind, group, version, plural)
     target, files = create(names, directory)
@@ -454,7 +454,7 @@ def assets_build() -> None:
     Progress goes to stderr; the folder is the last line of stdout. Builds into
     $DECLOP_ASSETS_DIR when set, else ~/.cache/declop/controlplane/<version>-<key>.
     """
-    from . import assets as assets_module
+    from declop import assets as assets_module
 
     click.echo(assets_module.build())
 
@@ -465,15 +465,15 @@ def assets_path() -> None:
 
     Looks at $KUBEBUILDER_ASSETS, $DECLOP_ASSETS_DIR, then declop's cache.
     """
-    from . import assets as assets_module
+    from declop import assets as assets_module
 
     click.echo(assets_module.find())
 
 
 def _dev_image(kw: dict[str, Any]) -> str:
     """The image tarball for ``dev --node`` (built from this checkout once per content)."""
-    from .testing.image import source_dir
-    from .testing.incluster import handler_files, operator_image_tar
+    from declop.testing.image import source_dir
+    from declop.testing.incluster import handler_files, operator_image_tar
 
     handler_files(kw["paths"])  # a bad path fails before minutes of building
     source = source_dir()
@@ -485,8 +485,8 @@ def _run_in_cluster(cp: Any, kw: dict[str, Any], image: str | None) -> None:
     """Import the image, helm install the chart with PATHS as handlers, follow the operator's logs."""
     import subprocess
 
-    from .testing.image import source_dir
-    from .testing.incluster import handler_files, install_operator
+    from declop.testing.image import source_dir
+    from declop.testing.incluster import handler_files, install_operator
 
     assert cp.node is not None and image is not None
     cp.node.import_image(image)

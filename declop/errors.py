@@ -101,7 +101,7 @@ class TerminalError(DeclopError):
 
 
 class InvalidResult(TerminalError, TypeError, ValueError):
-    """A handler built an invalid :class:`~declop.result.Result` (raised at construction) or
+    """A handler built an invalid :class:`~declop.reconcile.result.Result` (raised at construction) or
     returned something that is neither ``None`` nor a ``Result``.
 
     Terminal: retrying would repeat the handler's side effects and fail the same way. The

@@ -84,7 +84,7 @@ KOPF_KWARGS: Mapping[str, str] = {
     ),
     "param": "register the function once per value, each with its own name= and a closure or functools.partial",
     "resource": "the resource is the one named in @declop.reconciler(...); request says which object",
-    "settings": "configure declop with declop run options (declop run --help) or declop.Options",
+    "settings": "configure declop with declop run options (declop run --help) or declop.manager.Options",
     "indices": "read an index with client.list(resource, index=(name, value)) (docs/indexes.md)",
     "warnings": _WEBHOOK,
     "userinfo": _WEBHOOK + " (as user_info)",
@@ -97,7 +97,7 @@ KOPF_KWARGS: Mapping[str, str] = {
 
 _FILTER = "filter events with predicates=[...] (declop.predicates, docs/predicates.md)"
 _RETRY_OPTION = (
-    "declop retries every failure with per-key backoff (pace it with rate_limit=declop.RateLimit(...)); "
+    "declop retries every failure with per-key backoff (pace it with rate_limit=declop.queue.ratelimit.RateLimit(...)); "
     "raise declop.TerminalError to stop"
 )
 _PARTS = "name the resource in the first argument, e.g. @declop.reconciler('widgets.example.com')"

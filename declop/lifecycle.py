@@ -24,8 +24,8 @@ Invariants:
 - a hook's declared keyword arguments are checked at registration: ``client``, ``logger``,
   ``stop`` (or ``**kwargs`` for all); anything else, or something that is not a function, is a
   :class:`~declop.errors.RegistrationError` naming the hook;
-- ``client`` is an :class:`~declop.client.AsyncClient` for ``async def`` hooks and a blocking
-  :class:`~declop.client.Client` for plain ones (run in the handler thread pool); ``stop`` is an
+- ``client`` is an :class:`~declop.reconcile.client.AsyncClient` for ``async def`` hooks and a blocking
+  :class:`~declop.reconcile.client.Client` for plain ones (run in the handler thread pool); ``stop`` is an
   ``asyncio.Event`` for ``async def`` hooks, a ``threading.Event`` for plain ones, set when the
   operator stops (or, for a leader-only task, loses the Lease);
 - a background task never runs twice at once in one process; no leader-only task runs while
@@ -43,10 +43,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from .client import AsyncClient, Client, ClientContext
-from .errors import ConfigError, RegistrationError
-from .informer import Backoff
-from .logs import ReconcileLogger
+from declop.reconcile.client import AsyncClient, Client, ClientContext
+from declop.errors import ConfigError, RegistrationError
+from declop.cache.informer import Backoff
+from declop.logs import ReconcileLogger
 
 __all__ = ["HOOK_INJECTABLE", "Hook", "HookKind", "Lifecycle", "make_hook"]
 

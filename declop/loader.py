@@ -35,7 +35,7 @@ import sys
 from types import ModuleType
 from typing import Any, Iterable, Sequence
 
-from .errors import ConfigError
+from declop.errors import ConfigError
 
 __all__ = ["HandlerDirs", "expand", "load", "unload"]
 

@@ -24,10 +24,10 @@ Invariants:
 - an informer is shared by every controller that needs the same (resource, namespace, selector);
 - user errors found at start (unknown resource, unreachable apiserver, nothing registered) raise
   :class:`~declop.errors.ConfigError` before any controller starts;
-- with leader election every controller gets the elector's :meth:`~declop.leader.LeaderElector.valid`
+- with leader election every controller gets the elector's :meth:`~declop.leases.leader.LeaderElector.valid`
   as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock;
 - with sharding (``shards`` > 0; never together with leader election) every controller gets a
-  :class:`~declop.shardlease.ShardSet`: it reconciles only keys of the ranges whose Leases this
+  :class:`~declop.leases.shards.ShardSet`: it reconciles only keys of the ranges whose Leases this
   replica holds and knows valid. On a graceful stop the controllers drain first, then the range
   Leases are released and the member Lease deleted; a range lost while a reconcile of it ran
   makes the process exit 1, like a lost leader Lease.
@@ -43,28 +43,29 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Coroutine
 
-from .cache import guarded
-from .client import AsyncClient, ClientContext
-from .controller import Controller, Source
-from .discovery import Discovery, ResourceInfo
-from .errors import ApiError, ConfigError, Forbidden
-from .events import EventRecorder
-from .informer import Informer, InformerPool
-from .leader import LeaderElector
-from .sharding import ShardFilter, ShardRange
-from .shardlease import ShardLeases, ShardSet
-from .lifecycle import Lifecycle
-from .mapping import enqueue_mapped, enqueue_owner, enqueue_self
-from .metrics import Metrics
-from .probes import Check, ProbeServer
-from .registry import Registration, Registry, default_registry
-from .kubeconfig import SERVICE_ACCOUNT_DIR
-from .metricsauth import MetricsAuth
-from .servingcert import ServingCert
-from .transport import Transport
-from .webhookcert import GeneratedCert, MountedCert, WebhookCert, load_or_create_ca
-from .webhookconfig import ClientConfig, apply_configurations, parse_service
-from .webhookserver import WebhookServer
+from declop.cache.store import guarded
+from declop.reconcile.client import AsyncClient, ClientContext
+from declop.reconcile.controller import Controller, Source
+from declop.kube.discovery import Discovery, ResourceInfo
+from declop.errors import ApiError, ConfigError, Forbidden
+from declop.reconcile.events import EventRecorder
+from declop.cache.informer import Informer, InformerPool
+from declop.leases.leader import LeaderElector
+from declop.leases.hashing import ShardFilter, ShardRange
+from declop.leases.shards import ShardLeases, ShardSet
+from declop.lifecycle import Lifecycle
+from declop.reconcile.mapping import enqueue_mapped, enqueue_owner, enqueue_self
+from declop.serving.metrics import Metrics
+from declop.serving.probes import Check, ProbeServer
+from declop.reconcile.registration import Registration
+from declop.registry import Registry, default_registry
+from declop.kube.kubeconfig import SERVICE_ACCOUNT_DIR
+from declop.serving.metricsauth import MetricsAuth
+from declop.serving.cert import ServingCert
+from declop.kube.transport import Transport
+from declop.webhooks.certs import GeneratedCert, MountedCert, WebhookCert, load_or_create_ca
+from declop.webhooks.configuration import ClientConfig, apply_configurations, parse_service
+from declop.webhooks.server import WebhookServer
 
 __all__ = ["Manager", "Options"]
 

@@ -3,7 +3,7 @@
 It also records what surrounds them: cache indexes (``declop.index``), cache transforms
 (``declop.transform``), lifecycle hooks (``@declop.on_startup``, ``@declop.on_shutdown``,
 ``@declop.background``; see :mod:`declop.lifecycle`) and webhooks (``@declop.validator``,
-``@declop.mutator``, ``@declop.converter``; see :mod:`declop.webhook`).
+``@declop.mutator``, ``@declop.converter``; see :mod:`declop.webhooks.declaration`).
 
 Invariants:
 - the decorator returns the function **unchanged**, so it stays callable in unit tests;
@@ -22,7 +22,7 @@ Invariants:
   ``TypeError``: the decorators take ``*parts: Never`` and ``**unknown: Never``, so type
   checkers still reject such calls while the runtime explains them;
 - the primary resource and every ``owns=``/``watches=`` entry is stored as a
-  :class:`~declop.resource.Resource` (name, metadata only, field selector);
+  :class:`~declop.kube.resource.Resource` (name, metadata only, field selector);
 - at most one transform per resource name; at most one converter per resource, and webhook
   names are unique per kind;
 - tuning options (``priority``, ``rate_limit``, ``timeout``) are validated at registration: a bad
@@ -36,21 +36,20 @@ import inspect
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Never, Sequence, TypeVar
 
-from .cache import clone
-from .errors import RegistrationError
-from .hints import KOPF_KWARGS, KOPF_OPTIONS, did_you_mean, resource_in_parts
-from .labels import parse_selector
-from .lifecycle import Hook, HookKind, make_hook
-from .predicates import Predicate
-from .priorityqueue import Priority
-from .ratelimit import RateLimit
-from .trigger import NO_TRIGGER, Trigger
-from .resource import Resource
-from .sharding import SHARD_KEYS
-from .webhook import Webhook, WebhookKind, make_webhook
+from declop.errors import RegistrationError
+from declop.hints import KOPF_KWARGS, KOPF_OPTIONS, did_you_mean, resource_in_parts
+from declop.kube.labels import parse_selector
+from declop.lifecycle import Hook, HookKind, make_hook
+from declop.reconcile.predicates import Predicate
+from declop.queue.priority import Priority
+from declop.queue.ratelimit import RateLimit
+from declop.reconcile.registration import INJECTABLE, Registration
+from declop.kube.resource import Resource
+from declop.leases.hashing import SHARD_KEYS
+from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 
 __all__ = [
     "INJECTABLE",
@@ -70,9 +69,6 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: keyword arguments a handler may declare
-INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"})
-
 #: a defaulted parameter this close to an injectable name (difflib ratio) is taken for a typo
 TYPO_CUTOFF = 0.8
 
@@ -90,77 +86,6 @@ def _valid_finalizer(name: str) -> bool:
     """A qualified name: optional DNS-subdomain prefix (<= 253) and a name part (<= 63)."""
     prefix, _, part = name.rpartition("/")
     return len(part) <= 63 and len(prefix) <= 253 and bool(_FINALIZER.match(name))
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """One reconciler as declared by its decorator."""
-
-    fn: Callable[..., Any]
-    name: str
-    resource: str
-    finalizer: str | None = None
-    namespaces: tuple[str, ...] | None = None
-    labels: str = ""
-    predicates: tuple[Predicate, ...] = ()
-    owns: tuple[Resource, ...] = ()
-    watches: tuple[tuple[Resource, Callable[[Any], Any]], ...] = ()
-    max_concurrent: int = 1
-    is_async: bool = False
-    #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
-    wants: frozenset[str] | None = field(default=None)
-    #: queue priorities; None: a plain FIFO queue
-    priority: Priority | None = field(default_factory=Priority)
-    #: retry pacing; None: client-go's defaults
-    rate_limit: RateLimit | None = None
-    #: seconds a handler call may take (None: unlimited)
-    timeout: float | None = None
-
-    #: the primary is cached as PartialObjectMetadata (``obj`` holds metadata only)
-    metadata_only: bool = False
-    #: the primary's field selector (canonical form), "" for none
-    fields: str = ""
-    #: what a key hashes by in sharded mode (``declop run --shards N``): "uid" or "namespace"
-    shard_by: str = "uid"
-
-    @property
-    def wants_trigger(self) -> bool:
-        """The handler declares ``trigger`` (or takes ``**kwargs``)."""
-        return self.wants is None or "trigger" in self.wants
-
-    @property
-    def primary(self) -> Resource:
-        """The primary resource with its cache options."""
-        return Resource(self.resource, metadata_only=self.metadata_only, fields=self.fields)
-
-    def arguments(
-        self,
-        request: Any,
-        obj: Any,
-        phase: Any,
-        client: Any,
-        logger: Any,
-        reconcile_id: str,
-        trigger: Trigger | None = None,
-    ) -> dict[str, Any]:
-        """The keyword arguments for one call: only those the handler declares. ``obj`` is a
-        deep copy of the cached object (made only when declared), so the cache stays intact."""
-        available = {
-            "request": request,
-            "name": request.name,
-            "namespace": request.namespace,
-            "client": client,
-            "logger": logger,
-            "reconcile_id": reconcile_id,
-            "phase": phase,
-        }
-        wants = self.wants
-        kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
-        if wants is None or "obj" in wants:
-            kwargs["obj"] = clone(obj) if obj is not None else None
-        if wants is None or "trigger" in wants:
-            kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
-        return kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +208,7 @@ class Registry:
         priorities = _priority(priority)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise RegistrationError(
-                f"rate_limit must be declop.RateLimit(base=, cap=, qps=, burst=) or None for client-go's defaults, got {rate_limit!r}"
+                f"rate_limit must be declop.queue.ratelimit.RateLimit(base=, cap=, qps=, burst=) or None for client-go's defaults, got {rate_limit!r}"
             )
         if timeout is not None and not (
             isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf
@@ -361,7 +286,7 @@ class Registry:
 
     def webhook(self, kind: WebhookKind, fn: Any, resource: str, **options: Any) -> Webhook:
         """Record a validator, mutator or converter (what their decorators do); see
-        :func:`declop.webhook.make_webhook` for the options."""
+        :func:`declop.webhooks.declaration.make_webhook` for the options."""
         self._check_open(f"{kind} {getattr(fn, '__name__', fn)!r}")
         hook = make_webhook(fn, kind, resource, **options)
         for other in self._webhooks:
@@ -419,7 +344,7 @@ def _priority(priority: object) -> Priority | None:
         return priority
     raise RegistrationError(
         f"priority must be True (the default: a priority queue), False (a FIFO queue) or "
-        f"declop.Priority(listed=, unchanged=, aging=), got {priority!r}"
+        f"declop.queue.priority.Priority(listed=, unchanged=, aging=), got {priority!r}"
     )
 
 
@@ -515,18 +440,18 @@ def reconciler(
 
     The function is called with keyword arguments — the ones it declares among ``request``,
     ``name``, ``namespace``, ``client``, ``logger``, ``reconcile_id``, ``phase``, ``obj``,
-    ``trigger`` — and returns ``None``, a :class:`~declop.result.Result`, or raises. See
+    ``trigger`` — and returns ``None``, a :class:`~declop.reconcile.result.Result`, or raises. See
     ``docs/contract.md``.
 
     ``metadata_only=True`` caches the primary as metadata only: ``obj`` and ``client.get`` hold
     ``metadata`` and nothing else; read the body with ``client.live.get(request)``
     (docs/metadata-only.md). ``fields="spec.nodeName=node-1"`` is a field selector: only matching
     objects reach the cache and the handler (docs/fields-and-transforms.md). ``owns=`` and
-    ``watches=`` entries may be a :class:`~declop.resource.Resource` to say the same of them.
+    ``watches=`` entries may be a :class:`~declop.kube.resource.Resource` to say the same of them.
 
     Tuning (``docs/priority.md``, ``docs/tuning.md``): ``priority`` (True: listed and unchanged
-    keys wait behind real changes, with aging; False: FIFO; or a :class:`~declop.Priority`),
-    ``rate_limit`` (a :class:`~declop.RateLimit`; default client-go's 5 ms..1000 s per key, 10
+    keys wait behind real changes, with aging; False: FIFO; or a :class:`~declop.queue.priority.Priority`),
+    ``rate_limit`` (a :class:`~declop.queue.ratelimit.RateLimit`; default client-go's 5 ms..1000 s per key, 10
     qps / burst 100 overall), ``timeout`` (seconds; an ``async def`` handler is cancelled and
     retried with backoff, a plain one that overruns is reported).
 
@@ -679,7 +604,7 @@ def validator(
     The function declares what it needs among ``obj``, ``old_obj``, ``operation``,
     ``user_info``, ``dry_run``, ``subresource``, ``logger``, ``request_uid``, ``warnings``;
     it returns ``None`` to allow, a string or list of strings to allow with warnings, and raises
-    :class:`~declop.webhook.Rejected` to deny. ``failure_policy`` (``"Fail"``/``"Ignore"``) and
+    :class:`~declop.webhooks.declaration.Rejected` to deny. ``failure_policy`` (``"Fail"``/``"Ignore"``) and
     ``timeout`` (1–30 s) go into the ValidatingWebhookConfiguration; ``labels`` is its object
     selector. It must be fast and free of side effects: it runs on every write, dry runs too."""
     _check_call("validator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
@@ -705,7 +630,7 @@ def mutator(
     Same arguments as :func:`validator`; ``obj`` is a deep copy the function changes in place
     (or it returns a new object). declop answers with the JSON Patch from the object as sent to
     the result, and with no patch when nothing changed. Raising
-    :class:`~declop.webhook.Rejected` denies the request."""
+    :class:`~declop.webhooks.declaration.Rejected` denies the request."""
     _check_call("mutator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
     return _webhook_decorator(
         "mutator", registry, resource, operations=operations, name=name,

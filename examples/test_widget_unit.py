@@ -46,7 +46,7 @@ def test_a_new_widget_gets_a_deployment_a_service_and_a_status():
     assert out.messages == ("Deployment created", "Service created", "Status updated")
 
     deployment = out.client.get("deployments.apps", "default/hello")
-    assert declop.ownership.controller_of(deployment)["name"] == "hello"
+    assert declop.reconcile.ownership.controller_of(deployment)["name"] == "hello"
     assert deployment["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "MESSAGE", "value": "Hello"}]
     ready = ready_condition(out.client)
     assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("False", "Progressing", 1)

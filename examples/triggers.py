@@ -14,8 +14,8 @@ import declop
 
 @declop.reconciler(
     "configmaps",
-    priority=declop.Priority(aging=20.0),
-    rate_limit=declop.RateLimit(base=0.05, cap=300),
+    priority=declop.queue.priority.Priority(aging=20.0),
+    rate_limit=declop.queue.ratelimit.RateLimit(base=0.05, cap=300),
     timeout=10,
 )
 def triggers(request, client, logger, trigger, **_):

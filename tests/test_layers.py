@@ -1,13 +1,20 @@
-"""The import layering of declop: each module may import only modules listed above it.
+"""The import layering of declop: each module may import only modules listed above it, and
+each package's modules sit together in that list, so packages form layers too.
 
 Every import counts — relative (``from .x import y``, ``from . import x``, ``from ..x import y``)
 and absolute (``import declop.x``, ``from declop.x import y``), at module level or inside a
 function or an ``if TYPE_CHECKING:`` block. ``from . import name`` where ``name`` is not a module
 (``from . import __version__``) is an import of the package ``__init__`` itself.
 
+Packages: a subpackage (``declop/queue/``) is listed by its name, then its modules; the entries of
+one package are contiguous, so no module of a lower package imports one of a higher package and
+no two packages import each other. A package's ``__init__`` holds its docstring (what it owns and
+what it may import) and no imports.
+
 Exceptions: the ``testing`` slot (any module of ``declop/testing/`` not listed by name, including
 its ``__init__``) may import anything above ``cli`` plus every ``declop.testing`` module; the
-package ``__init__`` and ``__main__`` may import anything. Every module that exists must be listed.
+top-level package ``__init__`` and ``__main__`` may import anything. Every module that exists must
+be listed.
 """
 
 from __future__ import annotations
@@ -23,54 +30,64 @@ PACKAGE_DIR = Path(declop.__file__).parent
 
 #: top to bottom: a module may import only what is listed above it
 ORDER = [
+    # the base: no declop imports but each other's
     "version",
     "errors",
     "hints",
-    "keys",
-    "labels",
-    "sharding",
-    "conditions",
-    "resource",
-    "result",
-    "trigger",
-    "patch",
-    "admission",
-    "conversion",
     "clock",
-    "ratelimit",
-    "workqueue",
-    "priorityqueue",
-    "batches",
-    "kubeconfig",
-    "transport",
-    "discovery",
-    "cache",
-    "informer",
-    "predicates",
-    "mapping",
-    "finalizers",
     "logs",
-    "client",
-    "ownership",
+    "conditions",
+    "queue",
+    "queue.ratelimit",
+    "queue.workqueue",
+    "queue.priority",
+    "queue.batches",
+    "kube",
+    "kube.labels",
+    "kube.keys",
+    "kube.resource",
+    "kube.kubeconfig",
+    "kube.transport",
+    "kube.discovery",
+    "leases",
+    "leases.hashing",
+    "leases.leader",
+    "leases.shards",
+    "cache",
+    "cache.store",
+    "cache.informer",
+    "reconcile",
+    "reconcile.result",
+    "reconcile.trigger",
+    "reconcile.predicates",
+    "reconcile.mapping",
+    "reconcile.finalizers",
+    "reconcile.client",
+    "reconcile.ownership",
+    "reconcile.events",
+    "reconcile.registration",
+    "reconcile.controller",
     "lifecycle",
-    "webhook",
+    "serving",
+    "serving.probes",
+    "serving.metricsauth",
+    "serving.cert",
+    "serving.metrics",
+    "webhooks",
+    "webhooks.patch",
+    "webhooks.admission",
+    "webhooks.conversion",
+    "webhooks.declaration",
+    "webhooks.configuration",
+    "webhooks.certs",
+    "webhooks.server",
     "registry",
-    "leader",
-    "shardlease",
-    "controller",
-    "probes",
-    "servingcert",
-    "webhookcert",
-    "webhookconfig",
-    "webhookserver",
-    "metricsauth",
-    "events",
-    "metrics",
     "manager",
-    "manifests",
     "loader",
-    "devloop",
-    "scaffold",
+    "dev",
+    "dev.manifests",
+    "dev.loop",
+    "dev.scaffold",
     "assets",
     "testing.certs",
     "testing.process",
@@ -79,8 +96,8 @@ ORDER = [
     "testing.node",
     "testing.controlplane",
     "testing.incluster",
-    "cli",
     "testing",  # any other module in declop/testing/, and the testing package itself
+    "cli",
     "__init__",
     "__main__",
 ]
@@ -153,7 +170,7 @@ def allowed(importer: str, imported: str) -> bool:
     if importer in UNRESTRICTED:
         return True
     if importer == "testing":
-        return RANK[imported] < RANK["cli"] or imported.startswith("testing")
+        return RANK[imported] < RANK["testing"] or imported.startswith("testing")
     return RANK[imported] < RANK[importer]
 
 
@@ -196,16 +213,17 @@ def test_checker_resolves_every_import_form() -> None:
     source = """
 import os
 import declop
-import declop.keys, json
+import declop.kube.keys, json
 from declop.errors import ApiError
-from . import labels
+from .kube import labels
 from . import __version__
-from .cache import clone
+from .cache.store import clone
+from . import cache
 from .testing import controlplane
 from .testing.certs import generate
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:
-    from .client import Client
+    from .reconcile.client import Client
 
 def later():
     from .manager import Manager
@@ -214,14 +232,15 @@ def later():
     found = [target for _, target in imported_modules(source, "declop.x", package=False)]
     assert found == [
         "declop",
-        "declop.keys",
+        "declop.kube.keys",
         "declop.errors",
-        "declop.labels",
+        "declop.kube.labels",
         "declop",
+        "declop.cache.store",
         "declop.cache",
         "declop.testing.controlplane",
         "declop.testing.certs",
-        "declop.client",
+        "declop.reconcile.client",
         "declop.manager",
         "declop.loader",
     ]
@@ -243,15 +262,19 @@ def test_checker_resolves_relative_imports_in_subpackages() -> None:
 
 
 def test_checker_rules() -> None:
-    assert allowed("cache", "keys")
-    assert not allowed("keys", "cache")
-    assert not allowed("keys", "keys")
+    assert allowed("cache.store", "kube.keys")
+    assert not allowed("kube.keys", "cache.store")
+    assert not allowed("kube.keys", "kube.keys")
     assert allowed("cli", "testing.controlplane")
-    assert not allowed("cli", "testing")
+    assert allowed("cli", "testing")
     assert allowed("testing", "manager")
     assert allowed("testing", "testing.certs")
     assert allowed("testing", "testing")
     assert not allowed("testing", "cli")
+    assert allowed("reconcile.controller", "cache.informer")
+    assert not allowed("cache.informer", "reconcile.result")
+    assert slot("declop.cache") == "cache"
+    assert slot("declop.cache.store") == "cache.store"
     assert not allowed("testing.certs", "testing.controlplane")
     assert allowed("__init__", "cli")
     assert allowed("__main__", "cli")
@@ -259,6 +282,62 @@ def test_checker_rules() -> None:
     assert slot("declop.testing.plugin") == "testing"
     assert slot("declop.testing.certs") == "testing.certs"
     assert slot("declop.nonexistent") is None
+
+
+# -- packages -------------------------------------------------------------------------------
+
+PACKAGES = sorted(
+    p.parent.relative_to(PACKAGE_DIR).as_posix().replace("/", ".")
+    for p in PACKAGE_DIR.glob("*/__init__.py")
+)
+
+
+def test_the_packages_are_found() -> None:
+    assert {"queue", "kube", "leases", "cache", "reconcile", "serving", "webhooks", "dev", "testing"} <= set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_package_is_one_layer(package: str) -> None:
+    """Its entries are contiguous in ORDER: nothing of another package sits between them, so no
+    lower package reaches into it and it reaches into no higher one."""
+    ranks = sorted(i for i, name in enumerate(ORDER) if name == package or name.startswith(package + "."))
+    assert ranks, f"{package} is not in ORDER"
+    assert ranks == list(range(ranks[0], ranks[-1] + 1)), (
+        f"{package}'s modules are not together in ORDER: "
+        + ", ".join(ORDER[i] for i in range(ranks[0], ranks[-1] + 1))
+    )
+
+
+@pytest.mark.parametrize("package", sorted(set(PACKAGES) - {"testing", "assets"}))
+def test_a_package_init_says_what_it_owns_and_imports_nothing(package: str) -> None:
+    init = PACKAGE_DIR / package.replace(".", "/") / "__init__.py"
+    tree = ast.parse(init.read_text())
+    doc = " ".join((ast.get_docstring(tree) or "").split())
+    assert "May import" in doc, f"{init.relative_to(PACKAGE_DIR)}: the docstring says what the package owns and what it may import"
+    assert imported_modules(init.read_text(), f"declop.{package}", package=True) == []
+    assert package in ORDER and all(
+        ORDER.index(package) < ORDER.index(m) for m in ORDER if m.startswith(package + ".")
+    ), f"list {package} before its modules"
+
+
+def test_the_top_level_stays_small() -> None:
+    """``ls declop/`` is the table of contents: capabilities and top-level roles only."""
+    entries = [p.name for p in PACKAGE_DIR.iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 25, sorted(entries)
+
+
+#: a module longer than this says why in a ``# size:`` comment
+MAX_LINES = 500
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_a_long_module_says_why(path: Path) -> None:
+    text = path.read_text()
+    if text.count("\n") > MAX_LINES:
+        assert "# size:" in text, (
+            f"{path.relative_to(PACKAGE_DIR)} has {text.count(chr(10))} lines: split it along a seam, "
+            f"or say in a '# size:' comment why it is one piece"
+        )
 
 
 def test_test_modules_have_unique_basenames() -> None:

@@ -3,39 +3,28 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
+import sys
 import types
+import warnings
 
 import pytest
 
 import declop
 
-#: the public names of ``declop``; changing this set is an API change
+#: the public names of ``declop``: what a handler author uses every day; changing this set is an
+#: API change. Everything else is imported from the package that owns it.
 EXPECTED = {
-    "AlreadyOwnedError",
-    "ApiError",
     "AsyncClient",
-    "CacheNotSyncedError",
     "Client",
-    "ConfigError",
     "Conflict",
-    "DeclopError",
-    "Forbidden",
-    "InvalidResult",
-    "Manager",
     "NotFound",
-    "Options",
     "Phase",
-    "Priority",
-    "RateLimit",
-    "ReconcileLogger",
-    "RegistrationError",
-    "Registry",
     "Rejected",
     "Request",
-    "Resource",
     "Result",
     "TerminalError",
-    "Trigger",
     "acreate_or_update",
     "add_finalizer",
     "aretry_on_conflict",
@@ -79,6 +68,10 @@ def test_the_surface_is_locked() -> None:
     assert set(declop.__all__) == EXPECTED
 
 
+def test_the_front_door_is_small() -> None:
+    assert len(declop.__all__) <= 30
+
+
 def test_star_import_gives_exactly_all() -> None:
     namespace: dict[str, object] = {}
     exec("from declop import *", namespace)  # noqa: S102 - the star import is the subject
@@ -90,12 +83,19 @@ def test_version() -> None:
     assert declop.__version__.count(".") >= 2
 
 
-@pytest.mark.parametrize("name", ["conditions", "predicates"])
-def test_module_namespaces_are_the_modules(name: str) -> None:
+@pytest.mark.parametrize(("name", "home"), [("conditions", "declop.conditions"), ("predicates", "declop.reconcile.predicates")])
+def test_module_namespaces_are_the_modules(name: str, home: str) -> None:
     module = getattr(declop, name)
     assert isinstance(module, types.ModuleType)
-    assert module.__name__ == f"declop.{name}"
-    assert module is importlib.import_module(f"declop.{name}")
+    assert module.__name__ == home
+    assert module is importlib.import_module(home)
+
+
+def test_predicates_keeps_its_short_import_path_without_a_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = importlib.import_module("declop.predicates")
+    assert module is declop.predicates
 
 
 def test_conditions_surface() -> None:
@@ -113,13 +113,9 @@ def test_public_objects_are_the_originals(name: str) -> None:
     """Re-exports are the defining module's objects, not copies."""
     obj = getattr(declop, name)
     defining = {
-        "clone": "declop.cache",
-        "AsyncClient": "declop.client",
-        "Client": "declop.client",
-        "ReconcileLogger": "declop.logs",
-        "Manager": "declop.manager",
-        "Options": "declop.manager",
-        "Registry": "declop.registry",
+        "clone": "declop.cache.store",
+        "AsyncClient": "declop.reconcile.client",
+        "Client": "declop.reconcile.client",
         "index": "declop.registry",
         "reconciler": "declop.registry",
         "transform": "declop.registry",
@@ -129,23 +125,18 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "validator": "declop.registry",
         "mutator": "declop.registry",
         "converter": "declop.registry",
-        "Rejected": "declop.webhook",
-        "Resource": "declop.resource",
-        "Request": "declop.keys",
-        "Phase": "declop.result",
-        "Result": "declop.result",
-        "add_finalizer": "declop.finalizers",
-        "contains_finalizer": "declop.finalizers",
-        "remove_finalizer": "declop.finalizers",
-        "AlreadyOwnedError": "declop.ownership",
-        "acreate_or_update": "declop.ownership",
-        "aretry_on_conflict": "declop.ownership",
-        "create_or_update": "declop.ownership",
-        "retry_on_conflict": "declop.ownership",
-        "set_controller_reference": "declop.ownership",
-        "Priority": "declop.priorityqueue",
-        "RateLimit": "declop.ratelimit",
-        "Trigger": "declop.trigger",
+        "Rejected": "declop.webhooks.declaration",
+        "Request": "declop.kube.keys",
+        "Phase": "declop.reconcile.result",
+        "Result": "declop.reconcile.result",
+        "add_finalizer": "declop.reconcile.finalizers",
+        "contains_finalizer": "declop.reconcile.finalizers",
+        "remove_finalizer": "declop.reconcile.finalizers",
+        "acreate_or_update": "declop.reconcile.ownership",
+        "aretry_on_conflict": "declop.reconcile.ownership",
+        "create_or_update": "declop.reconcile.ownership",
+        "retry_on_conflict": "declop.reconcile.ownership",
+        "set_controller_reference": "declop.reconcile.ownership",
     }.get(name, "declop.errors")
     assert getattr(importlib.import_module(defining), name) is obj
 
@@ -155,6 +146,54 @@ def test_reprs_use_the_package_name() -> None:
     assert repr(declop.NotFound("x")) == "NotFound('x')"
     assert declop.reconciler.__module__ == "declop"
     assert declop.reconciler.__qualname__ == "reconciler"
+
+
+# -- what left the front door still imports, once more, with a warning naming its new home --
+
+
+@pytest.mark.parametrize(("name", "home"), sorted(declop.MOVED_NAMES.items()))
+def test_a_name_that_left_still_imports_and_warns(name: str, home: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"declop\.{name} moved to {re.escape(home)}\.{name}"):
+        obj = getattr(declop, name)
+    assert obj is getattr(importlib.import_module(home), name)
+    assert name not in declop.__all__
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(declop.MOVED_MODULES.items()))
+def test_an_old_module_path_is_the_new_module(old: str, new: str) -> None:
+    """``import declop.workqueue`` (and ``from declop.workqueue import X``) still work, give the
+    very module that now lives elsewhere, and warn unless the short path is public."""
+    sys.modules.pop(old, None)
+    if old == "declop.predicates":
+        module = importlib.import_module(old)
+    else:
+        with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} moved to {re.escape(new)}"):
+            module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__name__ == new
+
+
+def test_every_old_module_path_is_mapped_to_one_that_exists() -> None:
+    for old, new in declop.MOVED_MODULES.items():
+        assert importlib.util.find_spec(new) is not None, new
+        assert old.count(".") == 1, f"{old} was a top-level module"
+
+
+def test_the_old_cache_module_names_still_import_from_the_package() -> None:
+    with pytest.warns(DeprecationWarning, match=r"declop\.cache\.clone moved to declop\.cache\.store\.clone"):
+        from declop.cache import clone
+    assert clone is declop.clone
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        declop.NoSuchThing  # noqa: B018
+
+
+def test_a_package_is_reachable_as_an_attribute() -> None:
+    """``import declop`` then ``declop.manager.Options``: submodules load on first use."""
+    assert declop.manager.Options is importlib.import_module("declop.manager").Options
+    assert declop.errors.ApiError.__module__ == "declop.errors"
 
 
 # -- declop.testing -----------------------------------------------------------------------

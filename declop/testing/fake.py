@@ -8,14 +8,14 @@
     assert run_reconcile(widget, "default/hello", client=outcome.client).writes == ()  # idempotent
 
 :func:`run_reconcile` does what a controller worker does for one key — the same phase deduction
-(:func:`declop.result.phase_of`), the same finalizer protocol (:mod:`declop.finalizers`, against
+(:func:`declop.reconcile.result.phase_of`), the same finalizer protocol (:mod:`declop.reconcile.finalizers`, against
 the fake), the same keyword injection (``Registration.wants``) and the same outcome table
 (``Controller._settle``) — and returns a :class:`ReconcileOutcome`: what the handler returned or
 raised, what the queue would do, every write it sent, and its log lines.
 
 :class:`FakeClient` (and :class:`FakeAsyncClient` for ``async def`` handlers) *are* declop's
 ``Client``/``AsyncClient`` — the same argument conventions, because they are the same code — over a
-:class:`FakeApiServer` instead of an HTTP transport. Reads come from real :class:`~declop.cache.Store`
+:class:`FakeApiServer` instead of an HTTP transport. Reads come from real :class:`~declop.cache.store.Store`
 objects (so registry indexes work: ``client.list(..., index=(...))``); writes go through the fake
 apiserver, which applies them (create, PUT with resourceVersion checks, merge/JSON patches, the
 status subresource, deletion with finalizers) and records each one as a :class:`Write`.
@@ -48,17 +48,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Iterable, Mapping, Sequence, TypeVar
 
-from ..cache import Store, Writer, clone
-from ..client import AsyncClient, Client, ClientContext
-from ..controller import Controller, invalid_outcome
-from ..discovery import ResourceInfo, resolve
-from ..errors import ConfigError, TerminalError
-from ..finalizers import ensure_finalizer, release_finalizer
-from ..keys import Request, key_of
-from ..logs import PlainFormatter, ReconcileLogger
-from ..registry import Registration, Registry, default_registry
-from ..result import Phase, Result, phase_of
-from ..transport import PATCH_TYPES, dumps, error_from, loads
+from declop.cache.store import Store, Writer, clone
+from declop.reconcile.client import AsyncClient, Client, ClientContext
+from declop.reconcile.controller import Controller, invalid_outcome
+from declop.kube.discovery import ResourceInfo, resolve
+from declop.errors import ConfigError, TerminalError
+from declop.reconcile.finalizers import ensure_finalizer, release_finalizer
+from declop.kube.keys import Request, key_of
+from declop.logs import PlainFormatter, ReconcileLogger
+from declop.reconcile.registration import Registration
+from declop.registry import Registry, default_registry
+from declop.reconcile.result import Phase, Result, phase_of
+from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
 
 __all__ = [
     "FakeApiServer",
@@ -291,7 +292,7 @@ class Write:
 
 
 def _copy(obj: Any) -> Obj:
-    """:func:`~declop.cache.clone` of an object dict."""
+    """:func:`~declop.cache.store.clone` of an object dict."""
     return clone(obj)  # type: ignore[no-any-return]
 
 

@@ -41,8 +41,8 @@ from typing import Any
 
 from aiohttp import web
 
-from declop.discovery import ResourceInfo
-from declop.transport import Transport
+from declop.kube.discovery import ResourceInfo
+from declop.kube.transport import Transport
 
 __all__ = ["ListWatchServer", "Recorded", "Step"]
 

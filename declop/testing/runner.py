@@ -17,9 +17,9 @@ import time
 from types import TracebackType
 from typing import Any, Callable, Coroutine, TypeVar
 
-from ..manager import Manager, Options
-from ..registry import Registry
-from ..transport import load_configuration
+from declop.manager import Manager, Options
+from declop.registry import Registry
+from declop.kube.transport import load_configuration
 
 __all__ = ["OperatorProcess", "OperatorRunner", "Replicas", "wait_for"]
 
@@ -249,7 +249,7 @@ class Replicas:
     def start(self, name: str | None = None, **extra_env: str) -> OperatorProcess:
         """Start a replica (the next free number when ``name`` is None); ``extra_env`` adds to
         the common environment. A name used before gets a new process on the same metrics port."""
-        from .process import free_ports
+        from declop.testing.process import free_ports
 
         if name is None:
             name = str(next(i for i in range(len(self.procs) + 1) if str(i) not in self.procs))

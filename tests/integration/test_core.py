@@ -64,7 +64,7 @@ def idle(op: OperatorRunner, name: str | None = None) -> bool:
     return op.call_soon(check)
 
 
-def runner(registry: declop.Registry, kubeconfig: str, namespace: str, **kw: Any) -> OperatorRunner:
+def runner(registry: declop.registry.Registry, kubeconfig: str, namespace: str, **kw: Any) -> OperatorRunner:
     return OperatorRunner(
         registry,
         kubeconfig=kubeconfig,
@@ -75,7 +75,7 @@ def runner(registry: declop.Registry, kubeconfig: str, namespace: str, **kw: Any
 def test_100_updates_during_a_blocked_reconcile_give_exactly_two_reconciles(
     kubeconfig, k8s_api, namespace
 ):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
     entered, release = threading.Event(), threading.Event()
 
@@ -115,7 +115,7 @@ def test_100_updates_during_a_blocked_reconcile_give_exactly_two_reconciles(
 def test_a_failing_handler_is_retried_with_growing_delays_and_other_keys_keep_flowing(
     kubeconfig, k8s_api, namespace
 ):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -150,7 +150,7 @@ def test_a_failing_handler_is_retried_with_growing_delays_and_other_keys_keep_fl
 
 
 def test_terminal_error_is_not_retried(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -165,7 +165,7 @@ def test_terminal_error_is_not_retried(kubeconfig, k8s_api, namespace):
 
 
 def test_requeue_after_reconciles_again_later(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -181,7 +181,7 @@ def test_requeue_after_reconciles_again_later(kubeconfig, k8s_api, namespace):
 
 
 def test_no_reconcile_reads_from_the_apiserver(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -207,7 +207,7 @@ def test_no_reconcile_reads_from_the_apiserver(kubeconfig, k8s_api, namespace):
 def test_two_controllers_on_one_resource_share_one_list_and_watch(kubeconfig, k8s_api, namespace, mode, lists):
     """One sync and one watch for both; with a streaming list (the default on this apiserver)
     they are the same request."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -229,7 +229,7 @@ def test_two_controllers_on_one_resource_share_one_list_and_watch(kubeconfig, k8
 
 
 def test_a_handler_mutating_its_object_does_not_change_the_cache(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen: list[dict[str, Any]] = []
 
     @declop.reconciler("configmaps", registry=registry)
@@ -260,7 +260,7 @@ def test_a_handler_mutating_its_object_does_not_change_the_cache(kubeconfig, k8s
 
 
 def test_async_handlers_use_the_async_client(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -284,7 +284,7 @@ def test_async_handlers_use_the_async_client(kubeconfig, k8s_api, namespace):
 
 
 def test_finalizer_phases_in_order_and_one_created(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     phases: list[declop.Phase] = []
 
     @declop.reconciler("configmaps", registry=registry, finalizer="test.declop.io/cleanup", labels=TEST_LABEL)
@@ -310,7 +310,7 @@ def test_finalizer_phases_in_order_and_one_created(kubeconfig, k8s_api, namespac
 
 
 def test_finalizer_keeps_other_finalizers(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     phases: list[declop.Phase] = []
 
     @declop.reconciler("configmaps", registry=registry, finalizer="test.declop.io/mine", labels=TEST_LABEL)
@@ -343,7 +343,7 @@ def test_finalizer_keeps_other_finalizers(kubeconfig, k8s_api, namespace):
 def test_cleanup_runs_after_restart_for_an_object_deleted_while_stopped(
     kubeconfig, k8s_api, namespace
 ):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     phases: list[tuple[str, declop.Phase]] = []
 
     @declop.reconciler("configmaps", registry=registry, finalizer="test.declop.io/cleanup", labels=TEST_LABEL)
@@ -370,7 +370,7 @@ def test_cleanup_runs_after_restart_for_an_object_deleted_while_stopped(
 
 
 def test_apiserver_restart_under_a_running_operator(control_plane, kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -400,7 +400,7 @@ def test_apiserver_restart_under_a_running_operator(control_plane, kubeconfig, k
 def test_expired_watch_relists_and_an_object_deleted_in_the_gap_is_seen_as_gone(
     control_plane, kubeconfig, k8s_api, namespace, mode
 ):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("configmaps", registry=registry)

@@ -38,7 +38,7 @@ def make_pod(api: Any, namespace: str, name: str, node: str) -> None:
 
 
 def test_only_pods_on_the_selected_node_reach_the_cache_and_the_handler(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls: list[str] = []
     lock = threading.Lock()
 
@@ -62,14 +62,14 @@ def test_only_pods_on_the_selected_node_reach_the_cache_and_the_handler(kubeconf
 
 
 def test_an_unsupported_field_selector_fails_the_start_with_one_line(kubeconfig, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
 
     @registry.reconciler("configmaps", fields="data.colour=blue")
     def handle(**_):
         pass
 
     runner = OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,)))
-    with pytest.raises(declop.ConfigError) as err:
+    with pytest.raises(declop.errors.ConfigError) as err:
         runner.start()
     message = str(err.value)
     assert "\n" not in message
@@ -98,7 +98,7 @@ def test_the_cli_prints_the_unsupported_selector_and_exits_1(control_plane, name
 
 
 def test_a_transform_replaces_the_default_before_the_cache(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen: dict[str, Any] = {}
 
     def keep_size_only(obj: dict) -> dict:

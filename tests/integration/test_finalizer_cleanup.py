@@ -26,7 +26,7 @@ def core(api: Any) -> kubernetes.client.CoreV1Api:
     return kubernetes.client.CoreV1Api(api)
 
 
-def runner(registry: declop.Registry, kubeconfig: str, namespace: str) -> OperatorRunner:
+def runner(registry: declop.registry.Registry, kubeconfig: str, namespace: str) -> OperatorRunner:
     return OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5))
 
 
@@ -56,7 +56,7 @@ def test_a_handler_writing_status_during_deleting_sees_the_object_gone_after_tha
 ) -> None:
     """The most common cleanup pattern: set a condition, clean up, return. The release used to be
     guarded by the resourceVersion from before the handler, so it conflicted on every attempt."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls: list[tuple[str, declop.Phase]] = []
 
     @declop.reconciler("widgets.example.com", registry=registry, finalizer=FINALIZER)
@@ -80,7 +80,7 @@ def test_a_handler_writing_status_during_deleting_sees_the_object_gone_after_tha
 
 
 def test_every_copy_of_our_finalizer_is_removed(kubeconfig: str, k8s_api: Any, namespace: str) -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls: list[declop.Phase] = []
 
     @declop.reconciler("configmaps", registry=registry, finalizer=FINALIZER, labels=LABEL)
@@ -104,7 +104,7 @@ def test_every_copy_of_our_finalizer_is_removed(kubeconfig: str, k8s_api: Any, n
 def test_one_copy_removed_by_someone_else_is_a_real_change(kubeconfig: str, k8s_api: Any, namespace: str) -> None:
     """Removing one of two copies of our finalizer looks exactly like our own finalizer write; the
     old echo filter dropped it. It must reach the handler like any other change."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls: list[tuple[declop.Phase, tuple[str, ...]]] = []
 
     @declop.reconciler("configmaps", registry=registry, finalizer=FINALIZER, labels=LABEL)
@@ -127,11 +127,11 @@ def test_our_finalizer_removed_from_a_live_object_is_added_back(kubeconfig: str,
     """Someone takes our finalizer off a live object (a cleanup script, another tool): it is added
     back and the object reconciled, so a later delete still runs the cleanup — even with a
     predicate that ignores metadata-only changes."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls: list[tuple[str, declop.Phase]] = []
 
     @declop.reconciler("configmaps", registry=registry, finalizer=FINALIZER, labels=LABEL,
-                       predicates=[declop.predicates.generation_changed])
+                       predicates=[declop.reconcile.predicates.generation_changed])
     def guarded(name: str, phase: declop.Phase, **_: Any) -> None:
         calls.append((name, phase))
 

@@ -41,7 +41,7 @@ class Seen:
             return (self.data.get(name) or [None])[-1]
 
 
-def operator(registry: declop.Registry, kubeconfig: str, namespace: str, **kw: Any) -> OperatorRunner:
+def operator(registry: declop.registry.Registry, kubeconfig: str, namespace: str, **kw: Any) -> OperatorRunner:
     return OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5, **kw))
 
 
@@ -54,7 +54,7 @@ def test_connection_resets_on_a_healthy_watch_rewatch_at_once_without_a_list(
     been working (events delivered, well over the 1 s very-short-watch threshold) before each
     one, which is all the 5 s stood for."""
     caplog.set_level(logging.INFO, "declop.informer")
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen = Seen()
 
     @declop.reconciler("configmaps", registry=registry)
@@ -99,7 +99,7 @@ def test_a_black_holed_apiserver_is_waited_out_and_nothing_is_missed(
     """A half-open connection (every byte held, nothing errors) ends by the idle timeout; the
     re-watch that cannot get an answer backs off; once the network is back the informer catches
     up from its resourceVersion without a relist."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen = Seen()
 
     @declop.reconciler("configmaps", registry=registry)

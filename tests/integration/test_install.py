@@ -82,7 +82,7 @@ def test_a_labelled_configmap_gets_an_owned_copy():
     assert out.messages == ("Copy created",)
     copy = out.client.get("configmaps", "default/greeting-echo")
     assert copy["data"] == {"greeting": "hello"}
-    assert declop.ownership.controller_of(copy)["name"] == "greeting"
+    assert declop.reconcile.ownership.controller_of(copy)["name"] == "greeting"
 
 
 def test_a_second_reconcile_writes_nothing_and_a_change_is_copied():
@@ -115,7 +115,7 @@ def data_of(core, namespace, name):
 
 def test_the_copy_follows_its_source_on_a_real_apiserver(kubeconfig, k8s_api, namespace):
     core = kubernetes.client.CoreV1Api(k8s_api)
-    options = declop.Options(namespaces=(namespace,))
+    options = declop.manager.Options(namespaces=(namespace,))
     with OperatorRunner(declop.registry.default_registry, kubeconfig=kubeconfig, options=options):
         body = {"metadata": {"name": "greeting", "labels": {"app": "echo"}}, "data": {"greeting": "hello"}}
         core.create_namespaced_config_map(namespace, body)

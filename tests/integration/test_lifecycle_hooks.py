@@ -24,7 +24,7 @@ from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
 
 def test_startup_informers_background_drain_shutdown_happen_in_that_order(kubeconfig, k8s_api, namespace):
     core = kubernetes.client.CoreV1Api(k8s_api)
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     events: list[tuple[Any, ...]] = []
     lock = threading.Lock()
     slow_started, slow_may_end = threading.Event(), threading.Event()

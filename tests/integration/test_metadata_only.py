@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes.client
 
 import declop
-from declop.informer import METADATA_ACCEPT, Informer
+from declop.cache.informer import METADATA_ACCEPT, Informer
 from declop.manager import Options
 from declop.testing.runner import OperatorRunner, wait_for
 
@@ -23,7 +23,7 @@ def make_secret(api: Any, namespace: str, name: str, **labels: str) -> None:
 
 
 def test_a_metadata_only_cache_holds_metadata_and_the_live_read_gets_the_body(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen: dict[str, Any] = {}
     lock = threading.Lock()
 
@@ -71,7 +71,7 @@ def test_both_list_modes_ask_for_partial_object_metadata(kubeconfig, k8s_api, na
     (PartialObjectMetadata) both fill the store with metadata only."""
     for mode in ("paged", "stream"):
         make_secret(k8s_api, namespace, f"s-{mode}")
-        registry = declop.Registry()
+        registry = declop.registry.Registry()
 
         @registry.reconciler("secrets", metadata_only=True, labels="declop-test=yes", name=f"m-{mode}")
         def handle(**_):
@@ -94,12 +94,12 @@ def test_owns_metadata_only_children_and_a_full_cache_win_for_client_reads(kubec
     owner = core.create_namespaced_config_map(
         namespace, {"metadata": {"name": "owner", "labels": {"declop-test": "yes"}}, "data": {"k": "v"}}
     )
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     woken: list[str] = []
     refused: list[str] = []
 
     @registry.reconciler(
-        "configmaps", labels="declop-test=yes", owns=[declop.Resource("secrets", metadata_only=True)], name="owner"
+        "configmaps", labels="declop-test=yes", owns=[declop.kube.resource.Resource("secrets", metadata_only=True)], name="owner"
     )
     def reconcile_owner(request, client, **_):
         woken.append(request.name)
@@ -107,7 +107,7 @@ def test_owns_metadata_only_children_and_a_full_cache_win_for_client_reads(kubec
             if "data" not in secret:
                 try:
                     client.update(secret)
-                except declop.ConfigError as exc:
+                except declop.errors.ConfigError as exc:
                     refused.append(str(exc))
 
     options = Options(namespaces=(namespace,), grace_period=5)

@@ -57,7 +57,7 @@ def test_metrics_need_a_token_with_get_on_metrics(control_plane: Any, kubeconfig
     scraper = control_plane.service_account_token(namespace, "scraper")
     nobody = control_plane.service_account_token(namespace, "nobody")
 
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
 
     @declop.reconciler("configmaps", registry=registry)
     def seen(**_: Any) -> None:

@@ -43,7 +43,7 @@ def metric(text: str, series: str, **labels: str) -> float | None:
 
 
 def test_probes_and_metrics(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
 
     @declop.reconciler("configmaps", registry=registry, labels="probe-test=yes")
     def probed(request, client, **_):
@@ -97,7 +97,7 @@ def test_readyz_waits_for_the_caches(control_plane, namespace, tmp_path):
     cfg.host = control_plane.host
     cfg.ssl_ca_cert = control_plane.ca_file
     cfg.api_key = {"BearerToken": f"Bearer {token}"}
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
 
     @declop.reconciler("configmaps", registry=registry)
     def blocked(**_):
@@ -124,7 +124,7 @@ def test_readyz_waits_for_the_caches(control_plane, namespace, tmp_path):
 
 
 def test_events_are_recorded_and_rate_limited(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     sent: list[int] = []
 
     @declop.reconciler("configmaps", registry=registry, labels="event-test=yes")
@@ -149,7 +149,7 @@ def test_events_are_recorded_and_rate_limited(kubeconfig, k8s_api, namespace):
 
 
 def test_event_repeats_become_a_series(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     done: list[int] = []
 
     @declop.reconciler("configmaps", registry=registry, labels="series-test=yes")

@@ -52,9 +52,9 @@ class Journal:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: list[tuple[str, declop.Trigger]] = []
+        self.entries: list[tuple[str, declop.reconcile.trigger.Trigger]] = []
 
-    def add(self, name: str, trigger: declop.Trigger) -> None:
+    def add(self, name: str, trigger: declop.reconcile.trigger.Trigger) -> None:
         with self.lock:
             self.entries.append((name, trigger))
 
@@ -62,7 +62,7 @@ class Journal:
         with self.lock:
             return [n for n, _ in self.entries]
 
-    def of(self, name: str) -> list[declop.Trigger]:
+    def of(self, name: str) -> list[declop.reconcile.trigger.Trigger]:
         with self.lock:
             return [t for n, t in self.entries if n == name]
 
@@ -71,7 +71,7 @@ def test_a_new_object_is_reconciled_long_before_the_restart_backlog_is_done(kube
     """2,000 objects exist; the operator runs once (all reconciled), stops, and starts again: its
     initial list queues 2,000 keys at low priority. An object created right after the restart is
     reconciled while more than half of them still wait (FIFO would put it behind all 2,000)."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     journal = Journal()
     slow = threading.Event()
     names = [f"cm-{i:04d}" for i in range(2000)]
@@ -105,7 +105,7 @@ def test_a_new_object_is_reconciled_long_before_the_restart_backlog_is_done(kube
 
 def test_each_source_kind_is_named_in_the_trigger(kubeconfig, k8s_api, namespace):
     core = kubernetes.client.CoreV1Api(k8s_api)
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     journal = Journal()
     hold, holding = threading.Event(), threading.Event()
     plan: dict[str, list[Any]] = {"p": []}  # what the next reconciles of "p" do
@@ -194,7 +194,7 @@ def test_each_source_kind_is_named_in_the_trigger(kubeconfig, k8s_api, namespace
 
 
 def test_debug_reconciles_is_off_by_default(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     declop.reconciler("configmaps", registry=registry)(lambda **_: None)
     port = free_port()
     with OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), health_port=port)):
@@ -205,11 +205,11 @@ def test_debug_reconciles_is_off_by_default(kubeconfig, k8s_api, namespace):
 
 
 def test_an_async_handler_past_its_timeout_is_cancelled_and_retried(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     journal = Journal()
     cancelled = threading.Event()
 
-    @declop.reconciler("configmaps", registry=registry, timeout=0.3, rate_limit=declop.RateLimit(base=0.1))
+    @declop.reconciler("configmaps", registry=registry, timeout=0.3, rate_limit=declop.queue.ratelimit.RateLimit(base=0.1))
     async def slow_once(name, trigger, **_):
         journal.add(name, trigger)
         if name == "slow" and len(journal.of(name)) == 1:

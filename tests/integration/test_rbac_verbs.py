@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 import declop
-import declop.events
-from declop.kubeconfig import RestConfig
+import declop.reconcile.events
+from declop.kube.kubeconfig import RestConfig
 from declop.manager import Options
 from declop.testing.runner import OperatorRunner, wait_for
 
@@ -84,8 +84,8 @@ def test_the_chart_grants_exactly_the_verbs_declop_sends(control_plane: Any, nam
             ca_data=Path(control_plane.ca_file).read_bytes(),
             token=control_plane.service_account_token(namespace, "op-declop"),
         )
-        monkeypatch.setattr(declop.events, "SERIES_MIN_INTERVAL", 0.0)  # the 2nd Event patches the series
-        registry = declop.Registry()
+        monkeypatch.setattr(declop.reconcile.events, "SERIES_MIN_INTERVAL", 0.0)  # the 2nd Event patches the series
+        registry = declop.registry.Registry()
         calls: list[str] = []
 
         @declop.reconciler("configmaps", finalizer=FINALIZER, registry=registry, labels="rbac-test=yes")
@@ -197,7 +197,7 @@ def test_the_chart_grants_exactly_the_verbs_webhooks_send(control_plane: Any) ->
             ca_data=Path(control_plane.ca_file).read_bytes(),
             token=control_plane.service_account_token(namespace, "op-declop"),
         )
-        registry = declop.Registry()
+        registry = declop.registry.Registry()
 
         @declop.validator("configmaps", registry=registry)
         def no_forbidden(obj: Any, **_: Any) -> None:

@@ -257,7 +257,7 @@ def test_an_owned_child_deleted_or_edited_by_hand_is_repaired_within_a_second(
 
 
 def test_a_child_that_changes_owner_wakes_the_old_and_the_new_owner(widget_crd, kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     calls = Calls()
 
     @declop.reconciler("widgets.example.com", owns=["configmaps"], registry=registry)
@@ -356,10 +356,10 @@ def test_editing_a_watched_secret_enqueues_exactly_the_widgets_that_reference_it
 
 
 def test_generation_changed_filters_status_only_updates(widget_crd, kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     filtered, unfiltered = Calls(), Calls()
 
-    @declop.reconciler("widgets.example.com", predicates=[declop.predicates.generation_changed], registry=registry)
+    @declop.reconciler("widgets.example.com", predicates=[declop.reconcile.predicates.generation_changed], registry=registry)
     def spec_only(name, **_):
         filtered.add(name)
 
@@ -391,7 +391,7 @@ def test_generation_changed_filters_status_only_updates(widget_crd, kubeconfig, 
 
 
 def test_an_index_lookup_follows_creates_updates_and_deletes(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     declop.index("configmaps", "by_color", lambda cm: [(cm["metadata"].get("labels") or {}).get("color")], registry=registry)
 
     @declop.reconciler("configmaps", registry=registry)
@@ -465,7 +465,7 @@ def test_create_or_update_on_an_unchanged_object_sends_no_write(widget_crd, kube
 
 
 def test_a_conflict_is_retried_with_a_fresh_read_and_wins(kubeconfig, k8s_api, namespace):
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
 
     @declop.reconciler("configmaps", registry=registry, labels="never=matches")
     def noop(**_):

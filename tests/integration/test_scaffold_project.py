@@ -27,7 +27,7 @@ import yaml
 
 import declop
 import declop.registry
-from declop.kubeconfig import RestConfig
+from declop.kube.kubeconfig import RestConfig
 from declop.loader import load
 from declop.manager import Options
 from declop.testing.runner import OperatorRunner, wait_for
@@ -106,7 +106,7 @@ def test_the_generated_values_grant_what_the_generated_handlers_use(
     api = control_plane.api_client()
     custom = kubernetes.client.CustomObjectsApi(api)
     core = kubernetes.client.CoreV1Api(api)
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     monkeypatch.setattr(declop.registry, "default_registry", registry)  # the project's @declop.reconciler lands here
     (handlers,) = load([str(project / "handlers.py")])
     identity = RestConfig(

@@ -27,7 +27,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from declop.sharding import fnv1a64, range_index
+from declop.leases.hashing import fnv1a64, range_index
 from declop.testing import OperatorProcess, Replicas, wait_for
 from declop.testing.faults import TcpProxy
 from declop.testing.plugin import namespace_name

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from declop.discovery import ResourceInfo
-from declop.informer import Informer
-from declop.sharding import ShardFilter, selector, split
+from declop.kube.discovery import ResourceInfo
+from declop.cache.informer import Informer
+from declop.leases.hashing import ShardFilter, selector, split
 from declop.testing.controlplane import ControlPlane
-from declop.transport import Transport, load_configuration
+from declop.kube.transport import Transport, load_configuration
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ def create_cms(api: Any, namespace: str, names: list[str]) -> None:
         core.create_namespaced_config_map(namespace, {"metadata": {"name": name}, "data": {"k": "v"}})
 
 
-def runner(registry: declop.Registry, kubeconfig: str, namespace: str) -> OperatorRunner:
+def runner(registry: declop.registry.Registry, kubeconfig: str, namespace: str) -> OperatorRunner:
     return OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5))
 
 
@@ -61,7 +61,7 @@ class Ledger:
 def test_a_hanging_call_holds_no_other_key_of_a_backlog(kubeconfig, k8s_api, namespace):
     """max_concurrent=4, 201 objects before the start, one call hangs: the other 200 are
     reconciled within 5 s, each exactly once, never two calls of one key at once."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     ledger = Ledger()
     hanging, release = threading.Event(), threading.Event()
     names = [f"cm-{i:03d}" for i in range(201)]
@@ -100,7 +100,7 @@ def test_a_hanging_call_holds_no_other_key_of_a_backlog(kubeconfig, k8s_api, nam
 def test_a_key_finished_before_a_hanging_call_in_its_batch_runs_again_on_change(kubeconfig, k8s_api, namespace):
     """The settle of a call that finished is not held back by a later call of its batch that hangs:
     a change to that key is reconciled while the hang goes on."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     ledger = Ledger()
     hanging, release = threading.Event(), threading.Event()
     names = [f"a{i}" for i in range(10)]
@@ -133,7 +133,7 @@ def test_a_key_finished_before_a_hanging_call_in_its_batch_runs_again_on_change(
 def test_requeue_after_zero_is_plain_success(kubeconfig, k8s_api, namespace):
     """``Result(requeue_after=0)`` does not requeue (controller-runtime's RequeueAfter: 0): the
     handler runs once, not in a hot loop."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     ledger = Ledger()
 
     @declop.reconciler("configmaps", registry=registry)

@@ -1,4 +1,4 @@
-"""declop.admission and declop.conversion: reading reviews, writing answers, bad input."""
+"""declop.webhooks.admission and declop.webhooks.conversion: reading reviews, writing answers, bad input."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from declop.admission import BadReview, allow, deny, parse_admission
-from declop.conversion import converted, failed, finish, parse_conversion
+from declop.webhooks.admission import BadReview, allow, deny, parse_admission
+from declop.webhooks.conversion import converted, failed, finish, parse_conversion
 
 
 def review(**request):

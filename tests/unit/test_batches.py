@@ -1,4 +1,4 @@
-"""declop.batches: the hand-over of a batch between the loop and a handler thread."""
+"""declop.queue.batches: the hand-over of a batch between the loop and a handler thread."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from declop.batches import BATCH, STALL_AFTER, Batch, batch_size
+from declop.queue.batches import BATCH, STALL_AFTER, Batch, batch_size
 from declop.clock import FakeClock
 
 

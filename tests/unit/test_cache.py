@@ -1,4 +1,4 @@
-"""declop.cache: the Store read face, its single Writer, indexes, relists and ``clone``."""
+"""declop.cache.store: the Store read face, its single Writer, indexes, relists and ``clone``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from declop.cache import Store, Writer, clone, readonly, strip_managed_fields
+from declop.cache.store import Store, Writer, clone, readonly, strip_managed_fields
 from declop.errors import CacheNotSyncedError
-from declop.keys import Request
+from declop.kube.keys import Request
 
 
 def pod(
@@ -505,7 +505,7 @@ def _raw(name: str = "a", rv: str = "1") -> dict:
 
 
 def test_a_guarded_transform_replaces_the_default() -> None:
-    from declop.cache import guarded
+    from declop.cache.store import guarded
 
     def slim(obj: dict) -> dict:
         obj.pop("spec")
@@ -529,7 +529,7 @@ def test_a_guarded_transform_replaces_the_default() -> None:
     ],
 )
 def test_a_failing_transform_is_logged_without_contents_and_the_default_applies(fn, why, caplog) -> None:
-    from declop.cache import guarded
+    from declop.cache.store import guarded
 
     store = Store("pods")
     with caplog.at_level("ERROR", logger="declop.cache"):
@@ -545,7 +545,7 @@ def test_a_failing_transform_is_logged_without_contents_and_the_default_applies(
 
 
 def test_a_relist_keeps_an_unchanged_object_after_a_transform() -> None:
-    from declop.cache import guarded
+    from declop.cache.store import guarded
 
     calls = []
 

@@ -9,8 +9,8 @@ import pytest
 
 from declop import clock
 from declop.clock import FakeClock
-from declop.leader import LeaderElector
-from declop.shardlease import ShardLeases
+from declop.leases.leader import LeaderElector
+from declop.leases.shards import ShardLeases
 
 
 def test_a_fake_clock_moves_only_forward_and_only_when_told() -> None:

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 import declop
-from declop.cache import Store, Writer
+from declop.cache.store import Store, Writer
 from declop.clock import FakeClock
-from declop.controller import Controller, Source
-from declop.discovery import ResourceInfo
-from declop.keys import Request
+from declop.reconcile.controller import Controller, Source
+from declop.kube.discovery import ResourceInfo
+from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
-from declop.mapping import enqueue_self
-from declop.ratelimit import ItemExponential
-from declop.workqueue import QueueEmpty, WorkQueue
+from declop.reconcile.mapping import enqueue_self
+from declop.queue.ratelimit import ItemExponential
+from declop.queue.workqueue import QueueEmpty, WorkQueue
 
 CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
 KEY = Request("ns", "a")
@@ -58,7 +58,7 @@ class FakeContext:
 
 
 def make(handler: Any, *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, FakeClock]:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", finalizer=finalizer)(handler)
     reg = registry.registrations[0]
     informer = FakeInformer()
@@ -299,13 +299,13 @@ def test_a_release_of_every_duplicate_lets_the_object_go() -> None:
 
 
 def test_our_finalizer_taken_off_a_live_object_is_enqueued_past_predicates_and_added_back() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen: list[Any] = []
-    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.predicates.generation_changed])(
+    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.reconcile.predicates.generation_changed])(
         lambda phase, **_: seen.append(phase)
     )
     informer = FakeInformer()
-    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.reconcile.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
     on_event = c._subscriber(c.sources[0])
     old = cm(generation=1, finalizers=["x.io/f"])
     taken = cm(generation=1, finalizers=[], resourceVersion="5")  # generation unchanged: predicate says no
@@ -344,10 +344,10 @@ def test_the_release_works_from_the_newest_cached_copy_and_ignores_the_handler_s
 def test_the_start_of_a_deletion_reaches_the_cleanup_past_predicates() -> None:
     """ConfigMaps have no generation: generation_changed would drop the deletionTimestamp update
     and the object would wait for its cleanup forever."""
-    registry = declop.Registry()
-    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.predicates.generation_changed])(lambda **_: None)
+    registry = declop.registry.Registry()
+    registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.reconcile.predicates.generation_changed])(lambda **_: None)
     informer = FakeInformer()
-    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.reconcile.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
     on_event = c._subscriber(c.sources[0])
     live = cm(finalizers=["x.io/f"])
     on_event(live, cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="4"))
@@ -429,10 +429,10 @@ def test_the_fence_is_checked_before_every_async_call() -> None:
 
 
 def test_predicates_filter_before_the_queue() -> None:
-    registry = declop.Registry()
-    registry.reconciler("configmaps", predicates=[declop.predicates.generation_changed])(lambda **_: None)
+    registry = declop.registry.Registry()
+    registry.reconciler("configmaps", predicates=[declop.reconcile.predicates.generation_changed])(lambda **_: None)
     informer = FakeInformer()
-    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
+    c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.reconcile.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
     on_event = c._subscriber(c.sources[0])
     on_event(cm(generation=1), cm(generation=1, labels={"x": "y"}))
     assert len(c.queue) == 0
@@ -484,7 +484,7 @@ def test_a_batch_of_plain_calls_settles_each_key_on_its_own() -> None:
 
 def test_workers_take_only_their_share_of_the_backlog() -> None:
     taken: list[list[str]] = []
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", max_concurrent=2)(lambda **_: None)
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
@@ -531,7 +531,7 @@ def test_a_stalled_call_gives_the_keys_behind_it_back_and_settles_those_before_i
         if name == "b":
             assert release.wait(10)
 
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", max_concurrent=2)(handler)
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
@@ -582,11 +582,11 @@ def test_with_one_worker_a_batch_is_never_split() -> None:
 
 
 def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monkeypatch: pytest.MonkeyPatch) -> None:
-    import declop.controller
-    from declop.cache import ReadOnlyDict, readonly
+    import declop.reconcile.controller
+    from declop.cache.store import ReadOnlyDict, readonly
 
     views: list[Any] = []
-    monkeypatch.setattr(declop.controller, "readonly", lambda o: views.append(o) or readonly(o))
+    monkeypatch.setattr(declop.reconcile.controller, "readonly", lambda o: views.append(o) or readonly(o))
 
     seen: list[Any] = []
 
@@ -600,7 +600,7 @@ def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monk
         return True
 
     informer = FakeInformer()
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps")(lambda **_: None)
     reg = registry.registrations[0]
     user = Controller(reg, CM, [Source((informer,), enqueue_self, (meddling,), primary=True)], FakeContext())  # type: ignore[arg-type]
@@ -609,7 +609,7 @@ def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monk
         user._subscriber(user.sources[0])(None, new)
     assert type(seen[0]) is ReadOnlyDict and new == cm() and len(user.queue) == 0
 
-    builtin = declop.predicates.all_of(declop.predicates.generation_changed, declop.predicates.labels_changed)
+    builtin = declop.reconcile.predicates.all_of(declop.reconcile.predicates.generation_changed, declop.reconcile.predicates.labels_changed)
     fast = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin,), primary=True)], FakeContext())  # type: ignore[arg-type]
     views.clear()
     fast._subscriber(fast.sources[0])(None, new)
@@ -628,7 +628,7 @@ def test_a_call_that_finished_before_the_last_call_of_its_batch_hangs_is_settled
         if name == "b":
             assert release.wait(10)
 
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", max_concurrent=2)(handler)
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
@@ -668,7 +668,7 @@ def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_crea
         if name == "a":
             assert release.wait(10)
 
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", max_concurrent=2, finalizer="x.io/f")(handler)
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
@@ -700,11 +700,11 @@ def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_crea
 
 
 # -- priorities, provenance, timeouts (issue 16) -------------------------------------------------
-from declop.controller import ControllerMetrics  # noqa: E402
+from declop.reconcile.controller import ControllerMetrics  # noqa: E402
 from declop.errors import ReconcileTimeout  # noqa: E402
 from declop.logs import set_trigger_in_context  # noqa: E402
-from declop.priorityqueue import LOW, NORMAL, PriorityQueue  # noqa: E402
-from declop.trigger import Trace, Trigger  # noqa: E402
+from declop.queue.priority import LOW, NORMAL, PriorityQueue  # noqa: E402
+from declop.reconcile.trigger import Trace, Trigger  # noqa: E402
 
 
 class RecordingControllerMetrics(ControllerMetrics):
@@ -721,7 +721,7 @@ class RecordingControllerMetrics(ControllerMetrics):
 
 def make_pq(handler: Any, recent: int = 0, **options: Any) -> tuple[Controller, FakeInformer, FakeClock]:
     """A controller on a PriorityQueue (FakeClock) that records its trigger metrics."""
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", **options)(handler)
     reg = registry.registrations[0]
     informer = FakeInformer()
@@ -763,7 +763,7 @@ def test_priorities_follow_what_the_event_changed() -> None:
 
 
 def test_configured_priorities_and_fifo() -> None:
-    c, informer, _ = make_pq(lambda **_: None, priority=declop.Priority(listed=-5, unchanged=NORMAL))
+    c, informer, _ = make_pq(lambda **_: None, priority=declop.queue.priority.Priority(listed=-5, unchanged=NORMAL))
     on_event = c._subscriber(c.sources[0])
     informer.syncing = True
     on_event(None, cm("listed"))
@@ -772,7 +772,7 @@ def test_configured_priorities_and_fifo() -> None:
     assert {k.name: p for k, p, _ in c.queue.ranks()} == {"listed": -5, "churn": NORMAL}  # type: ignore[attr-defined]
     fifo, _, _ = make(lambda **_: None)
     assert type(fifo.queue) is WorkQueue
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", priority=False)(lambda **_: None)
     c2 = Controller(registry.registrations[0], CM, [], FakeContext())  # type: ignore[arg-type]
     assert type(c2.queue) is WorkQueue
@@ -946,7 +946,7 @@ class _Elector:
 
 
 def sharded(handler: Any, n: int = 4, *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, Any]:
-    from declop.shardlease import ShardSet
+    from declop.leases.shards import ShardSet
 
     c, informer, clock = make(handler, finalizer=finalizer)
     shards = ShardSet(c.name, n, "uid", [_Elector() for _ in range(n)])  # type: ignore[list-item]
@@ -1042,9 +1042,9 @@ def test_a_sharded_controller_forgets_the_uids_of_keys_whose_range_was_released(
     """Sharded by uid, the controller remembers each primary key's uid (a deleted object's key
     still finds its range). Keys that left the cache with a released range are forgotten, or the
     map would grow with every object that ever passed through the replica; keys still cached stay."""
-    from declop.shardlease import ShardSet
+    from declop.leases.shards import ShardSet
 
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     registry.reconciler("configmaps", shard_by="uid")(lambda **_: None)
     informer = FakeInformer()
     shards = ShardSet("configmaps", 4, "uid", [])

@@ -1,4 +1,4 @@
-"""declop.devloop: what a saved file means, and the restart loop with real file watching.
+"""declop.dev.loop: what a saved file means, and the restart loop with real file watching.
 
 The manager is replaced by a stub that records what it was given (the loop's unit boundary);
 files are real and watched for real (watchfiles). tests/integration/test_dev_reload.py runs the
@@ -16,9 +16,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-import declop.devloop as devloop_module
+import declop.dev.loop as devloop_module
 import declop.registry as registry_module
-from declop.devloop import DevLoop, Sources
+from declop.dev.loop import DevLoop, Sources
 from declop.errors import ConfigError
 from declop.loader import HandlerDirs
 from declop.manager import Options

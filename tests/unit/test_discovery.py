@@ -1,4 +1,4 @@
-"""Tests for declop.discovery: parsing, kubectl-style resolution, paths, and Discovery I/O."""
+"""Tests for declop.kube.discovery: parsing, kubectl-style resolution, paths, and Discovery I/O."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from declop.discovery import (
+from declop.kube.discovery import (
     AGGREGATED_ACCEPT,
     Discovery,
     ResourceInfo,

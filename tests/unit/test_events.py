@@ -7,7 +7,7 @@ from typing import Any
 
 from declop.clock import FakeClock
 from declop.errors import ApiError
-from declop.events import EventRecorder
+from declop.reconcile.events import EventRecorder
 
 OBJ = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}}
 

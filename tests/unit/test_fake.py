@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 import declop
-from declop.discovery import ResourceInfo
+from declop.kube.discovery import ResourceInfo
 from declop.loader import load
-from declop.mapping import enqueue_mapped
+from declop.reconcile.mapping import enqueue_mapped
 from declop.registry import default_registry
 from declop.testing.fake import (
     FakeApiServer,
@@ -67,7 +67,7 @@ def test_a_bound_client_reads_like_a_handlers_client() -> None:
 
 
 def test_unknown_resources_are_refused_like_discovery_would() -> None:
-    with pytest.raises(declop.ConfigError, match="does not know 'gizmos'"):
+    with pytest.raises(declop.errors.ConfigError, match="does not know 'gizmos'"):
         FakeClient().get("gizmos", "ns/x")
 
 
@@ -134,7 +134,7 @@ def test_patch_types() -> None:
     assert fake.get("configmaps", "ns/c")["metadata"]["labels"] == {"b": "2"}
     fake.patch("configmaps", "ns/c", [{"op": "add", "path": "/data/x", "value": "y"}], type="json")
     assert fake.get("configmaps", "ns/c")["data"] == {"k": "v", "x": "y"}
-    with pytest.raises(declop.ApiError) as e:
+    with pytest.raises(declop.errors.ApiError) as e:
         fake.patch("configmaps", "ns/c", [{"op": "test", "path": "/data/x", "value": "z"}], type="json")
     assert e.value.status == 422
     rv = fake.get("configmaps", "ns/c")["metadata"]["resourceVersion"]
@@ -184,7 +184,7 @@ def test_delete_honours_finalizers_and_not_found_is_success() -> None:
     fake.delete("configmaps", "ns/held")
     held = fake.get("configmaps", "ns/held")
     assert held["metadata"]["deletionTimestamp"]
-    with pytest.raises(declop.ApiError, match="no new finalizers"):
+    with pytest.raises(declop.errors.ApiError, match="no new finalizers"):
         fake.patch("configmaps", "ns/held", {"metadata": {"finalizers": ["x.io/f", "y.io/g"]}})
     fake.patch("configmaps", "ns/held", {"metadata": {"finalizers": None}})
     assert fake.objects("configmaps") == []
@@ -220,7 +220,7 @@ def test_the_async_client_shares_the_fake() -> None:
 
 
 def test_indexes_follow_creates_updates_and_deletes() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     declop.index("configmaps", "by_color", lambda o: [(o["metadata"].get("labels") or {}).get("color")], registry=registry)
     fake = FakeClient([cm("a", labels={"color": "red"})], registry=registry)
 
@@ -239,7 +239,7 @@ def test_indexes_follow_creates_updates_and_deletes() -> None:
 
 
 def test_a_map_function_with_a_client_runs_against_the_fake() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     declop.index("widgets.example.com", "by_secret", lambda w: [w["spec"].get("secretName")], registry=registry)
     fake = FakeClient([widget("a", secretName="s"), widget("b", secretName="s"), widget("c", secretName="t")], registry=registry)
 
@@ -251,7 +251,7 @@ def test_a_map_function_with_a_client_runs_against_the_fake() -> None:
     assert mapper(None, secret) == {declop.Request("ns", "a"), declop.Request("ns", "b")}
 
     def not_synced(secret: dict[str, Any], client: Any) -> list[Any]:
-        raise declop.CacheNotSyncedError("still listing")
+        raise declop.errors.CacheNotSyncedError("still listing")
 
     assert enqueue_mapped(not_synced, fake)(None, secret) == set()  # the primary's list covers it
     assert enqueue_mapped(lambda o: ["ns/x"], fake)(None, secret) == {declop.Request("ns", "x")}
@@ -261,7 +261,7 @@ def test_a_map_function_with_a_client_runs_against_the_fake() -> None:
 
 
 def test_phases_and_the_finalizer_protocol() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen: list[tuple[declop.Phase, bool]] = []
 
     @declop.reconciler("configmaps", finalizer="x.io/cleanup", registry=registry)
@@ -309,7 +309,7 @@ def test_only_declared_arguments_are_injected() -> None:
     assert got["request"] == declop.Request("ns", "c") and got["reconcile_id"] == RID
     assert isinstance(got["client"], declop.Client) and got["obj"]["data"] == {"k": "v"}
     assert out.reconcile_id == RID
-    with pytest.raises(declop.RegistrationError, match=r"takes 'spec', which Kopf passes and declop does not: .*obj\['spec'\]"):
+    with pytest.raises(declop.errors.RegistrationError, match=r"takes 'spec', which Kopf passes and declop does not: .*obj\['spec'\]"):
         run_reconcile(lambda spec: None, "ns/c", resource="configmaps")
 
 
@@ -320,11 +320,11 @@ def test_only_declared_arguments_are_injected() -> None:
         (lambda: declop.Result(), "done", None, None),
         (lambda: declop.Result(requeue_after=2.5), "requeue_after", 2.5, None),
         (lambda: declop.Result(requeue_after=0), "done", None, None),
-        (lambda: declop.Result(requeue_after=-1), "terminal", None, declop.InvalidResult),
+        (lambda: declop.Result(requeue_after=-1), "terminal", None, declop.errors.InvalidResult),
         (lambda: (_ for _ in ()).throw(RuntimeError("boom")), "retry", None, RuntimeError),
         (lambda: (_ for _ in ()).throw(declop.Conflict("stale")), "retry", None, declop.Conflict),
         (lambda: (_ for _ in ()).throw(declop.TerminalError("bad spec")), "terminal", None, declop.TerminalError),
-        (lambda: True, "terminal", None, declop.InvalidResult),
+        (lambda: True, "terminal", None, declop.errors.InvalidResult),
     ],
 )
 def test_the_outcome_table(behaviour: Any, action: str, requeue: float | None, error: type | None) -> None:
@@ -359,7 +359,7 @@ def test_logs_have_the_seed_shape_and_reach_pytest(caplog: pytest.LogCaptureFixt
 
 
 def test_registered_functions_are_found_in_their_registry() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
 
     @declop.reconciler("configmaps", registry=registry, name="custom-name")
     def handler(**_):
@@ -438,7 +438,7 @@ def test_the_examples_reconcilers_run_without_an_apiserver_in_under_a_second() -
 
 
 def test_run_reconcile_gives_a_metadata_only_handler_what_its_cache_would_hold() -> None:
-    registry = declop.Registry()
+    registry = declop.registry.Registry()
     seen: list[Any] = []
 
     @declop.reconciler("configmaps", metadata_only=True, registry=registry)

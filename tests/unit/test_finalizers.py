@@ -1,4 +1,4 @@
-"""declop.finalizers: pure helpers, and guarded JSON patches through a fake transport."""
+"""declop.reconcile.finalizers: pure helpers, and guarded JSON patches through a fake transport."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from declop.discovery import ResourceInfo
+from declop.kube.discovery import ResourceInfo
 from declop.errors import ApiError, Conflict, Forbidden, NotFound
-from declop.finalizers import (
+from declop.reconcile.finalizers import (
     JSON_PATCH,
     add_finalizer,
     contains_finalizer,
@@ -19,7 +19,7 @@ from declop.finalizers import (
     release_finalizer,
     remove_finalizer,
 )
-from declop.transport import error_from
+from declop.kube.transport import error_from
 
 CONFIGMAPS = ResourceInfo(
     group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True

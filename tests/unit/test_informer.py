@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import pytest
 
-from declop.informer import Backoff, Informer
+from declop.cache.informer import Backoff, Informer
 from declop.testing.listwatch import ListWatchServer, Step
 
 T = TypeVar("T")
@@ -215,7 +215,7 @@ def test_reflector_watch_list_resource_version_expired_restarts_from_empty() -> 
 
 
 def _key(name: str) -> Any:
-    from declop.keys import Request
+    from declop.kube.keys import Request
 
     return Request("default", name)
 
@@ -739,7 +739,7 @@ def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> Non
     """The client's total deadline for a watch is above the server's timeoutSeconds (so the
     server ends it normally), drawn from [5, 10) minutes per watch; the idle read timeout is
     the informer's idle_timeout."""
-    from declop.discovery import ResourceInfo
+    from declop.kube.discovery import ResourceInfo
 
     seen: list[tuple[dict[str, str], dict[str, Any]]] = []
 

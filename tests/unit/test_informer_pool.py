@@ -1,11 +1,11 @@
-"""declop.informer.InformerPool: sharing, and reads from handler threads while the loop adds."""
+"""declop.cache.informer.InformerPool: sharing, and reads from handler threads while the loop adds."""
 
 from __future__ import annotations
 
 import threading
 
-from declop.discovery import ResourceInfo
-from declop.informer import InformerPool
+from declop.kube.discovery import ResourceInfo
+from declop.cache.informer import InformerPool
 
 
 def resource(plural: str, group: str = "example.com") -> ResourceInfo:

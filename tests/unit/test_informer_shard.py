@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from declop.informer import Informer, InformerPool
-from declop.sharding import ShardFilter, split
+from declop.cache.informer import Informer, InformerPool
+from declop.leases.hashing import ShardFilter, split
 from declop.testing.listwatch import ListWatchServer
 
 HALVES = split(2)
@@ -185,7 +185,7 @@ def test_owning_nothing_lists_nothing_and_is_synced() -> None:
 
 
 def test_bad_arguments_are_one_clear_line() -> None:
-    from declop.discovery import ResourceInfo
+    from declop.kube.discovery import ResourceInfo
 
     resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
     with pytest.raises(ValueError, match="shard_filtering must be auto or client"):
@@ -196,7 +196,7 @@ def test_bad_arguments_are_one_clear_line() -> None:
 
 
 def test_pool_keys_sharded_informers_by_shard_key_not_ranges() -> None:
-    from declop.discovery import ResourceInfo
+    from declop.kube.discovery import ResourceInfo
 
     resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
     pool = InformerPool(object())  # type: ignore[arg-type]

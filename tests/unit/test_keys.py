@@ -1,11 +1,11 @@
-"""declop.keys: Request is a frozen namespace/name pair with a str()/parse round trip."""
+"""declop.kube.keys: Request is a frozen namespace/name pair with a str()/parse round trip."""
 
 from __future__ import annotations
 
 
 import pytest
 
-from declop.keys import Request, key_of
+from declop.kube.keys import Request, key_of
 
 
 @pytest.mark.parametrize(

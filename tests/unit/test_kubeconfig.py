@@ -1,4 +1,4 @@
-"""declop.kubeconfig: the loading order, merging, every malformed input as one line, exec plugins
+"""declop.kube.kubeconfig: the loading order, merging, every malformed input as one line, exec plugins
 (off the loop, refreshed before expiry), certificates loaded without files."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from declop.errors import ApiError, ConfigError
-from declop.kubeconfig import KubeconfigError, RestConfig, load, load_cert_chain
+from declop.kube.kubeconfig import KubeconfigError, RestConfig, load, load_cert_chain
 from declop.testing.certs import generate
 
 

@@ -1,4 +1,4 @@
-"""declop.labels: kubectl selector syntax parsed once into an immutable, callable Selector."""
+"""declop.kube.labels: kubectl selector syntax parsed once into an immutable, callable Selector."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from declop.labels import Selector, parse_selector
+from declop.kube.labels import Selector, parse_selector
 
 WEB = {"app": "web", "tier": "frontend"}
 DB = {"app": "db", "tier": "backend"}

@@ -18,7 +18,7 @@ import pytest
 
 from declop.clock import FakeClock
 from declop.errors import ApiError, ConfigError, Conflict, Forbidden, NotFound
-from declop.leader import LeaderElector
+from declop.leases.leader import LeaderElector
 
 T = TypeVar("T")
 
@@ -368,7 +368,7 @@ def test_500_queued_handler_writes_do_not_delay_a_renewal() -> None:
 
     from aiohttp import web
 
-    from declop.transport import Transport
+    from declop.kube.transport import Transport
 
     class _Config:
         def __init__(self, host: str) -> None:

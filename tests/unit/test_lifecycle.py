@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from declop.client import AsyncClient, Client
+from declop.reconcile.client import AsyncClient, Client
 from declop.errors import ConfigError
-from declop.informer import Backoff
+from declop.cache.informer import Backoff
 from declop.lifecycle import Lifecycle, make_hook
 
 

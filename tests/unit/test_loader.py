@@ -17,7 +17,7 @@ from declop.registry import Registry
 HANDLER = """\
 import declop
 
-REG = declop.Registry()
+REG = declop.registry.Registry()
 
 
 @declop.reconciler("pods", registry=REG)
@@ -101,7 +101,7 @@ def test_a_handler_folder_never_shadows_installed_modules(tmp_path: Path) -> Non
 
     folder = tmp_path / "handlers"
     for stem in ("yaml", "json"):
-        write(folder / f"{stem}.py", f"import declop\nIMPOSTOR = True\nREG = declop.Registry()\n\n@declop.reconciler('pods', registry=REG)\ndef {stem}_handler(**_):\n    return None\n")
+        write(folder / f"{stem}.py", f"import declop\nIMPOSTOR = True\nREG = declop.registry.Registry()\n\n@declop.reconciler('pods', registry=REG)\ndef {stem}_handler(**_):\n    return None\n")
     write(folder / "uses.py", "import json, yaml\nJSON, YAML = json, yaml\n")
     for name in ("yaml", "kubernetes.config.kube_config"):
         sys.modules.pop(name, None)  # imported afresh after the folder is loaded
@@ -193,7 +193,7 @@ def test_registration_error_in_a_file_passes_through(tmp_path: Path) -> None:
         """\
         import declop
 
-        @declop.reconciler("pods", registry=declop.Registry())
+        @declop.reconciler("pods", registry=declop.registry.Registry())
         def handler(request, spec):
             pass
         """,

@@ -1,4 +1,4 @@
-"""declop.manifests: reading -f files, the apply order, waiting for CRDs; every failure one line.
+"""declop.dev.manifests: reading -f files, the apply order, waiting for CRDs; every failure one line.
 
 The apiserver is replaced by a recording stub here (orders, paths, messages); the real
 apiserver applies them in tests/integration/test_dev_reload.py.
@@ -13,9 +13,9 @@ from typing import Any, Mapping
 
 import pytest
 
-from declop.discovery import ResourceInfo
+from declop.kube.discovery import ResourceInfo
 from declop.errors import ApiError, ConfigError
-from declop.manifests import FIELD_MANAGER, Manifest, apply, read
+from declop.dev.manifests import FIELD_MANAGER, Manifest, apply, read
 
 CRD = """\
 apiVersion: apiextensions.k8s.io/v1

@@ -1,4 +1,4 @@
-"""declop.mapping: events → keys, looking only at the objects given."""
+"""declop.reconcile.mapping: events → keys, looking only at the objects given."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from declop.keys import Request
-from declop.mapping import enqueue_mapped, enqueue_owner, enqueue_self, to_request
+from declop.kube.keys import Request
+from declop.reconcile.mapping import enqueue_mapped, enqueue_owner, enqueue_self, to_request
 
 
 def obj(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from declop.clock import FakeClock
-from declop.metrics import Metrics
-from declop.workqueue import WorkQueue
+from declop.serving.metrics import Metrics
+from declop.queue.workqueue import WorkQueue
 
 
 def test_queue_and_reconcile_series() -> None:
@@ -41,7 +41,7 @@ def test_two_managers_do_not_collide() -> None:
 
 
 def test_trigger_and_timeout_series() -> None:
-    from declop.trigger import Trace
+    from declop.reconcile.trigger import Trace
 
     m = Metrics()
     trace = Trace()
@@ -65,7 +65,7 @@ def test_trigger_and_timeout_series() -> None:
 def test_informer_series_are_read_at_scrape_time() -> None:
     from types import SimpleNamespace
 
-    from declop.sharding import ShardFilter, split
+    from declop.leases.hashing import ShardFilter, split
 
     m = Metrics()
     assert "declop_informer_events_received_total{" not in m.exposition().decode()

@@ -1,4 +1,4 @@
-"""declop.metricsauth: 401/403/500/200, what is sent for review, and the decision cache TTLs."""
+"""declop.serving.metricsauth: 401/403/500/200, what is sent for review, and the decision cache TTLs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from declop.clock import FakeClock
-from declop.metricsauth import ACCESS_REVIEWS, TOKEN_REVIEWS, MetricsAuth
+from declop.serving.metricsauth import ACCESS_REVIEWS, TOKEN_REVIEWS, MetricsAuth
 
 
 class FakeApiserver:

@@ -1,4 +1,4 @@
-"""declop.ownership: controller references, create_or_update, retry_on_conflict (no apiserver)."""
+"""declop.reconcile.ownership: controller references, create_or_update, retry_on_conflict (no apiserver)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import declop
-from declop.ownership import (
+from declop.reconcile.ownership import (
     AlreadyOwnedError,
     acreate_or_update,
     aretry_on_conflict,
@@ -81,7 +81,7 @@ def test_set_controller_reference_refuses_a_second_controller() -> None:
     with pytest.raises(AlreadyOwnedError, match="already controlled by Widget first") as e:
         set_controller_reference(child, widget("second", uid="2"))
     assert e.value.owner["name"] == "first"
-    assert isinstance(e.value, declop.DeclopError) and isinstance(e.value, ValueError)
+    assert isinstance(e.value, declop.errors.DeclopError) and isinstance(e.value, ValueError)
     assert child["metadata"]["ownerReferences"][0]["name"] == "first"  # unchanged
 
 

@@ -1,10 +1,10 @@
-"""declop.patch: the JSON Patch a mutator's answer carries."""
+"""declop.webhooks.patch: the JSON Patch a mutator's answer carries."""
 
 from __future__ import annotations
 
 import pytest
 
-from declop.patch import apply, diff, pointer
+from declop.webhooks.patch import apply, diff, pointer
 
 
 def test_equal_documents_give_no_operations():

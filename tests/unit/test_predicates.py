@@ -1,4 +1,4 @@
-"""declop.predicates: built-ins filter updates only; composition; readable reprs."""
+"""declop.reconcile.predicates: built-ins filter updates only; composition; readable reprs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from declop import predicates as p
-from declop.predicates import (
+from declop.reconcile import predicates as p
+from declop.reconcile.predicates import (
     all_of,
     annotations_changed,
     any_of,

@@ -1,4 +1,4 @@
-"""declop.priorityqueue: ordering by aged priority. The WorkQueue guarantees it keeps are tested
+"""declop.queue.priority: ordering by aged priority. The WorkQueue guarantees it keeps are tested
 by running all of ``test_workqueue.py`` against it."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from declop.clock import FakeClock
-from declop.priorityqueue import DEFAULT_AGING, LOW, NORMAL, PriorityQueue
-from declop.workqueue import QueueEmpty
+from declop.queue.priority import DEFAULT_AGING, LOW, NORMAL, PriorityQueue
+from declop.queue.workqueue import QueueEmpty
 
 
 def make(aging: float = DEFAULT_AGING) -> tuple[PriorityQueue[str], FakeClock]:

@@ -1,4 +1,4 @@
-"""declop.ratelimit: client-go's default rate limiters, driven by a FakeClock."""
+"""declop.queue.ratelimit: client-go's default rate limiters, driven by a FakeClock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Hashable
 import pytest
 
 from declop.clock import FakeClock
-from declop.ratelimit import (
+from declop.queue.ratelimit import (
     ItemExponential,
     MaxOf,
     RateLimiter,
@@ -184,7 +184,7 @@ def test_default_controller_bucket_dominates_after_burst() -> None:
 
 def test_rate_limit_builds_client_go_s_limiter_with_its_values() -> None:
     from declop.clock import FakeClock
-    from declop.ratelimit import RateLimit
+    from declop.queue.ratelimit import RateLimit
 
     clock = FakeClock()
     limiter = RateLimit(base=0.5, cap=2.0, qps=1.0, burst=1).limiter(clock)

@@ -12,9 +12,9 @@ import pytest
 
 import declop.registry as registry_module
 from declop.errors import ConfigError, RegistrationError
-from declop.predicates import generation_changed
+from declop.reconcile.predicates import generation_changed
 from declop.registry import INJECTABLE, Registration, Registry, index, reconciler
-from declop.resource import Resource
+from declop.kube.resource import Resource
 
 
 @pytest.fixture
@@ -717,9 +717,9 @@ def test_tuning_defaults_and_values(reg: Registry) -> None:
 
     reg.reconciler("pods")(lambda **_: None)
     r = only(reg)
-    assert r.priority == declop.Priority(listed=-100, unchanged=-100, aging=10.0)
+    assert r.priority == declop.queue.priority.Priority(listed=-100, unchanged=-100, aging=10.0)
     assert (r.rate_limit, r.timeout) == (None, None)
-    limit = declop.RateLimit(base=0.1, cap=60, qps=50, burst=200)
+    limit = declop.queue.ratelimit.RateLimit(base=0.1, cap=60, qps=50, burst=200)
     reg2 = Registry()
     reg2.reconciler("pods", priority=False, rate_limit=limit, timeout=30)(lambda **_: None)
     r2 = reg2.registrations[0]
@@ -729,9 +729,9 @@ def test_tuning_defaults_and_values(reg: Registry) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"priority": "high"}, "priority must be True (the default: a priority queue), False (a FIFO queue) or declop.Priority"),
+        ({"priority": "high"}, "priority must be True (the default: a priority queue), False (a FIFO queue) or declop.queue.priority.Priority"),
         ({"priority": 1}, "priority must be True"),
-        ({"rate_limit": {"qps": 5}}, "rate_limit must be declop.RateLimit(base=, cap=, qps=, burst=) or None"),
+        ({"rate_limit": {"qps": 5}}, "rate_limit must be declop.queue.ratelimit.RateLimit(base=, cap=, qps=, burst=) or None"),
         ({"timeout": 0}, "timeout must be a number of seconds > 0, or None for no timeout, got 0"),
         ({"timeout": -1.5}, "timeout must be a number of seconds > 0"),
         ({"timeout": "30"}, "timeout must be a number of seconds > 0"),
@@ -749,14 +749,14 @@ def test_bad_tuning_options_fail_at_registration(reg: Registry, options: dict[st
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda d: d.Priority(listed=-1.5), "priority: listed must be an int (higher runs first; NORMAL is 0, LOW is -100), got -1.5"),
-        (lambda d: d.Priority(unchanged="low"), "priority: unchanged must be an int"),
-        (lambda d: d.Priority(aging=-1), "priority: aging must be a number of priority points per second >= 0 (0: strict priorities), got -1"),
-        (lambda d: d.RateLimit(base=-1), "rate_limit: base must be a number of seconds >= 0 (client-go: 0.005), got -1"),
-        (lambda d: d.RateLimit(base=2, cap=1), "rate_limit: cap must be a number of seconds >= base (2) (client-go: 1000), got 1"),
-        (lambda d: d.RateLimit(qps=0), "rate_limit: qps must be a number > 0, or math.inf for no overall limit (client-go: 10), got 0"),
-        (lambda d: d.RateLimit(burst=0), "rate_limit: burst must be an int >= 1 (client-go: 100), got 0"),
-        (lambda d: d.RateLimit(burst=1.5), "rate_limit: burst must be an int >= 1"),
+        (lambda d: d.queue.priority.Priority(listed=-1.5), "priority: listed must be an int (higher runs first; NORMAL is 0, LOW is -100), got -1.5"),
+        (lambda d: d.queue.priority.Priority(unchanged="low"), "priority: unchanged must be an int"),
+        (lambda d: d.queue.priority.Priority(aging=-1), "priority: aging must be a number of priority points per second >= 0 (0: strict priorities), got -1"),
+        (lambda d: d.queue.ratelimit.RateLimit(base=-1), "rate_limit: base must be a number of seconds >= 0 (client-go: 0.005), got -1"),
+        (lambda d: d.queue.ratelimit.RateLimit(base=2, cap=1), "rate_limit: cap must be a number of seconds >= base (2) (client-go: 1000), got 1"),
+        (lambda d: d.queue.ratelimit.RateLimit(qps=0), "rate_limit: qps must be a number > 0, or math.inf for no overall limit (client-go: 10), got 0"),
+        (lambda d: d.queue.ratelimit.RateLimit(burst=0), "rate_limit: burst must be an int >= 1 (client-go: 100), got 0"),
+        (lambda d: d.queue.ratelimit.RateLimit(burst=1.5), "rate_limit: burst must be an int >= 1"),
     ],
 )
 def test_bad_priority_and_rate_limit_values_name_the_field(build: Any, message: str) -> None:

@@ -1,4 +1,4 @@
-"""declop.resource: field selector syntax and the Resource value."""
+"""declop.kube.resource: field selector syntax and the Resource value."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from declop.errors import RegistrationError
-from declop.resource import Resource, parse_fields
+from declop.kube.resource import Resource, parse_fields
 
 
 @pytest.mark.parametrize(

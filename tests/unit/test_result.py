@@ -1,4 +1,4 @@
-"""declop.result: Result validation and the phase table of ``phase_of``."""
+"""declop.reconcile.result: Result validation and the phase table of ``phase_of``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import declop
-from declop.result import Phase, Result, describe, phase_of
+from declop.reconcile.result import Phase, Result, describe, phase_of
 
 FIN = "example.com/cleanup"
 
@@ -42,7 +42,7 @@ def test_result_rejects_what_is_not_a_number(value: Any) -> None:
 def test_an_invalid_result_is_terminal(value: Any) -> None:
     with pytest.raises(declop.TerminalError) as info:
         Result(requeue_after=value)
-    assert isinstance(info.value, declop.InvalidResult)
+    assert isinstance(info.value, declop.errors.InvalidResult)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""declop.scaffold: names derived and checked, templates rendered, the folder guarded (no cluster).
+"""declop.dev.scaffold: names derived and checked, templates rendered, the folder guarded (no cluster).
 
 The generated project's own tests run on a real control plane in
 tests/integration/test_scaffold_project.py."""
@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 import declop
-from declop import scaffold
+from declop.dev import scaffold
 from declop.errors import ConfigError
-from declop.scaffold import ScaffoldError, create, names_for, plural_of, render
+from declop.dev.scaffold import ScaffoldError, create, names_for, plural_of, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

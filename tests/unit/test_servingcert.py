@@ -1,4 +1,4 @@
-"""declop.servingcert: a self-signed pair that a TLS client accepts for localhost, and a mounted
+"""declop.serving.cert: a self-signed pair that a TLS client accepts for localhost, and a mounted
 tls.crt/tls.key pair picked up again after renewal without a restart."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from declop import servingcert
+from declop.serving import cert as servingcert
 from declop.errors import ConfigError
-from declop.servingcert import ServingCert, self_signed
+from declop.serving.cert import ServingCert, self_signed
 
 
 def handshake(ctx: ssl.SSLContext, cafile_pem: bytes | None = None) -> bytes:

@@ -1,11 +1,11 @@
-"""declop.sharding: the FNV-1a hash, ranges, the split, and the shardSelector string."""
+"""declop.leases.hashing: the FNV-1a hash, ranges, the split, and the shardSelector string."""
 
 from __future__ import annotations
 
 import pytest
 
-from declop import sharding
-from declop.sharding import (
+from declop.leases import hashing as sharding
+from declop.leases.hashing import (
     HASH_SPACE,
     ShardFilter,
     ShardRange,

@@ -12,9 +12,9 @@ import pytest
 
 from declop.clock import FakeClock
 from declop.errors import ApiError, ConfigError, Conflict, NotFound
-from declop.metrics import Metrics
-from declop.sharding import fnv1a64, range_index, split
-from declop.shardlease import ShardLeases, ShardSet, lease_name, plan
+from declop.serving.metrics import Metrics
+from declop.leases.hashing import fnv1a64, range_index, split
+from declop.leases.shards import ShardLeases, ShardSet, lease_name, plan
 
 
 class Leases:

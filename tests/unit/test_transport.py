@@ -1,4 +1,4 @@
-"""declop.transport: the pure helpers — verb classification, error mapping, query encoding."""
+"""declop.kube.transport: the pure helpers — verb classification, error mapping, query encoding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from declop.errors import ApiError, Conflict, Forbidden, NotFound
-from declop.transport import (
+from declop.kube.transport import (
     rbac_resource,
     PATCH_TYPES,
     TransportStatistics,
@@ -287,7 +287,7 @@ def test_lanes_never_wait_behind_each_other() -> None:
 
     from aiohttp import web
 
-    from declop.transport import LANES, Transport
+    from declop.kube.transport import LANES, Transport
 
     async def main() -> tuple[float, float, int]:
         async def ok(request: web.Request) -> web.Response:
@@ -329,7 +329,7 @@ def test_lanes_never_wait_behind_each_other() -> None:
 def test_a_cancelled_wait_gives_its_token_back() -> None:
     import asyncio
 
-    from declop.transport import Transport
+    from declop.kube.transport import Transport
 
     async def main() -> float:
         transport = Transport(_Config("http://127.0.0.1:9"), qps=10, burst=1)
@@ -373,7 +373,7 @@ def _watch_outcome(steps: tuple[Any, ...], **kw: Any) -> Any:
 def test_stream_idle_read_is_stream_idle_not_unreachable() -> None:
     """aiohttp's read timeout is a ClientConnectionError subclass: it must not read as Unreachable."""
     from declop.testing.listwatch import Step
-    from declop.transport import StreamIdle
+    from declop.kube.transport import StreamIdle
 
     outcome = _watch_outcome((Step.bookmark(), Step.idle(2)), read_timeout=0.2)
     assert isinstance(outcome, StreamIdle) and outcome.reason == "Idle"
@@ -381,7 +381,7 @@ def test_stream_idle_read_is_stream_idle_not_unreachable() -> None:
 
 def test_stream_cut_after_it_began_is_interrupted() -> None:
     from declop.testing.listwatch import Step
-    from declop.transport import StreamInterrupted
+    from declop.kube.transport import StreamInterrupted
 
     outcome = _watch_outcome((Step.bookmark(), Step.abort()))
     assert isinstance(outcome, StreamInterrupted) and outcome.reason == "Interrupted"
@@ -406,7 +406,7 @@ def test_stream_refused_connection_is_unreachable() -> None:
     import socket
 
     from declop.testing.listwatch import ListWatchServer
-    from declop.transport import StreamIdle, StreamInterrupted
+    from declop.kube.transport import StreamIdle, StreamInterrupted
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

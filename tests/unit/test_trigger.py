@@ -1,11 +1,11 @@
-"""declop.trigger: the per-key trace and the frozen trigger a reconcile gets."""
+"""declop.reconcile.trigger: the per-key trace and the frozen trigger a reconcile gets."""
 
 from __future__ import annotations
 
 
 import pytest
 
-from declop.trigger import MAX_DETAILS, NO_TRIGGER, Trace, Trigger
+from declop.reconcile.trigger import MAX_DETAILS, NO_TRIGGER, Trace, Trigger
 
 
 def test_a_trace_counts_sources_in_first_seen_order_and_the_rv_range() -> None:

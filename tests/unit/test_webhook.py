@@ -1,4 +1,4 @@
-"""Registration of validators, mutators and converters (declop/webhook.py, the registry)."""
+"""Registration of validators, mutators and converters (declop/webhooks/declaration.py, the registry)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 import declop
 from declop.registry import Registry
-from declop.webhook import Rejected, default_name
+from declop.webhooks.declaration import Rejected, default_name
 
 
 def test_validator_is_registered_and_returned_unchanged():
@@ -41,7 +41,7 @@ def test_declared_arguments_only():
 
 def test_unknown_argument_gets_did_you_mean():
     reg = Registry()
-    with pytest.raises(declop.RegistrationError, match=r"unknown argument 'old_object': did you mean 'old_obj'\?"):
+    with pytest.raises(declop.errors.RegistrationError, match=r"unknown argument 'old_object': did you mean 'old_obj'\?"):
         declop.validator("widgets.example.com", registry=reg)(lambda obj, old_object: None)
 
 
@@ -51,13 +51,13 @@ def test_defaulted_typo_is_refused():
     def fn(obj, dryrun=False):
         return None
 
-    with pytest.raises(declop.RegistrationError, match=r"'dryrun', which would always keep its default: did you mean 'dry_run'"):
+    with pytest.raises(declop.errors.RegistrationError, match=r"'dryrun', which would always keep its default: did you mean 'dry_run'"):
         declop.validator("widgets.example.com", registry=reg)(fn)
 
 
 def test_converter_arguments_are_its_own():
     reg = Registry()
-    with pytest.raises(declop.RegistrationError, match=r"@declop.converter .* unknown argument 'operation'"):
+    with pytest.raises(declop.errors.RegistrationError, match=r"@declop.converter .* unknown argument 'operation'"):
         declop.converter("widgets.example.com", registry=reg)(lambda obj, operation: None)
 
     @declop.converter("widgets.example.com", registry=reg)
@@ -65,7 +65,7 @@ def test_converter_arguments_are_its_own():
         return obj
 
     assert reg.webhooks[0].path == "/convert/convert.widgets.example.com"
-    with pytest.raises(declop.RegistrationError, match="already has a converter"):
+    with pytest.raises(declop.errors.RegistrationError, match="already has a converter"):
         declop.converter("widgets.example.com", name="other.widgets.example.com", registry=reg)(lambda obj: obj)
 
 
@@ -81,14 +81,14 @@ def test_converter_arguments_are_its_own():
     ],
 )
 def test_bad_options(options, message):
-    with pytest.raises(declop.RegistrationError, match=message):
+    with pytest.raises(declop.errors.RegistrationError, match=message):
         declop.validator("widgets.example.com", registry=Registry(), **options)(lambda obj: None)
 
 
 def test_misspelt_option_and_resource_in_parts():
-    with pytest.raises(declop.RegistrationError, match=r"unknown option failurePolicy=: did you mean 'failure_policy'\?"):
+    with pytest.raises(declop.errors.RegistrationError, match=r"unknown option failurePolicy=: did you mean 'failure_policy'\?"):
         declop.validator("widgets.example.com", failurePolicy="Fail")  # type: ignore[call-arg]
-    with pytest.raises(declop.RegistrationError, match=r"declop takes the resource as one string: @declop.reconciler\('widgets.example.com'\)"):
+    with pytest.raises(declop.errors.RegistrationError, match=r"declop takes the resource as one string: @declop.reconciler\('widgets.example.com'\)"):
         declop.mutator("example.com", "v1", "widgets")  # type: ignore[misc]
 
 
@@ -107,10 +107,10 @@ def test_duplicate_names_and_frozen_registry():
 
         return check
 
-    with pytest.raises(declop.RegistrationError, match="already registered; pass name="):
+    with pytest.raises(declop.errors.RegistrationError, match="already registered; pass name="):
         declop.validator("widgets.example.com", registry=reg)(another())
     reg.freeze()
-    with pytest.raises(declop.RegistrationError, match="manager has already started"):
+    with pytest.raises(declop.errors.RegistrationError, match="manager has already started"):
         declop.mutator("widgets.example.com", registry=reg)(check)
     reg.clear()
     assert reg.webhooks == []

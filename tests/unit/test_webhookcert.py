@@ -1,4 +1,4 @@
-"""declop.webhookcert: the CA in a Secret (created once, shared, never overwritten) and a serving
+"""declop.webhooks.certs: the CA in a Secret (created once, shared, never overwritten) and a serving
 certificate a client trusting only the CA accepts — before and after a renewal, without SNI."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from cryptography import x509
 
 from declop.errors import ApiError, ConfigError, Conflict, NotFound
-from declop.webhookcert import CertAuthority, GeneratedCert, MountedCert, load_or_create_ca
+from declop.webhooks.certs import CertAuthority, GeneratedCert, MountedCert, load_or_create_ca
 
 
 def handshake(ctx: ssl.SSLContext, ca_pem: bytes, server_hostname: str | None = None) -> x509.Certificate:

@@ -1,4 +1,4 @@
-"""declop.webhookconfig: the configuration objects the operator applies."""
+"""declop.webhooks.configuration: the configuration objects the operator applies."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import base64
 import pytest
 
 import declop
-from declop.discovery import ResourceInfo
+from declop.kube.discovery import ResourceInfo
 from declop.errors import ConfigError
 from declop.registry import Registry
-from declop.webhookconfig import ClientConfig, configuration, conversion_patch, parse_service
+from declop.webhooks.configuration import ClientConfig, configuration, conversion_patch, parse_service
 
 WIDGETS = ResourceInfo("example.com", "v1", "widgets", "Widget", True)
 
@@ -78,7 +78,7 @@ def test_apply_sends_both_configurations_and_the_crd_patch():
     import asyncio
 
     from declop.errors import ApiError
-    from declop.webhookconfig import apply_configurations
+    from declop.webhooks.configuration import apply_configurations
 
     reg = Registry()
     declop.validator("widgets.example.com", registry=reg)(lambda obj: None)

@@ -1,4 +1,4 @@
-"""declop.webhookserver over plain HTTP (aiohttp's test server): every answer the module
+"""declop.webhooks.server over plain HTTP (aiohttp's test server): every answer the module
 docstring lists, bad input, and that nothing from the object or the exception leaves."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import declop
-from declop.patch import apply
+from declop.webhooks.patch import apply
 from declop.registry import Registry
-from declop.webhookserver import WebhookServer
+from declop.webhooks.server import WebhookServer
 
 OBJ = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "ns"}, "spec": {"size": 3, "token": "s3cr3t"}}
 
@@ -244,7 +244,7 @@ def test_unknown_path_is_404():
 
 
 def test_requests_are_counted_with_controller_runtime_names():
-    from declop.metrics import Metrics
+    from declop.serving.metrics import Metrics
 
     reg = Registry()
     declop.validator("widgets.example.com", registry=reg)(lambda obj: None)

@@ -1,7 +1,7 @@
-"""declop.workqueue: client-go workqueue semantics, deterministic under a FakeClock.
+"""declop.queue.workqueue: client-go workqueue semantics, deterministic under a FakeClock.
 
 Every test runs twice: against the FIFO :class:`WorkQueue` and against the
-:class:`~declop.priorityqueue.PriorityQueue` (all adds at one priority), which must keep every
+:class:`~declop.queue.priority.PriorityQueue` (all adds at one priority), which must keep every
 guarantee. The priority queue's own ordering is tested in ``test_priorityqueue.py``.
 
 Async tests drive their own loop with ``asyncio.run`` (no pytest-asyncio). Only the timer tests use
@@ -16,9 +16,9 @@ import time
 import pytest
 
 from declop.clock import MONOTONIC, FakeClock
-from declop.priorityqueue import PriorityQueue
-from declop.ratelimit import ItemExponential, RateLimiter
-from declop.workqueue import (
+from declop.queue.priority import PriorityQueue
+from declop.queue.ratelimit import ItemExponential, RateLimiter
+from declop.queue.workqueue import (
     NO_METRICS,
     QueueEmpty,
     QueueMetrics,

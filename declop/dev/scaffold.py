@@ -1,0 +1,252 @@
+"""The scaffold behind ``declop new``: a small operator project for one custom resource.
+
+``declop new Widget --group example.com`` writes, into a new folder:
+
+- ``crd.yaml`` — a namespaced CRD with a status subresource, a small spec schema and printer columns;
+- ``handlers.py`` — a reconciler with a finalizer, an owned ConfigMap built from the spec
+  (:func:`declop.create_or_update`, :func:`declop.set_controller_reference`) and a ``Ready``
+  condition (:mod:`declop.conditions`);
+- ``example.yaml``, ``tests/test_handlers.py`` (unit, fake apiserver),
+  ``tests/test_integration.py`` (the pytest plugin's real control plane), ``values.yaml`` (the
+  Helm chart's values with exactly the RBAC the handlers use), ``README.md``, ``pyproject.toml``
+  (pytest settings) and ``.gitignore``.
+
+The templates are package data (``declop/dev/templates/operator/*.tmpl``, read through
+:mod:`importlib.resources`, so an installed wheel has them) filled with :class:`string.Template`
+(``${kind}``, ``${plural}`` …): the Python and YAML in them keep their braces.
+
+Invariants:
+
+- every name is checked before anything is written, each with one line saying what is wrong
+  and what would do (:class:`ScaffoldError`, a :class:`~declop.errors.ConfigError`);
+- nothing is written into a folder that exists and is not empty;
+- the names follow the CRD rules: ``plural``/``singular`` are lowercase DNS labels, the CRD is
+  named ``<plural>.<group>``, the list kind is ``<Kind>List``.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+import string
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+from declop.errors import ConfigError
+
+__all__ = ["Names", "ScaffoldError", "create", "names_for", "plural_of", "render"]
+
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN_PART = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_GROUP = re.compile(rf"^{_DNS_SUBDOMAIN_PART}(\.{_DNS_SUBDOMAIN_PART})+$")
+_VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
+_LABEL_MAX = 63
+_SUBDOMAIN_MAX = 253
+#: groups whose CRDs the apiserver accepts only with an api-approved.kubernetes.io annotation
+_PROTECTED = ("k8s.io", "kubernetes.io")
+#: singular names that cannot be the Python name of the handler and its argument
+_RESERVED = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {
+    # names the generated modules use at their top level or around the handler's argument
+    "declop", "handlers", "yaml", "pytest", "kubernetes", "logging", "crd", "read", "ready",
+    "configmap", "meta", "spec", "status", "mutate",
+}
+TEMPLATES = "dev/templates/operator"
+SUFFIX = ".tmpl"
+
+
+class ScaffoldError(ConfigError):
+    """A name or a target folder ``declop new`` cannot use; a usage error (exit code 2)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every name of the generated resource, derived from Kind, group and version."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    singular: str
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @property
+    def crd_name(self) -> str:
+        """``widgets.example.com``: also the resource name a reconciler registers."""
+        return f"{self.plural}.{self.group}"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    @property
+    def finalizer(self) -> str:
+        return f"{self.crd_name}/cleanup"
+
+    @property
+    def python_name(self) -> str:
+        """The handler's name and its argument's: the singular, unless Python or the template needs it."""
+        return f"{self.singular}_" if self.singular in _RESERVED else self.singular
+
+    @property
+    def project(self) -> str:
+        """The default folder and Helm release name: ``widget-operator``."""
+        return f"{self.singular}-operator"
+
+    def substitutions(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "group": self.group,
+            "version": self.version,
+            "plural": self.plural,
+            "singular": self.singular,
+            "list_kind": self.list_kind,
+            "crd_name": self.crd_name,
+            "resource": self.crd_name,
+            "api_version": self.api_version,
+            "finalizer": self.finalizer,
+            "var": self.python_name,
+            "project": self.project,
+        }
+
+
+def plural_of(kind: str) -> str:
+    """The lowercase plural of a Kind, by the English rules Kubernetes' generators use.
+
+    ``Widget`` → ``widgets``, ``Policy`` → ``policies``, ``Ingress`` → ``ingresses``,
+    ``Box`` → ``boxes``, ``Gateway`` → ``gateways``. Irregular words need ``--plural``.
+    """
+    word = kind.lower()
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "i", "o", "u", ""):
+        return word[:-1] + "ies"
+    if word.endswith(("s", "x", "z", "ch", "sh")):
+        return word + "es"
+    return word + "s"
+
+
+def check_kind(kind: str) -> str:
+    if not _KIND.match(kind):
+        hint = "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", kind))
+        raise ScaffoldError(
+            f"Kind {kind!r} is not CamelCase: start with an upper-case letter, then letters and digits "
+            f"only (e.g. {hint if _KIND.match(hint) else 'Widget'})"
+        )
+    if len(kind) > _LABEL_MAX:
+        raise ScaffoldError(f"Kind {kind!r} is {len(kind)} characters long; at most {_LABEL_MAX} fit a resource name")
+    if kind.endswith("List"):
+        raise ScaffoldError(f"Kind {kind!r} ends in 'List', which Kubernetes keeps for lists ({kind}List); choose another")
+    return kind
+
+
+def check_group(group: str) -> str:
+    if not _GROUP.match(group) or len(group) > _SUBDOMAIN_MAX:
+        raise ScaffoldError(
+            f"group {group!r} is not a DNS subdomain with a dot: use a domain you own, lowercase, e.g. example.com "
+            "or widgets.mycompany.io"
+        )
+    if any(group == p or group.endswith("." + p) for p in _PROTECTED):
+        raise ScaffoldError(
+            f"group {group!r} is reserved for Kubernetes' own APIs (the apiserver wants an api-approved "
+            "annotation); use a domain you own, e.g. example.com"
+        )
+    return group
+
+
+def check_version(version: str) -> str:
+    if not _VERSION.match(version):
+        raise ScaffoldError(
+            f"version {version!r} is not a Kubernetes API version: v1, v2, v1alpha1, v2beta3 … (v, a number, "
+            "then optionally alpha/beta and a number)"
+        )
+    return version
+
+
+def check_plural(plural: str, singular: str) -> str:
+    if not _DNS_LABEL.match(plural) or len(plural) > _LABEL_MAX:
+        raise ScaffoldError(
+            f"plural {plural!r} must be lowercase letters, digits and '-', starting with a letter "
+            f"(a DNS label of at most {_LABEL_MAX} characters), e.g. {singular}s"
+        )
+    if plural == singular:
+        raise ScaffoldError(f"plural {plural!r} is the same as the singular; give a different --plural")
+    return plural
+
+
+def names_for(kind: str, group: str, version: str = "v1", plural: str | None = None) -> Names:
+    """Check and derive every name; raises :class:`ScaffoldError` (one line) on the first bad one."""
+    check_kind(kind)
+    check_group(group)
+    check_version(version)
+    singular = kind.lower()
+    plural = check_plural(plural if plural is not None else plural_of(kind), singular)
+    names = Names(kind=kind, group=group, version=version, plural=plural, singular=singular)
+    if len(names.crd_name) > _SUBDOMAIN_MAX:
+        raise ScaffoldError(
+            f"the CRD name {names.crd_name!r} is longer than {_SUBDOMAIN_MAX} characters; shorten the group or the plural"
+        )
+    return names
+
+
+def _templates() -> Traversable:
+    return resources.files("declop").joinpath(TEMPLATES)
+
+
+def _walk(folder: Traversable, prefix: str = "") -> list[tuple[str, Traversable]]:
+    out: list[tuple[str, Traversable]] = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.is_dir():
+            out.extend(_walk(entry, f"{prefix}{entry.name}/"))
+        elif entry.name.endswith(SUFFIX):
+            out.append((prefix + entry.name, entry))
+    return out
+
+
+def _target_name(template_path: str) -> str:
+    """``tests/test_handlers.py.tmpl`` → ``tests/test_handlers.py``; ``_gitignore.tmpl`` → ``.gitignore``."""
+    path = template_path.removesuffix(SUFFIX)
+    head, _, name = path.rpartition("/")
+    if name.startswith("_"):
+        name = "." + name[1:]
+    return f"{head}/{name}" if head else name
+
+
+def render(names: Names) -> dict[str, str]:
+    """The project's files: relative path → content, sorted by path."""
+    values = names.substitutions()
+    files = {
+        _target_name(path): string.Template(entry.read_text(encoding="utf-8")).substitute(values)
+        for path, entry in _walk(_templates())
+    }
+    files = dict(sorted(files.items()))
+    if not files:
+        raise RuntimeError(f"declop's scaffold templates are missing from {_templates()}: reinstall declop")
+    return files
+
+
+def create(names: Names, directory: str | Path | None = None) -> tuple[Path, list[Path]]:
+    """Write the project into ``directory`` (default ``./<singular>-operator``); return it and the files.
+
+    Raises:
+        ScaffoldError: the folder exists and is not empty, or is a file.
+    """
+    target = Path(directory if directory is not None else names.project)
+    if target.exists():
+        if not target.is_dir():
+            raise ScaffoldError(f"{target} is a file; give --dir a new or empty folder")
+        if any(target.iterdir()):
+            raise ScaffoldError(f"{target} exists and is not empty; give --dir a new or empty folder")
+    files = render(names)
+    written = []
+    for relative, content in files.items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+        written.append(path)
+    return target, written

@@ -1,0 +1,8 @@
+"""Talking to a Kubernetes apiserver: configuration, HTTP, discovery and the object vocabulary.
+
+Owns kubeconfig and in-cluster loading, the asyncio HTTP transport (retries, client-side rate
+limit, streaming decode), API discovery (plural ↔ kind, scope, verbs), label selectors, resource
+names with their cache options, and an object's key (``Request``: namespace/name). Holds no
+objects and runs no loops of its own. May import the base modules and ``declop.queue`` (for the
+client-side token bucket).
+"""

@@ -1,0 +1,584 @@
+"""Kubeconfig: where the apiserver is and who we are, read as kubectl/client-go read it.
+
+:func:`load` picks the source in controller-runtime's order (``config.GetConfig``):
+
+1. ``--kubeconfig PATH`` (that file alone; it must exist);
+2. ``$KUBECONFIG`` — a ``os.pathsep`` list, merged as client-go merges it (the first file to set a
+   map entry or ``current-context`` wins; missing files are skipped);
+3. in-cluster — ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the service-account token and CA;
+4. ``~/.kube/config``.
+
+From the chosen cluster and user it honours ``server``, ``certificate-authority(-data)``,
+``insecure-skip-tls-verify``, ``tls-server-name``, ``proxy-url`` (``http``/``https``: CONNECT
+tunnel; without it ``HTTPS_PROXY``/``NO_PROXY``, as Go's ``ProxyFromEnvironment``), ``client-certificate(-data)``/``client-key(-data)``, ``token``, ``tokenFile``,
+``username``/``password`` and ``exec`` credential plugins.
+
+Invariants:
+- no credential is ever written to a file: CA bundles are given to ``ssl`` in memory, client
+  certificates and keys go through anonymous memory files (``memfd``) that vanish with their
+  descriptor — so no exit path (normal, SIGTERM, lease loss, ``os._exit``) can leave one behind;
+- an exec plugin runs in a worker thread, never on the event loop; its token and client
+  certificate are cached until shortly before ``expirationTimestamp`` (a fifth of their lifetime,
+  at most a minute, before) and fetched again then, or after a 401;
+- a tokenFile (and the in-cluster token) is re-read at most every minute, so a rotated projected
+  token is picked up without a restart;
+- every malformed input is one :class:`KubeconfigError` line naming the file and the problem
+  (the CLI exits 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from declop.errors import ApiError, ConfigError
+
+__all__ = ["ExecPlugin", "KubeconfigError", "RestConfig", "env_proxy", "from_kubernetes", "load", "load_cert_chain"]
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_REREAD_SECONDS = 60.0
+
+
+class KubeconfigError(ConfigError):
+    """The kubeconfig cannot be used: malformed, missing, or naming what is not there. Exit 2."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ExecPlugin:
+    """A ``users[].user.exec`` entry."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    api_version: str = "client.authentication.k8s.io/v1"
+    install_hint: str = ""
+    cluster: Mapping[str, Any] | None = None  # given to the plugin when provideClusterInfo
+
+
+@dataclass(slots=True)
+class _Credential:
+    token: str | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    refresh_at: float = float("inf")  # monotonic
+
+
+@dataclass(eq=False)
+class RestConfig:
+    """How to talk to one apiserver. Built by :func:`load`; the transport asks it for headers and
+    the TLS context before each request (both may change while running)."""
+
+    host: str
+    #: where the credentials came from, for error messages: "kubeconfig PATH (user U)" or "in-cluster …"
+    source: str = ""
+    in_cluster: bool = False
+    ca_data: bytes | None = None
+    insecure: bool = False
+    server_name: str | None = None
+    proxy: str | None = None
+    cert_data: bytes | None = None
+    key_data: bytes | None = None
+    token: str | None = None
+    token_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+    exec_plugin: ExecPlugin | None = None
+    _token_cache: tuple[float, str] | None = field(default=None, repr=False)
+    _exec: _Credential | None = field(default=None, repr=False)
+    _exec_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ssl: tuple[Any, ssl.SSLContext] | None = field(default=None, repr=False)
+
+    # -- what the transport asks ---------------------------------------------------------------
+    async def headers(self) -> dict[str, str]:
+        """The Authorization header (if any), refreshing an exec credential off the loop."""
+        if self.exec_plugin is not None:
+            cred = await self._exec_credential()
+            return {"Authorization": f"Bearer {cred.token}"} if cred.token else {}
+        token = self.token or self._file_token()
+        if token:
+            return {"Authorization": f"Bearer {token}"}
+        if self.username is not None:
+            basic = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
+            return {"Authorization": f"Basic {basic}"}
+        return {}
+
+    async def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for the next request (None for plain http); rebuilt only when an exec
+        plugin hands out a new client certificate."""
+        if not self.host.startswith("https"):
+            return None
+        cert, key = self.cert_data, self.key_data
+        if self.exec_plugin is not None:
+            cred = await self._exec_credential()
+            if cred.cert:
+                cert, key = cred.cert, cred.key
+        ident = (cert, key)
+        if self._ssl is None or self._ssl[0] != ident:
+            self._ssl = (ident, _context(self.ca_data, self.insecure, cert, key))
+        return self._ssl[1]
+
+    def unauthorized(self) -> bool:
+        """A 401 came back: forget a cached exec credential. True when retrying may help."""
+        if self.exec_plugin is not None and self._exec is not None:
+            self._exec = None
+            return True
+        if self.token_file:
+            self._token_cache = None
+        return False
+
+    def explain_401(self) -> str:
+        """What to do about a 401, fitting where the credentials came from."""
+        if self.in_cluster:
+            return (
+                f"the apiserver at {self.host} rejected the service account token (401) read from "
+                f"{self.token_file}; the token may have expired or its ServiceAccount been deleted — "
+                "check the Pod's serviceAccountName and that its token is mounted"
+            )
+        what = "exec plugin credential" if self.exec_plugin else "client certificate" if self.cert_data else "token" if (self.token or self.token_file) else "credentials"
+        return (
+            f"the apiserver at {self.host} rejected the {what} of {self.source} (401); "
+            "log in again or refresh that user's credentials, or pick another --context"
+        )
+
+    # -- tokens --------------------------------------------------------------------------------
+    def _file_token(self) -> str | None:
+        if not self.token_file:
+            return None
+        now = time.monotonic()
+        if self._token_cache is not None and now - self._token_cache[0] < TOKEN_REREAD_SECONDS:
+            return self._token_cache[1]
+        try:
+            with open(self.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            if self._token_cache is not None:
+                return self._token_cache[1]  # keep the last one: a projected volume swaps files
+            raise ApiError(0, "Credentials", f"cannot read the token file {self.token_file}: {exc.strerror}") from exc
+        self._token_cache = (now, token)
+        return token
+
+    async def _exec_credential(self) -> _Credential:
+        cred = self._exec
+        if cred is not None and time.monotonic() < cred.refresh_at:
+            return cred
+        # in a thread: a plugin may take seconds (a browser login, a cloud API call)
+        return await asyncio.to_thread(self._run_exec)
+
+    def _run_exec(self) -> _Credential:
+        with self._exec_lock:  # one plugin run at a time; the others take its answer
+            cred = self._exec
+            if cred is not None and time.monotonic() < cred.refresh_at:
+                return cred
+            cred = run_exec_plugin(self.exec_plugin, self.source)  # type: ignore[arg-type]
+            self._exec = cred
+            return cred
+
+
+def run_exec_plugin(plugin: ExecPlugin, source: str) -> _Credential:
+    """Run ``plugin`` once (no stdin, its stderr passed through) and parse its ExecCredential."""
+    spec: dict[str, Any] = {"interactive": False}
+    if plugin.cluster is not None:
+        spec["cluster"] = dict(plugin.cluster)
+    env = {**os.environ, **dict(plugin.env)}
+    env["KUBERNETES_EXEC_INFO"] = json.dumps({"apiVersion": plugin.api_version, "kind": "ExecCredential", "spec": spec})
+    name = f"exec plugin {plugin.command} of {source}"
+    try:
+        done = subprocess.run(
+            [plugin.command, *plugin.args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            timeout=120, check=False,
+        )
+    except FileNotFoundError as exc:
+        hint = f"; {plugin.install_hint.strip().splitlines()[0]}" if plugin.install_hint.strip() else ""
+        raise ApiError(0, "Credentials", f"{name}: command not found{hint}") from exc
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ApiError(0, "Credentials", f"{name} failed to run: {exc}") from exc
+    if done.returncode != 0:
+        raise ApiError(0, "Credentials", f"{name} exited with code {done.returncode}")
+    try:
+        answer = json.loads(done.stdout)
+        status = answer["status"]
+        if not isinstance(status, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApiError(0, "Credentials", f"{name} did not print an ExecCredential with a status") from exc
+    cred = _Credential(
+        token=status.get("token") or None,
+        cert=(status.get("clientCertificateData") or "").encode() or None,
+        key=(status.get("clientKeyData") or "").encode() or None,
+    )
+    if not cred.token and not (cred.cert and cred.key):
+        raise ApiError(0, "Credentials", f"{name} returned neither a token nor a client certificate and key")
+    expires = status.get("expirationTimestamp")
+    if expires:
+        try:
+            at = datetime.datetime.fromisoformat(str(expires).replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ApiError(0, "Credentials", f"{name}: bad expirationTimestamp {expires!r}") from exc
+        left = at.timestamp() - time.time()
+        margin = min(60.0, max(left, 0.0) / 5)
+        cred.refresh_at = time.monotonic() + left - margin
+    return cred
+
+
+# -- TLS without files ---------------------------------------------------------------------------
+def _context(ca: bytes | None, insecure: bool, cert: bytes | None, key: bytes | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cert and key:
+        load_cert_chain(ctx, cert, key)
+    return ctx
+
+
+def load_cert_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """``ctx.load_cert_chain`` from memory: ``ssl`` only reads paths, so the PEMs go through
+    anonymous memory files (``memfd``, Linux) that exist only while their descriptors are open.
+    Elsewhere a private temporary directory is used and removed before returning."""
+    if hasattr(os, "memfd_create"):
+        fds: list[int] = []
+        try:
+            for data in (cert, key):
+                fd = os.memfd_create("declop-credential", getattr(os, "MFD_CLOEXEC", 0))
+                fds.append(fd)
+                _write_all(fd, data)
+            ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="declop-") as tmp:  # pragma: no cover - not Linux
+        paths = []
+        for name, data in (("cert", cert), ("key", key)):
+            path = os.path.join(tmp, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            paths.append(path)
+        ctx.load_cert_chain(paths[0], paths[1])
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# -- loading -------------------------------------------------------------------------------------
+def load(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    *,
+    in_cluster: bool | None = None,
+    service_account_dir: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RestConfig:
+    """The apiserver and credentials, from the first source in the order of the module docstring.
+    ``in_cluster`` forces (True) or forbids (False) the in-cluster source."""
+    env = os.environ if environ is None else environ
+    if kubeconfig:
+        return _from_files([kubeconfig], context, explicit=True, env=env)
+    listed = [p for p in (env.get("KUBECONFIG") or "").split(os.pathsep) if p]
+    if listed and in_cluster is not True:
+        return _from_files(listed, context, explicit=False, env=env)
+    if in_cluster or (in_cluster is None and env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT")):
+        sa_dir = service_account_dir or env.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
+        return _in_cluster(env, sa_dir)
+    home = os.path.join(os.path.expanduser("~"), ".kube", "config")
+    if os.path.exists(home):
+        return _from_files([home], context, explicit=True, env=env)
+    raise ConfigError(
+        f"no kubeconfig at {home}; pass --kubeconfig, set KUBECONFIG, "
+        "or start a local control plane with 'declop dev'"
+    )
+
+
+def env_proxy(server: str, env: Mapping[str, str]) -> str | None:
+    """The proxy Go's ``http.ProxyFromEnvironment`` picks for ``server``: ``HTTPS_PROXY`` (or
+    ``HTTP_PROXY`` for http servers), unless ``NO_PROXY`` matches the host or the host is
+    ``localhost`` or a loopback address (never proxied)."""
+    import ipaddress
+    import urllib.parse
+    import urllib.request
+
+    scheme = "https" if server.startswith("https") else "http"
+    proxy = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
+    if not proxy:
+        return None
+    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
+    host = urllib.parse.urlsplit(server).hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    if no_proxy and urllib.request.proxy_bypass_environment(host, {"no": no_proxy}):  # type: ignore[attr-defined]
+        return None
+    return proxy
+
+
+def _in_cluster(env: Mapping[str, str], sa_dir: str) -> RestConfig:
+    host, port = env.get("KUBERNETES_SERVICE_HOST") or "", env.get("KUBERNETES_SERVICE_PORT") or ""
+    if not host or not port:
+        raise ConfigError("in-cluster configuration needs KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT")
+    token = os.path.join(sa_dir, "token")
+    ca_file = os.path.join(sa_dir, "ca.crt")
+    if not os.path.isfile(token):
+        raise ConfigError(
+            f"in-cluster configuration failed: no service account token at {token}; "
+            "is automountServiceAccountToken off?"
+        )
+    try:
+        with open(ca_file, "rb") as f:
+            ca = f.read()
+    except OSError as exc:
+        raise ConfigError(f"in-cluster configuration failed: cannot read {ca_file}: {exc.strerror}") from exc
+    if ":" in host:
+        host = f"[{host}]"
+    server = f"https://{host}:{port}"
+    return RestConfig(
+        host=server, source=f"the in-cluster service account token ({token})",
+        in_cluster=True, ca_data=ca, token_file=token, proxy=env_proxy(server, env),
+    )
+
+
+def _read(path: str) -> dict[str, Any]:
+    import yaml  # type: ignore[import-untyped]
+
+    if os.path.isdir(path):
+        raise KubeconfigError(f"kubeconfig {path} is a directory, not a file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise KubeconfigError(f"kubeconfig {path} is not UTF-8 text") from exc
+    except OSError as exc:
+        raise KubeconfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise KubeconfigError(f"kubeconfig {path} is not valid YAML{where}: {problem}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise KubeconfigError(
+            f"kubeconfig {path} holds a YAML {_yaml_kind(doc)}, not a mapping with clusters, contexts and users"
+        )
+    for section in ("clusters", "contexts", "users"):
+        entries = doc.get(section)
+        if entries is None:
+            continue
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+            raise KubeconfigError(f"kubeconfig {path}: {section} must be a list of entries with a name")
+    return doc
+
+
+def _yaml_kind(doc: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(doc), type(doc).__name__)
+
+
+@dataclass
+class _Merged:
+    current: str | None = None
+    current_file: str | None = None
+    entries: dict[str, dict[str, tuple[str, dict[str, Any]]]] = field(
+        default_factory=lambda: {"clusters": {}, "contexts": {}, "users": {}}
+    )
+
+
+def _from_files(paths: list[str], context: str | None, *, explicit: bool, env: Mapping[str, str]) -> RestConfig:
+    merged = _Merged()
+    found = []
+    for path in paths:
+        if not os.path.exists(path):
+            if explicit:
+                raise ConfigError(
+                    f"no kubeconfig at {path}; pass --kubeconfig, set KUBECONFIG, "
+                    "or start a local control plane with 'declop dev'"
+                )
+            continue  # client-go skips missing files of $KUBECONFIG
+        found.append(path)
+        doc = _read(path)
+        if merged.current is None and doc.get("current-context"):
+            merged.current, merged.current_file = str(doc["current-context"]), path
+        for section in ("clusters", "contexts", "users"):
+            for entry in doc.get(section) or ():
+                merged.entries[section].setdefault(entry["name"], (path, entry))
+    if not found:
+        raise ConfigError(
+            f"no kubeconfig at {', '.join(paths)} (KUBECONFIG); pass --kubeconfig, fix KUBECONFIG, "
+            "or start a local control plane with 'declop dev'"
+        )
+    where = found[0] if len(found) == 1 else f"{found[0]} (+{len(found) - 1} merged)"
+    name = context or merged.current
+    if not name:
+        raise KubeconfigError(f"kubeconfig {where} has no current-context; pass --context")
+    if name not in merged.entries["contexts"]:
+        known = ", ".join(sorted(merged.entries["contexts"])) or "none"
+        raise KubeconfigError(f"kubeconfig {where} has no context {name!r} (contexts: {known})")
+    ctx_file, ctx_entry = merged.entries["contexts"][name]
+    ctx = _section(ctx_entry, "context", ctx_file)
+    cluster_name, user_name = ctx.get("cluster"), ctx.get("user")
+    if cluster_name not in merged.entries["clusters"]:
+        raise KubeconfigError(f"kubeconfig {ctx_file}: context {name!r} names cluster {cluster_name!r}, which is not defined")
+    cl_file, cl_entry = merged.entries["clusters"][cluster_name]
+    cluster = _section(cl_entry, "cluster", cl_file)
+    user: dict[str, Any] = {}
+    us_file = ctx_file
+    if user_name:
+        if user_name not in merged.entries["users"]:
+            raise KubeconfigError(f"kubeconfig {ctx_file}: context {name!r} names user {user_name!r}, which is not defined")
+        us_file, us_entry = merged.entries["users"][user_name]
+        user = _section(us_entry, "user", us_file)
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server.startswith(("https://", "http://")):
+        raise KubeconfigError(f"kubeconfig {cl_file}: cluster {cluster_name!r} needs a server like https://host:6443, got {server!r}")
+    proxy = cluster.get("proxy-url") or None
+    if proxy is not None and not str(proxy).startswith(("http://", "https://")):
+        raise KubeconfigError(
+            f"kubeconfig {cl_file}: cluster {cluster_name!r}: proxy-url {proxy!r} is not supported; "
+            "declop tunnels through http:// and https:// proxies (CONNECT), not socks5"
+        )
+    source = f"user {user_name!r} in kubeconfig {us_file}" if user_name else f"kubeconfig {ctx_file} (no user)"
+    cfg = RestConfig(
+        host=server.rstrip("/"),
+        source=source,
+        ca_data=_data(cluster, "certificate-authority", cl_file, f"cluster {cluster_name!r}"),
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        server_name=cluster.get("tls-server-name") or None,
+        proxy=proxy or env_proxy(server, env),
+        cert_data=_data(user, "client-certificate", us_file, f"user {user_name!r}"),
+        key_data=_data(user, "client-key", us_file, f"user {user_name!r}"),
+        token=user.get("token") or None,
+        token_file=_path(user.get("tokenFile"), us_file) if user.get("tokenFile") else None,
+        username=user.get("username"),
+        password=user.get("password"),
+    )
+    if cfg.insecure and cfg.ca_data:
+        raise KubeconfigError(
+            f"kubeconfig {cl_file}: cluster {cluster_name!r} sets both insecure-skip-tls-verify and a "
+            "certificate authority; drop one (kubectl refuses this too)"
+        )
+    if bool(cfg.cert_data) != bool(cfg.key_data):
+        raise KubeconfigError(f"kubeconfig {us_file}: user {user_name!r} has a client certificate without a key, or a key without one")
+    if cfg.cert_data and cfg.key_data:
+        try:
+            _context(None, False, cfg.cert_data, cfg.key_data)
+        except ssl.SSLError as exc:
+            raise KubeconfigError(f"kubeconfig {us_file}: user {user_name!r}: the client certificate and key do not load ({exc.reason or exc})") from exc
+    if cfg.ca_data:
+        try:
+            ssl.create_default_context(cadata=cfg.ca_data.decode(errors="replace"))
+        except (ssl.SSLError, ValueError) as exc:
+            raise KubeconfigError(f"kubeconfig {cl_file}: cluster {cluster_name!r}: the certificate authority is not a PEM certificate") from exc
+    if "auth-provider" in user:
+        provider = (user.get("auth-provider") or {}).get("name", "?")
+        raise KubeconfigError(
+            f"kubeconfig {us_file}: user {user_name!r} uses auth-provider {provider!r}, which client-go removed; "
+            "use an exec credential plugin (e.g. kubelogin, gke-gcloud-auth-plugin)"
+        )
+    if user.get("exec"):
+        cfg.exec_plugin = _exec(user["exec"], us_file, user_name, cluster, server)
+    return cfg
+
+
+def _section(entry: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+    value = entry.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise KubeconfigError(f"kubeconfig {path}: {key} {entry.get('name')!r} must be a mapping")
+    return value
+
+
+def _path(value: Any, kubeconfig: str) -> str:
+    path = os.path.expanduser(str(value))
+    return path if os.path.isabs(path) else os.path.join(os.path.dirname(os.path.abspath(kubeconfig)), path)
+
+
+def _data(section: Mapping[str, Any], key: str, kubeconfig: str, what: str) -> bytes | None:
+    """``key-data`` (base64) wins over ``key`` (a file, relative to the kubeconfig), as in client-go."""
+    data = section.get(f"{key}-data")
+    if data:
+        try:
+            return base64.b64decode(str(data), validate=True)
+        except ValueError as exc:
+            raise KubeconfigError(f"kubeconfig {kubeconfig}: {what}: {key}-data is not valid base64") from exc
+    if section.get(key):
+        path = _path(section[key], kubeconfig)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise KubeconfigError(f"kubeconfig {kubeconfig}: {what}: cannot read {key} {path}: {exc.strerror}") from exc
+    return None
+
+
+def _exec(raw: Any, path: str, user: str | None, cluster: Mapping[str, Any], server: str) -> ExecPlugin:
+    if not isinstance(raw, dict) or not raw.get("command"):
+        raise KubeconfigError(f"kubeconfig {path}: user {user!r}: exec needs a command")
+    args = raw.get("args") or []
+    env = raw.get("env") or []
+    if not isinstance(args, list) or not isinstance(env, list) or not all(isinstance(e, dict) and "name" in e for e in env):
+        raise KubeconfigError(f"kubeconfig {path}: user {user!r}: exec args must be a list and env a list of name/value")
+    command = str(raw["command"])
+    if os.sep in command and not os.path.isabs(command):
+        command = _path(command, path)  # relative to the kubeconfig, as client-go resolves it
+    info = None
+    if raw.get("provideClusterInfo"):
+        info = {"server": server, "tls-server-name": cluster.get("tls-server-name"), "insecure-skip-tls-verify": bool(cluster.get("insecure-skip-tls-verify"))}
+        if cluster.get("certificate-authority-data"):
+            info["certificate-authority-data"] = cluster["certificate-authority-data"]
+    return ExecPlugin(
+        command=command,
+        args=tuple(str(a) for a in args),
+        env=tuple((str(e["name"]), str(e.get("value", ""))) for e in env),
+        api_version=str(raw.get("apiVersion") or "client.authentication.k8s.io/v1"),
+        install_hint=str(raw.get("installHint") or ""),
+        cluster=info,
+    )
+
+
+def from_kubernetes(cfg: Any) -> RestConfig:
+    """A :class:`RestConfig` from a ``kubernetes.client.Configuration`` (host, CA file, client
+    cert files, bearer api_key, verify_ssl) — for tests and library users who have one."""
+    if isinstance(cfg, RestConfig):
+        return cfg
+
+    def read(path: str | None) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    token = None
+    for value in (getattr(cfg, "api_key", None) or {}).values():
+        token = str(value).removeprefix("Bearer ").strip() or None
+    return RestConfig(
+        host=str(cfg.host).rstrip("/"),
+        source="the given Configuration",
+        ca_data=read(getattr(cfg, "ssl_ca_cert", None)),
+        insecure=not getattr(cfg, "verify_ssl", True),
+        cert_data=read(getattr(cfg, "cert_file", None)),
+        key_data=read(getattr(cfg, "key_file", None)),
+        token=token,
+    )

@@ -1,0 +1,327 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, compatible with client-go's — plus fencing.
+
+Protocol (client-go ``tools/leaderelection``):
+
+1. Every ``retry_period`` (2 s, jittered) a candidate reads the Lease. It takes it when it does not
+   exist (create), when it is free (empty ``holderIdentity``), or when the holder has not renewed
+   for ``leaseDurationSeconds`` (15 s) *as observed on our own monotonic clock* — clocks of
+   different machines are never compared. Taking and renewing are PUTs with the read
+   resourceVersion, so of two racing candidates exactly one wins (the other gets 409).
+2. The leader renews every ``retry_period``. A renew *round* retries until it succeeds, but the
+   whole round is bounded by ``renewed_at + renew_deadline`` (10 s) — the last success, not the
+   start of the round or of one attempt: whatever mix of fast failures and hung requests it meets,
+   :meth:`LeaderElector.hold` returns (leadership lost) no later than that. Every Lease request
+   has its own timeout of ``renew_deadline / 2`` (controller-runtime's rule, so one hung request
+   cannot use up the deadline), cut shorter when the round's deadline comes first.
+3. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
+   takes over within one retry period instead of waiting for expiry.
+
+Fencing (beyond client-go): :meth:`LeaderElector.valid` is True only while we hold the Lease and
+``clock() < renewed_at + renew_deadline``, where ``renewed_at`` is the monotonic time at which the
+last *successful* acquire/renew attempt started (before its request was sent, so it is never later
+than the ``renewTime`` other candidates saw). A standby cannot take the Lease before it has seen
+our last record unchanged for ``leaseDurationSeconds`` > ``renew_deadline``, so while ``valid()``
+is True no other replica holds the Lease — even after this process was frozen (SIGSTOP) and
+continued: the first thing it checks is its own clock, not a network answer. The clock is
+:data:`declop.clock.LEASE_CLOCK` (CLOCK_BOOTTIME on Linux): wall-clock steps do not move it, and
+a machine suspended and resumed sees its Lease expired, as a stopped process does.
+
+Invariants:
+
+- ``is_leader`` is True only between a successful acquire and the loss or the release;
+- ``valid()`` implies ``is_leader``, and turns False by itself when the clock passes
+  ``renewed_at + renew_deadline`` — no renewal attempt needs to fail first;
+- Lease traffic uses the transport's ``"leader"`` lane: it never waits behind handler writes or
+  informer lists;
+- validated like client-go: ``lease_duration > renew_deadline > 1.2 × retry_period`` (> 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import math
+import random
+import socket
+import uuid
+from typing import Any, Callable
+
+from declop.clock import LEASE_CLOCK, Clock
+from declop.errors import ApiError, ConfigError, Conflict, NotFound
+
+__all__ = ["LeaderElector"]
+
+log = logging.getLogger("declop.leader")
+
+#: the transport verb named in error lines, per HTTP method
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
+
+
+def _now_micro() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Acquire, hold (renew) and release one Lease; :meth:`valid` is the fence for workers."""
+
+    def __init__(
+        self,
+        transport: Any,
+        *,
+        name: str,
+        namespace: str,
+        identity: str | None = None,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Clock = LEASE_CLOCK,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
+            raise ConfigError(
+                "leader election needs lease_duration > renew_deadline > 1.2 × retry_period > 0, got "
+                f"{lease_duration} / {renew_deadline} / {retry_period}"
+            )
+        self.transport = transport
+        self.name, self.namespace = name, namespace
+        self.identity = identity or f"{socket.gethostname()}_{uuid.uuid4()}"
+        self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
+        #: seconds each Lease request may take at most (controller-runtime: RenewDeadline / 2)
+        self.request_timeout = renew_deadline / 2
+        self.clock = clock
+        self.on_change = on_change
+        #: level of the "Released leader lease" line (range Leases log their own line instead)
+        self.release_level = logging.INFO
+        self.is_leader = False
+        #: clock() when the last successful acquire/renew attempt started; None before the first
+        self.renewed_at: float | None = None
+        #: why the last Lease attempt failed with 401/403 (it will not heal by retrying), else ""
+        self.problem = ""
+        #: the holder in the last record we read or wrote
+        self.holder = ""
+        self._expired = False  # valid() saw the renew deadline pass while we were leading
+        self._lease: dict[str, Any] | None = None  # the Lease as we last wrote it (fast-path renew)
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._what = f'leases.coordination.k8s.io "{name}" in namespace "{namespace}"'
+
+    # -- the fence ------------------------------------------------------------------------------
+    def valid(self) -> bool:
+        """True while we hold the Lease and its last successful renewal is less than
+        ``renew_deadline`` old on our monotonic clock. Cheap; safe to call from any thread.
+
+        Once it has returned False while leading, it stays False: :meth:`hold` then reports the
+        loss even if a renewal in flight succeeds late, so a fence that closed never reopens."""
+        at = self.renewed_at
+        if not self.is_leader or self._expired or at is None:
+            return False
+        if self.clock() < at + self.renew_deadline:
+            return True
+        self._expired = True
+        return False
+
+    def won(self) -> None:
+        """Record that :meth:`try_acquire_or_renew` made us the holder (for callers that drive
+        the attempts themselves instead of :meth:`acquire`)."""
+        self._set_leader(True)
+
+    def _set_leader(self, value: bool) -> None:
+        if value:
+            self._expired = False
+        if value != self.is_leader:
+            self.is_leader = value
+            if self.on_change is not None:
+                self.on_change(value)
+
+    # -- one attempt ----------------------------------------------------------------------------
+    def _spec(self, old: dict[str, Any] | None) -> dict[str, Any]:
+        now = _now_micro()
+        spec = dict(old or {})
+        if spec.get("holderIdentity") != self.identity:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if old else 0)
+        spec["holderIdentity"] = self.identity
+        # rounded up: a standby must never wait less than our lease_duration
+        spec["leaseDurationSeconds"] = max(1, math.ceil(self.lease_duration))
+        spec["renewTime"] = now
+        return spec
+
+    async def _request(self, method: str, path: str, body: Any = None, deadline: float | None = None) -> Any:
+        """One Lease request, bounded by ``request_timeout`` and by ``deadline`` (clock time)."""
+        timeout = self.request_timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - self.clock())
+        verb = _VERBS.get(method, method.lower())
+        if timeout <= 0:
+            raise ApiError(0, "Timeout", f"no time left to {verb} {self._what} before the renew deadline")
+        try:
+            return await asyncio.wait_for(
+                self.transport.request(method, path, body=body, timeout=timeout, lane="leader"), timeout
+            )
+        except asyncio.TimeoutError:
+            raise ApiError(0, "Timeout", f"cannot {verb} {self._what}: no answer within {timeout:.3g} s") from None
+        except ApiError as exc:
+            if isinstance(exc, NotFound if method == "GET" else Conflict):
+                raise  # an answer the protocol expects: the Lease does not exist / changed meanwhile
+            hint = ""
+            if exc.status in (401, 403):
+                hint = (
+                    "; allow get, create and update on leases (group coordination.k8s.io) in namespace "
+                    f'"{self.namespace}" to this identity (the chart\'s leader-election Role does)'
+                )
+            raise ApiError(exc.status, exc.reason, f"cannot {verb} {self._what}: {exc}{hint}", exc.body) from exc
+
+    async def try_acquire_or_renew(self, deadline: float | None = None) -> bool:
+        """One attempt; True if we hold the Lease afterwards (and ``renewed_at`` moved).
+
+        ``deadline`` (clock time) bounds every request of the attempt. Raises
+        :class:`~declop.errors.ApiError` (one line naming the verb and the Lease) when a request
+        fails or times out.
+        """
+        started = self.clock()
+        try:
+            ok = await self._attempt(deadline)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                self.problem = str(exc)
+            raise
+        self.problem = ""
+        if ok:
+            self.renewed_at = started
+        return ok
+
+    async def _attempt(self, deadline: float | None) -> bool:
+        if self.is_leader and self._lease is not None:
+            # fast path (client-go): we wrote the last record, so update it optimistically
+            lease = self._lease
+            lease["spec"] = self._spec(lease.get("spec"))
+            try:
+                self._wrote(await self._request("PUT", f"{self._path}/{self.name}", lease, deadline), lease)
+                return True
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                self._lease = None  # someone else wrote (or deleted) it: read it first
+        try:
+            lease = await self._request("GET", f"{self._path}/{self.name}", deadline=deadline)
+        except NotFound:
+            body: dict[str, Any] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(None),
+            }
+            try:
+                self._wrote(await self._request("POST", self._path, body, deadline), body)
+            except Conflict:
+                return False  # someone else created it first
+            return True
+        spec = lease.get("spec") or {}
+        self._observe(spec)
+        if self.holder and self.holder != self.identity:
+            duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+            if self.clock() < self._observed_at + duration:
+                return False  # held by someone else and not expired as far as we have seen
+        lease["spec"] = self._spec(spec)
+        try:
+            self._wrote(await self._request("PUT", f"{self._path}/{self.name}", lease, deadline), lease)
+        except Conflict:
+            return False
+        return True
+
+    def _wrote(self, answer: Any, sent: dict[str, Any]) -> None:
+        lease = answer if isinstance(answer, dict) and answer.get("metadata") else sent
+        self._lease = lease
+        self._observe(lease.get("spec") or {})
+
+    def observe(self, spec: dict[str, Any]) -> None:
+        """Note a record of this Lease read elsewhere (e.g. a LIST of every Lease): its
+        ``leaseDurationSeconds`` counts from the first time we saw that very record, whoever read it."""
+        if not self.is_leader:
+            self._observe(spec)
+
+    def _observe(self, spec: dict[str, Any]) -> None:
+        self.holder = spec.get("holderIdentity") or ""
+        record = (self.holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = self.clock()
+
+    # -- the loops ------------------------------------------------------------------------------
+    async def acquire(self) -> None:
+        """Wait until we are the leader. Every failed attempt logs one error line."""
+        log.info("Attempting to acquire leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "identity": self.identity}})
+        while True:
+            try:
+                if await self.try_acquire_or_renew():
+                    self._set_leader(True)
+                    log.info("Successfully acquired lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
+                    return
+            except ApiError as exc:
+                log.error(str(exc), extra={"kv": {"lease": f"{self.namespace}/{self.name}", "retryIn": self.retry_period}})
+            await asyncio.sleep(self.retry_period * (1 + random.random() * 0.2))
+
+    async def hold(self) -> None:
+        """Renew every ``retry_period``; return once the Lease is lost — no later than
+        ``renewed_at + renew_deadline``, or at once when another holder is seen."""
+        lease = f"{self.namespace}/{self.name}"
+        while True:
+            await asyncio.sleep(self.retry_period)
+            while True:  # one renew round
+                assert self.renewed_at is not None
+                deadline = self.renewed_at + self.renew_deadline
+                if self._expired or self.clock() >= deadline:
+                    return self.lose(f"no successful renewal for {self.clock() - self.renewed_at:.3g} s")
+                try:
+                    if await self.try_acquire_or_renew(deadline):
+                        if self._expired:  # the fence closed while this renewal was in flight
+                            continue
+                        break
+                    if self.holder and self.holder != self.identity:
+                        return self.lose(f"the Lease is held by {self.holder}")
+                except ApiError as exc:
+                    log.warning("Failed to renew lease", extra={"kv": {"lease": lease, "error": str(exc)}})
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    continue  # the check above reports the loss
+                await asyncio.sleep(min(self.retry_period, remaining))
+
+    def lose(self, why: str, *, quiet: bool = False) -> None:
+        """Stop leading now (the fence closes); the Lease is left to expire, not released.
+        ``quiet``: the caller logs the loss itself."""
+        self._set_leader(False)
+        self._lease = None
+        if not quiet:
+            log.error("Leader election lost", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "reason": why}})
+
+    async def release(self) -> None:
+        """Give the Lease up (if we hold it) so a standby takes over at once."""
+        if not self.is_leader:
+            return
+        self._set_leader(False)
+        try:
+            lease = self._lease
+            if lease is None:
+                lease = await self._request("GET", f"{self._path}/{self.name}")
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
+            lease["spec"] = spec
+            try:
+                await self._request("PUT", f"{self._path}/{self.name}", lease)
+            except Conflict:
+                # our copy was stale: re-read, and release only if the record is still ours
+                lease = await self._request("GET", f"{self._path}/{self.name}")
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
+                await self._request("PUT", f"{self._path}/{self.name}", lease)
+            log.log(self.release_level, "Released leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
+        except ApiError as exc:
+            log.warning("Could not release lease", extra={"kv": {"error": str(exc)}})
+        finally:
+            self._lease = None

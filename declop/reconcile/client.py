@@ -1,0 +1,420 @@
+"""The client handed to handlers: reads from the shared cache, writes to the apiserver.
+
+Reads (``get``, ``list``) are plain methods in both flavours and make **no API call**: they are
+served by the informers' stores and return deep copies, so mutating what you got never changes the
+cache. A read of a resource nobody watches starts (and keeps) an informer for it; a sync handler
+waits for its first list, an async handler gets a retried ``CacheNotSyncedError`` meanwhile.
+
+Writes go to the apiserver. :class:`Client` (for plain ``def`` handlers, which run in worker
+threads) blocks; :class:`AsyncClient` (for ``async def`` handlers) returns coroutines. Both send:
+
+- ``create(obj)`` / ``create("configmaps", obj)``
+- ``update(obj)`` — PUT with the object's resourceVersion: 409 if it changed meanwhile
+- ``patch(resource, key, patch, type="merge"|"json"|"strategic"|"apply")``
+- ``apply(obj, field_manager=…)`` — server-side apply
+- ``patch_status(resource, key, patch)`` — through the status subresource
+- ``delete(resource, key)`` — NotFound counts as done
+
+``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write,
+or for the body of an object whose cache holds metadata only: ``metadata_only=True``).
+A resource cached only as metadata (``PartialObjectMetadata``) is read as metadata from the
+cache, unless another source caches it whole.
+Keys may be a :class:`~declop.kube.keys.Request`, ``"ns/name"``, or ``name=``/``namespace=`` keywords; a
+bare name on a namespaced resource means the namespace of the object being reconciled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any, Callable, Coroutine, Mapping, TypeVar
+
+from declop.cache.store import Store, clone
+from declop.kube.discovery import Discovery, ResourceInfo
+from declop.errors import CacheNotSyncedError, ConfigError, NotFound
+from declop.cache.informer import InformerPool
+from declop.kube.keys import Request
+from declop.kube.labels import Selector
+from declop.kube.transport import PATCH_TYPES, Transport
+
+__all__ = ["AsyncClient", "Client", "ClientContext"]
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+Target = str | ResourceInfo | None
+KeyLike = Request | str | None
+
+DEFAULT_FIELD_MANAGER = "declop"
+
+
+class ClientContext:
+    """What every client of one manager shares: transport, discovery, informers, the loop."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        discovery: Discovery,
+        informers: InformerPool,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        field_manager: str = DEFAULT_FIELD_MANAGER,
+        sync_timeout: float = 120.0,
+        recorder: Any = None,
+    ) -> None:
+        self.transport = transport
+        self.discovery = discovery
+        self.informers = informers
+        self.loop = loop
+        self.field_manager = field_manager
+        self.sync_timeout = sync_timeout
+        self.recorder = recorder
+
+    def resolve(self, target: str | ResourceInfo) -> ResourceInfo:
+        return target if isinstance(target, ResourceInfo) else self.discovery.resolve_cached(target)
+
+    def resolve_kind(self, obj: Mapping[str, Any]) -> ResourceInfo:
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        if not api_version or not kind:
+            raise ConfigError("the object has no apiVersion/kind; pass the resource name as well")
+        if kind == "PartialObjectMetadata":
+            raise ConfigError(
+                "this object holds metadata only (it comes from a metadata_only cache): writing it would "
+                "drop its body; patch it (client.patch(resource, key, {...})) or read it whole with "
+                "client.live.get(resource, key) first"
+            )
+        group, _, version = api_version.rpartition("/")
+        for r in self.discovery.resources():
+            if r.kind == kind and r.group == group and r.version == version:
+                return r
+        raise ConfigError(f"no resource of kind {kind} in {api_version} is served by the apiserver")
+
+
+class _Base:
+    """Shared reading logic and argument parsing for both client flavours."""
+
+    def __init__(
+        self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None, controller: str = ""
+    ) -> None:
+        self._ctx = ctx
+        self.primary = primary
+        self.request = request
+        self.controller = controller
+
+    # -- argument parsing -------------------------------------------------------------------
+    def _resource(self, target: Target) -> ResourceInfo:
+        if target is None:
+            if self.primary is None:
+                raise ConfigError("name the resource: client.get('configmaps', key)")
+            return self.primary
+        return self._ctx.resolve(target)
+
+    def _key(self, resource: ResourceInfo, key: KeyLike, namespace: str | None, name: str | None) -> Request:
+        if isinstance(key, Request):
+            req = key
+        elif isinstance(key, str):
+            req = Request.parse(key) if "/" in key else Request(namespace or "", key)
+        elif name is not None:
+            req = Request(namespace or "", name)
+        elif self.request is not None and resource is self.primary:
+            req = self.request
+        else:
+            raise ConfigError("which object? pass a key (Request or 'ns/name') or name=")
+        if not resource.namespaced:
+            return Request("", req.name)
+        if not req.namespace:
+            if self.request is None or not self.request.namespace:
+                raise ConfigError(f"{resource.group_resource} is namespaced: give namespace= or 'ns/name'")
+            return Request(self.request.namespace, req.name)
+        return req
+
+    def _split(self, target: Any, key: Any) -> tuple[Target, KeyLike]:
+        # get(request) / get("ns/name") on the primary resource, or get("configmaps", key)
+        if isinstance(target, Request):
+            return None, target
+        if key is None and isinstance(target, str) and "/" in target and self.primary is not None:
+            try:
+                self._ctx.resolve(target)
+            except ConfigError:
+                return None, target
+        return target, key
+
+    def _stores(self, resource: ResourceInfo, namespace: str) -> list[Store]:
+        pool = self._ctx.informers
+        informers = pool.existing(resource)
+        if not informers:
+            informers = self._ensure(resource)
+        stores = [i.store for i in informers if not i.namespace or not namespace or i.namespace == namespace]
+        if not stores:
+            raise NotFound(
+                f"{resource.group_resource} in namespace {namespace} is outside this operator's namespaces"
+            )
+        for s in stores:
+            s.require_synced()
+        return stores
+
+    def _ensure(self, resource: ResourceInfo) -> list[Any]:
+        raise NotImplementedError
+
+    # -- reads: the cache, never the API ------------------------------------------------------
+    def get(
+        self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None
+    ) -> Obj:
+        """A copy of the cached object; raises :class:`~declop.errors.NotFound` if it is not there."""
+        target, key = self._split(target, key)
+        resource = self._resource(target)
+        req = self._key(resource, key, namespace, name)
+        for store in self._stores(resource, req.namespace):
+            obj = store.get(req)
+            if obj is not None:
+                return clone(obj)  # type: ignore[no-any-return]
+        raise NotFound(f'{resource.group_resource} "{req}" not found')
+
+    def list(
+        self,
+        target: Target = None,
+        *,
+        namespace: str | None = None,
+        labels: str | Mapping[str, str] | Selector | None = None,
+        index: tuple[str, str] | None = None,
+    ) -> list[Obj]:
+        """Copies of the cached objects, filtered by namespace, label selector and/or an index."""
+        resource = self._resource(target)
+        ns = namespace or "" if resource.namespaced else ""
+        out: list[Obj] = []
+        for store in self._stores(resource, ns):
+            out.extend(clone(o) for o in store.list(namespace=ns or None, selector=labels, index=index))
+        return out
+
+    # -- request building for writes -----------------------------------------------------------
+    def _write_target(self, target: Any, obj: Any) -> tuple[ResourceInfo, Obj]:
+        if isinstance(target, Mapping) and obj is None:
+            return self._ctx.resolve_kind(target), dict(target)
+        return self._resource(target), dict(obj)
+
+    def _obj_path(self, resource: ResourceInfo, obj: Mapping[str, Any], with_name: bool, sub: str | None = None) -> str:
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace") or (self.request.namespace if self.request else "")
+        if resource.namespaced and not ns:
+            raise ConfigError(f"{resource.group_resource} is namespaced: set metadata.namespace")
+        return resource.path(namespace=ns or None, name=meta["name"] if with_name else None, subresource=sub)
+
+    def _with_kind(self, resource: ResourceInfo, obj: Obj) -> Obj:
+        obj.setdefault("apiVersion", resource.api_version)
+        obj.setdefault("kind", resource.kind)
+        return obj
+
+
+class AsyncClient(_Base):
+    """The client of ``async def`` handlers: cache reads are immediate, writes are awaited."""
+
+    def _ensure(self, resource: ResourceInfo) -> list[Any]:
+        informers = self._ctx.informers.for_resource(resource)
+        for i in informers:
+            i.start()
+        raise CacheNotSyncedError(
+            f"started a cache for {resource.group_resource}; this reconcile is retried once it has synced"
+        )
+
+    async def create(self, target: Any, obj: Any = None) -> Obj:
+        resource, body = self._write_target(target, obj)
+        return await self._ctx.transport.request(  # type: ignore[no-any-return]
+            "POST", self._obj_path(resource, body, False), body=self._with_kind(resource, body)
+        )
+
+    async def update(self, target: Any, obj: Any = None, *, subresource: str | None = None) -> Obj:
+        resource, body = self._write_target(target, obj)
+        return await self._ctx.transport.request(  # type: ignore[no-any-return]
+            "PUT", self._obj_path(resource, body, True, subresource), body=self._with_kind(resource, body)
+        )
+
+    async def patch(
+        self,
+        target: Any,
+        key: KeyLike = None,
+        patch: Any = None,
+        *,
+        type: str = "merge",
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+        force: bool | None = None,
+    ) -> Obj:
+        """Patch one object; ``type`` is merge (default), json, strategic or apply."""
+        if isinstance(target, Request) or (patch is None and not isinstance(target, str)):
+            target, key, patch = None, target, key
+        resource = self._resource(target)
+        req = self._key(resource, key, namespace, name)
+        if type not in PATCH_TYPES:
+            raise ValueError(f"patch type must be one of {sorted(PATCH_TYPES)}, got {type!r}")
+        params: dict[str, Any] = {}
+        if type == "apply":
+            params["fieldManager"] = field_manager or self._ctx.field_manager
+            params["force"] = True if force is None else force
+        elif field_manager:
+            params["fieldManager"] = field_manager
+        path = resource.path(namespace=req.namespace or None, name=req.name, subresource=subresource)
+        return await self._ctx.transport.request(  # type: ignore[no-any-return]
+            "PATCH", path, params=params, body=patch, content_type=PATCH_TYPES[type]
+        )
+
+    async def patch_status(self, target: Any, key: KeyLike = None, patch: Any = None, *, type: str = "merge") -> Obj:
+        """Patch ``.status`` through the status subresource."""
+        if isinstance(target, Request) or (patch is None and not isinstance(target, str)):
+            target, key, patch = None, target, key
+        return await self.patch(target, key, patch, type=type, subresource="status")
+
+    async def apply(
+        self, obj: Mapping[str, Any], *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
+    ) -> Obj:
+        """Server-side apply of ``obj`` (needs apiVersion, kind, metadata.name)."""
+        resource = self._ctx.resolve_kind(obj)
+        meta = obj.get("metadata") or {}
+        return await self.patch(
+            resource,
+            Request(meta.get("namespace") or "", meta["name"]),
+            dict(obj),
+            type="apply",
+            field_manager=field_manager,
+            force=force,
+            subresource=subresource,
+        )
+
+    async def delete(
+        self,
+        target: Any,
+        key: KeyLike = None,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        propagation: str | None = None,
+        grace_period: int | None = None,
+    ) -> None:
+        """Delete one object; NotFound is success (the goal is reached)."""
+        if isinstance(target, Mapping):
+            resource = self._ctx.resolve_kind(target)
+            meta = target["metadata"]
+            key = Request(meta.get("namespace") or "", meta["name"])
+        else:
+            resource = self._resource(None if isinstance(target, Request) else target)
+            key = target if isinstance(target, Request) else key
+        req = self._key(resource, key, namespace, name)
+        body: dict[str, Any] = {}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        if grace_period is not None:
+            body["gracePeriodSeconds"] = grace_period
+        try:
+            await self._ctx.transport.request(
+                "DELETE", resource.path(namespace=req.namespace or None, name=req.name), body=body or None
+            )
+        except NotFound:
+            pass
+
+    async def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
+        """Record a Kubernetes Event about ``obj`` (rate-limited; never fails the reconcile)."""
+        if self._ctx.recorder is not None:
+            await self._ctx.recorder.record(obj, reason, message, type, controller=self.controller)
+
+    @property
+    def live(self) -> AsyncLiveReader:
+        return AsyncLiveReader(self)
+
+
+class AsyncLiveReader:
+    """Uncached reads, straight from the apiserver. Use deliberately: every call is a request."""
+
+    def __init__(self, client: _Base) -> None:
+        self._c = client
+
+    async def get(self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None) -> Obj:
+        target, key = self._c._split(target, key)
+        resource = self._c._resource(target)
+        req = self._c._key(resource, key, namespace, name)
+        path = resource.path(namespace=req.namespace or None, name=req.name)
+        return await self._c._ctx.transport.request("GET", path)  # type: ignore[no-any-return]
+
+    async def list(self, target: Target = None, *, namespace: str | None = None, labels: str | None = None) -> list[Obj]:
+        resource = self._c._resource(target)
+        params: dict[str, Any] = {"limit": 500}
+        if labels:
+            params["labelSelector"] = str(labels)
+        items: list[Obj] = []
+        while True:
+            page = await self._c._ctx.transport.request("GET", resource.path(namespace=namespace), params=params)
+            items.extend(page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            params["continue"] = token
+
+
+def _blocking(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Turn an AsyncClient coroutine method into a blocking method for worker threads."""
+
+    def method(self: Client, *args: Any, **kwargs: Any) -> T:
+        return self._run(fn(self._async, *args, **kwargs))
+
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+class Client(_Base):
+    """The client of plain ``def`` handlers (run in worker threads): every call blocks."""
+
+    def __init__(
+        self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None, controller: str = ""
+    ) -> None:
+        super().__init__(ctx, primary, request, controller)
+        self._async = AsyncClient(ctx, primary, request, controller)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self._ctx.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            coro.close()
+            raise RuntimeError("declop.Client blocks; in async def handlers use the AsyncClient you are given")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def _ensure(self, resource: ResourceInfo) -> list[Any]:
+        async def start_and_wait() -> list[Any]:
+            informers = self._ctx.informers.for_resource(resource)
+            for i in informers:
+                i.start()
+            await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in informers)), self._ctx.sync_timeout)
+            return informers
+
+        try:
+            return self._run(start_and_wait())
+        except (asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
+            raise CacheNotSyncedError(f"the cache for {resource.group_resource} did not sync in time") from exc
+
+    create = _blocking(AsyncClient.create)
+    update = _blocking(AsyncClient.update)
+    patch = _blocking(AsyncClient.patch)
+    patch_status = _blocking(AsyncClient.patch_status)
+    apply = _blocking(AsyncClient.apply)
+    delete = _blocking(AsyncClient.delete)
+    event = _blocking(AsyncClient.event)
+
+    @property
+    def live(self) -> LiveReader:
+        return LiveReader(self)
+
+
+class LiveReader:
+    """Blocking uncached reads for sync handlers."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+        self._a = AsyncLiveReader(client)
+
+    def get(self, target: Any = None, key: KeyLike = None, **kw: Any) -> Obj:
+        return self._c._run(self._a.get(target, key, **kw))
+
+    def list(self, target: Target = None, **kw: Any) -> list[Obj]:
+        return self._c._run(self._a.list(target, **kw))

@@ -1,0 +1,99 @@
+"""Registration: one reconciler as its decorator declared it, and the arguments of one call.
+
+The controller runs a :class:`Registration`; :mod:`declop.registry` builds and validates it (a
+registration that exists has passed every check there). It lives here, beside the controller,
+so that the controller does not import the registry (which also knows webhooks and hooks).
+
+Invariants:
+- a registration is frozen: nothing changes it after the registry accepted it;
+- :meth:`Registration.arguments` gives a handler only the names it declares (all of them when
+  it takes ``**kwargs``), and ``obj`` is a deep copy, so no handler can change the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from declop.cache.store import clone
+from declop.kube.resource import Resource
+from declop.queue.priority import Priority
+from declop.queue.ratelimit import RateLimit
+from declop.reconcile.predicates import Predicate
+from declop.reconcile.trigger import NO_TRIGGER, Trigger
+
+__all__ = ["INJECTABLE", "Registration"]
+
+#: keyword arguments a handler may declare
+INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"})
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One reconciler as declared by its decorator."""
+
+    fn: Callable[..., Any]
+    name: str
+    resource: str
+    finalizer: str | None = None
+    namespaces: tuple[str, ...] | None = None
+    labels: str = ""
+    predicates: tuple[Predicate, ...] = ()
+    owns: tuple[Resource, ...] = ()
+    watches: tuple[tuple[Resource, Callable[[Any], Any]], ...] = ()
+    max_concurrent: int = 1
+    is_async: bool = False
+    #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
+    wants: frozenset[str] | None = field(default=None)
+    #: queue priorities; None: a plain FIFO queue
+    priority: Priority | None = field(default_factory=Priority)
+    #: retry pacing; None: client-go's defaults
+    rate_limit: RateLimit | None = None
+    #: seconds a handler call may take (None: unlimited)
+    timeout: float | None = None
+
+    #: the primary is cached as PartialObjectMetadata (``obj`` holds metadata only)
+    metadata_only: bool = False
+    #: the primary's field selector (canonical form), "" for none
+    fields: str = ""
+    #: what a key hashes by in sharded mode (``declop run --shards N``): "uid" or "namespace"
+    shard_by: str = "uid"
+
+    @property
+    def wants_trigger(self) -> bool:
+        """The handler declares ``trigger`` (or takes ``**kwargs``)."""
+        return self.wants is None or "trigger" in self.wants
+
+    @property
+    def primary(self) -> Resource:
+        """The primary resource with its cache options."""
+        return Resource(self.resource, metadata_only=self.metadata_only, fields=self.fields)
+
+    def arguments(
+        self,
+        request: Any,
+        obj: Any,
+        phase: Any,
+        client: Any,
+        logger: Any,
+        reconcile_id: str,
+        trigger: Trigger | None = None,
+    ) -> dict[str, Any]:
+        """The keyword arguments for one call: only those the handler declares. ``obj`` is a
+        deep copy of the cached object (made only when declared), so the cache stays intact."""
+        available = {
+            "request": request,
+            "name": request.name,
+            "namespace": request.namespace,
+            "client": client,
+            "logger": logger,
+            "reconcile_id": reconcile_id,
+            "phase": phase,
+        }
+        wants = self.wants
+        kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
+        if wants is None or "obj" in wants:
+            kwargs["obj"] = clone(obj) if obj is not None else None
+        if wants is None or "trigger" in wants:
+            kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
+        return kwargs
