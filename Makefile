@@ -53,7 +53,7 @@ image: venv
 # requirements/image.lock (install_requires + the `fast` extra) and requirements/build.lock (the
 # build backend), resolved by uv for CPython 3.11 on manylinux x86_64 / glibc 2.36 (the base).
 # Keeps existing pins; LOCK_ARGS=--upgrade (or --upgrade-package NAME) moves them.
-# tests/unit/test_image.py checks the locks against setup.cfg and pyproject.toml.
+# tests/unit/testing/test_image.py checks the locks against setup.cfg and pyproject.toml.
 UV_VERSION := 0.13.8
 LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_36 \
 	--custom-compile-command "make lock" $(LOCK_ARGS)

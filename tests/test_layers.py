@@ -351,3 +351,27 @@ def test_test_modules_have_unique_basenames() -> None:
             clashes.append(f"{seen[path.name].relative_to(root)} and {path.relative_to(root)}")
         seen.setdefault(path.name, path)
     assert not clashes, "rename one of: " + "; ".join(clashes)
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    """The test of ``declop/<package>/<module>.py`` is ``tests/unit/<package>/test_<module>[_topic].py``:
+    found from the module's path, and no unit test of a packaged module sits elsewhere."""
+    units = Path(__file__).resolve().parent / "unit"
+    misplaced = []
+    for path in sorted(units.rglob("test_*.py")):
+        folder = path.parent.relative_to(units)
+        package = PACKAGE_DIR / folder
+        if folder.parts and not (package / "__init__.py").is_file():
+            misplaced.append(f"{path.relative_to(units)}: declop/{folder} is not a package")
+            continue
+        stem = path.stem.removeprefix("test_")
+        candidates = [stem[:i] for i in range(len(stem), 0, -1) if i == len(stem) or stem[i] == "_"]
+        if not any((package / f"{c}.py").is_file() or (package / c / "__init__.py").is_file() for c in candidates):
+            if folder.parts or not any(
+                (PACKAGE_DIR / sub / f"{c}.py").is_file() for sub in PACKAGES for c in candidates
+            ):
+                continue  # a topic test (test_cli_help, test_pin_base): not one module's
+            misplaced.append(f"{path.relative_to(units)}: the module is in a package; move it to tests/unit/<package>/")
+        elif not folder.parts and any((PACKAGE_DIR / sub / f"{stem}.py").is_file() for sub in PACKAGES):
+            misplaced.append(f"{path.relative_to(units)}: declop/{stem}.py is in a package")
+    assert misplaced == []

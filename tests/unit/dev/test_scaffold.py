@@ -19,7 +19,7 @@ from declop.dev import scaffold
 from declop.errors import ConfigError
 from declop.dev.scaffold import ScaffoldError, create, names_for, plural_of, render
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 # -- names ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from declop.testing.fake import (
     run_reconcile,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 RID = "00000000-0000-4000-8000-000000000000"
 
 

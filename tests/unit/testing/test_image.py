@@ -35,7 +35,7 @@ from declop.testing.image import (
 )
 from declop.testing.image_cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def layout(folder: Path, digests: list[str]) -> Path:
