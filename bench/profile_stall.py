@@ -25,7 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import declop.cache.informer as inf
+import declop.cache.listing
+import declop.cache.watch
 from declop.cache.informer import Informer
 from declop.testing.listwatch import ListWatchServer
 from declop.kube.transport import Transport
@@ -116,15 +117,15 @@ def _wrap_phases(marks: list[tuple[str, float]]) -> None:
                 finally:
                     marks.append((f"{__name} end", asyncio.get_running_loop().time()))
         setattr(Informer, name, wrapped)
-    for name in ("_freeze",):
-        orig = getattr(inf, name)
+    orig = declop.cache.listing.freeze
 
-        def wrapped_f(*a: Any, __orig: Any = orig, __name: str = name) -> Any:
-            t = time.perf_counter()
-            r = __orig(*a)
-            marks.append((f"{__name} took {1000 * (time.perf_counter() - t):.1f} ms", asyncio.get_running_loop().time()))
-            return r
-        setattr(inf, name, wrapped_f)
+    def wrapped_f(*a: Any, __orig: Any = orig) -> Any:
+        t = time.perf_counter()
+        r = __orig(*a)
+        marks.append((f"_freeze took {1000 * (time.perf_counter() - t):.1f} ms", asyncio.get_running_loop().time()))
+        return r
+    for module in (declop.cache.listing, declop.cache.watch):  # a paged list's pages, a stream's chunks
+        setattr(module, "freeze", wrapped_f)
 
 
 async def measure(n: int, mode: str, relist: bool, port_q: Any, cmd_q: Any) -> None:

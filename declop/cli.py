@@ -15,6 +15,10 @@ This is the only module that configures logging and turns errors into exit codes
 Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
 """
 
+# size: one piece: the click command tree (run, dev, new, assets), the flag-to-Options checks and
+# the one exit path; the option decorators and their ``DECLOP_*`` variables must sit on the
+# commands, and logging and exit codes are configured nowhere else.
+
 from __future__ import annotations
 
 import asyncio

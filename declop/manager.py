@@ -33,13 +33,17 @@ Invariants:
   makes the process exit 1, like a lost leader Lease.
 """
 
+# size: one piece: the start order and the stop order above, kept in one class because each step
+# reads the state of the others (controllers, the leader and range Leases, background tasks,
+# webhooks, probes). What a step builds lives in its own package; the webhook certificate, server
+# and configurations in declop.webhooks.endpoint.
+
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any, Coroutine
 
@@ -59,12 +63,12 @@ from declop.serving.metrics import Metrics
 from declop.serving.probes import Check, ProbeServer
 from declop.reconcile.registration import Registration
 from declop.registry import Registry, default_registry
-from declop.kube.kubeconfig import SERVICE_ACCOUNT_DIR
+from declop.kube.kubeconfig import pod_namespace
 from declop.serving.metricsauth import MetricsAuth
 from declop.serving.cert import ServingCert
 from declop.kube.transport import Transport
-from declop.webhooks.certs import GeneratedCert, MountedCert, WebhookCert, load_or_create_ca
-from declop.webhooks.configuration import ClientConfig, apply_configurations, parse_service
+from declop.webhooks.certs import WebhookCert
+from declop.webhooks.endpoint import WebhookEndpoint
 from declop.webhooks.server import WebhookServer
 
 __all__ = ["Manager", "Options"]
@@ -170,11 +174,16 @@ class Manager:
         self.background_elector: LeaderElector | None = None
         self._singleton: asyncio.Task[None] | None = None
         self._stopping = False
-        self.webhooks: WebhookServer | None = None
-        self.webhook_cert: WebhookCert | None = None
-        self._webhook_executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._webhook_client: ClientConfig | None = None
-        self._webhooks_registered = False
+        #: the webhook certificate, server and configurations (None: no webhook is registered)
+        self.webhook_endpoint: WebhookEndpoint | None = None
+
+    @property
+    def webhooks(self) -> WebhookServer | None:
+        return self.webhook_endpoint.server if self.webhook_endpoint is not None else None
+
+    @property
+    def webhook_cert(self) -> WebhookCert | None:
+        return self.webhook_endpoint.cert if self.webhook_endpoint is not None else None
 
     # -- start ---------------------------------------------------------------------------------
     async def _discover(self) -> Discovery:
@@ -258,7 +267,7 @@ class Manager:
             self.elector = LeaderElector(
                 self.transport,
                 name=self.options.leader_election_id,
-                namespace=self.options.leader_election_namespace or _pod_namespace(),
+                namespace=self.options.leader_election_namespace or pod_namespace(),
                 lease_duration=self.options.lease_duration,
                 renew_deadline=self.options.renew_deadline,
                 retry_period=self.options.retry_period,
@@ -271,7 +280,7 @@ class Manager:
             self.shard_leases = ShardLeases(
                 self.transport,
                 lease_id=self.options.leader_election_id,
-                namespace=self.options.leader_election_namespace or _pod_namespace(),
+                namespace=self.options.leader_election_namespace or pod_namespace(),
                 lease_duration=self.options.lease_duration,
                 renew_deadline=self.options.renew_deadline,
                 retry_period=self.options.retry_period,
@@ -308,6 +317,7 @@ class Manager:
     def recent_reconciles(self) -> dict[str, list[dict[str, Any]]]:
         """The last reconciles per controller, newest last (``/debug/reconciles``)."""
         return {c.name: list(c.recent or ()) for c in self.controllers}
+
     async def _setup_webhooks(self) -> None:
         """Resolve every webhook's resource, get the certificate (the CA Secret is read or created
         here) and build the server; it starts in :meth:`start`."""
@@ -315,52 +325,16 @@ class Manager:
         opts = self.options
         for hook in self.registry.webhooks:
             await self._check(hook.resource, f"{hook.kind} {hook.name!r}")
-        if opts.webhook_service:
-            svc_ns, svc_name, svc_port = parse_service(opts.webhook_service)
-            excluded: str | None = opts.webhook_namespace or svc_ns
-            probe = ClientConfig(b"", service_namespace=svc_ns, service_name=svc_name, service_port=svc_port)
-        else:
-            url = opts.webhook_url or f"https://127.0.0.1:{opts.webhook_port}"
-            if not url.startswith("https://"):
-                raise ConfigError(f"--webhook-url {url!r} must start with https:// (the apiserver calls webhooks over TLS only)")
-            # out of a cluster (declop dev, a local run) there is no namespace of the operator to spare
-            excluded = opts.webhook_namespace or _pod_namespace(fallback=None)
-            probe = ClientConfig(b"", url=url)
-        own = excluded or "default"
-        self._own_namespace = excluded
-        if opts.webhook_cert_dir:
-            cert: WebhookCert = MountedCert(opts.webhook_cert_dir)
-        else:
-            ca = await load_or_create_ca(self.transport.request, own, f"{opts.webhook_name}-webhook-ca")
-            cert = GeneratedCert(ca, probe.hosts, opts.webhook_cert_validity)
-        self.webhook_cert = cert
-        self._webhook_client = ClientConfig(
-            cert.ca_bundle, url=probe.url, service_namespace=probe.service_namespace,
-            service_name=probe.service_name, service_port=probe.service_port,
-        )
-        self._webhook_executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="declop-webhook")
-        self.webhooks = WebhookServer(
-            self.registry.webhooks, port=opts.webhook_port, ssl_context=cert.context, executor=self._webhook_executor
-        )
-        self.webhooks.observer = self.metrics.webhook
-        self.webhooks.in_flight = self.metrics.webhook_serving
+        self.webhook_endpoint = await WebhookEndpoint.create(
+            self.registry.webhooks, self.transport.request, port=opts.webhook_port, name=opts.webhook_name,
+            cert_dir=opts.webhook_cert_dir, service=opts.webhook_service, url=opts.webhook_url,
+            namespace=opts.webhook_namespace, cert_validity=opts.webhook_cert_validity, metrics=self.metrics,
+        )  # fmt: skip
 
     async def _start_webhooks(self) -> None:
-        assert self.webhooks is not None and self.webhook_cert is not None and self._webhook_client is not None
-        await self.webhook_cert.start()
-        try:
-            await self.webhooks.start()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve webhooks on port {self.options.webhook_port}: {exc.strerror or exc}; "
-                "pick another with --webhook-port"
-            ) from None
+        assert self.webhook_endpoint is not None and self.transport is not None
         hooks = [(h, self._resolve(h.resource)) for h in self.registry.webhooks]
-        assert self.transport is not None
-        await apply_configurations(
-            self.transport.request, self.options.webhook_name, hooks, self._webhook_client, self._own_namespace
-        )
-        self._webhooks_registered = True
+        await self.webhook_endpoint.start(hooks, self.transport.request)
 
     async def _check(self, name: str, who: str) -> None:
         assert self.discovery is not None
@@ -476,8 +450,9 @@ class Manager:
         if self.shard_leases is not None:
             member = self.shard_leases.member  # refused (401/403): it can never own a range
             checks.append(("sharding", lambda: member.problem))
-        if self.webhooks is not None:
-            checks.append(("webhooks", lambda: "" if self._webhooks_registered else "webhook server not started"))
+        if self.webhook_endpoint is not None:
+            endpoint = self.webhook_endpoint
+            checks.append(("webhooks", lambda: "" if endpoint.registered else "webhook server not started"))
         return checks
 
     async def start(self) -> None:
@@ -530,7 +505,7 @@ class Manager:
         o = self.options
         while not self._stopping:
             e = self.background_elector = LeaderElector(
-                self.transport, name=o.leader_election_id, namespace=o.leader_election_namespace or _pod_namespace(),
+                self.transport, name=o.leader_election_id, namespace=o.leader_election_namespace or pod_namespace(),
                 lease_duration=o.lease_duration, renew_deadline=o.renew_deadline, retry_period=o.retry_period,
             )  # fmt: skip
             await e.acquire()
@@ -618,7 +593,7 @@ class Manager:
 
     def ready(self) -> bool:
         """True once every controller passed its sync gate (and the webhooks are registered)."""
-        if self.webhooks is not None and not self._webhooks_registered:
+        if self.webhook_endpoint is not None and not self.webhook_endpoint.registered:
             return False
         return bool(self.controllers or self.webhooks) and all(c.synced.is_set() for c in self.controllers)
 
@@ -690,8 +665,8 @@ class Manager:
             await _bounded(self.webhooks.stop(), until - loop.time(), "stopping the webhook server")
         if self.webhook_cert is not None:
             await _bounded(self.webhook_cert.stop(), until - loop.time(), "stopping certificate renewal")
-        if self._webhook_executor is not None:
-            self._webhook_executor.shutdown(wait=False, cancel_futures=True)
+        if self.webhook_endpoint is not None:
+            self.webhook_endpoint.close()
         if self.informers is not None:
             await _bounded(self.informers.stop(), until - loop.time(), "stopping the informers")
         if self.transport is not None:
@@ -717,12 +692,3 @@ async def _bounded(step: Any, seconds: float, what: str) -> Any:
         log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(seconds, 3)}})
         return None
 
-
-def _pod_namespace(fallback: Any = "default") -> Any:
-    """The namespace this Pod runs in (from the service-account mount), else ``fallback``."""
-    sa_dir = os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
-    try:
-        with open(os.path.join(sa_dir, "namespace")) as f:
-            return f.read().strip() or fallback
-    except OSError:
-        return fallback

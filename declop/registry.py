@@ -29,6 +29,11 @@ Invariants:
   value raises :class:`~declop.errors.RegistrationError` naming the option and what it accepts.
 """
 
+# size: one piece: the Registry and the module-level decorators that forward to it, with the
+# argument checks both share. The decorators must read this module's ``default_registry`` when
+# called (``declop dev`` and tests swap it), so they cannot move below it, and the top level of
+# declop/ has no room for a second module.
+
 from __future__ import annotations
 
 import functools

@@ -3,7 +3,7 @@ with default Options, plus two probes that need to live inside the process:
 
 * event-loop stall (scenario g): an asyncio task ticks every 10 ms and logs each new maximum
   lateness to ``$BENCH_STALL_OUT``;
-* in-process event→reconcile latency (scenario b): ``declop.cache.informer.loads`` (the function the
+* in-process event→reconcile latency (scenario b): ``declop.cache.watch.loads`` (the function the
   watch loop calls on every received line) is wrapped to note ``time.time_ns()``, the key and the
   bench/seq of each watch event; the list goes to ``$BENCH_RECV_OUT`` at exit. The harness pairs
   each received event with the first reconcile of that key that read a seq at least as new.
@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 import orjson  # noqa: E402
 
 import declop  # noqa: E402
-import declop.cache.informer  # noqa: E402
+import declop.cache.watch  # noqa: E402
 import declop.manager  # noqa: E402
 from declop.logs import configure  # noqa: E402
 from declop.manager import Manager, Options  # noqa: E402
@@ -47,7 +47,7 @@ from common import stall_probe  # noqa: E402
 import declop_noop  # noqa: E402,F401  (registers the handler in the default registry)
 
 _received: list[tuple[int, str, str]] = []
-_loads = declop.cache.informer.loads
+_loads = declop.cache.watch.loads
 
 
 def _timed_loads(line: bytes):
@@ -135,7 +135,7 @@ class SyntheticWatchTransport(declop.manager.Transport):  # type: ignore[misc,na
 
 async def main(namespace: str, kubeconfig: str) -> None:
     configure("plain", 20)
-    declop.cache.informer.loads = _timed_loads
+    declop.cache.watch.loads = _timed_loads
     synth = os.environ.get("BENCH_SYNTH")
     if synth:
         SyntheticWatchTransport.phases = [tuple(map(float, p.split(":"))) for p in synth.split(",")]

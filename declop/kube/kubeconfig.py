@@ -11,7 +11,8 @@
 From the chosen cluster and user it honours ``server``, ``certificate-authority(-data)``,
 ``insecure-skip-tls-verify``, ``tls-server-name``, ``proxy-url`` (``http``/``https``: CONNECT
 tunnel; without it ``HTTPS_PROXY``/``NO_PROXY``, as Go's ``ProxyFromEnvironment``), ``client-certificate(-data)``/``client-key(-data)``, ``token``, ``tokenFile``,
-``username``/``password`` and ``exec`` credential plugins.
+``username``/``password`` and ``exec`` credential plugins (run, and kept in memory, by
+:mod:`declop.kube.credentials`). :func:`pod_namespace` reads the namespace of the Pod we run in.
 
 Invariants:
 - no credential is ever written to a file: CA bundles are given to ``ssl`` in memory, client
@@ -30,12 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
-import json
 import os
 import ssl
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -43,6 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from declop.errors import ApiError, ConfigError
+from declop.kube.credentials import Credential, run_exec_plugin, tls_context
+from declop.kube.credentials import ExecPlugin as ExecPlugin
+from declop.kube.credentials import load_cert_chain as load_cert_chain
 
 __all__ = ["ExecPlugin", "KubeconfigError", "RestConfig", "env_proxy", "from_kubernetes", "load", "load_cert_chain"]
 
@@ -54,26 +54,6 @@ class KubeconfigError(ConfigError):
     """The kubeconfig cannot be used: malformed, missing, or naming what is not there. Exit 2."""
 
     exit_code = 2
-
-
-@dataclass(frozen=True, slots=True)
-class ExecPlugin:
-    """A ``users[].user.exec`` entry."""
-
-    command: str
-    args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    api_version: str = "client.authentication.k8s.io/v1"
-    install_hint: str = ""
-    cluster: Mapping[str, Any] | None = None  # given to the plugin when provideClusterInfo
-
-
-@dataclass(slots=True)
-class _Credential:
-    token: str | None = None
-    cert: bytes | None = None
-    key: bytes | None = None
-    refresh_at: float = float("inf")  # monotonic
 
 
 @dataclass(eq=False)
@@ -97,7 +77,7 @@ class RestConfig:
     password: str | None = None
     exec_plugin: ExecPlugin | None = None
     _token_cache: tuple[float, str] | None = field(default=None, repr=False)
-    _exec: _Credential | None = field(default=None, repr=False)
+    _exec: Credential | None = field(default=None, repr=False)
     _exec_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ssl: tuple[Any, ssl.SSLContext] | None = field(default=None, repr=False)
 
@@ -127,7 +107,7 @@ class RestConfig:
                 cert, key = cred.cert, cred.key
         ident = (cert, key)
         if self._ssl is None or self._ssl[0] != ident:
-            self._ssl = (ident, _context(self.ca_data, self.insecure, cert, key))
+            self._ssl = (ident, tls_context(self.ca_data, self.insecure, cert, key))
         return self._ssl[1]
 
     def unauthorized(self) -> bool:
@@ -170,14 +150,14 @@ class RestConfig:
         self._token_cache = (now, token)
         return token
 
-    async def _exec_credential(self) -> _Credential:
+    async def _exec_credential(self) -> Credential:
         cred = self._exec
         if cred is not None and time.monotonic() < cred.refresh_at:
             return cred
         # in a thread: a plugin may take seconds (a browser login, a cloud API call)
         return await asyncio.to_thread(self._run_exec)
 
-    def _run_exec(self) -> _Credential:
+    def _run_exec(self) -> Credential:
         with self._exec_lock:  # one plugin run at a time; the others take its answer
             cred = self._exec
             if cred is not None and time.monotonic() < cred.refresh_at:
@@ -185,98 +165,6 @@ class RestConfig:
             cred = run_exec_plugin(self.exec_plugin, self.source)  # type: ignore[arg-type]
             self._exec = cred
             return cred
-
-
-def run_exec_plugin(plugin: ExecPlugin, source: str) -> _Credential:
-    """Run ``plugin`` once (no stdin, its stderr passed through) and parse its ExecCredential."""
-    spec: dict[str, Any] = {"interactive": False}
-    if plugin.cluster is not None:
-        spec["cluster"] = dict(plugin.cluster)
-    env = {**os.environ, **dict(plugin.env)}
-    env["KUBERNETES_EXEC_INFO"] = json.dumps({"apiVersion": plugin.api_version, "kind": "ExecCredential", "spec": spec})
-    name = f"exec plugin {plugin.command} of {source}"
-    try:
-        done = subprocess.run(
-            [plugin.command, *plugin.args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            timeout=120, check=False,
-        )
-    except FileNotFoundError as exc:
-        hint = f"; {plugin.install_hint.strip().splitlines()[0]}" if plugin.install_hint.strip() else ""
-        raise ApiError(0, "Credentials", f"{name}: command not found{hint}") from exc
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ApiError(0, "Credentials", f"{name} failed to run: {exc}") from exc
-    if done.returncode != 0:
-        raise ApiError(0, "Credentials", f"{name} exited with code {done.returncode}")
-    try:
-        answer = json.loads(done.stdout)
-        status = answer["status"]
-        if not isinstance(status, dict):
-            raise TypeError
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ApiError(0, "Credentials", f"{name} did not print an ExecCredential with a status") from exc
-    cred = _Credential(
-        token=status.get("token") or None,
-        cert=(status.get("clientCertificateData") or "").encode() or None,
-        key=(status.get("clientKeyData") or "").encode() or None,
-    )
-    if not cred.token and not (cred.cert and cred.key):
-        raise ApiError(0, "Credentials", f"{name} returned neither a token nor a client certificate and key")
-    expires = status.get("expirationTimestamp")
-    if expires:
-        try:
-            at = datetime.datetime.fromisoformat(str(expires).replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ApiError(0, "Credentials", f"{name}: bad expirationTimestamp {expires!r}") from exc
-        left = at.timestamp() - time.time()
-        margin = min(60.0, max(left, 0.0) / 5)
-        cred.refresh_at = time.monotonic() + left - margin
-    return cred
-
-
-# -- TLS without files ---------------------------------------------------------------------------
-def _context(ca: bytes | None, insecure: bool, cert: bytes | None, key: bytes | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
-    if insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if cert and key:
-        load_cert_chain(ctx, cert, key)
-    return ctx
-
-
-def load_cert_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """``ctx.load_cert_chain`` from memory: ``ssl`` only reads paths, so the PEMs go through
-    anonymous memory files (``memfd``, Linux) that exist only while their descriptors are open.
-    Elsewhere a private temporary directory is used and removed before returning."""
-    if hasattr(os, "memfd_create"):
-        fds: list[int] = []
-        try:
-            for data in (cert, key):
-                fd = os.memfd_create("declop-credential", getattr(os, "MFD_CLOEXEC", 0))
-                fds.append(fd)
-                _write_all(fd, data)
-            ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return
-    with tempfile.TemporaryDirectory(prefix="declop-") as tmp:  # pragma: no cover - not Linux
-        paths = []
-        for name, data in (("cert", cert), ("key", key)):
-            path = os.path.join(tmp, name)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
-            paths.append(path)
-        ctx.load_cert_chain(paths[0], paths[1])
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -482,7 +370,7 @@ def _from_files(paths: list[str], context: str | None, *, explicit: bool, env: M
         raise KubeconfigError(f"kubeconfig {us_file}: user {user_name!r} has a client certificate without a key, or a key without one")
     if cfg.cert_data and cfg.key_data:
         try:
-            _context(None, False, cfg.cert_data, cfg.key_data)
+            tls_context(None, False, cfg.cert_data, cfg.key_data)
         except ssl.SSLError as exc:
             raise KubeconfigError(f"kubeconfig {us_file}: user {user_name!r}: the client certificate and key do not load ({exc.reason or exc})") from exc
     if cfg.ca_data:
@@ -582,3 +470,13 @@ def from_kubernetes(cfg: Any) -> RestConfig:
         key_data=read(getattr(cfg, "key_file", None)),
         token=token,
     )
+
+
+def pod_namespace(fallback: Any = "default") -> Any:
+    """The namespace this Pod runs in (from the service-account mount), else ``fallback``."""
+    sa_dir = os.environ.get("DECLOP_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
+    try:
+        with open(os.path.join(sa_dir, "namespace")) as f:
+            return f.read().strip() or fallback
+    except OSError:
+        return fallback

@@ -47,6 +47,9 @@ it, :meth:`WorkQueue.give_back`), or the item never runs again and ``shutdown_wi
 forever.
 """
 
+# size: one piece: a single WorkQueue class whose FIFO, dirty set, processing set and delay heap
+# share the state invariants above; half the module is the client-go contract it documents.
+
 from __future__ import annotations
 
 import asyncio

@@ -31,6 +31,10 @@ Guarantees:
   quoting its log).
 """
 
+# size: one piece: the ControlPlane class, whose start, restart and stop order the guarantees
+# above; the flags of each component are built from the same certificates, ports and folders it
+# owns. Certificates are declop.testing.certs, processes declop.testing.process.
+
 from __future__ import annotations
 
 import atexit

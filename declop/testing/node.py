@@ -22,6 +22,10 @@ Guarantees:
   ``kubernetes`` Service; a component that dies or is late raises ``RuntimeError`` with its log.
 """
 
+# size: one piece: the Node class, whose start records every change it makes to the host and whose
+# stop undoes exactly those (the guarantees above); each component's flags come from the same
+# private folder and lock. Host state is declop.testing.host, processes declop.testing.process.
+
 from __future__ import annotations
 
 import fcntl

@@ -30,6 +30,7 @@ from declop.testing import (
     pause_image,
     wait_for,
 )
+from declop.testing import buildkit as buildkit_module
 from declop.testing import image as image_module
 
 pytestmark = pytest.mark.node
@@ -48,11 +49,11 @@ def cmdline(pid: int) -> bytes:
 
 def leftovers(builder_pid: int, *folders: Path) -> list[str]:
     """Processes below ``builder_pid`` or still running as it; mounts under ``folders``."""
-    found = [f"process {pid}" for pid in image_module._descendants(builder_pid)]
-    if image_module._alive(builder_pid):
+    found = [f"process {pid}" for pid in buildkit_module._descendants(builder_pid)]
+    if buildkit_module._alive(builder_pid):
         found.append(f"process {builder_pid} ({cmdline(builder_pid)!r})")
     for folder in folders:
-        found += [f"mount {m}" for m in image_module._mounts_under(folder)]
+        found += [f"mount {m}" for m in buildkit_module._mounts_under(folder)]
     return found
 
 
@@ -267,7 +268,7 @@ def test_stop_mid_build_leaves_nothing(
     def container() -> list[int]:
         assert not failures, failures  # the build must still be running
         return [
-            p for p in image_module._descendants(pid)
+            p for p in buildkit_module._descendants(pid)
             if marker.encode() in cmdline(p)
         ]  # fmt: skip
 
@@ -303,7 +304,7 @@ def test_builder_dies_with_the_process_that_started_it(node_assets: Path, tmp_pa
     assert b"buildkitd" in cmdline(buildkitd)
     owner.kill()
     owner.wait()
-    wait_for(lambda: not image_module._alive(buildkitd), timeout=15, what="buildkitd gone")
+    wait_for(lambda: not buildkit_module._alive(buildkitd), timeout=15, what="buildkitd gone")
     assert leftovers(buildkitd, tmp_path / "s") == []
     with BuildKit(assets_dir=node_assets, state_dir=tmp_path / "s") as again:
         assert again.run_dir == tmp_path / "s.run"

@@ -216,6 +216,7 @@ def test_401_messages_fit_where_credentials_came_from(tmp_path: Path, service_ac
 # -- exec plugins --------------------------------------------------------------------------------
 PLUGIN = """\
 import json, os, sys, time, datetime
+started = time.time()
 count = os.environ["COUNT_FILE"]
 with open(count, "a") as f:
     f.write("x")
@@ -228,6 +229,8 @@ ttl = float(os.environ.get("PLUGIN_TTL", "0"))
 if ttl:
     at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=ttl)
     status["expirationTimestamp"] = at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with open(count + ".runs", "a") as f:  # when each run began, and when its token expires
+        f.write(f"{started} {at.timestamp()}\\n")
 print(json.dumps({"apiVersion": info["apiVersion"], "kind": "ExecCredential", "status": status}))
 """
 
@@ -261,19 +264,26 @@ def test_exec_plugin_runs_off_the_event_loop(tmp_path: Path) -> None:
 
 
 def test_exec_credential_is_cached_then_refreshed_before_it_expires(tmp_path: Path) -> None:
-    cfg = exec_config(tmp_path, PLUGIN_TTL="1.5")
+    # 4 s: declop refreshes a fifth of the lifetime early (0.8 s), more than a busy machine takes
+    # to start the plugin's interpreter — with 1.5 s (0.3 s early) the refresh ran late under load
+    cfg = exec_config(tmp_path, PLUGIN_TTL="4")
 
     async def main() -> list[str]:
         seen = [(await cfg.headers())["Authorization"]]
         seen.append((await cfg.headers())["Authorization"])  # cached
-        expires = time.monotonic() + 1.4  # about when the first token expires
+        deadline = time.monotonic() + 10
         while (await cfg.headers())["Authorization"] == seen[0]:
+            assert time.monotonic() < deadline, "the credential was never refreshed"
             await asyncio.sleep(0.02)
-        assert time.monotonic() < expires, "refreshed before the expiry, not after"
         seen.append((await cfg.headers())["Authorization"])
         return seen
 
     assert run(main()) == ["Bearer token-1", "Bearer token-1", "Bearer token-2"]
+    # the plugin's own record (its clock, so a slow plugin start on a busy machine does not count):
+    # the second run began before the first token expired
+    (start1, expiry1), (start2, _) = [tuple(map(float, line.split())) for line in (tmp_path / "count.runs").read_text().splitlines()]
+    assert start2 < expiry1, f"refreshed {start2 - expiry1:.2f} s after the expiry, not before"
+    assert start2 - start1 > 0.5, "the first token was used for a while before the refresh"
 
 
 def test_a_401_drops_the_cached_exec_credential(tmp_path: Path) -> None:
@@ -296,8 +306,9 @@ def test_exec_plugin_failures_are_one_line(tmp_path: Path, command: str, problem
 
 
 def test_exec_plugin_client_certificate_is_used_and_replaced(tmp_path: Path) -> None:
-    """The plugin hands out a certificate valid for 0.5 s, a new one each run: the TLS context
-    follows it (the transport asks for the context before every request)."""
+    """The plugin hands out a certificate valid for 3 s, a new one each run: the TLS context
+    follows it (the transport asks for the context before every request). (0.5 s was shorter
+    than a loaded machine takes to start the plugin, so the first certificate came back stale.)"""
     certs = generate(tmp_path / "pki")
     pairs = [certs.admin, certs.issue_client("second")]
     pems = [{"cert": Path(p.cert).read_text(), "key": Path(p.key).read_text()} for p in pairs]
@@ -308,7 +319,7 @@ def test_exec_plugin_client_certificate_is_used_and_replaced(tmp_path: Path) -> 
         with open({str(count)!r}, "a") as f:
             f.write("x")
         pem = {pems!r}[len(open({str(count)!r}).read()) % 2]
-        at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=0.5)
+        at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=3)
         print(json.dumps({{"kind": "ExecCredential", "apiVersion": "client.authentication.k8s.io/v1",
             "status": {{"clientCertificateData": pem["cert"], "clientKeyData": pem["key"],
                        "expirationTimestamp": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}}}))
@@ -319,7 +330,7 @@ def test_exec_plugin_client_certificate_is_used_and_replaced(tmp_path: Path) -> 
     async def main() -> None:
         first = await cfg.ssl_context()
         assert await cfg.ssl_context() is first  # cached: same certificate, same context
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while await cfg.ssl_context() is first:
             assert time.monotonic() < deadline, "the certificate was never refreshed"
             await asyncio.sleep(0.02)

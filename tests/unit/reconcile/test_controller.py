@@ -18,6 +18,7 @@ from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.reconcile.mapping import enqueue_self
+from declop.reconcile.outcome import settle
 from declop.queue.ratelimit import ItemExponential
 from declop.queue.workqueue import QueueEmpty, WorkQueue
 
@@ -95,7 +96,7 @@ def test_success_forgets_failures_and_does_not_requeue(outcome: Any) -> None:
     assert c.queue.num_requeues(KEY) == 1
     clock.advance(1)
     assert queued(c) == [KEY]
-    c._settle(KEY, outcome, None, logger(), 0.0)
+    settle(c, KEY, outcome, None, logger(), 0.0)
     assert c.queue.num_requeues(KEY) == 0
     clock.advance(10_000)
     assert queued(c) == []
@@ -106,7 +107,7 @@ def test_requeue_after_forgets_then_adds_after_the_delay() -> None:
     c.queue.add_rate_limited(KEY)
     clock.advance(1)
     queued(c)
-    c._settle(KEY, declop.Result(requeue_after=30), None, logger(), 0.0)
+    settle(c, KEY, declop.Result(requeue_after=30), None, logger(), 0.0)
     assert c.queue.num_requeues(KEY) == 0
     clock.advance(29.9)
     assert queued(c) == []
@@ -118,7 +119,7 @@ def test_an_exception_requeues_with_growing_backoff() -> None:
     c, _, clock = make(lambda **_: None)
     delays = []
     for _ in range(4):
-        c._settle(KEY, None, RuntimeError("x"), logger(), 0.0)
+        settle(c, KEY, None, RuntimeError("x"), logger(), 0.0)
         deadline = c.queue.next_deadline()
         assert deadline is not None
         delays.append(round(deadline - clock(), 6))
@@ -129,13 +130,13 @@ def test_an_exception_requeues_with_growing_backoff() -> None:
 
 def test_an_exception_wins_over_a_result() -> None:
     c, _, clock = make(lambda **_: None)
-    c._settle(KEY, declop.Result(requeue_after=300), RuntimeError("x"), logger(), 0.0)
+    settle(c, KEY, declop.Result(requeue_after=300), RuntimeError("x"), logger(), 0.0)
     assert c.queue.next_deadline() == pytest.approx(clock() + 0.005)
 
 
 def test_terminal_error_is_counted_not_retried(caplog: pytest.LogCaptureFixture) -> None:
     c, _, clock = make(lambda **_: None)
-    c._settle(KEY, None, declop.TerminalError("bad spec"), logger(), 0.0)
+    settle(c, KEY, None, declop.TerminalError("bad spec"), logger(), 0.0)
     clock.advance(10_000)
     assert queued(c) == [] and c.queue.num_requeues(KEY) == 0
     assert "terminal" in caplog.text
@@ -144,7 +145,7 @@ def test_terminal_error_is_counted_not_retried(caplog: pytest.LogCaptureFixture)
 def test_returning_something_else_is_terminal_with_a_hint(caplog: pytest.LogCaptureFixture) -> None:
     c, _, clock = make(lambda **_: None)
     secret = {"kind": "Secret", "metadata": {"namespace": "ns", "name": "a"}, "data": {"password": "c2VjcmV0"}}
-    c._settle(KEY, secret, None, logger(), 0.0)
+    settle(c, KEY, secret, None, logger(), 0.0)
     clock.advance(10_000)
     assert queued(c) == [] and c.queue.num_requeues(KEY) == 0  # not retried
     assert "returned a Secret object ns/a (contents not shown) for ns/a" in caplog.text
@@ -155,7 +156,7 @@ def test_returning_something_else_is_terminal_with_a_hint(caplog: pytest.LogCapt
 def test_returning_a_plain_dict_gets_the_kopf_hint_without_its_contents(caplog: pytest.LogCaptureFixture) -> None:
     """Kopf stores a returned dict in the status; declop says how it is done here."""
     c, _, clock = make(lambda **_: None)
-    c._settle(KEY, {"message": "hunter2-s3cr3t", "ready": True}, None, logger(), 0.0)
+    settle(c, KEY, {"message": "hunter2-s3cr3t", "ready": True}, None, logger(), 0.0)
     clock.advance(10_000)
     assert queued(c) == [] and c.queue.num_requeues(KEY) == 0  # terminal, not retried
     assert "returned a dict (contents not shown) for ns/a; declop does not store a returned dict" in caplog.text
@@ -513,7 +514,7 @@ def test_requeue_after_zero_is_plain_success_not_an_immediate_requeue() -> None:
     c.queue.add_rate_limited(KEY)
     clock.advance(1)
     queued(c)
-    c._settle(KEY, declop.Result(requeue_after=0), None, logger(), 0.0)
+    settle(c, KEY, declop.Result(requeue_after=0), None, logger(), 0.0)
     assert c.queue.num_requeues(KEY) == 0
     assert c.queue.next_deadline() is None and queued(c) == []
     assert c.queue.statistics().retries == 1  # only the earlier failure's

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from declop.errors import ConfigError
+from declop.testing import buildkit as buildkit_module
 from declop.testing import image as image_module
 from declop.testing import wait_for
 from declop.testing.image import (
@@ -216,12 +217,12 @@ def test_descendants_lists_grandchildren() -> None:
     parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
     try:
         found = wait_for(
-            lambda: pids if len(pids := image_module._descendants(parent.pid)) == 2 else None,
+            lambda: pids if len(pids := buildkit_module._descendants(parent.pid)) == 2 else None,
             what="the shell's two children",
         )
         assert all(Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep") for pid in found)
     finally:
-        for pid in image_module._descendants(parent.pid):
+        for pid in buildkit_module._descendants(parent.pid):
             os.kill(pid, 9)
         parent.kill()
         parent.wait()

@@ -1,0 +1,73 @@
+"""Fence: may this replica start a reconcile of these keys now?
+
+Two fences guard every reconcile a controller starts. With leader election, the manager's
+``fence()`` says whether the leader Lease is still known valid; the controller checks it just
+before each key's preparation (its finalizer write) and just before each handler call — also
+inside a batch (:func:`~declop.reconcile.call.run_batch`). In sharded mode
+(:mod:`declop.leases.shards`), a key belongs to one hash range, whose Lease must be known valid and
+not draining: :func:`owned` checks it when a worker takes the key, and ``shards.may_start`` again
+just before the handler call. Owns :func:`shard_of` (a key's range), :func:`owned` (a worker's
+keys, sorted) and :func:`fence_closed` (what a closed leader fence does).
+
+Invariants:
+- no reconcile starts — neither its finalizer write nor its handler call — unless ``fence()`` is
+  True at that moment;
+- a closed leader fence is final (it closes only when leadership is over): the controller halts,
+  and the keys it held are dropped (done(), not retried) — the next leader lists every object;
+- keys of other ranges are dropped (done(), not retried: their owner reconciles them), and so is
+  their trace and pending delayed add;
+- a key's range comes from the primary's uid (cached, or remembered from its last event) or from
+  its namespace, per the registration's ``shard_by``; a key whose uid was never seen is dropped;
+- every reconcile of a range is counted in flight (``shards.begin``) from the moment its key
+  passes :func:`owned` until its batch ends (``shards.end``), so a drain waits for it.
+"""
+
+from __future__ import annotations
+
+from declop.kube.keys import Request
+from declop.reconcile.call import ControllerState
+
+__all__ = ["fence_closed", "owned", "shard_of"]
+
+
+def shard_of(c: ControllerState, key: Request) -> int | None:
+    """The range of ``key`` (None: its uid was never seen)."""
+    assert c.shards is not None
+    if c._uids is None:
+        return c.shards.index(key.namespace)
+    obj = c._lookup(key)
+    uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
+    if not uid:
+        uid = c._uids.get(key)
+    return c.shards.index(uid) if uid else None
+
+
+def owned(c: ControllerState, keys: list[Request], ranges: dict[Request, int]) -> list[Request]:
+    """The keys whose range may start a reconcile now, each counted in flight for its range
+    (``ranges``); the others are done() at once — their range's owner reconciles them."""
+    shards = c.shards
+    assert shards is not None
+    kept = []
+    for key in keys:
+        r = shard_of(c, key)
+        if r is None or not shards.may_start(r):
+            c.unowned += 1
+            c._traces.pop(key, None)
+            c._delayed.pop(key, None)
+            c.queue.done(key)
+            continue
+        shards.begin(r)
+        ranges[key] = r
+        kept.append(key)
+    return kept
+
+
+def fence_closed(c: ControllerState, keys: int) -> None:
+    """The fence stopped ``keys`` keys. It never reopens: halt (the manager exits next)."""
+    if not c.fenced:
+        c._log.warning(
+            "Not starting reconciles: the leader Lease is not known to be valid",
+            extra={"kv": {"controller": c.name}},
+        )
+    c.fenced += keys
+    c.halt()

@@ -1,0 +1,129 @@
+"""Preparation: everything a key's reconcile needs before its handler can be called.
+
+On the loop, for each key a worker took (past the fence): :func:`prepare` takes the key's trace
+(why it runs), builds its logger, reads the object from the cache, deduces the
+:class:`~declop.reconcile.result.Phase` from its state, drops a stale copy, decides whether our
+finalizer must be added first, and builds the handler's arguments (its client included). When the
+finalizer must be added, the worker awaits :func:`add_finalizer`, which patches it in and then
+builds the arguments from the patched object.
+
+Invariants:
+- a reconcile reads only the cache: it makes no GET or LIST against the apiserver (our finalizer
+  patch is its one write);
+- the worker takes a key's :class:`~declop.reconcile.trigger.Trace` with the key, so each reconcile
+  knows every cause since its key's previous run; a delayed requeue or retry is noted in the run
+  it causes (its delayed add is due), not in one that an event brought forward;
+- our finalizer is persisted before the handler can see ``CREATED`` (and cause side effects); a
+  ``CREATED`` call given back after we added it is still ``CREATED`` when it runs, whether the
+  cache shows our finalizer yet or not — unless the object is being deleted, or gone;
+- after our finalizer was released from an object being deleted, a cached copy of that object
+  (same uid) still showing it is stale — the apiserver never lets a finalizer be added to an
+  object being deleted — so the handler is not called again for it;
+- an error while preparing is settled like a handler's error (``call.finished``, never called);
+- per key: one :class:`~declop.reconcile.call.Call`, one logger, one client, and no await unless
+  our finalizer is added.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from declop.kube.keys import Request
+from declop.logs import ReconcileLogger
+from declop.reconcile.call import Call, ControllerState
+from declop.reconcile.client import AsyncClient, Client
+from declop.reconcile.filters import ident, own_write
+from declop.reconcile.finalizers import ensure_finalizer
+from declop.reconcile.result import Phase, phase_of
+from declop.reconcile.trigger import Trace
+
+__all__ = ["add_finalizer", "prepare", "stale"]
+
+
+def prepare(
+    c: ControllerState, key: Request, ranges: dict[Request, int], freeze: bool, log_trigger: bool
+) -> Call:
+    """The call of ``key``: ready to run, or ``finished`` (an error, or a stale copy: nothing to
+    call), or with ``add_finalizer`` set — then :func:`add_finalizer` must run before it can.
+    ``ranges`` holds the key's range in sharded mode; ``freeze``: someone reads its trigger
+    (``log_trigger``: the log context does)."""
+    call = Call(key, time.monotonic(), str(uuid.uuid4()))
+    trace = c._traces.pop(key, None)
+    if trace is None:
+        trace = Trace()
+    delayed = c._delayed
+    if delayed and key in delayed and not c.queue.is_waiting(key):
+        why, detail = delayed.pop(key)  # its delayed add is due: this run serves it
+        trace.note(why, None, detail)
+    call.trace = trace
+    context = {"controller": c.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id}
+    shards = c.shards
+    if shards is not None:
+        call.shard = ranges[key]
+        context["shard"] = f"{call.shard}/{shards.n}"
+    if freeze:
+        call.trigger = trace.freeze()
+        if log_trigger:
+            context["trigger"] = str(call.trigger)
+    call.logger = ReconcileLogger(c._log, context)
+    if log_trigger and c._log.isEnabledFor(logging.DEBUG):
+        call.logger.debug("Reconciling")
+    try:
+        reg = c.registration
+        finalizer = reg.finalizer
+        obj = c._lookup(key)
+        call.phase = phase_of(obj, finalizer)
+        if call.phase is Phase.DELETING and c._released and stale(c, obj):
+            call.stale = call.finished = True  # its cleanup already succeeded: the cache lags
+            return call
+        created = c._created
+        if created and key in created:
+            # a CREATED call was given back after we added the finalizer: it is still
+            # CREATED (whether the cache shows our finalizer yet or not) until it runs
+            if call.phase is Phase.UPDATED or call.phase is Phase.CREATED:
+                call.phase = Phase.CREATED
+            else:
+                created.discard(key)  # being deleted, or gone
+        elif call.phase is Phase.CREATED and finalizer is not None:
+            call.add_finalizer = True  # persisted before the handler can cause side effects
+            call.obj = obj  # the cached copy to patch (add_finalizer)
+            return call
+        call.obj = obj
+        client = (
+            AsyncClient(c.ctx, c.resource, key, c.name) if reg.is_async else Client(c.ctx, c.resource, key, c.name)
+        )
+        call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
+    except Exception as exc:  # noqa: BLE001 - settled like a handler error
+        call.error = exc
+        call.finished = True
+    return call
+
+
+async def add_finalizer(c: ControllerState, call: Call) -> None:
+    """Add our finalizer to ``call.obj`` (the cached copy) and prepare the call on the patched
+    object. If the patch fails, the call holds no object and is settled with the error."""
+    obj, call.obj = call.obj, None
+    reg, key = c.registration, call.key
+    try:
+        finalizer = reg.finalizer
+        assert finalizer is not None
+        obj = await own_write(c, key, obj, lambda: ensure_finalizer(c.ctx.transport, c.resource, obj, finalizer))
+        call.obj = obj  # the patched object; then the arguments, as in prepare()
+        client = (
+            AsyncClient(c.ctx, c.resource, key, c.name) if reg.is_async else Client(c.ctx, c.resource, key, c.name)
+        )
+        call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
+    except Exception as exc:  # noqa: BLE001 - settled like a handler error
+        call.error = exc
+        call.finished = True
+
+
+def stale(c: ControllerState, obj: Any) -> bool:
+    """``obj`` (being deleted) still shows our finalizer although we released it from this
+    very object: the cache has not caught up with our own write."""
+    meta = obj.get("metadata") or {}
+    uid = c._released.get(ident(obj))
+    return uid is not None and uid == meta.get("uid") and c.registration.finalizer in (meta.get("finalizers") or ())
