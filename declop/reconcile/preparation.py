@@ -92,10 +92,7 @@ def prepare(
             call.obj = obj  # the cached copy to patch (add_finalizer)
             return call
         call.obj = obj
-        client = (
-            AsyncClient(c.ctx, c.resource, key, c.name) if reg.is_async else Client(c.ctx, c.resource, key, c.name)
-        )
-        call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
+        call.kwargs = arguments(c, call, obj)
     except Exception as exc:  # noqa: BLE001 - settled like a handler error
         call.error = exc
         call.finished = True
@@ -112,13 +109,17 @@ async def add_finalizer(c: ControllerState, call: Call) -> None:
         assert finalizer is not None
         obj = await own_write(c, key, obj, lambda: ensure_finalizer(c.ctx.transport, c.resource, obj, finalizer))
         call.obj = obj  # the patched object; then the arguments, as in prepare()
-        client = (
-            AsyncClient(c.ctx, c.resource, key, c.name) if reg.is_async else Client(c.ctx, c.resource, key, c.name)
-        )
-        call.kwargs = reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
+        call.kwargs = arguments(c, call, obj)
     except Exception as exc:  # noqa: BLE001 - settled like a handler error
         call.error = exc
         call.finished = True
+
+
+def arguments(c: ControllerState, call: Call, obj: Any) -> dict[str, Any]:
+    """The handler's keyword arguments for ``call`` on ``obj``, with a client bound to its key."""
+    reg, key = c.registration, call.key
+    client = AsyncClient(c.ctx, c.resource, key, c.name) if reg.is_async else Client(c.ctx, c.resource, key, c.name)
+    return reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
 
 
 def stale(c: ControllerState, obj: Any) -> bool:
