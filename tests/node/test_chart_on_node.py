@@ -360,24 +360,10 @@ def test_helm_upgrade_to_two_replicas_never_has_two_pods_reconciling_and_the_old
         "rbac": {"scope": "namespaces", "watch": [{"group": "", "resource": "configmaps"}]},
     }
     helm(cluster, "install", "ha", namespace, values)  # one replica; leader election is the default
-    followers: dict[str, LogFollower] = {}
-    exits: dict[str, int] = {}
-    stop = threading.Event()
-
-    def watch_pods() -> None:  # follow every Pod's logs and record each container's exit code
-        while not stop.is_set():
-            for pod in pods_of(cluster, namespace, "ha"):
-                name = pod["metadata"]["name"]
-                statuses = pod["status"].get("containerStatuses") or []
-                if name not in followers and statuses and "running" in statuses[0]["state"]:
-                    followers[name] = LogFollower(cluster, namespace, name)
-                for status in statuses:
-                    if "terminated" in status["state"]:
-                        exits[name] = status["state"]["terminated"]["exitCode"]
-            time.sleep(0.5)
-
-    watcher = threading.Thread(target=watch_pods, daemon=True)
-    watcher.start()
+    # a watch, not a poll: the old Pod's terminated state can stand for less than a poll's
+    # interval before the kubelet deletes the Pod (CI missed the exit code that way)
+    pods = PodWatch(cluster, namespace, "ha")
+    followers, exits = pods.followers, pods.exits
     try:
         old = {p["metadata"]["name"] for p in pods_of(cluster, namespace, "ha")}
         wait_for(lambda: set(followers) >= old, timeout=30, what="log followers on both Pods")
@@ -400,10 +386,8 @@ def test_helm_upgrade_to_two_replicas_never_has_two_pods_reconciling_and_the_old
         )  # fmt: skip
         wait_for(lambda: leader in exits, timeout=30, what="the old leader's exit code")
     finally:
-        stop.set()
-        watcher.join(10)
-        for follower in followers.values():
-            follower.close()
+        pods.close()
+    assert pods.error is None, pods.error
     assert exits[leader] == 0, exits
     intervals = []
     for name, follower in followers.items():
