@@ -11,7 +11,9 @@ authentication and authorization by default (aiohttp on the manager's loop).
   ``metrics_auth`` (:class:`~declop.serving.metricsauth.MetricsAuth`) only to callers allowed ``get``.
 - ``/debug/reconciles`` (only when a ``reconciles`` source is given: off by default) serves the
   last reconciles per controller as JSON — key, trigger, duration, outcome; names and counts,
-  never object contents — on the health port.
+  never object contents — on the health port, behind the same checks as ``/metrics``
+  (``metrics_auth``: a bearer token allowed ``get`` on ``/debug/reconciles``) whenever they are
+  given; without them (``--metrics-secure=false``) it is open like the probes.
 
 Health and plain-HTTP metrics may share a port; secure metrics need their own. A port of
 ``None`` or ``0`` disables it.
@@ -91,7 +93,10 @@ class ProbeServer:
         if self.health_port:
             ports.setdefault(self.health_port, []).extend([("/healthz", self._healthz), ("/readyz", self._readyz)])
             if self.reconciles is not None:
-                ports[self.health_port].append(("/debug/reconciles", self._debug_reconciles))
+                # object keys and outcomes are not for anyone who reaches the port: the same
+                # TokenReview + SubjectAccessReview as /metrics, on this route only
+                debug = self._debug_reconciles if self.metrics_auth is None else self.metrics_auth.protect(self._debug_reconciles)
+                ports[self.health_port].append(("/debug/reconciles", debug))
         if self.metrics_port:
             ports.setdefault(self.metrics_port, []).append(("/metrics", self._metrics))
         for port, routes in ports.items():
