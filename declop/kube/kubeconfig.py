@@ -44,10 +44,23 @@ from declop.kube.credentials import Credential, run_exec_plugin, tls_context
 from declop.kube.credentials import ExecPlugin as ExecPlugin
 from declop.kube.credentials import load_cert_chain as load_cert_chain
 
-__all__ = ["ExecPlugin", "KubeconfigError", "RestConfig", "env_proxy", "from_kubernetes", "load", "load_cert_chain"]
+__all__ = [
+    "ExecPlugin",
+    "KubeconfigError",
+    "RestConfig",
+    "env_proxy",
+    "from_kubernetes",
+    "load",
+    "load_cert_chain",
+    "no_proxy_matches",
+    "redact_url",
+    "redact_text",
+]
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REREAD_SECONDS = 60.0
+#: what a repr shows instead of a credential
+REDACTED = "<redacted>"
 
 
 class KubeconfigError(ConfigError):
@@ -68,18 +81,37 @@ class RestConfig:
     ca_data: bytes | None = None
     insecure: bool = False
     server_name: str | None = None
-    proxy: str | None = None
-    cert_data: bytes | None = None
-    key_data: bytes | None = None
-    token: str | None = None
+    proxy: str | None = field(default=None, repr=False)
+    cert_data: bytes | None = field(default=None, repr=False)
+    key_data: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
     _token_cache: tuple[float, str] | None = field(default=None, repr=False)
     _exec: Credential | None = field(default=None, repr=False)
     _exec_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ssl: tuple[Any, ssl.SSLContext] | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        # never the token, password, client key or a proxy's password: a repr ends up in
+        # tracebacks, debuggers and log lines
+        shown = {
+            "host": self.host, "source": self.source, "in_cluster": self.in_cluster, "insecure": self.insecure,
+            "server_name": self.server_name, "proxy": redact_url(self.proxy) if self.proxy else None,
+            "client_certificate": self.cert_data is not None, "client_key": REDACTED if self.key_data else None,
+            "token": REDACTED if self.token else None, "token_file": self.token_file,
+            "username": self.username, "password": REDACTED if self.password else None,
+            "exec_plugin": self.exec_plugin,
+        }
+        return "RestConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    @property
+    def proxy_display(self) -> str:
+        """The proxy URL as it may be printed: its password replaced by ``xxxxx`` (as Go's
+        ``url.Redacted``)."""
+        return redact_url(self.proxy) if self.proxy else ""
 
     # -- what the transport asks ---------------------------------------------------------------
     async def headers(self) -> dict[str, str]:
@@ -196,27 +228,131 @@ def load(
     )
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo replaced by ``xxxxx``, as Go's ``url.Redacted``
+    prints it (``http://user:xxxxx@proxy:3128``); other URLs unchanged."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None and "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}{':xxxxx' if colon else ''}@{hostport}"))
+
+
+def redact_text(text: str, url: str | None) -> str:
+    """``text`` with ``url`` and its password (as written and percent-decoded) redacted: for
+    messages that quote an error of a library that may have printed the proxy URL."""
+    if not url:
+        return text
+    import urllib.parse
+
+    text = text.replace(url, redact_url(url))
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        return text
+    if password:
+        for form in {password, urllib.parse.unquote(password)}:
+            text = text.replace(form, "xxxxx")
+    return text
+
+
+def no_proxy_matches(host: str, port: str, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY`` exempts ``host:port`` from the proxy, as Go's
+    ``golang.org/x/net/http/httpproxy`` decides (what kubectl and client-go do):
+
+    - entries are comma-separated, trimmed, case-insensitive; ``*`` matches everything;
+    - a CIDR (``10.0.0.0/8``, ``fd00::/8``) matches IP hosts inside it, on any port;
+    - an IP (``10.1.2.3``, ``10.1.2.3:6443``, ``[::1]:6443``) matches that IP (and port, if given);
+    - a domain (``example.com``) matches itself and its subdomains; ``.example.com`` and
+      ``*.example.com`` only its subdomains; ``:port`` restricts the match to that port.
+    """
+    import ipaddress
+
+    host = host.strip().lower().strip("[]")
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if "/" in entry:
+            try:
+                network = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                network = None
+            if network is not None:
+                if ip is not None and ip.version == network.version and ip in network:
+                    return True
+                continue
+        entry_host, entry_port = _split_host_port(entry)
+        if not entry_host:
+            continue  # no host part: malformed, ignored (as Go does)
+        try:
+            entry_ip = ipaddress.ip_address(entry_host)
+        except ValueError:
+            entry_ip = None
+        if entry_ip is not None:
+            if ip is not None and ip == entry_ip and entry_port in ("", port):
+                return True
+            continue
+        if entry_host.startswith("*."):
+            entry_host = entry_host[1:]
+        match_host = not entry_host.startswith(".")
+        suffix = entry_host if not match_host else "." + entry_host
+        if (host.endswith(suffix) or (match_host and host == suffix[1:])) and entry_port in ("", port):
+            return True
+    return False
+
+
+def _split_host_port(entry: str) -> tuple[str, str]:
+    """Go's ``net.SplitHostPort`` for a NO_PROXY entry, else the entry as a host without port."""
+    if entry.startswith("["):
+        end = entry.find("]")
+        if end != -1 and entry[end + 1 : end + 2] == ":" and entry[end + 2 :].isdigit():
+            return entry[1:end], entry[end + 2 :]
+        return entry.strip("[]"), ""
+    head, colon, tail = entry.rpartition(":")
+    if colon and ":" not in head and tail.isdigit():
+        return head, tail
+    return entry, ""
+
+
 def env_proxy(server: str, env: Mapping[str, str]) -> str | None:
     """The proxy Go's ``http.ProxyFromEnvironment`` picks for ``server``: ``HTTPS_PROXY`` (or
-    ``HTTP_PROXY`` for http servers), unless ``NO_PROXY`` matches the host or the host is
-    ``localhost`` or a loopback address (never proxied)."""
+    ``HTTP_PROXY`` for http servers), unless the host is ``localhost`` or a loopback address
+    (never proxied) or ``NO_PROXY`` exempts it (:func:`no_proxy_matches`: CIDRs, IPs, domains
+    and ports, as Go reads them)."""
     import ipaddress
     import urllib.parse
-    import urllib.request
 
     scheme = "https" if server.startswith("https") else "http"
     proxy = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
     if not proxy:
         return None
     no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-    host = urllib.parse.urlsplit(server).hostname or ""
+    parts = urllib.parse.urlsplit(server)
+    host = parts.hostname or ""
+    try:
+        port = str(parts.port or (443 if scheme == "https" else 80))
+    except ValueError:
+        port = ""
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
     if loopback:
         return None
-    if no_proxy and urllib.request.proxy_bypass_environment(host, {"no": no_proxy}):  # type: ignore[attr-defined]
+    if no_proxy and no_proxy_matches(host, port, no_proxy):
         return None
     return proxy
 
@@ -343,7 +479,7 @@ def _from_files(paths: list[str], context: str | None, *, explicit: bool, env: M
     proxy = cluster.get("proxy-url") or None
     if proxy is not None and not str(proxy).startswith(("http://", "https://")):
         raise KubeconfigError(
-            f"kubeconfig {cl_file}: cluster {cluster_name!r}: proxy-url {proxy!r} is not supported; "
+            f"kubeconfig {cl_file}: cluster {cluster_name!r}: proxy-url {redact_url(str(proxy))!r} is not supported; "
             "declop tunnels through http:// and https:// proxies (CONNECT), not socks5"
         )
     source = f"user {user_name!r} in kubeconfig {us_file}" if user_name else f"kubeconfig {ctx_file} (no user)"
