@@ -92,3 +92,94 @@ def test_metrics_need_a_token_with_get_on_metrics(control_plane: Any, kubeconfig
         rbac.delete_cluster_role_binding(role)
         rbac.delete_cluster_role(role)
         api.close()
+
+
+JUNK_TOKENS = 300
+#: the operator's own write while 300 junk tokens hit /metrics (it waited 11.7 s before the
+#: reviews had their own lane); measured ~10-60 ms on a busy 2-core machine
+WRITE_BOUND = 1.0
+
+
+def test_junk_tokens_neither_delay_the_operators_writes_nor_lock_out_the_scraper(
+    control_plane: Any, kubeconfig: str, namespace: str
+) -> None:
+    """300 strangers' tokens at once: reviews go on their own lane and at most 16 wait (the rest
+    429 at once), so the operator's next write is not delayed and the scraper keeps its 200; and
+    /debug/reconciles needs the same token as /metrics."""
+    import asyncio
+
+    import aiohttp
+
+    api = control_plane.api_client()
+    core, rbac = kubernetes.client.CoreV1Api(api), kubernetes.client.RbacAuthorizationV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "scraper"}})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "written"}})
+    role = f"{namespace}-metrics-reader"
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": [
+        {"nonResourceURLs": ["/metrics", "/debug/reconciles"], "verbs": ["get"]}]})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}],
+    })
+    scraper = control_plane.service_account_token(namespace, "scraper")
+
+    registry = declop.registry.Registry()
+
+    @declop.reconciler("configmaps", registry=registry)
+    def seen(**_: Any) -> None:
+        pass
+
+    health, metrics = free_port(), free_port()
+    options = Options(namespaces=(namespace,), health_port=health, metrics_port=metrics, grace_period=1, debug_reconciles=5)
+    try:
+        with OperatorRunner(registry, kubeconfig=kubeconfig, options=options) as op:
+            url = f"https://127.0.0.1:{metrics}/metrics"
+            debug = f"http://127.0.0.1:{health}/debug/reconciles"
+            assert get(debug) == (401, "Unauthorized\n")
+            assert get(debug, "not-a-token") == (401, "Unauthorized\n")
+            assert get(debug, scraper)[0] == 200
+            assert get(url, scraper)[0] == 200
+            auth = op.manager.probes.metrics_auth  # type: ignore[union-attr]
+            transport = op.manager.transport
+            assert transport is not None
+            reviews = auth.reviews
+
+            async def write() -> float:
+                started = time.perf_counter()
+                await transport.request(
+                    "PATCH", f"/api/v1/namespaces/{namespace}/configmaps/written",
+                    body={"metadata": {"annotations": {"at": str(started)}}}, content_type="application/merge-patch+json",
+                )
+                return time.perf_counter() - started
+
+            async def flood() -> tuple[list[int], float, int, list[int]]:
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=False, limit=0)) as session:
+
+                    async def one(token: str) -> int:
+                        async with session.get(url, headers={"Authorization": f"Bearer {token}"}) as r:
+                            await r.read()
+                            return r.status
+
+                    junk = [asyncio.ensure_future(one(f"junk-{i}")) for i in range(JUNK_TOKENS)]
+                    while auth.refused == 0 and not all(j.done() for j in junk):
+                        await asyncio.sleep(0.005)  # until the bound is reached: reviews are waiting
+                    waited = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(write(), op.loop))
+                    during = [await one(scraper) for _ in range(3)]
+                    return list(await asyncio.gather(*junk)), waited, auth.refused, during
+
+            statuses, waited, refused, during = asyncio.run(flood())
+            assert set(statuses) <= {401, 429} and statuses.count(401) >= 16, sorted(set(statuses))
+            assert during == [200, 200, 200], "the scraper's cached decision survives the flood"
+            assert waited < WRITE_BOUND, f"the operator's write waited {waited:.3f} s behind junk tokens"
+            assert get(url, scraper)[0] == 200
+            junk_reviews = auth.reviews - reviews
+            assert junk_reviews == statuses.count(401), "no review for the scraper: its entry was not evicted"
+            print(
+                f"measured: {JUNK_TOKENS} junk tokens -> {statuses.count(401)} reviewed (401), {refused} refused (429); "
+                f"the operator's write during the flood took {waited * 1000:.1f} ms (bound {WRITE_BOUND} s)"
+            )
+    finally:
+        rbac.delete_cluster_role_binding(role)
+        rbac.delete_cluster_role(role)
+        api.close()
