@@ -47,6 +47,7 @@ ORDER = [
     "kube.keys",
     "kube.resource",
     "kube.credentials",
+    "kube.proxy",
     "kube.kubeconfig",
     "kube.transport",
     "kube.discovery",

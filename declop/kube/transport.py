@@ -40,7 +40,8 @@ from typing import Any, AsyncIterator, Callable, Mapping
 import aiohttp
 
 from declop.errors import ApiError, Conflict, Forbidden, NotFound
-from declop.kube.kubeconfig import RestConfig, from_kubernetes, redact_text
+from declop.kube.kubeconfig import RestConfig, from_kubernetes
+from declop.kube.proxy import redact_text
 from declop.kube.kubeconfig import load as load_kubeconfig
 from declop.queue.ratelimit import TokenBucket
 
