@@ -95,9 +95,11 @@ def test_metrics_need_a_token_with_get_on_metrics(control_plane: Any, kubeconfig
 
 
 JUNK_TOKENS = 300
-#: the operator's own write while 300 junk tokens hit /metrics (it waited 11.7 s before the
-#: reviews had their own lane); measured ~10-60 ms on a busy 2-core machine
-WRITE_BOUND = 1.0
+#: the operator's own write while 300 junk tokens hit /metrics, end to end: it waited 11.7 s
+#: behind their reviews before they had their own lane. What is left is the event loop's share of
+#: 300 TLS handshakes (client and operator in one process): measured 0.09-0.51 s on a 2-core
+#: machine busy with another test run
+WRITE_BOUND = 2.0
 
 
 def test_junk_tokens_neither_delay_the_operators_writes_nor_lock_out_the_scraper(
@@ -176,7 +178,8 @@ def test_junk_tokens_neither_delay_the_operators_writes_nor_lock_out_the_scraper
             junk_reviews = auth.reviews - reviews
             assert junk_reviews == statuses.count(401), "no review for the scraper: its entry was not evicted"
             print(
-                f"measured: {JUNK_TOKENS} junk tokens -> {statuses.count(401)} reviewed (401), {refused} refused (429); "
+                f"measured: {JUNK_TOKENS} junk tokens -> {statuses.count(401)} reviewed (401), {statuses.count(429)} refused "
+                f"(429: {refused} by the bound on reviews, the rest by the server's own caps); "
                 f"the operator's write during the flood took {waited * 1000:.1f} ms (bound {WRITE_BOUND} s)"
             )
     finally:
