@@ -226,6 +226,13 @@ class WebhookServer:
             log.exception("Webhook request failed outside the handler; the request is denied", extra={"kv": {"webhook": hook.name, "uid": review.uid}})
             message = f"webhook {hook.name} could not process this request ({type(exc).__name__}); the operator's log has the details"
             return self._reply(deny(review.uid, message, code=500), "error")
+        finally:
+            if big:  # freed in pieces off the loop: one free of a large tree holds the interpreter
+                self._work_later(_dismantle, [review.obj, review.old_obj])
+
+    def _work_later(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._decoder is not None:
+            self._decoder.submit(fn, *args)
 
     async def _admit_review(self, hook: Webhook, review: AdmissionRequest, big: bool) -> web.Response:
         uid = review.uid
@@ -384,3 +391,21 @@ def _too_deep(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], TooDeep] |
 def _copies_to_convert(objects: list[dict[str, Any]], desired: str) -> list[dict[str, Any] | None]:
     """A copy of each object to convert (None for those already at ``desired``)."""
     return [None if o.get("apiVersion") == desired else bounded_clone(o) for o in objects]
+
+
+def _dismantle(values: list[Any]) -> None:
+    """Empty large containers one member at a time, so freeing them never holds the interpreter
+    for long (each step frees one small subtree; other threads run between steps)."""
+    stack = [v for v in values if type(v) in (dict, list)]
+    while stack:
+        container = stack.pop()
+        if type(container) is dict:
+            while container:
+                _, value = container.popitem()
+                if type(value) in (dict, list) and len(value) > 16:
+                    stack.append(value)
+        else:
+            while container:
+                value = container.pop()
+                if type(value) in (dict, list) and len(value) > 16:
+                    stack.append(value)
