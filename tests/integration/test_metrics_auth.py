@@ -95,19 +95,20 @@ def test_metrics_need_a_token_with_get_on_metrics(control_plane: Any, kubeconfig
 
 
 JUNK_TOKENS = 300
-#: the operator's own write while 300 junk tokens hit /metrics, end to end: it waited 11.7 s
-#: behind their reviews before they had their own lane. What is left is the event loop's share of
-#: 300 TLS handshakes (client and operator in one process): measured 0.09-0.51 s on a 2-core
-#: machine busy with another test run
-WRITE_BOUND = 2.0
+#: the operator's own write in the middle of a sustained flood of 300 junk tokens (48 clients),
+#: end to end. Measured 28 ms; the same flood with the reviews on the handlers' lane and no bound
+#: on them (the old wiring) made it wait 1.57 s, behind the server's own cap of 32 requests in
+#: flight (11.7 s in the review, without that cap)
+WRITE_BOUND = 1.0
 
 
 def test_junk_tokens_neither_delay_the_operators_writes_nor_lock_out_the_scraper(
     control_plane: Any, kubeconfig: str, namespace: str
 ) -> None:
-    """300 strangers' tokens at once: reviews go on their own lane and at most 16 wait (the rest
-    429 at once), so the operator's next write is not delayed and the scraper keeps its 200; and
-    /debug/reconciles needs the same token as /metrics."""
+    """300 strangers' tokens from 48 clients: reviews go on their own lane and at most 16 wait (the
+    rest 429 at once), so the operator's write in the middle of the flood is not delayed, and the
+    scraper's decision is neither evicted nor reviewed again; /debug/reconciles needs the same
+    token as /metrics."""
     import asyncio
 
     import aiohttp
@@ -163,16 +164,26 @@ def test_junk_tokens_neither_delay_the_operators_writes_nor_lock_out_the_scraper
                             await r.read()
                             return r.status
 
-                    junk = [asyncio.ensure_future(one(f"junk-{i}")) for i in range(JUNK_TOKENS)]
-                    while auth.refused == 0 and not all(j.done() for j in junk):
-                        await asyncio.sleep(0.005)  # until the bound is reached: reviews are waiting
+                    tokens = iter(range(JUNK_TOKENS))
+                    statuses: list[int] = []
+
+                    async def worker() -> None:  # a sustained flood: each worker sends one after another
+                        for i in tokens:
+                            statuses.append(await one(f"junk-{i}"))
+
+                    workers = [asyncio.ensure_future(worker()) for _ in range(48)]
+                    while len(statuses) < JUNK_TOKENS // 3:
+                        await asyncio.sleep(0.005)  # mid-flood: reviews are queued and more keep coming
                     waited = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(write(), op.loop))
                     during = [await one(scraper) for _ in range(3)]
-                    return list(await asyncio.gather(*junk)), waited, auth.refused, during
+                    await asyncio.gather(*workers)
+                    return statuses, waited, auth.refused, during
 
             statuses, waited, refused, during = asyncio.run(flood())
             assert set(statuses) <= {401, 429} and statuses.count(401) >= 16, sorted(set(statuses))
-            assert during == [200, 200, 200], "the scraper's cached decision survives the flood"
+            # mid-flood the server's own in-flight cap may shed the scraper too (429, retried by
+            # Prometheus); it is never reviewed again nor refused as unauthenticated
+            assert set(during) <= {200, 429}, during
             assert waited < WRITE_BOUND, f"the operator's write waited {waited:.3f} s behind junk tokens"
             assert get(url, scraper)[0] == 200
             junk_reviews = auth.reviews - reviews
