@@ -14,9 +14,10 @@ A log record may carry key/value pairs in ``record.kv`` (a dict). The formatters
 Only ``cli.py`` installs handlers (:func:`configure`); a library user keeps full control.
 
 Invariant: declop's own messages never carry object contents (they name the type and the key).
-As a second line of defence, both formatters pass the pairs through :func:`redact`, so a Secret
-given as a pair — by a handler, or at ``-v`` — shows its keys but never its ``data`` or
-``stringData`` values.
+As a second line of defence, both formatters pass the pairs and the ``%`` arguments through
+:func:`redact`, so a Secret given as a pair or argument — by a handler, or at ``-v``; a plain
+dict, a read-only view, a list of them or a ``SecretList`` — shows its keys but never its
+``data`` or ``stringData`` values.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import datetime
 import json
 import logging
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = [
     "JsonFormatter",
@@ -60,25 +61,54 @@ REDACTED = "<redacted>"
 
 def redact(value: Any) -> Any:
     """``value`` with every Secret's ``data``/``stringData`` values replaced by :data:`REDACTED`
-    (keys kept), at any depth of dicts, lists and tuples. Returns ``value`` itself when there is
-    nothing to redact, so the common case copies nothing."""
+    (keys kept), at any depth of mappings and sequences: a Secret (``kind: Secret``), the items
+    of a ``SecretList`` (whose items carry no ``kind``), and read-only views of cached objects
+    (``declop.cache.store.readonly``: any ``Mapping``/``Sequence``), which come back as plain
+    dicts and lists so they render as JSON rather than as their repr. Returns ``value`` itself
+    when it is plain and there is nothing to redact, so the common case copies nothing."""
+    return _redact(value, False)
+
+
+def _redact(value: Any, secret: bool) -> Any:
     if isinstance(value, Mapping):
-        out: dict[Any, Any] | None = None
-        secret = value.get("kind") == "Secret"
+        out: dict[Any, Any] | None = None if type(value) is dict else dict(value)
+        kind = value.get("kind")
+        secret = secret or kind == "Secret"
+        items_are_secrets = kind == "SecretList"
         for k, v in value.items():
             if secret and k in ("data", "stringData") and isinstance(v, Mapping):
                 new: Any = {dk: REDACTED for dk in v}
+            elif items_are_secrets and k == "items" and _is_sequence(v):
+                new = [_redact(item, True) for item in v]
             else:
-                new = redact(v)
+                new = _redact(v, False)
             if new is not v:
                 if out is None:
                     out = dict(value)
                 out[k] = new
         return value if out is None else out
-    if isinstance(value, (list, tuple)):
-        items = [redact(v) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else items
+    if _is_sequence(value):
+        items = [_redact(v, secret) for v in value]
+        if type(value) is tuple:
+            return value if all(a is b for a, b in zip(items, value)) else tuple(items)
+        if type(value) is list and all(a is b for a, b in zip(items, value)):
+            return value
+        return items
     return value
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray, memoryview))
+
+
+def _message(record: logging.LogRecord) -> str:
+    """``record.getMessage()`` with its ``%`` arguments redacted (a Secret given as ``%s``)."""
+    if not record.args:
+        return record.getMessage()
+    args = redact(record.args)
+    if args is record.args:
+        return record.getMessage()
+    return str(str(record.msg) % args)
 
 
 def kv(pairs: Mapping[str, Any]) -> str:
@@ -90,7 +120,7 @@ class PlainFormatter(logging.Formatter):
     """``LEVEL message {pairs}`` plus the traceback on the following lines, if any."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{record.levelname} {record.getMessage()}"
+        line = f"{record.levelname} {_message(record)}"
         pairs = getattr(record, "kv", None)
         if pairs:
             line = f"{line} {kv(redact(pairs))}"
@@ -109,7 +139,7 @@ class JsonFormatter(logging.Formatter):
             ),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _message(record),
         }
         pairs = getattr(record, "kv", None)
         if pairs:

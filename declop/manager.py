@@ -115,6 +115,9 @@ class Options:
     #: keep the last N reconciles per controller and serve them on /debug/reconciles (health
     #: port); 0: off
     debug_reconciles: int = 0
+    #: the address the probe, metrics and webhook servers listen on (None: every interface,
+    #: 0.0.0.0 — what a Pod needs; ``declop dev`` uses 127.0.0.1)
+    bind_address: str | None = None
     #: HTTPS port of the webhook server (served only when webhooks are registered)
     webhook_port: int = 9443
     #: tls.crt/tls.key (and ca.crt) mounted for the webhook server; None: declop's own CA in a Secret
@@ -303,8 +306,11 @@ class Manager:
             tls, auth = None, None
             if self.options.metrics_port and self.options.metrics_secure:
                 tls = ServingCert(self.options.metrics_cert_dir).context
+            if self.options.metrics_secure and (self.options.metrics_port or debug):
+                # /metrics and /debug/reconciles: reviews on their own lane ("auth"), bounded
                 auth = MetricsAuth(self.transport.request)
             self.probes = ProbeServer(
+                host=self.bind_address,
                 health_port=self.options.health_port,
                 metrics_port=self.options.metrics_port,
                 checks=self.checks,
@@ -313,6 +319,11 @@ class Manager:
                 metrics_auth=auth,
                 reconciles=self.recent_reconciles if debug else None,
             )
+
+    @property
+    def bind_address(self) -> str:
+        """Where this process's servers listen (:attr:`Options.bind_address`, default 0.0.0.0)."""
+        return self.options.bind_address or "0.0.0.0"
 
     def recent_reconciles(self) -> dict[str, list[dict[str, Any]]]:
         """The last reconciles per controller, newest last (``/debug/reconciles``)."""
@@ -329,6 +340,7 @@ class Manager:
             self.registry.webhooks, self.transport.request, port=opts.webhook_port, name=opts.webhook_name,
             cert_dir=opts.webhook_cert_dir, service=opts.webhook_service, url=opts.webhook_url,
             namespace=opts.webhook_namespace, cert_validity=opts.webhook_cert_validity, metrics=self.metrics,
+            host=self.bind_address,
         )  # fmt: skip
 
     async def _start_webhooks(self) -> None:

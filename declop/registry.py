@@ -580,7 +580,7 @@ def background(
     return _hook_decorator("background", fn, name, registry, every_replica)
 
 
-_ADMISSION_OPTIONS = ("operations", "name", "failure_policy", "timeout", "labels", "registry")
+_ADMISSION_OPTIONS = ("operations", "name", "failure_policy", "timeout", "labels", "system_namespaces", "registry")
 
 
 def _webhook_decorator(kind: WebhookKind, registry: Registry | None, resource: str, **options: Any) -> Callable[[F], F]:
@@ -601,6 +601,7 @@ def validator(
     failure_policy: str = "Fail",
     timeout: int = 10,
     labels: str | Mapping[str, str] | None = None,
+    system_namespaces: bool = False,
     registry: Registry | None = None,
     **unknown: Never,
 ) -> Callable[[F], F]:
@@ -611,11 +612,13 @@ def validator(
     it returns ``None`` to allow, a string or list of strings to allow with warnings, and raises
     :class:`~declop.webhooks.declaration.Rejected` to deny. ``failure_policy`` (``"Fail"``/``"Ignore"``) and
     ``timeout`` (1–30 s) go into the ValidatingWebhookConfiguration; ``labels`` is its object
-    selector. It must be fast and free of side effects: it runs on every write, dry runs too."""
+    selector. Requests in ``kube-system``, ``kube-public``, ``kube-node-lease`` and the
+    operator's own namespace are not sent to it unless ``system_namespaces=True`` (the
+    operator's own namespace stays excluded). It must be fast and free of side effects: it runs on every write, dry runs too."""
     _check_call("validator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
     return _webhook_decorator(
         "validator", registry, resource, operations=operations, name=name,
-        failure_policy=failure_policy, timeout=timeout, labels=labels,
+        failure_policy=failure_policy, timeout=timeout, labels=labels, system_namespaces=system_namespaces,
     )
 
 
@@ -627,6 +630,7 @@ def mutator(
     failure_policy: str = "Fail",
     timeout: int = 10,
     labels: str | Mapping[str, str] | None = None,
+    system_namespaces: bool = False,
     registry: Registry | None = None,
     **unknown: Never,
 ) -> Callable[[F], F]:
@@ -639,7 +643,7 @@ def mutator(
     _check_call("mutator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
     return _webhook_decorator(
         "mutator", registry, resource, operations=operations, name=name,
-        failure_policy=failure_policy, timeout=timeout, labels=labels,
+        failure_policy=failure_policy, timeout=timeout, labels=labels, system_namespaces=system_namespaces,
     )
 
 

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence, overload
 
 from declop.errors import CacheNotSyncedError
+from declop.logs import redact
 from declop.kube.keys import Request, key_of
 from declop.kube.labels import Selector, parse_selector
 
@@ -133,7 +134,7 @@ class ReadOnlyDict(Mapping[str, Any]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ReadOnlyDict({self._data!r})"
+        return f"ReadOnlyDict({redact(self._data)!r})"  # a Secret's values never in a repr
 
     def copy(self) -> dict[str, Any]:
         """A mutable deep copy."""
@@ -197,7 +198,7 @@ class ReadOnlyList(Sequence[Any]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ReadOnlyList({self._data!r})"
+        return f"ReadOnlyList({redact(self._data)!r})"
 
     def copy(self) -> list[Any]:
         """A mutable deep copy."""

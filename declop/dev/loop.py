@@ -18,6 +18,8 @@ What a change does:
   keeps running. If it was waiting after a start error (an unknown resource), it starts again.
 
 Invariants:
+- every server of the operator (probes, metrics, webhooks) listens on 127.0.0.1 unless
+  ``Options.bind_address`` names another address: a laptop's operator is not on its network;
 - at most one manager runs; a new one starts only after the previous one has shut down;
 - before each load the registry is cleared and the previous handler modules are forgotten, so
   no registration of an old version survives, not even of a load that failed half-way;
@@ -32,6 +34,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -49,6 +52,9 @@ from declop.kube.transport import Transport
 __all__ = ["DevLoop", "Sources"]
 
 log = logging.getLogger("declop.dev")
+
+#: where ``declop dev``'s servers listen unless ``Options.bind_address`` says otherwise
+LOCAL_BIND_ADDRESS = "127.0.0.1"
 
 #: milliseconds of quiet after a change before it is acted on
 QUIET_MS = 50
@@ -135,7 +141,9 @@ class DevLoop:
         crd_timeout: float = CRD_TIMEOUT,
     ) -> None:
         self.configuration = configuration
-        self.options = options
+        # a developer's machine: the probe, metrics and webhook servers listen on loopback only
+        # (the local apiserver calls webhooks at 127.0.0.1), unless an address was chosen
+        self.options = options if options.bind_address else dataclasses.replace(options, bind_address=LOCAL_BIND_ADDRESS)
         self.sources = sources
         self.reload = reload
         self.registry = registry if registry is not None else default_registry

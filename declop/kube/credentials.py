@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from declop.errors import ApiError
@@ -45,14 +45,19 @@ class ExecPlugin:
     install_hint: str = ""
     cluster: Mapping[str, Any] | None = None  # given to the plugin when provideClusterInfo
 
+    def __repr__(self) -> str:
+        # env values may be credentials (an API key for the plugin): names only
+        env = tuple((name, "<redacted>") for name, _ in self.env)
+        return f"ExecPlugin(command={self.command!r}, args={self.args!r}, env={env!r}, api_version={self.api_version!r})"
+
 
 @dataclass(slots=True)
 class Credential:
     """What an exec plugin handed out, and when to ask it again."""
 
-    token: str | None = None
-    cert: bytes | None = None
-    key: bytes | None = None
+    token: str | None = field(default=None, repr=False)
+    cert: bytes | None = field(default=None, repr=False)
+    key: bytes | None = field(default=None, repr=False)
     refresh_at: float = float("inf")  # monotonic
 
 

@@ -43,11 +43,23 @@ from declop.errors import ApiError, ConfigError
 from declop.kube.credentials import Credential, run_exec_plugin, tls_context
 from declop.kube.credentials import ExecPlugin as ExecPlugin
 from declop.kube.credentials import load_cert_chain as load_cert_chain
+from declop.kube.proxy import env_proxy as env_proxy
+from declop.kube.proxy import redact_url
 
-__all__ = ["ExecPlugin", "KubeconfigError", "RestConfig", "env_proxy", "from_kubernetes", "load", "load_cert_chain"]
+__all__ = [
+    "ExecPlugin",
+    "KubeconfigError",
+    "RestConfig",
+    "env_proxy",
+    "from_kubernetes",
+    "load",
+    "load_cert_chain",
+]
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REREAD_SECONDS = 60.0
+#: what a repr shows instead of a credential
+REDACTED = "<redacted>"
 
 
 class KubeconfigError(ConfigError):
@@ -68,18 +80,37 @@ class RestConfig:
     ca_data: bytes | None = None
     insecure: bool = False
     server_name: str | None = None
-    proxy: str | None = None
-    cert_data: bytes | None = None
-    key_data: bytes | None = None
-    token: str | None = None
+    proxy: str | None = field(default=None, repr=False)
+    cert_data: bytes | None = field(default=None, repr=False)
+    key_data: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     exec_plugin: ExecPlugin | None = None
     _token_cache: tuple[float, str] | None = field(default=None, repr=False)
     _exec: Credential | None = field(default=None, repr=False)
     _exec_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ssl: tuple[Any, ssl.SSLContext] | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        # never the token, password, client key or a proxy's password: a repr ends up in
+        # tracebacks, debuggers and log lines
+        shown = {
+            "host": self.host, "source": self.source, "in_cluster": self.in_cluster, "insecure": self.insecure,
+            "server_name": self.server_name, "proxy": redact_url(self.proxy) if self.proxy else None,
+            "client_certificate": self.cert_data is not None, "client_key": REDACTED if self.key_data else None,
+            "token": REDACTED if self.token else None, "token_file": self.token_file,
+            "username": self.username, "password": REDACTED if self.password else None,
+            "exec_plugin": self.exec_plugin,
+        }
+        return "RestConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    @property
+    def proxy_display(self) -> str:
+        """The proxy URL as it may be printed: its password replaced by ``xxxxx`` (as Go's
+        ``url.Redacted``)."""
+        return redact_url(self.proxy) if self.proxy else ""
 
     # -- what the transport asks ---------------------------------------------------------------
     async def headers(self) -> dict[str, str]:
@@ -194,31 +225,6 @@ def load(
         f"no kubeconfig at {home}; pass --kubeconfig, set KUBECONFIG, "
         "or start a local control plane with 'declop dev'"
     )
-
-
-def env_proxy(server: str, env: Mapping[str, str]) -> str | None:
-    """The proxy Go's ``http.ProxyFromEnvironment`` picks for ``server``: ``HTTPS_PROXY`` (or
-    ``HTTP_PROXY`` for http servers), unless ``NO_PROXY`` matches the host or the host is
-    ``localhost`` or a loopback address (never proxied)."""
-    import ipaddress
-    import urllib.parse
-    import urllib.request
-
-    scheme = "https" if server.startswith("https") else "http"
-    proxy = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
-    if not proxy:
-        return None
-    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-    host = urllib.parse.urlsplit(server).hostname or ""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if loopback:
-        return None
-    if no_proxy and urllib.request.proxy_bypass_environment(host, {"no": no_proxy}):  # type: ignore[attr-defined]
-        return None
-    return proxy
 
 
 def _in_cluster(env: Mapping[str, str], sa_dir: str) -> RestConfig:
@@ -343,7 +349,7 @@ def _from_files(paths: list[str], context: str | None, *, explicit: bool, env: M
     proxy = cluster.get("proxy-url") or None
     if proxy is not None and not str(proxy).startswith(("http://", "https://")):
         raise KubeconfigError(
-            f"kubeconfig {cl_file}: cluster {cluster_name!r}: proxy-url {proxy!r} is not supported; "
+            f"kubeconfig {cl_file}: cluster {cluster_name!r}: proxy-url {redact_url(str(proxy))!r} is not supported; "
             "declop tunnels through http:// and https:// proxies (CONNECT), not socks5"
         )
     source = f"user {user_name!r} in kubeconfig {us_file}" if user_name else f"kubeconfig {ctx_file} (no user)"

@@ -9,7 +9,9 @@ Owns:
 - client-side token buckets for requests (20 qps, burst 30 each — controller-runtime's defaults),
   one per *lane*, so a handler in a hot loop cannot flood the apiserver and cannot starve anyone
   else: ``"handler"`` (handler writes, finalizers, Events, discovery), ``"informer"`` (lists) and
-  ``"leader"`` (Lease traffic: no client-side limit at all; it is one request per retry period).
+  ``"leader"`` (Lease traffic: no client-side limit at all; it is one request per retry period)
+  and ``"auth"`` (the TokenReviews and SubjectAccessReviews of ``/metrics`` callers: strangers
+  choose how many of those are asked for, so they never spend the handlers' budget).
   client-go gives each client its own limiter for the same reason. Watches are long-lived and not
   counted. A wait that is cancelled gives its token back;
 - ``request()`` for JSON calls and ``stream()`` for watch lines; 429/503 ``Retry-After`` honoured;
@@ -39,6 +41,7 @@ import aiohttp
 
 from declop.errors import ApiError, Conflict, Forbidden, NotFound
 from declop.kube.kubeconfig import RestConfig, from_kubernetes
+from declop.kube.proxy import redact_text
 from declop.kube.kubeconfig import load as load_kubeconfig
 from declop.queue.ratelimit import TokenBucket
 
@@ -73,7 +76,10 @@ __all__ = [
 ]
 
 #: client-side rate-limit lanes of :meth:`Transport.request`
-LANES = ("handler", "informer", "leader")
+LANES = ("handler", "informer", "leader", "auth")
+
+#: the ``"auth"`` lane's client-side limit (TokenReview/SubjectAccessReview for callers of /metrics)
+AUTH_QPS, AUTH_BURST = 10.0, 20
 
 #: content types accepted by ``patch``
 PATCH_TYPES = {
@@ -175,6 +181,9 @@ class Transport:
             "handler": TokenBucket(qps, burst),
             "informer": TokenBucket(qps, burst),
             "leader": None,
+            # reviews of callers of the operator's own servers: their own budget, whatever the
+            # handlers' qps, so a flood of unknown tokens never delays a reconcile's write
+            "auth": TokenBucket(AUTH_QPS, AUTH_BURST),
         }
         #: called with (method, status) after every answered request (metrics)
         self.observer: Callable[[str, int], None] | None = None
@@ -191,7 +200,15 @@ class Transport:
         return kw
 
     def _connect_error(self, exc: BaseException, what: str) -> ApiError:
-        """A failure before any answer: TLS verification named as such, else Unreachable."""
+        """A failure before any answer: TLS verification named as such, else Unreachable. A proxy
+        URL's password never appears in the message (aiohttp's errors may quote the URL)."""
+        error = self._connect_error_unredacted(exc, what)
+        proxy = self.configuration.proxy
+        if proxy and error.message:
+            error = ApiError(error.status, error.reason, redact_text(error.message, proxy), error.body)
+        return error
+
+    def _connect_error_unredacted(self, exc: BaseException, what: str) -> ApiError:
         if isinstance(exc, aiohttp.ClientConnectorCertificateError):
             cert_error = exc.certificate_error
             reason = getattr(cert_error, "verify_message", None) or str(cert_error)
@@ -203,7 +220,7 @@ class Transport:
         if isinstance(exc, aiohttp.ClientSSLError):
             return ApiError(0, "TLSHandshake", f"TLS handshake with the apiserver at {self.host} failed: {exc}")
         if isinstance(exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
-            return ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host} through the proxy {self.configuration.proxy}: {exc}")
+            return ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host} through the proxy {self.configuration.proxy_display}: {exc}")
         return ApiError(0, "Unreachable", f"{what}: {exc}")
 
     @property
@@ -254,7 +271,7 @@ class Transport:
         """Send one request and return the decoded JSON body (``None`` when empty).
 
         ``lane`` picks the client-side rate limit the request waits on (``"handler"``,
-        ``"informer"`` or ``"leader"``); lanes never wait behind each other.
+        ``"informer"``, ``"leader"`` or ``"auth"``); lanes never wait behind each other.
         """
         data = None if body is None else (body if isinstance(body, bytes) else dumps(body))
         if data is not None and content_type is None:
@@ -364,7 +381,9 @@ class Transport:
             raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             if started:
-                raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost: {exc}") from exc
+                raise StreamInterrupted(
+                    0, "Interrupted", redact_text(f"watch {path}: connection lost: {exc}", self.configuration.proxy)
+                ) from exc
             raise self._connect_error(exc, f"watch {path}") from exc
 
 

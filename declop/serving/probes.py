@@ -11,10 +11,14 @@ authentication and authorization by default (aiohttp on the manager's loop).
   ``metrics_auth`` (:class:`~declop.serving.metricsauth.MetricsAuth`) only to callers allowed ``get``.
 - ``/debug/reconciles`` (only when a ``reconciles`` source is given: off by default) serves the
   last reconciles per controller as JSON — key, trigger, duration, outcome; names and counts,
-  never object contents — on the health port.
+  never object contents — on the health port, behind the same checks as ``/metrics``
+  (``metrics_auth``: a bearer token allowed ``get`` on ``/debug/reconciles``) whenever they are
+  given; without them (``--metrics-secure=false``) it is open like the probes.
 
 Health and plain-HTTP metrics may share a port; secure metrics need their own. A port of
-``None`` or ``0`` disables it.
+``None`` or ``0`` disables it. Every port is served with :data:`PROBE_LIMITS`
+(:func:`declop.serving.http.serve`: body size, header/body/idle timeouts, connection and
+in-flight caps).
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ from typing import Any, Callable, Iterable
 from aiohttp import web
 
 from declop.errors import ConfigError
+from declop.serving.http import Guard, Limits, Serving, serve
 
-__all__ = ["Check", "ProbeServer"]
+__all__ = ["Check", "PROBE_LIMITS", "ProbeServer"]
 
 log = logging.getLogger("declop.probes")
+
+#: probes and metrics are GETs without a body: 64 KiB, headers in 10 s, idle 90 s (a one-minute
+#: scrape interval reuses its connection), 128 connections, 32 requests at once
+PROBE_LIMITS = Limits(max_body=64 * 1024, header_timeout=10.0, body_timeout=10.0, idle_timeout=90.0, max_connections=128, max_in_flight=32)
 
 #: a named readiness check: returns "" when fine, else the reason it fails
 Check = tuple[str, Callable[[], str]]
@@ -62,7 +71,7 @@ class ProbeServer:
         self.metrics = metrics
         self.reconciles = reconciles
         self.host = host
-        self._runners: list[web.AppRunner] = []
+        self._runners: list[Serving] = []
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -91,28 +100,29 @@ class ProbeServer:
         if self.health_port:
             ports.setdefault(self.health_port, []).extend([("/healthz", self._healthz), ("/readyz", self._readyz)])
             if self.reconciles is not None:
-                ports[self.health_port].append(("/debug/reconciles", self._debug_reconciles))
+                # object keys and outcomes are not for anyone who reaches the port: the same
+                # TokenReview + SubjectAccessReview as /metrics, on this route only
+                debug = self._debug_reconciles if self.metrics_auth is None else self.metrics_auth.protect(self._debug_reconciles)
+                ports[self.health_port].append(("/debug/reconciles", debug))
         if self.metrics_port:
             ports.setdefault(self.metrics_port, []).append(("/metrics", self._metrics))
         for port, routes in ports.items():
             secure = port == self.metrics_port and port != self.health_port
             middlewares = [self.metrics_auth.middleware] if secure and self.metrics_auth is not None else []
-            app = web.Application(middlewares=middlewares)
+            guard = Guard(PROBE_LIMITS)
+            app = guard.application(middlewares)
             for path, handler in routes:
                 app.router.add_get(path, handler)  # type: ignore[arg-type]
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
             try:
-                await web.TCPSite(runner, self.host, port, ssl_context=self.metrics_tls if secure else None).start()
+                serving = await serve(app, guard, self.host, port, self.metrics_tls if secure else None)
             except OSError as exc:
-                await runner.cleanup()
                 raise ConfigError(f"cannot serve probes on port {port}: {exc.strerror or exc}; pick another port") from exc
-            self._runners.append(runner)
+            self._runners.append(serving)
             scheme = "https" if secure and self.metrics_tls is not None else "http"
             auth = "TokenReview+SubjectAccessReview" if middlewares else "none"
             log.info("Serving probes", extra={"kv": {"port": port, "scheme": scheme, "authentication": auth, "paths": [p for p, _ in routes]}})
 
     async def stop(self) -> None:
-        for runner in self._runners:
-            await runner.cleanup()
+        for serving in self._runners:
+            await serving.stop()
         self._runners = []

@@ -9,7 +9,9 @@ Invariants:
   admission.k8s.io/v1`` with a ``request`` object holding a non-empty string ``uid``;
 - ``obj`` is ``request.object`` (``None`` on DELETE), ``old_obj`` is ``request.oldObject``
   (``None`` on CREATE and CONNECT); ``dry_run`` is a bool;
-- a :class:`BadReview` message names what is wrong, never a value from the body;
+- a :class:`BadReview` message names what is wrong, never a value from the body; a body that is
+  valid JSON but nested too deep for Python is read as its skeleton
+  (:func:`declop.webhooks.decode.loads`), so it is answered, not refused;
 - a response always echoes the request's ``uid``; a patch is base64-encoded ``JSONPatch`` and
   present only when it has operations; warnings are strings (the apiserver drops the rest).
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from declop.errors import DeclopError
+from declop.webhooks.decode import loads
 
 __all__ = ["API_VERSION", "AdmissionRequest", "BadReview", "allow", "deny", "parse_admission", "parse_json"]
 
@@ -52,9 +55,9 @@ class AdmissionRequest:
 def parse_json(body: bytes, kind: str, api_version: str) -> dict[str, Any]:
     """The review as a dict, checked to be ``kind``/``api_version``; raises :class:`BadReview`."""
     try:
-        review = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadReview(f"the request body is not valid JSON ({type(exc).__name__} at position {getattr(exc, 'pos', 0)}); send a {kind}") from None
+        review = loads(body)
+    except ValueError as exc:  # not JSON, unbalanced, a number too long for Python
+        raise BadReview(f"{exc}; send a {kind}") from None
     if not isinstance(review, dict):
         raise BadReview(f"the request body is a JSON {type(review).__name__}, not a {kind} object")
     if review.get("kind") != kind:

@@ -30,7 +30,7 @@ import ipaddress
 import logging
 import os
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from declop.errors import ApiError, ConfigError
@@ -60,7 +60,8 @@ class CertAuthority:
     """A CA (PEMs) that issues serving certificates."""
 
     cert_pem: bytes
-    key_pem: bytes
+    #: never in the repr: a CA key signs certificates every client of the webhooks trusts
+    key_pem: bytes = field(repr=False)
 
     @classmethod
     def generate(cls, common_name: str) -> CertAuthority:

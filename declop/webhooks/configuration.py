@@ -14,10 +14,15 @@ Each webhook entry has (docs/webhooks.md):
   else ``url`` (``--webhook-url`` + path), and the ``caBundle``;
 - ``sideEffects: None``, ``admissionReviewVersions: ["v1"]``, ``failurePolicy`` and
   ``timeoutSeconds`` from the decorator, an ``objectSelector`` from ``labels=``;
-- a ``namespaceSelector`` that excludes the operator's own namespace, so a broken operator can
-  always be repaired (its Deployment, its CA Secret) without its own webhooks in the way — when
-  that namespace is known (``--webhook-namespace``, the Service's, the Pod's); out of a cluster
-  (``declop dev``) there is none, and every namespace is admitted.
+- a ``namespaceSelector`` (``kubernetes.io/metadata.name NotIn [...]``) that excludes
+  ``kube-system``, ``kube-public`` and ``kube-node-lease`` (unless the decorator says
+  ``system_namespaces=True``): a ``Fail`` webhook that is down must not block CoreDNS, the CNI's
+  Pods or node heartbeats, which the cluster needs to bring the operator back; and the
+  operator's own namespace, so a broken operator can always be repaired (its Deployment, its CA
+  Secret) without its own webhooks in the way — when that namespace is known
+  (``--webhook-namespace``, the Service's, the Pod's; out of a cluster there is none). For a
+  Namespace object the selector reads the Namespace's own labels (so ``kube-system`` itself is
+  skipped too); other cluster-scoped objects are always sent.
 
 Both configurations are applied on every start, an empty one too: an entry of a handler that
 was removed since the last start disappears with the next apply (a stale entry with
@@ -41,7 +46,7 @@ from typing import Any, Awaitable, Callable
 from declop.kube.discovery import ResourceInfo
 from declop.errors import ApiError, ConfigError
 from declop.kube.labels import parse_selector
-from declop.webhooks.declaration import Webhook
+from declop.webhooks.declaration import SYSTEM_NAMESPACES, Webhook
 
 __all__ = ["ClientConfig", "FIELD_MANAGER", "apply_configurations", "configuration", "conversion_patch", "parse_service"]
 
@@ -119,9 +124,12 @@ def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespac
         "timeoutSeconds": hook.timeout,
         "matchPolicy": "Equivalent",
     }
-    if own_namespace:
+    excluded = [] if hook.system_namespaces else list(SYSTEM_NAMESPACES)
+    if own_namespace and own_namespace not in excluded:
+        excluded.append(own_namespace)
+    if excluded:
         entry["namespaceSelector"] = {
-            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [own_namespace]}]
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}]
         }
     if hook.labels:
         entry["objectSelector"] = _label_selector(hook.labels)

@@ -21,7 +21,9 @@ Invariants:
   defaulted one within a typo of a known one, is a :class:`~declop.errors.RegistrationError`
   with "did you mean";
 - ``failure_policy`` is ``"Fail"`` or ``"Ignore"``, ``timeout`` 1–30 seconds (the apiserver's
-  bounds), ``operations`` a non-empty subset of CREATE, UPDATE, DELETE, CONNECT.
+  bounds), ``operations`` a non-empty subset of CREATE, UPDATE, DELETE, CONNECT;
+- ``system_namespaces`` is ``True`` or ``False`` (default): only with ``True`` does a validator or
+  mutator see requests in :data:`SYSTEM_NAMESPACES` (a converter has no namespace scope).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "CONVERSION_INJECTABLE",
     "OPERATIONS",
     "Rejected",
+    "SYSTEM_NAMESPACES",
     "Webhook",
     "WebhookKind",
     "make_webhook",
@@ -56,6 +59,10 @@ ADMISSION_INJECTABLE = frozenset(
 CONVERSION_INJECTABLE = frozenset({"obj", "desired_api_version", "logger"})
 
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+#: namespaces a validator or mutator skips unless ``system_namespaces=True``: a ``Fail`` webhook
+#: that is down must not block CoreDNS, the CNI or node heartbeats while the cluster recovers
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
 _TYPO_CUTOFF = 0.8
 _LABEL = re.compile(r"[^a-z0-9]+")
@@ -103,6 +110,8 @@ class Webhook:
     labels: str = ""
     #: the injectable names the handler declares; None when it takes **kwargs (gets them all)
     wants: frozenset[str] | None = None
+    #: also admit requests in :data:`SYSTEM_NAMESPACES` (validators and mutators; opt-in)
+    system_namespaces: bool = False
 
     @property
     def path(self) -> str:
@@ -147,6 +156,7 @@ def make_webhook(
     failure_policy: str = "Fail",
     timeout: int = 10,
     labels: str | Mapping[str, str] | None = None,
+    system_namespaces: bool = False,
 ) -> Webhook:
     """Check ``fn`` and the options for use as a ``kind`` webhook of ``resource``, and describe it.
 
@@ -182,6 +192,15 @@ def make_webhook(
         raise RegistrationError(
             f"{decorator} {hook_name!r}: timeout must be whole seconds from 1 to 30 (the apiserver's limit), got {timeout!r}"
         )
+    if not isinstance(system_namespaces, bool):
+        raise RegistrationError(
+            f"{decorator} {hook_name!r}: system_namespaces must be True or False, got {system_namespaces!r}"
+        )
+    if system_namespaces and kind == "converter":
+        raise RegistrationError(
+            f"{decorator} {hook_name!r}: system_namespaces applies to validators and mutators; "
+            "a conversion webhook converts objects of every namespace"
+        )
     try:
         selector = str(parse_selector(labels)) if labels else ""
     except ValueError as exc:
@@ -198,6 +217,7 @@ def make_webhook(
         timeout=timeout,
         labels=selector,
         wants=_wanted(fn, hook_name, decorator, injectable),
+        system_namespaces=system_namespaces,
     )
 
 

@@ -81,6 +81,7 @@ class WebhookEndpoint:
         namespace: str | None,
         cert_validity: float,
         metrics: Metrics,
+        host: str = "0.0.0.0",
     ) -> WebhookEndpoint:
         """Get the certificate (the CA Secret is read or created here) and build the server for
         ``hooks``; nothing listens yet."""
@@ -106,7 +107,7 @@ class WebhookEndpoint:
             service_name=probe.service_name, service_port=probe.service_port,
         )
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="declop-webhook")
-        server = WebhookServer(hooks, port=port, ssl_context=cert.context, executor=executor)
+        server = WebhookServer(hooks, port=port, ssl_context=cert.context, executor=executor, host=host)
         server.observer = metrics.webhook
         server.in_flight = metrics.webhook_serving
         return cls(server, cert, client, executor, name=name, own_namespace=excluded)

@@ -12,13 +12,18 @@ Invariants:
 - objects are compared key by key; a list of the same length element by element, a list whose
   length changed is replaced whole (simple and always correct; lists in Kubernetes objects are
   short);
-- ``1`` and ``1.0`` are equal, ``True`` and ``1`` are not (JSON's types, not Python's).
+- ``1`` and ``1.0`` are equal, ``True`` and ``1`` are not (JSON's types, not Python's);
+- :func:`diff` recurses one frame per level of the shallower document (values are copied with
+  :func:`~declop.cache.store.clone`, one frame per level), so objects of
+  :data:`declop.webhooks.decode.MAX_DEPTH` levels fit Python's default recursion limit.
 """
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+from declop.cache.store import clone
 
 __all__ = ["apply", "diff", "pointer"]
 
@@ -35,10 +40,20 @@ def _same(a: Any, b: Any) -> bool:
         return a == b
     if type(a) is not type(b):
         return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, dict):  # loops, not all(...): one frame per level, so deep objects fit
+        if a.keys() != b.keys():
+            return False
+        for k in a:
+            if not _same(a[k], b[k]):
+                return False
+        return True
     if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b):
+            if not _same(x, y):
+                return False
+        return True
     return bool(a == b)
 
 
@@ -60,13 +75,13 @@ def _diff(old: Any, new: Any, path: list[str | int], ops: list[dict[str, Any]]) 
             if key in old:
                 _diff(old[key], value, [*path, key], ops)
             else:
-                ops.append({"op": "add", "path": pointer([*path, key]), "value": copy.deepcopy(value)})
+                ops.append({"op": "add", "path": pointer([*path, key]), "value": clone(value)})
         return
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         for i, (x, y) in enumerate(zip(old, new)):
             _diff(x, y, [*path, i], ops)
         return
-    ops.append({"op": "replace", "path": pointer(path), "value": copy.deepcopy(new)})
+    ops.append({"op": "replace", "path": pointer(path), "value": clone(new)})
 
 
 def apply(doc: Any, ops: list[dict[str, Any]]) -> Any:

@@ -22,6 +22,17 @@ Invariants:
 - a body that is not a review of the path's kind (not JSON, another kind, no ``request.uid``)
   gets HTTP 400 with one line saying what is wrong, logged once as a warning; the server keeps
   serving;
+- **fail closed**: once a review's ``uid`` is read, every answer is a review: an object nested
+  deeper than :data:`~declop.webhooks.decode.MAX_DEPTH` levels is denied (admission) or fails
+  the conversion naming it, and any failure of declop's own work around the handler (copy,
+  diff, encoding) is a denial — never an HTTP 500 that ``failurePolicy: Ignore`` would admit;
+- the server is built by :func:`declop.serving.http.serve`: bodies up to
+  :data:`ADMISSION_MAX_BYTES` (admission) and :data:`CONVERSION_MAX_BYTES` (conversion),
+  uncompressed, within the header, body and idle timeouts, at most :data:`MAX_IN_FLIGHT`
+  requests and :data:`MAX_CONNECTIONS` connections at once (docs/webhooks.md, "Limits");
+- a body above :data:`OFFLOAD_BYTES` is parsed, copied, diffed and encoded in one thread of its
+  own, in pieces (:func:`~declop.webhooks.decode.loads`): the loop, which also renews the
+  Lease and answers probes, is never held for long; smaller ones are cheaper on the loop;
 - nothing from the object or the exception leaves the process except a
   :class:`~declop.webhooks.declaration.Rejected` message the handler wrote;
 - a converter is called once per object not already at ``desiredAPIVersion``; one failure fails
@@ -43,19 +54,35 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
-from declop.webhooks.admission import BadReview, allow, deny, parse_admission
-from declop.cache.store import clone
-from declop.webhooks.conversion import converted, describe, failed, finish, parse_conversion
 from declop.logs import ReconcileLogger
-from declop.webhooks.patch import diff
+from declop.serving.http import MiB, Guard, Limits, Serving, body, serve
+from declop.webhooks.admission import AdmissionRequest, BadReview, allow, deny, parse_admission
+from declop.webhooks.conversion import ConversionRequest, converted, describe, failed, finish, parse_conversion
 from declop.webhooks.declaration import Rejected, Webhook
+from declop.webhooks.decode import TooDeep, bounded_clone, check_depth
+from declop.webhooks.patch import diff
 
-__all__ = ["CONVERSION_TIMEOUT", "WebhookServer"]
+__all__ = [
+    "ADMISSION_MAX_BYTES", "CONVERSION_MAX_BYTES", "CONVERSION_TIMEOUT", "MAX_CONNECTIONS",
+    "MAX_IN_FLIGHT", "OFFLOAD_BYTES", "WebhookServer",
+]
 
 log = logging.getLogger("declop.webhook")
 
 #: seconds a converter may take per review (the apiserver waits 30 s for a conversion webhook)
 CONVERSION_TIMEOUT = 30
+
+#: an AdmissionReview carries the object and, on UPDATE, the old one: each at most the
+#: apiserver's request body limit (3 MiB, k8s.io/apiserver MaxRequestBodyBytes), plus the review
+ADMISSION_MAX_BYTES = 7 * MiB
+#: a ConversionReview of a list carries every object of it that needs converting: today's 8 MiB
+CONVERSION_MAX_BYTES = 8 * MiB
+#: requests answered at once (more get 429: the apiserver then applies the failurePolicy)
+MAX_IN_FLIGHT = 64
+#: connections open at once (the apiserver keeps a few per replica)
+MAX_CONNECTIONS = 256
+#: bodies above this are decoded, copied, diffed and encoded off the loop
+OFFLOAD_BYTES = 64 * 1024
 
 
 class _Overran(Exception):
@@ -73,13 +100,23 @@ class WebhookServer:
         ssl_context: ssl.SSLContext | None,
         executor: concurrent.futures.Executor | None = None,
         host: str = "0.0.0.0",
+        max_request_bytes: int | None = None,
     ) -> None:
         self.webhooks = list(webhooks)
         self._paths = {h.path for h in self.webhooks}
         self.port, self.host = port, host
         self.ssl_context = ssl_context
         self.executor = executor
-        self._runner: web.AppRunner | None = None
+        self._serving: Serving | None = None
+        by_path = {
+            h.path: max_request_bytes or (CONVERSION_MAX_BYTES if h.kind == "converter" else ADMISSION_MAX_BYTES)
+            for h in self.webhooks
+        }
+        self.guard = Guard(Limits(
+            max_body=64 * 1024, max_body_by_path=by_path, header_timeout=10.0, body_timeout=30.0,
+            idle_timeout=60.0, max_connections=MAX_CONNECTIONS, max_in_flight=MAX_IN_FLIGHT,
+        ))
+        self._decoder: concurrent.futures.ThreadPoolExecutor | None = None
         #: answers sent, by outcome ("allowed", "denied", "error", "timeout", "bad-request")
         self.answers: dict[str, int] = {}
         #: called with (path, HTTP status, seconds) after each request (declop.serving.metrics)
@@ -109,26 +146,37 @@ class WebhookServer:
                 self.observer(path, status, time.monotonic() - started)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[self._observe])
+        app = self.guard.application(outer=[self._observe])
         for hook in self.webhooks:
             handler = self._convert if hook.kind == "converter" else self._admit
             app.router.add_post(hook.path, functools.partial(handler, hook))
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
-        await site.start()
+        self._serving = await serve(self.app(), self.guard, self.host, self.port, self.ssl_context)
+        self.port = self._serving.port
         log.info(
             "Serving webhooks",
             extra={"kv": {"port": self.port, "paths": [h.path for h in self.webhooks]}},
         )
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._serving is not None:
+            await self._serving.stop()
+            self._serving = None
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
+            self._decoder = None
+
+    async def _work(self, big: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``: in the decoding thread for a large body, else here on the loop.
+
+        One thread, so two large bodies never hold the interpreter at once."""
+        if not big:
+            return fn(*args)
+        if self._decoder is None:
+            self._decoder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="declop-webhook-decode")
+        return await asyncio.get_running_loop().run_in_executor(self._decoder, functools.partial(fn, *args))
 
     # -- answers -------------------------------------------------------------------------------
     def _count(self, outcome: str) -> None:
@@ -136,7 +184,13 @@ class WebhookServer:
 
     def _reply(self, review: dict[str, Any], outcome: str) -> web.Response:
         self._count(outcome)
-        return web.json_response(review, dumps=functools.partial(json.dumps, separators=(",", ":")))
+        return web.Response(body=_encode(review), content_type="application/json")
+
+    async def _answer(self, review: dict[str, Any], outcome: str, big: bool) -> web.Response:
+        """:meth:`_reply`, encoded off the loop for a large request (its answer may be large)."""
+        encoded = await self._work(big, _encode, review)
+        self._count(outcome)
+        return web.Response(body=encoded, content_type="application/json")
 
     def _bad_request(self, hook: Webhook, request: web.Request, exc: BadReview) -> web.Response:
         self._count("bad-request")
@@ -160,21 +214,41 @@ class WebhookServer:
         return future.result()
 
     async def _admit(self, hook: Webhook, request: web.Request) -> web.Response:
-        body = await request.read()
+        data = await body(request)
+        big = len(data) > OFFLOAD_BYTES
         try:
-            review = parse_admission(body)
+            review: AdmissionRequest = await self._work(big, parse_admission, data)
         except BadReview as exc:
             return self._bad_request(hook, request, exc)
+        try:
+            return await self._admit_review(hook, review, big)
+        except Exception as exc:  # declop's own work failed: deny, never a 500 that Ignore admits
+            log.exception("Webhook request failed outside the handler; the request is denied", extra={"kv": {"webhook": hook.name, "uid": review.uid}})
+            message = f"webhook {hook.name} could not process this request ({type(exc).__name__}); the operator's log has the details"
+            return self._reply(deny(review.uid, message, code=500), "error")
+        finally:
+            if big:  # freed in pieces off the loop: one free of a large tree holds the interpreter
+                self._work_later(_dismantle, [review.obj, review.old_obj])
+
+    def _work_later(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._decoder is not None:
+            self._decoder.submit(fn, *args)
+
+    async def _admit_review(self, hook: Webhook, review: AdmissionRequest, big: bool) -> web.Response:
         uid = review.uid
         pairs = {"webhook": hook.name, "operation": review.operation, "namespace": review.namespace, "name": review.name, "uid": uid}
         logger = ReconcileLogger(logging.getLogger(f"declop.webhook.{hook.name}"), pairs)
         warnings: list[str] = []
-        obj = clone(review.obj) if review.obj is not None else None
+        try:
+            obj, old_obj, user_info = await self._work(big, _copies, review)
+        except TooDeep as exc:
+            logger.info("Denied", reason=str(exc))
+            return self._reply(deny(uid, f"webhook {hook.name}: {exc}", code=400), "denied")
         available = {
             "obj": obj,
-            "old_obj": clone(review.old_obj) if review.old_obj is not None else None,
+            "old_obj": old_obj,
             "operation": review.operation,
-            "user_info": clone(review.user_info),
+            "user_info": user_info,
             "dry_run": review.dry_run,
             "subresource": review.subresource,
             "logger": logger,
@@ -216,25 +290,39 @@ class WebhookServer:
             )
             return self._reply(deny(uid, _failed(hook), code=500), "error")
         mutated = result if result is not None else obj
-        patch = diff(review.obj, mutated) if review.obj is not None and mutated is not None else []
+        patch = await self._work(big, diff, review.obj, mutated) if review.obj is not None and mutated is not None else []
         logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, patchOps=len(patch))
-        return self._reply(allow(uid, patch=patch, warnings=warnings), "allowed")
+        return await self._answer(allow(uid, patch=patch, warnings=warnings), "allowed", big)
 
     async def _convert(self, hook: Webhook, request: web.Request) -> web.Response:
-        body = await request.read()
+        data = await body(request)
+        big = len(data) > OFFLOAD_BYTES
         try:
-            review = parse_conversion(body)
+            review: ConversionRequest = await self._work(big, parse_conversion, data)
         except BadReview as exc:
             return self._bad_request(hook, request, exc)
+        try:
+            return await self._convert_review(hook, review, big)
+        except Exception as exc:  # declop's own work failed: a failed conversion, never a 500
+            log.exception("Conversion request failed outside the converter", extra={"kv": {"webhook": hook.name, "uid": review.uid}})
+            message = f"webhook {hook.name} could not process this ConversionReview ({type(exc).__name__}); the operator's log has the details"
+            return self._reply(failed(review.uid, message), "error")
+
+    async def _convert_review(self, hook: Webhook, review: ConversionRequest, big: bool) -> web.Response:
         desired = review.desired_api_version
+        deep = await self._work(big, _too_deep, review.objects)
+        if deep is not None:
+            original, exc = deep
+            log.warning("Conversion refused: object too deep", extra={"kv": {"webhook": hook.name, "object": describe(original), "limit": exc.limit}})
+            return self._reply(failed(review.uid, f"converting {describe(original)} to {desired}: {exc}"), "denied")
+        copies = await self._work(big, _copies_to_convert, review.objects, desired)
         logger = ReconcileLogger(logging.getLogger(f"declop.webhook.{hook.name}"), {"webhook": hook.name, "uid": review.uid, "desiredAPIVersion": desired})
         deadline = time.monotonic() + CONVERSION_TIMEOUT
         out: list[dict[str, Any]] = []
-        for original in review.objects:
-            if original.get("apiVersion") == desired:
+        for original, obj in zip(review.objects, copies):
+            if obj is None:
                 out.append(original)
                 continue
-            obj = clone(original)
             what = f"{describe(original)} from {original.get('apiVersion')} to {desired}"
             try:
                 result = await self._call(
@@ -259,7 +347,7 @@ class WebhookServer:
                     "error",
                 )
             out.append(finish(original, result if result is not None else obj, desired))
-        return self._reply(converted(review.uid, out), "allowed")
+        return await self._answer(converted(review.uid, out), "allowed", big)
 
 
 def _failed(hook: Webhook) -> str:
@@ -277,3 +365,47 @@ def _warnings(result: Any) -> list[str] | None:
     return None
 
 
+
+
+def _encode(review: dict[str, Any]) -> bytes:
+    return json.dumps(review, separators=(",", ":")).encode()
+
+
+def _copies(review: AdmissionRequest) -> tuple[Any, Any, dict[str, Any]]:
+    """The handler's copies of the object, the old object and the user; :class:`TooDeep`."""
+    obj = bounded_clone(review.obj) if review.obj is not None else None
+    old = bounded_clone(review.old_obj) if review.old_obj is not None else None
+    return obj, old, bounded_clone(review.user_info)
+
+
+def _too_deep(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], TooDeep] | None:
+    """The first object nested too deep, with the error naming the limit; None when none is."""
+    for obj in objects:
+        try:
+            check_depth(obj)
+        except TooDeep as exc:
+            return obj, exc
+    return None
+
+
+def _copies_to_convert(objects: list[dict[str, Any]], desired: str) -> list[dict[str, Any] | None]:
+    """A copy of each object to convert (None for those already at ``desired``)."""
+    return [None if o.get("apiVersion") == desired else bounded_clone(o) for o in objects]
+
+
+def _dismantle(values: list[Any]) -> None:
+    """Empty large containers one member at a time, so freeing them never holds the interpreter
+    for long (each step frees one small subtree; other threads run between steps)."""
+    stack = [v for v in values if type(v) in (dict, list)]
+    while stack:
+        container = stack.pop()
+        if type(container) is dict:
+            while container:
+                _, value = container.popitem()
+                if type(value) in (dict, list) and len(value) > 16:
+                    stack.append(value)
+        else:
+            while container:
+                value = container.pop()
+                if type(value) in (dict, list) and len(value) > 16:
+                    stack.append(value)

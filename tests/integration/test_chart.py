@@ -1327,7 +1327,8 @@ def test_installed_container_with_webhooks_registers_the_charts_service(
             service = hook["clientConfig"]["service"]
             assert (service["namespace"], service["name"], service["port"]) == (namespace, "op-declop-webhook", 443)
             assert "url" not in hook["clientConfig"]
-            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]} in (
+            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                    "values": ["kube-system", "kube-public", "kube-node-lease", namespace]} in (
                 hook["namespaceSelector"]["matchExpressions"]
             )
             secret = kubectl_json(tool_env, "get", "secret", f"{name}-webhook-ca", "-n", namespace)

@@ -107,3 +107,78 @@ def test_build_script_without_go_says_what_to_install(tmp_path):
     assert result.returncode == 2
     assert "'go' is not on PATH; install Go >= 1.26" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+DEV_SERVERS = """
+import declop
+
+@declop.reconciler("configmaps")
+def seen(logger, **_):
+    logger.info("Seen configmap")
+
+@declop.validator("configmaps", labels={"dev-bind": "yes"})
+def check(obj, **_):
+    pass
+"""
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses of the sockets listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    found: set[str] = set()
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state != "0A" or int(hex_port, 16) != port:
+                continue
+            raw = bytes.fromhex(address)
+            # /proc prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, size, 4))
+            found.add(str(ipaddress.ip_address(raw)))
+    return found
+
+
+def test_declop_dev_listens_on_loopback_only(tmp_path):
+    """Probes, metrics and webhooks of `declop dev` are on 127.0.0.1, never on the network."""
+    import socket
+    import urllib.request
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    handlers = tmp_path / "handlers.py"
+    handlers.write_text(DEV_SERVERS)
+    health, metrics, webhook = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "declop", "dev", str(handlers), "--kubeconfig-out", str(tmp_path / "kubeconfig"), "--no-reload",
+         "--health-port", str(health), "--metrics-port", str(metrics), "--webhook-port", str(webhook)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if "Starting workers" in line or time.monotonic() > deadline:
+                break
+        assert any("Registered ValidatingWebhookConfiguration" in l for l in lines), "\n".join(lines)
+        addresses = {port: _listening(port) for port in (health, metrics, webhook)}
+        assert addresses == {health: {"127.0.0.1"}, metrics: {"127.0.0.1"}, webhook: {"127.0.0.1"}}, addresses
+        with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as r:
+            assert r.read() == b"ok"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

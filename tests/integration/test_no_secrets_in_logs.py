@@ -67,3 +67,166 @@ def test_a_handler_returning_a_secret_never_logs_its_data(control_plane, namespa
     assert "client.patch_status(request, {'status': {...}}) and return None" in dict_lines[0]
     for line in everything:
         assert PASSWORD not in line and ENCODED not in line, line
+
+
+PROXY_PASSWORD = "pr0xy-s3cret-pass"
+TOKEN_NAME = "leak-token"
+
+LISTING_HANDLERS = """
+import declop
+
+@declop.reconciler("secrets", labels="leak-test=yes")
+def leaky(request, client, logger, **_):
+    listed = client.list("secrets", namespace=request.namespace, labels="leak-test=yes")
+    logger.info("Listed secrets", secrets=listed)            # a list of Secrets as a pair
+    logger.info("One secret %s", listed[0])                  # and as a % argument
+    return client.patch("secrets", request, {"metadata": {}})
+"""
+
+
+class AuthenticatingProxy:
+    """An HTTP CONNECT proxy that wants ``Proxy-Authorization: Basic user:PROXY_PASSWORD``,
+    resolves every host to 127.0.0.1, and can be cut (every tunnel reset, new ones refused)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.tunnels = 0
+        self.cut = False
+        self._sockets: list[Any] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self.cut:
+                client.close()
+                continue
+            self._sockets.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: Any) -> None:
+        import socket
+        import threading
+
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk:
+                client.close()
+                return
+            head += chunk
+        lines = head.split(b"\r\n")
+        method, target, _ = lines[0].decode().split(" ", 2)
+        expected = "Basic " + base64.b64encode(f"declop:{PROXY_PASSWORD}".encode()).decode()
+        auth = [l.split(b":", 1)[1].strip().decode() for l in lines[1:] if l.lower().startswith(b"proxy-authorization:")]
+        if method != "CONNECT" or auth != [expected]:
+            client.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+            client.close()
+            return
+        upstream = socket.create_connection(("127.0.0.1", int(target.rsplit(":", 1)[1])))
+        self._sockets.append(upstream)
+        self.tunnels += 1
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: Any, dst: Any) -> None:
+        import socket
+
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut_all(self) -> None:
+        """Reset every tunnel and stop listening (connections refused): watches break, relists
+        fail with the proxy named in their errors."""
+        import socket
+
+        self.cut = True
+        self._server.close()
+        for s in self._sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._server.close()
+        for s in self._sockets:
+            s.close()
+
+
+def test_no_credential_of_any_kind_in_any_output(control_plane, namespace, tmp_path):
+    """An operator with a proxy-url holding a password, a bearer token, a client key and a handler
+    that logs and returns Secrets, at -v; its proxy then fails so every error path that names the
+    proxy runs. None of the four secrets, nor the Secret's value, appears anywhere in its output."""
+    import json
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    api = control_plane.api_client()
+    core = kubernetes.client.CoreV1Api(api)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": TOKEN_NAME}})
+    binding = f"{namespace}-{TOKEN_NAME}"
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": TOKEN_NAME, "namespace": namespace}],
+    })
+    token = control_plane.service_account_token(namespace, TOKEN_NAME)
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "db", "labels": {"leak-test": "yes"}}, "data": {"password": ENCODED}},
+    )
+    config = json.loads(Path(control_plane.kubeconfig_path).read_text())
+    user = config["users"][0]["user"]
+    key_pem = base64.b64decode(user["client-key-data"]).decode() if "client-key-data" in user else Path(user["client-key"]).read_text()
+    key_lines = [l for l in key_pem.splitlines() if l and not l.startswith("-----")]
+    proxy = AuthenticatingProxy()
+    port = urlparse(control_plane.host).port
+    cluster = config["clusters"][0]["cluster"]
+    cluster.update({
+        "server": f"https://apiserver.declop.test:{port}", "tls-server-name": "localhost",
+        "proxy-url": f"http://declop:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}",
+    })
+    user["token"] = token  # beside the client certificate and key: all sent, none printed
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(config))
+    handlers = tmp_path / "handlers.py"
+    handlers.write_text(textwrap.dedent(LISTING_HANDLERS))
+    args = [str(handlers), "--kubeconfig", str(kubeconfig), "-n", namespace, "--grace-period", "1", "-v"]
+    try:
+        with OperatorProcess(args, env={**control_plane.env(), "KUBERNETES_SERVICE_HOST": ""}) as op:
+            op.wait_for_line("returned a Secret object %s/db (contents not shown)" % namespace)
+            op.wait_for_line("Listed secrets")
+            op.wait_for_line("One secret")
+            assert proxy.tunnels > 0, "everything went through the authenticating proxy"
+            proxy.cut_all()
+            failed = op.wait_for_line("through the proxy http://declop:xxxxx@127.0.0.1", timeout=60)
+    finally:
+        proxy.close()
+        rbac.delete_cluster_role_binding(binding)
+        api.close()
+    everything = op.lines + op.stderr
+    assert failed
+    for secret in (PROXY_PASSWORD, token, PASSWORD, ENCODED, *key_lines):
+        leaks = [line for line in everything if secret in line]
+        assert not leaks, (secret[:12], leaks[:3])

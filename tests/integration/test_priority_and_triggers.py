@@ -130,7 +130,9 @@ def test_each_source_kind_is_named_in_the_trigger(kubeconfig, k8s_api, namespace
 
     create_cms(k8s_api, namespace, ["existing"], threads=1)
     port = free_port()
-    options = Options(namespaces=(namespace,), grace_period=2, health_port=port, debug_reconciles=50)
+    # plain mode, as under declop dev: with secure metrics /debug/reconciles wants a token
+    # (tests/integration/test_metrics_auth.py); this test is about what it lists
+    options = Options(namespaces=(namespace,), grace_period=2, health_port=port, debug_reconciles=50, metrics_secure=False)
     with OperatorRunner(registry, kubeconfig=kubeconfig, options=options) as op:
         controller = op.manager.controllers[0]
         wait_for(lambda: journal.of("existing"), 10)

@@ -440,3 +440,50 @@ def test_webhook_port_in_use_is_one_line(setup: Setup) -> None:
     assert result.returncode != 0
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith(f"declop: error: cannot serve webhooks on port {port}: ") and line.endswith("pick another with --webhook-port"), line
+
+
+POD_HANDLERS = '''
+import os
+
+import declop
+
+@declop.validator("pods", labels={"wh-test": os.environ["WH_GROUP"]})
+def no_pods(obj, **_):
+    raise declop.Rejected("no pods here")
+'''
+
+
+def test_system_namespaces_are_admitted_while_a_fail_webhook_is_down(setup: Setup, tmp_path: Path) -> None:
+    """A Fail validator on pods whose operator is down blocks Pods in ordinary namespaces, but not
+    in kube-system: CoreDNS and the CNI can come back while the operator cannot. (The webhook
+    only matches Pods labelled for this test, so the session's other tests never meet it.)"""
+    handlers = tmp_path / "pods.py"
+    handlers.write_text(POD_HANDLERS)
+
+    def pod(namespace: str, name: str) -> str:
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"wh-test": setup.group}},
+            "spec": {"automountServiceAccountToken": False, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+        })
+
+    with setup.operator(handlers=handlers) as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        config = json.loads(kubectl(setup.env, "get", "validatingwebhookconfiguration", setup.name, "-o", "json").stdout)
+        (entry,) = config["webhooks"]
+        assert entry["failurePolicy"] == "Fail"
+        assert entry["namespaceSelector"] == {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "NotIn",
+            "values": ["kube-system", "kube-public", "kube-node-lease", OPERATOR_NS],
+        }]}
+        wait_for(lambda: "no pods here" in setup.apply(pod(setup.namespace, "probe"), "--dry-run=server").stderr,
+                 20, 0.2, "the validator to be enforced")
+    assert op.returncode == 0
+    down = setup.apply(pod(setup.namespace, "while-down"))
+    assert down.returncode != 0 and f'failed calling webhook "no-pods.pods.core"' in down.stderr, down.stderr
+    name = f"{setup.name}-while-down"
+    try:
+        system = setup.apply(pod("kube-system", name))
+        assert system.returncode == 0, system.stderr
+    finally:
+        kubectl(setup.env, "delete", "pod", name, "-n", "kube-system", "--ignore-not-found", "--wait=false", check=False)

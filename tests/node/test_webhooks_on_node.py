@@ -102,8 +102,9 @@ def test_admission_through_the_charts_service_beside_the_seed_example(
     assert "url" not in hook["clientConfig"]
     assert hook["failurePolicy"] == "Fail" and hook["timeoutSeconds"] == 5
     assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
-    # the operator's own namespace is never sent for admission
-    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]} in (
+    # the operator's own namespace and the system namespaces are never sent for admission
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+            "values": ["kube-system", "kube-public", "kube-node-lease", namespace]} in (
         hook["namespaceSelector"]["matchExpressions"]
     )
     # the caBundle is the CA the operator keeps in its Secret (what every replica signs with)

@@ -289,3 +289,41 @@ def test_both_formatters_redact_secrets_given_as_pairs(formatter: logging.Format
     record.kv = {"obj": SECRET}
     line = formatter.format(record)
     assert "c2VjcmV0" not in line and "root" not in line and "password" in line
+
+
+def test_redact_covers_read_only_views_and_secret_lists() -> None:
+    """A predicate's read-only view, a list of them, or a SecretList (its items carry no kind)."""
+    from declop.cache.store import readonly
+
+    secret_list = {"kind": "SecretList", "items": [{"metadata": {"name": "db"}, "data": {"password": "c2VjcmV0"}}]}
+    for value in (readonly(SECRET), readonly([SECRET]), (SECRET,), secret_list, readonly(secret_list)):
+        out = redact({"v": value})
+        assert "c2VjcmV0" not in json.dumps(out) and "root" not in json.dumps(out), out
+        assert "password" in json.dumps(out)
+    view = redact(readonly({"kind": "ConfigMap", "data": {"k": "v"}}))
+    assert type(view) is dict and view == {"kind": "ConfigMap", "data": {"k": "v"}}  # JSON, not a repr
+    assert redact((1, 2)) == (1, 2) and redact("text") == "text"
+
+
+@pytest.mark.parametrize("formatter", [PlainFormatter(), JsonFormatter()], ids=["plain", "json"])
+@pytest.mark.parametrize("shape", ["view", "list", "secretlist", "arg"])
+def test_both_formatters_redact_every_shape(formatter: logging.Formatter, shape: str) -> None:
+    from declop.cache.store import readonly
+
+    record = logging.LogRecord("x", logging.DEBUG, __file__, 1, "got it", (), None)
+    if shape == "view":
+        record.kv = {"obj": readonly(SECRET)}
+    elif shape == "list":
+        record.kv = {"objs": readonly([SECRET, SECRET])}
+    elif shape == "secretlist":
+        record.kv = {"objs": {"kind": "SecretList", "items": [{"data": {"password": "c2VjcmV0"}}]}}
+    else:
+        record.msg, record.args = "got %s and %r", (SECRET, readonly(SECRET))
+    line = formatter.format(record)
+    assert "c2VjcmV0" not in line and "root" not in line and "password" in line, line
+
+
+def test_a_read_only_view_repr_hides_secret_values() -> None:
+    from declop.cache.store import readonly
+
+    assert "c2VjcmV0" not in repr(readonly(SECRET)) and "c2VjcmV0" not in repr(readonly([SECRET]))

@@ -202,3 +202,12 @@ def test_without_reload_errors_propagate(tmp_path: Path, registry: Registry, man
     with pytest.raises(ConfigError, match=r"handlers.py:1: invalid syntax"):
         asyncio.run(loop.run(asyncio.Event()))
     assert managers == []
+
+
+def test_the_servers_bind_to_loopback_unless_an_address_is_given() -> None:
+    from declop.manager import Manager, Options
+
+    loop = DevLoop(None, Options(health_port=8081), Sources())
+    assert loop.options.bind_address == "127.0.0.1" and loop.options.health_port == 8081
+    assert DevLoop(None, Options(bind_address="0.0.0.0"), Sources()).options.bind_address == "0.0.0.0"
+    assert Manager(None, options=Options()).bind_address == "0.0.0.0"  # declop run: every interface, as before

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from declop.errors import ApiError, ConfigError
+from declop.kube.credentials import Credential, ExecPlugin
 from declop.kube.kubeconfig import KubeconfigError, RestConfig, load, load_cert_chain
 from declop.testing.certs import generate
 
@@ -183,6 +184,29 @@ def test_proxy_from_the_environment_like_go(tmp_path: Path, env: dict[str, str],
         assert load(str(kubeconfig(tmp_path / "l", server=loopback)), environ=env).proxy is None
     explicit = kubeconfig(tmp_path / "d", cluster={"proxy-url": "http://mine:1"})
     assert load(str(explicit), environ=env).proxy == "http://mine:1"  # proxy-url wins
+
+
+def test_an_in_cluster_service_ip_inside_a_no_proxy_cidr_is_not_proxied(tmp_path: Path, service_account: Path) -> None:
+    env = {**IN_CLUSTER, "HTTPS_PROXY": "http://corp:3128", "NO_PROXY": "10.0.0.0/8,.svc"}
+    assert load(in_cluster=True, service_account_dir=str(service_account), environ=env).proxy is None
+    env["NO_PROXY"] = "192.168.0.0/16"
+    assert load(in_cluster=True, service_account_dir=str(service_account), environ=env).proxy == "http://corp:3128"
+
+
+def test_reprs_never_show_credentials(tmp_path: Path) -> None:
+    """A repr lands in tracebacks, debuggers and log lines."""
+    certs = generate(tmp_path / "pki")
+    key = Path(certs.admin.key).read_bytes()
+    cfg = RestConfig(
+        host="https://a:6443", token="tok-s3cret", password="pw-s3cret", username="u",
+        proxy="http://p:proxy-s3cret@proxy:3128", cert_data=Path(certs.admin.cert).read_bytes(), key_data=key,
+        exec_plugin=ExecPlugin("get-token", env=(("API_KEY", "env-s3cret"),)),
+    )
+    text = repr(cfg)
+    for secret in ("tok-s3cret", "pw-s3cret", "proxy-s3cret", "env-s3cret", key.decode()[40:80]):
+        assert secret not in text, text
+    assert "http://p:xxxxx@proxy:3128" in text and "host='https://a:6443'" in text and "'API_KEY'" in text
+    assert "s3cret" not in repr(Credential(token="cred-s3cret", cert=b"c", key=b"key-s3cret"))
 
 
 def test_insecure_skip_tls_verify(tmp_path: Path) -> None:

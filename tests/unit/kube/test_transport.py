@@ -323,7 +323,81 @@ def test_lanes_never_wait_behind_each_other() -> None:
     leader, informer, sent = _run(main())
     assert sent < 60, "the handler lane must actually be saturated for this test to mean anything"
     assert leader < 0.5 and informer < 0.5
-    assert LANES == ("handler", "informer", "leader")
+    assert LANES == ("handler", "informer", "leader", "auth")
+
+
+def test_reviews_of_strangers_tokens_do_not_delay_a_handler_write() -> None:
+    """300 TokenReviews queued on the "auth" lane (what junk tokens at /metrics cause) leave the
+    handler lane's budget whole: the next write goes out at once."""
+    import asyncio
+    import time
+
+    from aiohttp import web
+
+    from declop.kube.transport import AUTH_BURST, Transport
+
+    async def main() -> tuple[float, int]:
+        async def ok(request: web.Request) -> web.Response:
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        transport = Transport(_Config(f"http://127.0.0.1:{port}"))
+        try:
+            reviews = [
+                asyncio.ensure_future(transport.request(
+                    "POST", "/apis/authentication.k8s.io/v1/tokenreviews", body={}, lane="auth"))
+                for _ in range(300)
+            ]
+            while sum(r.done() for r in reviews) < AUTH_BURST:
+                await asyncio.sleep(0.01)  # the auth lane's burst went out; the rest wait on it
+            t0 = time.monotonic()
+            await transport.request("PATCH", "/api/v1/namespaces/d/pods/p", body={})
+            write = time.monotonic() - t0
+            sent = sum(r.done() for r in reviews)
+            for r in reviews:
+                r.cancel()
+            await asyncio.gather(*reviews, return_exceptions=True)
+            return write, sent
+        finally:
+            await transport.close()
+            await runner.cleanup()
+
+    write, sent = _run(main())
+    assert sent < 60, "the auth lane must be saturated for this test to mean anything"
+    assert write < 0.5
+
+
+def test_a_proxy_password_never_appears_in_errors() -> None:
+    """aiohttp's errors may quote the proxy URL: the message carries it as Go's url.Redacted does."""
+    import socket
+
+    from declop.kube.kubeconfig import RestConfig
+    from declop.kube.transport import Transport
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens there once the socket is closed
+    cfg = RestConfig(host="https://apiserver.example:6443", proxy=f"http://alice:pr%40xy-s3cret@127.0.0.1:{closed}")
+
+    async def main() -> str:
+        transport = Transport(cfg, retries=0)
+        try:
+            await transport.request("GET", "/api")
+        except ApiError as exc:
+            return str(exc)
+        finally:
+            await transport.close()
+        raise AssertionError("the request cannot succeed")
+
+    message = _run(main())
+    assert "through the proxy http://alice:xxxxx@127.0.0.1" in message, message
+    assert "s3cret" not in message and "pr@xy" not in message
 
 
 def test_a_cancelled_wait_gives_its_token_back() -> None:

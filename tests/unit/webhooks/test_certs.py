@@ -156,3 +156,10 @@ def test_mounted_certificate_uses_ca_crt_as_bundle(tmp_path):
 def test_mounted_certificate_missing_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"cannot read the webhook serving certificate .*tls.crt: No such file or directory; .* leave --webhook-cert-dir unset"):
         MountedCert(str(tmp_path))
+
+
+def test_the_ca_repr_never_shows_its_key() -> None:
+    ca = CertAuthority.generate("declop-webhook-ca")
+    text = repr(ca)
+    assert "PRIVATE KEY" not in text and ca.key_pem.decode() not in text
+    assert "cert_pem" in text

@@ -35,7 +35,9 @@ def test_validating_configuration_with_url():
         "failurePolicy": "Ignore",
         "timeoutSeconds": 5,
         "matchPolicy": "Equivalent",
-        "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["ops"]}]},
+        "namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kube-public", "kube-node-lease", "ops"]}
+        ]},
         "objectSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]},
     }
 
@@ -65,13 +67,26 @@ def test_conversion_patch():
     assert webhook["clientConfig"]["url"] == "https://127.0.0.1:9443/convert/lambda.widgets.example.com"
 
 
-def test_no_namespace_to_spare_out_of_a_cluster():
+def test_out_of_a_cluster_only_the_system_namespaces_are_spared():
     reg = Registry()
     declop.mutator("widgets.example.com", registry=reg)(lambda obj: None)
     config = configuration("mutator", "my-op", [(reg.webhooks[0], WIDGETS)], ClientConfig(b"CA", url="https://127.0.0.1:9443"), None)
     (entry,) = config["webhooks"]
-    assert "namespaceSelector" not in entry
+    assert entry["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kube-public", "kube-node-lease"]}
+    ]}
     assert config["kind"] == "MutatingWebhookConfiguration"
+
+
+def test_system_namespaces_opt_in_keeps_the_operators_own_namespace_out():
+    client = ClientConfig(b"CA", url="https://127.0.0.1:9443")
+    (entry,) = configuration("validator", "my-op", hooks(system_namespaces=True), client, "ops")["webhooks"]
+    assert entry["namespaceSelector"]["matchExpressions"] == [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["ops"]}]
+    (entry,) = configuration("validator", "my-op", hooks(system_namespaces=True), client, None)["webhooks"]
+    assert "namespaceSelector" not in entry
+    # an operator running in kube-system is not listed twice
+    (entry,) = configuration("validator", "my-op", hooks(), client, "kube-system")["webhooks"]
+    assert entry["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "kube-public", "kube-node-lease"]
 
 
 def test_apply_sends_both_configurations_and_the_crd_patch():

@@ -78,11 +78,25 @@ def test_converter_arguments_are_its_own():
         ({"timeout": 31}, "timeout must be whole seconds from 1 to 30"),
         ({"timeout": 2.5}, "timeout must be whole seconds"),
         ({"name": "check"}, "is not a qualified name"),
+        ({"system_namespaces": "yes"}, "system_namespaces must be True or False, got 'yes'"),
     ],
 )
 def test_bad_options(options, message):
     with pytest.raises(declop.errors.RegistrationError, match=message):
         declop.validator("widgets.example.com", registry=Registry(), **options)(lambda obj: None)
+
+
+def test_system_namespaces_is_opt_in_per_decorator():
+    reg = Registry()
+    declop.validator("pods", registry=reg)(lambda obj: None)
+    declop.mutator("pods", registry=reg, system_namespaces=True)(lambda obj: None)
+    assert [h.system_namespaces for h in reg.webhooks] == [False, True]
+    with pytest.raises(declop.errors.RegistrationError, match=r"unknown option system_namespace=: did you mean 'system_namespaces'\?"):
+        declop.validator("pods", system_namespace=True)  # type: ignore[call-arg]
+    with pytest.raises(declop.errors.RegistrationError, match="a conversion webhook converts objects of every namespace"):
+        from declop.webhooks.declaration import make_webhook
+
+        make_webhook(lambda obj: obj, "converter", "widgets.example.com", system_namespaces=True)
 
 
 def test_misspelt_option_and_resource_in_parts():

@@ -266,3 +266,153 @@ def test_requests_are_counted_with_controller_runtime_names():
     assert "/validate/nothing" not in text  # paths not served are not counted (no unbounded labels)
     assert f'controller_runtime_webhook_latency_seconds_count{{webhook="{path}"}} 2.0' in text
     assert f'controller_runtime_webhook_requests_in_flight{{webhook="{path}"}} 0.0' in text
+
+
+# -- hostile and broken input (issue 23) ---------------------------------------------------------
+
+
+def _deep(depth: int) -> str:
+    """An object nested ``depth`` levels (the object itself is level 1), as JSON text."""
+    inner = '{"leaf": true}'
+    return '{"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "ns"}, "spec": ' + '{"a": ' * (depth - 3) + inner + "}" * (depth - 3) + "}"
+
+
+def _review_text(obj: str) -> bytes:
+    return ('{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u1", "operation": "CREATE", "object": ' + obj + "}}").encode()
+
+
+@pytest.mark.parametrize("depth", [10, 500, 1000, 10000])
+def test_deep_objects_are_handled_or_denied_never_500(depth):
+    reg = Registry()
+    calls: list[str] = []
+
+    @declop.validator("widgets.example.com", registry=reg)
+    def check(obj):
+        calls.append("validator")
+
+    @declop.mutator("widgets.example.com", registry=reg)
+    def label(obj):
+        calls.append("mutator")
+        obj["metadata"]["labels"] = {"seen": "yes"}
+
+    for path in ("/validate/check.widgets.example.com", "/mutate/label.widgets.example.com"):
+        status, answer = post(reg, path, _review_text(_deep(depth)))
+        assert status == 200, (depth, path, answer)
+        response = answer["response"]
+        print(f"depth {depth} {path}: allowed={response['allowed']} {response.get('status', {}).get('message', '')}")
+        if depth <= 512:
+            assert response["allowed"] is True
+            if path.startswith("/mutate"):
+                assert json.loads(base64.b64decode(response["patch"])) == [{"op": "add", "path": "/metadata/labels", "value": {"seen": "yes"}}]
+        else:
+            assert response["allowed"] is False
+            assert "nested deeper than 512 levels" in response["status"]["message"]
+    assert calls == (["validator", "mutator"] if depth <= 512 else [])
+
+    reg2 = Registry()
+
+    @declop.converter("widgets.example.com", registry=reg2)
+    def convert(obj, desired_api_version):
+        return obj
+
+    objects = '[{"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "shallow"}}, ' + _deep(depth).replace('"name": "w"', '"name": "deep"') + "]"
+    body = ('{"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "request": {"uid": "c1", "desiredAPIVersion": "example.com/v2", "objects": ' + objects + "}}").encode()
+    status, answer = post(reg2, "/convert/convert.widgets.example.com", body)
+    assert status == 200
+    result = answer["response"]["result"]
+    if depth <= 512:
+        assert result == {"status": "Success"} and len(answer["response"]["convertedObjects"]) == 2
+    else:
+        assert result["status"] == "Failure" and "ns/deep" in result["message"] and "nested deeper" in result["message"]
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b"1" * 5000, _review_text('{"n": ' + "1" * 5000 + "}"), b'{"kind": "AdmissionReview"' + b"]" * 10])
+def test_malformed_bodies_get_400(body):
+    reg = Registry()
+
+    @declop.validator("widgets.example.com", registry=reg)
+    def check(obj):
+        pass
+
+    status, answer = post(reg, "/validate/check.widgets.example.com", body)
+    print(f"{body[:12]!r}… ({len(body)} bytes): {status} {answer.strip()}")
+    assert status == 400 and "not valid JSON" in answer
+
+
+def test_a_failure_after_the_mutator_is_a_denial_not_500():
+    reg = Registry()
+
+    @declop.mutator("widgets.example.com", registry=reg)
+    def deepen(obj):
+        value: Any = 1
+        for _ in range(5000):  # deeper than json.dumps can encode
+            value = [value]
+        obj["spec"]["deep"] = value
+
+    status, answer = post(reg, "/mutate/deepen.widgets.example.com", admission())
+    assert status == 200 and answer["response"]["allowed"] is False
+    assert "could not process this request (RecursionError)" in answer["response"]["status"]["message"]
+
+
+def _big_review(size: int) -> bytes:
+    item = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "labels": {"a": "b"}}, "data": {f"k{j}": "v" * 20 for j in range(30)}}
+    per = len(json.dumps(item)) + 2
+    obj = {**OBJ, "spec": {"items": [item] * ((size - 400) // per - 8)}}
+    return json.dumps(admission(obj=obj)).encode()
+
+
+def test_concurrent_maximum_size_requests_stall_the_loop_far_less_than_before():
+    """16 reviews of the maximum size at once, the client on the same loop: every one answered,
+    and the loop's longest stall stays under 0.75 s (measured 0.28–0.40 s on a loaded 2-core
+    machine; before the hardening 8 such requests stalled it 4.4 s). Issue 23's target is 50 ms:
+    not met yet — the rest is cyclic GC passes and the handler's copies freed on the loop."""
+    from declop.webhooks.server import ADMISSION_MAX_BYTES
+
+    reg = Registry()
+
+    @declop.validator("widgets.example.com", registry=reg)
+    def check(obj):
+        pass
+
+    body_ = _big_review(ADMISSION_MAX_BYTES - 1024)
+    assert ADMISSION_MAX_BYTES - 64 * 1024 < len(body_) <= ADMISSION_MAX_BYTES
+
+    async def go() -> tuple[float, float, list[int]]:
+        server = WebhookServer(reg.webhooks, port=0, ssl_context=None, host="127.0.0.1")
+        await server.start()
+        longest = 0.0
+        done = asyncio.Event()
+
+        async def tick() -> None:
+            nonlocal longest
+            last = time.perf_counter()
+            while not done.is_set():
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                longest = max(longest, now - last - 0.005)
+                last = now
+
+        import aiohttp
+
+        ticker = asyncio.create_task(tick())
+        started = time.perf_counter()
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def one() -> int:
+                    async with session.post(f"http://127.0.0.1:{server.port}/validate/check.widgets.example.com", data=body_) as resp:
+                        answer = await resp.json()
+                        assert answer["response"]["allowed"] is True
+                        return resp.status
+
+                statuses = await asyncio.gather(*(one() for _ in range(16)))
+        finally:
+            done.set()
+            await ticker
+            await server.stop()
+        return longest, time.perf_counter() - started, statuses
+
+    longest, took, statuses = asyncio.run(go())
+    print(f"16 × {len(body_)} bytes: all {set(statuses)} in {took:.2f} s; longest loop stall {longest * 1000:.1f} ms")
+    assert statuses == [200] * 16
+    assert longest < 0.75

@@ -1,0 +1,284 @@
+"""HTTP serving with limits: the one set-up of the webhook, metrics and probe servers (aiohttp).
+
+Every server declop opens to the network is built by :func:`serve` from a :class:`Limits`, so
+a hostile or broken client costs a bounded amount of memory, time and event-loop work:
+
+- **bodies**: a ``Content-Length`` above the path's limit is answered 413 before a byte of the
+  body is read; a chunked body is cut (413) as soon as it passes the limit; a
+  ``Content-Encoding`` other than ``identity`` is answered 415 (aiohttp's decompression is off,
+  so a small compressed body never turns into a large one; the apiserver never compresses
+  webhook requests);
+- **time**: the first request line and headers within ``header_timeout`` of the connection
+  opening, later ones within ``idle_timeout`` of the previous answer (aiohttp's keep-alive
+  timer); the body within ``body_timeout`` of the headers (408, connection closed); an idle
+  keep-alive connection is closed after ``idle_timeout``;
+- **load**: at most ``max_connections`` open connections (the next one is answered 429 and
+  closed) and ``max_in_flight`` requests being answered at once (the next one gets 429 with
+  ``Retry-After: 1``).
+
+Handlers read the body with :func:`body` (already read, within the limits, by the guard).
+
+Invariants:
+- a refused request costs no more than its headers (8 KiB lines, 128 headers);
+- the guard's middleware is the outermost but ``outer`` ones (metrics observers), so
+  authentication and handlers only ever see requests within the limits;
+- a connection is counted from ``connection_made`` to ``connection_lost`` — refused ones too,
+  never twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+from aiohttp import web
+
+__all__ = ["Limits", "Guard", "Serving", "body", "serve"]
+
+log = logging.getLogger("declop.http")
+
+MiB = 1024 * 1024
+
+_BODY: web.RequestKey[bytes] = web.RequestKey("declop.body", bytes)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server accepts from a client; the defaults fit probes and metrics."""
+
+    #: bytes of a request body (on the wire; compressed bodies are refused)
+    max_body: int = 64 * 1024
+    #: per-path limits above or below ``max_body`` (a webhook path → its kind's limit)
+    max_body_by_path: Mapping[str, int] = field(default_factory=dict)
+    #: seconds from the connection opening to the end of the first request's headers
+    header_timeout: float = 10.0
+    #: seconds from the headers to the end of the body
+    body_timeout: float = 10.0
+    #: seconds an idle keep-alive connection stays open (also bounds later requests' headers)
+    idle_timeout: float = 30.0
+    #: open connections at once
+    max_connections: int = 128
+    #: requests being answered at once
+    max_in_flight: int = 32
+
+    def body_limit(self, path: str) -> int:
+        return self.max_body_by_path.get(path, self.max_body)
+
+
+_REFUSED = (
+    b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
+)
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection: counts it, cuts it when its first request's headers are late,
+    and hands everything else to aiohttp's protocol."""
+
+    def __init__(self, guard: Guard, make: Callable[[], asyncio.Protocol]) -> None:
+        self.guard = guard
+        self.make = make
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        guard = self.guard
+        guard.connections += 1
+        if guard.connections > guard.limits.max_connections:
+            guard.refused += 1
+            assert self.transport is not None
+            self.transport.write(_REFUSED)
+            self.transport.close()
+            return
+        guard.open[transport] = self
+        self.timer = asyncio.get_running_loop().call_later(guard.limits.header_timeout, self._late)
+        self.inner = self.make()
+        self.inner.connection_made(transport)
+
+    def started(self) -> None:
+        """The first request's headers arrived: from now on aiohttp's timers apply."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _late(self) -> None:
+        self.timer = None
+        self.guard.cut += 1
+        log.debug("Closing a connection whose request headers did not arrive in time")
+        if self.transport is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.connections -= 1
+        self.started()
+        if self.transport is not None:
+            self.guard.open.pop(self.transport, None)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+
+class Guard:
+    """The limits of one server: its middleware, its connection factory and its counters."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        #: open connections (refused ones until they are closed)
+        self.connections = 0
+        self.open: dict[asyncio.BaseTransport, _Connection] = {}
+        self.in_flight = 0
+        #: connections refused past the cap, cut for late headers; requests shed with 429
+        self.refused = 0
+        self.cut = 0
+        self.shed = 0
+
+    def application(self, middlewares: Iterable[Any] = (), *, outer: Iterable[Any] = ()) -> web.Application:
+        """An application whose requests pass the guard (after ``outer``, before ``middlewares``)."""
+        biggest = max([self.limits.max_body, *self.limits.max_body_by_path.values()])
+        return web.Application(client_max_size=biggest, middlewares=[*outer, self.middleware, *middlewares])
+
+    def protocol_factory(self, runner: web.BaseRunner) -> Callable[[], asyncio.Protocol]:
+        def make() -> asyncio.Protocol:
+            server = runner.server
+            assert server is not None
+            return _Connection(self, server)
+
+        return make
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        connection = self.open.get(request.transport) if request.transport is not None else None
+        if connection is not None:
+            connection.started()
+        if self.in_flight >= self.limits.max_in_flight:
+            self.shed += 1
+            return web.Response(status=429, text="too many requests in flight\n", headers={"Retry-After": "1"})
+        self.in_flight += 1
+        try:
+            if request.body_exists:
+                refused = await self._read(request)
+                if refused is not None:
+                    return refused
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _read(self, request: web.Request) -> web.Response | None:
+        """Read the body into ``request`` within the limits; the refusal when it is not."""
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return _closing(415, f"Content-Encoding {encoding[:20]!r} is not accepted; send the body uncompressed\n")
+        limit = self.limits.body_limit(request.path)
+        length = request.content_length
+        if length is not None and length > limit:
+            return _closing(413, f"the request body is {length} bytes; this path accepts at most {limit}\n")
+        chunks: list[bytes] = []
+        size = 0
+
+        async def read() -> bool:
+            nonlocal size
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    return False
+                chunks.append(chunk)
+            return True
+
+        try:
+            within = await asyncio.wait_for(read(), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            return _closing(408, f"the request body did not arrive within {self.limits.body_timeout:g} s\n")
+        if not within:
+            return _closing(413, f"the request body is over {limit} bytes; this path accepts at most {limit}\n")
+        request[_BODY] = b"".join(chunks)
+        return None
+
+
+def _closing(status: int, text: str) -> web.Response:
+    response = web.Response(status=status, text=text)
+    response.force_close()
+    return response
+
+
+async def body(request: web.Request) -> bytes:
+    """The request's body as the guard read it (read here when no guard ran)."""
+    given = request.get(_BODY)
+    return given if isinstance(given, bytes) else await request.read()
+
+
+class _Site(web.BaseSite):
+    """aiohttp's TCPSite, with the guard's connection factory in front of aiohttp's protocol."""
+
+    def __init__(self, runner: web.BaseRunner, guard: Guard, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._guard, self._host, self._port = guard, host, port
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._guard.protocol_factory(self._runner), self._host, self._port,
+            ssl=self._ssl_context, backlog=self._backlog, reuse_address=True,
+        )
+
+
+@dataclass
+class Serving:
+    """A running server: its guard (counters) and the port it listens on."""
+
+    runner: web.AppRunner
+    guard: Guard
+    port: int
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve(app: web.Application, guard: Guard, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> Serving:
+    """Start ``app`` (built by ``guard.application``) on ``host:port`` with the guard's limits.
+
+    ``port`` 0 picks a free port (:attr:`Serving.port`). Raises :class:`OSError` when the port
+    cannot be bound (nothing is left running)."""
+    limits = guard.limits
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False,
+        keepalive_timeout=limits.idle_timeout, auto_decompress=False,
+        max_line_size=8190, max_field_size=8190, max_headers=128, lingering_time=1.0,
+    )
+    await runner.setup()
+    site = _Site(runner, guard, host, port, ssl_context)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    server = site._server
+    sockets = server.sockets if isinstance(server, asyncio.Server) else ()
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return Serving(runner, guard, bound)

@@ -1,0 +1,133 @@
+"""declop.serving.http: a real server on a free port, raw sockets as hostile clients."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import time
+
+from aiohttp import web
+
+from declop.serving.http import Guard, Limits, body, serve
+
+
+async def _echo(request: web.Request) -> web.Response:
+    return web.Response(text=str(len(await body(request))))
+
+
+async def _started(limits: Limits) -> tuple[object, int]:
+    guard = Guard(limits)
+    app = guard.application()
+    app.router.add_post("/x", _echo)
+    serving = await serve(app, guard, "127.0.0.1", 0)
+    return serving, serving.port
+
+
+async def _exchange(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+def _post(body_: bytes, **headers: str) -> bytes:
+    head = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return f"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body_)}\r\nConnection: close\r\n{head}\r\n".encode() + body_
+
+
+def test_body_limits_and_compression():
+    async def go() -> None:
+        serving, port = await _started(Limits(max_body=1000))
+        try:
+            assert b" 200 " in (ok := await _exchange(port, _post(b"a" * 1000))) and ok.endswith(b"1000")
+            big = await _exchange(port, _post(b"a" * 1001))
+            assert big.startswith(b"HTTP/1.1 413"), big
+            bomb = gzip.compress(b"0" * 8 * 1024 * 1024)
+            print(f"gzip bomb: {len(bomb)} bytes on the wire, 8 MiB inflated")
+            refused = await _exchange(port, _post(bomb, Content_Encoding="gzip"))
+            assert refused.startswith(b"HTTP/1.1 415"), refused
+            chunked = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + b"400\r\n" + b"a" * 1024 + b"\r\n0\r\n\r\n"
+            assert (await _exchange(port, chunked)).startswith(b"HTTP/1.1 413")
+        finally:
+            await serving.stop()  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+def test_slow_headers_slow_body_and_idle_connections_are_cut():
+    async def go() -> None:
+        serving, port = await _started(Limits(header_timeout=0.5, body_timeout=0.5, idle_timeout=0.8))
+        try:
+            started = time.monotonic()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for byte in b"POST /x HTTP/1.1\r\nHost: x\r\n":  # slowloris: a byte every 50 ms
+                if reader.at_eof():
+                    break
+                writer.write(bytes([byte]))
+                try:
+                    await asyncio.wait_for(reader.read(1), 0.05)
+                    break
+                except asyncio.TimeoutError:
+                    pass
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            cut = time.monotonic() - started
+            print(f"slow headers cut after {cut:.2f} s (header timeout 0.5 s)")
+            assert 0.4 < cut < 2.5
+            writer.close()
+
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+            started = time.monotonic()
+            answer = await asyncio.wait_for(reader.read(), 5)
+            print(f"slow body answered {answer[:12]!r} after {time.monotonic() - started:.2f} s")
+            assert answer.startswith(b"HTTP/1.1 408")
+            writer.close()
+
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab")
+            first = await reader.readuntil(b"\r\n\r\n")
+            assert first.startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            rest = await asyncio.wait_for(reader.read(), 5)  # the body, then EOF when idle
+            idle = time.monotonic() - started
+            print(f"idle keep-alive connection closed after {idle:.2f} s (idle timeout 0.8 s)")
+            assert rest.endswith(b"2") and 0.5 < idle < 3
+            writer.close()
+        finally:
+            await serving.stop()  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+def test_connection_and_in_flight_caps_answer_429():
+    async def go() -> None:
+        release = asyncio.Event()
+        entered = asyncio.Event()
+
+        async def hold(request: web.Request) -> web.Response:
+            entered.set()
+            await release.wait()
+            return web.Response(text="done")
+
+        guard = Guard(Limits(max_connections=3, max_in_flight=1))
+        app = guard.application()
+        app.router.add_post("/x", hold)
+        serving = await serve(app, guard, "127.0.0.1", 0)
+        try:
+            first = asyncio.create_task(_exchange(serving.port, _post(b"")))
+            await entered.wait()
+            second = await _exchange(serving.port, _post(b""))
+            assert second.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in second
+            idle = [await asyncio.open_connection("127.0.0.1", serving.port) for _ in range(2)]
+            refused = await _exchange(serving.port, _post(b""))
+            print(f"connections past the cap: {refused.splitlines()[0]!r}; refused={guard.refused} shed={guard.shed}")
+            assert refused.startswith(b"HTTP/1.1 429") and guard.refused == 1 and guard.shed == 1
+            release.set()
+            assert (await first).endswith(b"done")
+            for _, w in idle:
+                w.close()
+        finally:
+            await serving.stop()
+
+    asyncio.run(go())
