@@ -35,6 +35,7 @@ ORDER = [
     "errors",
     "hints",
     "clock",
+    "collector",
     "logs",
     "conditions",
     "queue",

@@ -19,8 +19,8 @@ Owns the list strategies and what every sync ends with:
 - the *sync* itself, for both strategies: :meth:`Listing._replace` computes the new store content
   aside and swaps it in, :meth:`Listing._emit_all` emits the changes against the old content,
   deletions synthesised for keys that vanished;
-- the collector discipline of a sync (:func:`pause_gc`, :func:`resume_gc`, :func:`freeze`,
-  :data:`CHUNK`).
+- the size of a sync's steps (:data:`CHUNK`); the collector is paused during a sync
+  (:mod:`declop.collector`).
 
 Invariants:
 - a sync swaps the new content into the store in one step, computed aside in chunks of
@@ -38,10 +38,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
+from declop import collector
 from declop.cache.store import Store, Writer
 from declop.errors import ApiError
 from declop.kube.transport import Transport
@@ -57,10 +57,7 @@ __all__ = [
     "METADATA_LIST_ACCEPT",
     "ListMode",
     "Listing",
-    "freeze",
     "is_refusal",
-    "pause_gc",
-    "resume_gc",
 ]
 
 log = logging.getLogger("declop.informer")
@@ -124,13 +121,13 @@ class Listing:
         # No cyclic collection while the cache grows page by page, nor while it is swapped in:
         # full passes over a growing heap are the long stalls (tens of ms at 10k objects,
         # seconds at 100k). _replace collects once and freezes the survivors.
-        pause_gc()
+        collector.pause()
         try:
             items, rv = await self._list_pages()
             changes = await self._replace(items, rv, "paged")
             del items
         finally:
-            resume_gc()
+            collector.resume()
         await self._emit_all(changes)
 
     async def _list_pages(self) -> tuple[list[dict[str, Any]], str]:
@@ -173,7 +170,7 @@ class Listing:
             meta = page.get("metadata") or {}
             del page
             if len(items) >= CHUNK:
-                freeze()  # this page's objects, now, rather than all pages' at the end (a long stall)
+                collector.freeze()  # this page's objects, now, rather than all pages' at the end (a long stall)
             rv = meta.get("resourceVersion", rv)
             token = meta.get("continue")
             if not token or "limit" not in params:
@@ -184,16 +181,16 @@ class Listing:
         """Replace the store with ``items`` at ``rv`` (a sync); returns the changes to emit.
 
         The new content is computed aside in chunks of ``CHUNK`` objects, yielding to the loop
-        between them, each chunk's allocations collected and frozen (:func:`freeze`); then it is
+        between them, each chunk's allocations collected and frozen (:func:`declop.collector.freeze`); then it is
         swapped in at once (``Writer.begin_replace``): readers see the old store or the new one.
         Called with the cyclic GC paused."""
         big = not self.store.synced or len(items) > CHUNK  # a small relist freezes nothing
         job = self._writer.begin_replace(items, rv)
         while not job.step(CHUNK):
-            freeze()
+            collector.freeze()
             await asyncio.sleep(0)  # let watches, probes and workers run between chunks
         if big:
-            freeze()
+            collector.freeze()
         changes = job.commit()
         self._sync_owed = False
         self.lists += 1
@@ -235,43 +232,3 @@ def is_refusal(exc: ApiError) -> bool:
     return exc.status in (400, 405, 406, 415, 422, 501)
 
 
-# -- the collector during a sync --------------------------------------------------------------
-
-_gc_pauses = 0
-_gc_was_enabled = True
-
-
-def pause_gc() -> None:
-    """Disable the cyclic GC while any informer syncs (counted across informers).
-
-    The first pause of a process that froze nothing yet collects and freezes the start-up heap
-    (modules, the client): once, before any list arrives, so that the collection before every
-    later freeze walks only what was allocated since (see :func:`freeze`)."""
-    global _gc_pauses, _gc_was_enabled
-    if _gc_pauses == 0:
-        _gc_was_enabled = gc.isenabled()
-        gc.disable()
-        if not gc.get_freeze_count():
-            gc.collect()
-            gc.freeze()
-    _gc_pauses += 1
-
-
-def resume_gc() -> None:
-    global _gc_pauses
-    _gc_pauses -= 1
-    if _gc_pauses == 0 and _gc_was_enabled:
-        gc.enable()
-
-
-def freeze() -> None:
-    """Keep what survived a sync out of the cyclic collector's future full passes (seconds at
-    100k objects). Collect first: ``gc.freeze()`` moves *every* tracked object to the permanent
-    generation, so a cycle that became garbage while the collector was paused would otherwise
-    never be freed. Frozen objects are never walked again, so this full collection costs what
-    was allocated since the previous freeze, not the heap. A sync calls it after every page or
-    chunk of objects (about 1.3 µs per new object: ~1-2 ms a chunk), never once over the whole
-    list (130 ms at 100k). Called with the GC paused: no automatic pass walks the new objects
-    first."""
-    gc.collect()
-    gc.freeze()

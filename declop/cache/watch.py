@@ -45,8 +45,9 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from declop import collector
 from declop.cache.backoff import Backoff
-from declop.cache.listing import CHUNK, INITIAL_EVENTS_END, METADATA_ACCEPT, ListMode, freeze, is_refusal, pause_gc, resume_gc
+from declop.cache.listing import CHUNK, INITIAL_EVENTS_END, METADATA_ACCEPT, ListMode, is_refusal
 from declop.cache.sharding import ShardMode
 from declop.cache.store import Store, Writer
 from declop.errors import ApiError, Forbidden, NotFound
@@ -265,7 +266,7 @@ class Watching:
         pending: list[dict[str, Any]] | None = [] if initial else None
         paused = False
         if initial:
-            pause_gc()
+            collector.pause()
             paused = True
         warned_at = time.monotonic() + 10.0
         try:
@@ -297,7 +298,7 @@ class Watching:
                             del items
                             self._stream_synced = True
                             if paused:
-                                resume_gc()
+                                collector.resume()
                                 paused = False
                             await self._emit_all(changes)
                             del changes
@@ -323,7 +324,7 @@ class Watching:
                     else:  # a later event for the same key wins in Writer.replace
                         pending.append(obj)
                         if len(pending) % CHUNK == 0:
-                            freeze()  # this chunk's objects, now, rather than all at the end
+                            collector.freeze()  # this chunk's objects, now, rather than all at the end
                     if time.monotonic() > warned_at:
                         warned_at = float("inf")
                         log.warning("Streaming list: no initial-events-end bookmark after 10 s yet", extra={"kv": self._kv})
@@ -338,7 +339,7 @@ class Watching:
                     self._emit(old, new)
         finally:
             if paused:
-                resume_gc()
+                collector.resume()
 
     def _error_event(self, obj: Any) -> None:
         status = obj if isinstance(obj, dict) else {}

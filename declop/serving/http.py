@@ -14,7 +14,12 @@ a hostile or broken client costs a bounded amount of memory, time and event-loop
   keep-alive connection is closed after ``idle_timeout``;
 - **load**: at most ``max_connections`` open connections (the next one is answered 429 and
   closed) and ``max_in_flight`` requests being answered at once (the next one gets 429 with
-  ``Retry-After: 1``).
+  ``Retry-After: 1``);
+- **memory**: bodies larger than ``max_body`` share a budget of ``body_budget`` bytes (read and
+  being answered at once); a request whose body does not fit waits for its turn, in arrival
+  order, without its body being read (the client's socket holds it), and gets 429 if its turn
+  has not come within ``body_timeout``. So however many clients send large bodies at once, the
+  memory they cost is that of about one of them.
 
 Handlers read the body with :func:`body` (already read, within the limits, by the guard).
 
@@ -23,12 +28,16 @@ Invariants:
 - the guard's middleware is the outermost but ``outer`` ones (metrics observers), so
   authentication and handlers only ever see requests within the limits;
 - a connection is counted from ``connection_made`` to ``connection_lost`` — refused ones too,
-  never twice.
+  never twice;
+- the bytes taken from the budget are given back exactly once per request, when its answer is
+  returned or it fails or is cancelled, waiting or not; waiters are served first come, first
+  served (a small body never overtakes a large one that waits: no starvation).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import ssl
 from dataclasses import dataclass, field
@@ -36,7 +45,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from aiohttp import web
 
-__all__ = ["Limits", "Guard", "Serving", "body", "serve"]
+__all__ = ["Budget", "Limits", "Guard", "Serving", "body", "serve"]
 
 log = logging.getLogger("declop.http")
 
@@ -65,6 +74,8 @@ class Limits:
     max_connections: int = 128
     #: requests being answered at once
     max_in_flight: int = 32
+    #: bytes of bodies above ``max_body`` read or being answered at once (None: no budget)
+    body_budget: int | None = None
 
     def body_limit(self, path: str) -> int:
         return self.max_body_by_path.get(path, self.max_body)
@@ -139,11 +150,64 @@ class _Connection(asyncio.Protocol):
             self.inner.connection_lost(exc)
 
 
+class Budget:
+    """Bytes shared by the requests with large bodies, handed out first come, first served."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def take(self, size: int, timeout: float) -> bool:
+        """Take ``size`` bytes (at most the total), waiting up to ``timeout`` s; False past it."""
+        size = min(size, self.total)
+        if not self._waiting and self.used + size <= self.total:
+            self.used += size
+            return True
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, turn)
+        self._waiting.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), timeout)
+            return True
+        except asyncio.TimeoutError:
+            if turn.done():  # granted as the wait ran out: give it back
+                self.give(size)
+            return False
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(size)
+            raise
+        finally:
+            if not turn.done():
+                turn.cancel()
+                self._waiting.remove(entry)
+                self._wake()
+
+    def give(self, size: int) -> None:
+        self.used -= min(size, self.total)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting:
+            size, turn = self._waiting[0]
+            if self.used + size > self.total:
+                return
+            self._waiting.popleft()
+            self.used += size
+            turn.set_result(None)
+
+
 class Guard:
     """The limits of one server: its middleware, its connection factory and its counters."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
+        self.budget = Budget(limits.body_budget) if limits.body_budget is not None else None
         #: open connections (refused ones until they are closed)
         self.connections = 0
         self.open: dict[asyncio.BaseTransport, _Connection] = {}
@@ -175,14 +239,33 @@ class Guard:
             self.shed += 1
             return web.Response(status=429, text="too many requests in flight\n", headers={"Retry-After": "1"})
         self.in_flight += 1
+        taken = 0
         try:
             if request.body_exists:
+                taken = self._budgeted(request)
+                if taken and self.budget is not None and not await self.budget.take(taken, self.limits.body_timeout):
+                    taken = 0
+                    self.shed += 1
+                    return web.Response(status=429, text="too many large requests at once\n", headers={"Retry-After": "1"})
                 refused = await self._read(request)
                 if refused is not None:
                     return refused
             return await handler(request)
         finally:
             self.in_flight -= 1
+            request.pop(_BODY, None)  # a keep-alive connection may hold its last request a while
+            if taken and self.budget is not None:
+                self.budget.give(taken)
+
+    def _budgeted(self, request: web.Request) -> int:
+        """The bytes ``request`` takes from the budget: 0 for a small body (or no budget)."""
+        if self.budget is None:
+            return 0
+        length, limit = request.content_length, self.limits.body_limit(request.path)
+        if length is not None and length > limit:
+            return 0  # refused by _read before a byte is read
+        size = length if length is not None else limit
+        return size if size > self.limits.max_body else 0
 
     async def _read(self, request: web.Request) -> web.Response | None:
         """Read the body into ``request`` within the limits; the refusal when it is not."""

@@ -20,19 +20,35 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from declop.errors import DeclopError
-from declop.webhooks.decode import loads
+from declop.webhooks.decode import TooMany, check_size, loads
 
-__all__ = ["API_VERSION", "AdmissionRequest", "BadReview", "allow", "deny", "parse_admission", "parse_json"]
+__all__ = ["API_VERSION", "AdmissionRequest", "BadReview", "Oversized", "allow", "deny", "parse_admission", "parse_json"]
 
 API_VERSION = "admission.k8s.io/v1"
 
 
 class BadReview(DeclopError, ValueError):
     """The request body is not a review declop can answer; the message says why (HTTP 400)."""
+
+
+class Oversized(BadReview):
+    """The body holds too many objects and arrays to decode (:class:`~declop.webhooks.decode.TooMany`).
+
+    ``uid`` is the review's ``request.uid`` when it could be read without decoding (the
+    apiserver writes it first): the server then answers a denial (fail closed), not HTTP 400."""
+
+    def __init__(self, message: str, uid: str | None) -> None:
+        super().__init__(message)
+        self.uid = uid
+
+
+# the apiserver writes a review's fields in their Go order: kind, apiVersion, request.uid first
+_UID = re.compile(rb'"request"\s*:\s*\{\s*"uid"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +69,14 @@ class AdmissionRequest:
 
 
 def parse_json(body: bytes, kind: str, api_version: str) -> dict[str, Any]:
-    """The review as a dict, checked to be ``kind``/``api_version``; raises :class:`BadReview`."""
+    """The review as a dict, checked to be ``kind``/``api_version``; raises :class:`BadReview`
+    (:class:`Oversized` for a body with too many objects and arrays to decode)."""
+    try:
+        check_size(body)
+    except TooMany as exc:
+        head = body[:64 * 1024]
+        found = _UID.search(head) if f'"{kind}"'.encode() in head else None
+        raise Oversized(f"{exc}; send a {kind} of real objects", found.group(1).decode() if found else None) from None
     try:
         review = loads(body)
     except ValueError as exc:  # not JSON, unbalanced, a number too long for Python
@@ -118,7 +141,9 @@ def allow(uid: str, *, patch: list[dict[str, Any]] | None = None, warnings: list
 
 def deny(uid: str, message: str, *, code: int = 403, warnings: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
     """The review denying request ``uid``; kubectl shows ``message`` after the webhook's name."""
-    reason = {400: "BadRequest", 403: "Forbidden", 409: "Conflict", 422: "Invalid", 500: "InternalError"}.get(code, "")
+    reason = {
+        400: "BadRequest", 403: "Forbidden", 409: "Conflict", 413: "RequestEntityTooLarge", 422: "Invalid", 500: "InternalError",
+    }.get(code, "")
     status: dict[str, Any] = {"status": "Failure", "message": message, "code": code}
     if reason:
         status["reason"] = reason

@@ -24,15 +24,22 @@ Invariants:
   serving;
 - **fail closed**: once a review's ``uid`` is read, every answer is a review: an object nested
   deeper than :data:`~declop.webhooks.decode.MAX_DEPTH` levels is denied (admission) or fails
-  the conversion naming it, and any failure of declop's own work around the handler (copy,
-  diff, encoding) is a denial — never an HTTP 500 that ``failurePolicy: Ignore`` would admit;
+  the conversion naming it, a body with more than
+  :data:`~declop.webhooks.decode.MAX_CONTAINERS` objects and arrays is denied (413) before it
+  is decoded, and any failure of declop's own work around the handler (copy, diff, encoding)
+  is a denial — never an HTTP 500 that ``failurePolicy: Ignore`` would admit;
 - the server is built by :func:`declop.serving.http.serve`: bodies up to
   :data:`ADMISSION_MAX_BYTES` (admission) and :data:`CONVERSION_MAX_BYTES` (conversion),
   uncompressed, within the header, body and idle timeouts, at most :data:`MAX_IN_FLIGHT`
   requests and :data:`MAX_CONNECTIONS` connections at once (docs/webhooks.md, "Limits");
-- a body above :data:`OFFLOAD_BYTES` is parsed, copied, diffed and encoded in one thread of its
-  own, in pieces (:func:`~declop.webhooks.decode.loads`): the loop, which also renews the
-  Lease and answers probes, is never held for long; smaller ones are cheaper on the loop;
+- a body above :data:`OFFLOAD_BYTES` is parsed, copied, diffed, encoded and freed in one
+  thread of its own, in pieces (:func:`~declop.webhooks.decode.loads`, :func:`_dismantle`),
+  with the cyclic collector paused (:mod:`declop.collector`) from its parse until its trees
+  are freed: the loop, which also renews the Lease and answers probes, is never held for long;
+  smaller ones are cheaper on the loop;
+- such bodies share :data:`BODY_BUDGET` bytes (:class:`declop.serving.http.Budget`): one of the
+  largest size at a time, the others wait their turn unread, so sixteen at once cost the memory
+  of about one; a validator gets the objects uncopied, a mutator a copy of ``object`` only;
 - nothing from the object or the exception leaves the process except a
   :class:`~declop.webhooks.declaration.Rejected` message the handler wrote;
 - a converter is called once per object not already at ``desiredAPIVersion``; one failure fails
@@ -49,14 +56,16 @@ import functools
 import json
 import logging
 import ssl
+import sys
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
+from declop import collector
 from declop.logs import ReconcileLogger
 from declop.serving.http import MiB, Guard, Limits, Serving, body, serve
-from declop.webhooks.admission import AdmissionRequest, BadReview, allow, deny, parse_admission
+from declop.webhooks.admission import AdmissionRequest, BadReview, Oversized, allow, deny, parse_admission
 from declop.webhooks.conversion import ConversionRequest, converted, describe, failed, finish, parse_conversion
 from declop.webhooks.declaration import Rejected, Webhook
 from declop.webhooks.decode import TooDeep, bounded_clone, check_depth
@@ -64,7 +73,7 @@ from declop.webhooks.patch import diff
 
 __all__ = [
     "ADMISSION_MAX_BYTES", "CONVERSION_MAX_BYTES", "CONVERSION_TIMEOUT", "MAX_CONNECTIONS",
-    "MAX_IN_FLIGHT", "OFFLOAD_BYTES", "WebhookServer",
+    "BODY_BUDGET", "MAX_IN_FLIGHT", "OFFLOAD_BYTES", "WebhookServer",
 ]
 
 log = logging.getLogger("declop.webhook")
@@ -83,6 +92,9 @@ MAX_IN_FLIGHT = 64
 MAX_CONNECTIONS = 256
 #: bodies above this are decoded, copied, diffed and encoded off the loop
 OFFLOAD_BYTES = 64 * 1024
+#: bytes of bodies above OFFLOAD_BYTES read or being answered at once: one request of the
+#: largest size and a few smaller ones; the others wait their turn unread
+BODY_BUDGET = 8 * MiB
 
 
 class _Overran(Exception):
@@ -113,10 +125,13 @@ class WebhookServer:
             for h in self.webhooks
         }
         self.guard = Guard(Limits(
-            max_body=64 * 1024, max_body_by_path=by_path, header_timeout=10.0, body_timeout=30.0,
+            max_body=OFFLOAD_BYTES, max_body_by_path=by_path, header_timeout=10.0, body_timeout=30.0,
             idle_timeout=60.0, max_connections=MAX_CONNECTIONS, max_in_flight=MAX_IN_FLIGHT,
+            body_budget=max([BODY_BUDGET, *by_path.values()]),
         ))
         self._decoder: concurrent.futures.ThreadPoolExecutor | None = None
+        #: large requests' trees being freed (each holds a collector pause until done)
+        self._freeing: set[asyncio.Future[None]] = set()
         #: answers sent, by outcome ("allowed", "denied", "error", "timeout", "bad-request")
         self.answers: dict[str, int] = {}
         #: called with (path, HTTP status, seconds) after each request (declop.serving.metrics)
@@ -164,6 +179,8 @@ class WebhookServer:
         if self._serving is not None:
             await self._serving.stop()
             self._serving = None
+        if self._freeing:
+            await asyncio.wait(set(self._freeing))
         if self._decoder is not None:
             self._decoder.shutdown(wait=False, cancel_futures=True)
             self._decoder = None
@@ -215,32 +232,54 @@ class WebhookServer:
 
     async def _admit(self, hook: Webhook, request: web.Request) -> web.Response:
         data = await body(request)
+        if len(data) <= OFFLOAD_BYTES:
+            return await self._admit_body(hook, request, data, [])
+        collector.pause()  # resumed by _free, once this request's trees are gone
+        trees: list[Any] = []
+        try:
+            return await self._admit_body(hook, request, data, trees)
+        finally:  # _admit_body's frame is gone: ``trees`` holds declop's last references
+            self._free(trees)
+
+    async def _admit_body(self, hook: Webhook, request: web.Request, data: bytes, trees: list[Any]) -> web.Response:
+        """Answer one AdmissionReview; a large one's trees go into ``trees`` (to :meth:`_free`)."""
         big = len(data) > OFFLOAD_BYTES
         try:
             review: AdmissionRequest = await self._work(big, parse_admission, data)
+        except Oversized as exc:
+            if exc.uid is None:
+                return self._bad_request(hook, request, exc)
+            log.warning("Denied a review too large to decode", extra={"kv": {"webhook": hook.name, "uid": exc.uid, "error": str(exc)}})
+            return self._reply(deny(exc.uid, f"webhook {hook.name}: {exc}", code=413), "denied")
         except BadReview as exc:
             return self._bad_request(hook, request, exc)
+        if big:
+            trees += (review.obj, review.old_obj)
         try:
-            return await self._admit_review(hook, review, big)
+            return await self._admit_review(hook, review, big, trees)
         except Exception as exc:  # declop's own work failed: deny, never a 500 that Ignore admits
             log.exception("Webhook request failed outside the handler; the request is denied", extra={"kv": {"webhook": hook.name, "uid": review.uid}})
             message = f"webhook {hook.name} could not process this request ({type(exc).__name__}); the operator's log has the details"
             return self._reply(deny(review.uid, message, code=500), "error")
-        finally:
-            if big:  # freed in pieces off the loop: one free of a large tree holds the interpreter
-                self._work_later(_dismantle, [review.obj, review.old_obj])
 
-    def _work_later(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self._decoder is not None:
-            self._decoder.submit(fn, *args)
+    def _free(self, trees: list[Any]) -> None:
+        """Free a large request's trees in the decoding thread, in small steps, then resume the
+        collector (paused by :meth:`_admit` / :meth:`_convert`) there; :meth:`stop` waits."""
+        if self._decoder is None:
+            trees.clear()
+            collector.resume()
+            return
+        freeing = asyncio.wrap_future(self._decoder.submit(_free_then_resume, trees))
+        self._freeing.add(freeing)
+        freeing.add_done_callback(self._freeing.discard)
 
-    async def _admit_review(self, hook: Webhook, review: AdmissionRequest, big: bool) -> web.Response:
+    async def _admit_review(self, hook: Webhook, review: AdmissionRequest, big: bool, trees: list[Any]) -> web.Response:
         uid = review.uid
         pairs = {"webhook": hook.name, "operation": review.operation, "namespace": review.namespace, "name": review.name, "uid": uid}
         logger = ReconcileLogger(logging.getLogger(f"declop.webhook.{hook.name}"), pairs)
         warnings: list[str] = []
         try:
-            obj, old_obj, user_info = await self._work(big, _copies, review)
+            obj, old_obj, user_info = await self._work(big, _copies, review, hook.kind == "mutator")
         except TooDeep as exc:
             logger.info("Denied", reason=str(exc))
             return self._reply(deny(uid, f"webhook {hook.name}: {exc}", code=400), "denied")
@@ -290,25 +329,44 @@ class WebhookServer:
             )
             return self._reply(deny(uid, _failed(hook), code=500), "error")
         mutated = result if result is not None else obj
+        if big:
+            trees += (obj, mutated)
         patch = await self._work(big, diff, review.obj, mutated) if review.obj is not None and mutated is not None else []
         logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, patchOps=len(patch))
         return await self._answer(allow(uid, patch=patch, warnings=warnings), "allowed", big)
 
     async def _convert(self, hook: Webhook, request: web.Request) -> web.Response:
         data = await body(request)
+        if len(data) <= OFFLOAD_BYTES:
+            return await self._convert_body(hook, request, data, [])
+        collector.pause()  # resumed by _free, once this request's trees are gone
+        trees: list[Any] = []
+        try:
+            return await self._convert_body(hook, request, data, trees)
+        finally:
+            self._free(trees)
+
+    async def _convert_body(self, hook: Webhook, request: web.Request, data: bytes, trees: list[Any]) -> web.Response:
         big = len(data) > OFFLOAD_BYTES
         try:
             review: ConversionRequest = await self._work(big, parse_conversion, data)
+        except Oversized as exc:
+            if exc.uid is None:
+                return self._bad_request(hook, request, exc)
+            log.warning("Refused a ConversionReview too large to decode", extra={"kv": {"webhook": hook.name, "uid": exc.uid, "error": str(exc)}})
+            return self._reply(failed(exc.uid, f"webhook {hook.name}: {exc}"), "denied")
         except BadReview as exc:
             return self._bad_request(hook, request, exc)
+        if big:
+            trees.append(review.objects)
         try:
-            return await self._convert_review(hook, review, big)
+            return await self._convert_review(hook, review, big, trees)
         except Exception as exc:  # declop's own work failed: a failed conversion, never a 500
             log.exception("Conversion request failed outside the converter", extra={"kv": {"webhook": hook.name, "uid": review.uid}})
             message = f"webhook {hook.name} could not process this ConversionReview ({type(exc).__name__}); the operator's log has the details"
             return self._reply(failed(review.uid, message), "error")
 
-    async def _convert_review(self, hook: Webhook, review: ConversionRequest, big: bool) -> web.Response:
+    async def _convert_review(self, hook: Webhook, review: ConversionRequest, big: bool, trees: list[Any]) -> web.Response:
         desired = review.desired_api_version
         deep = await self._work(big, _too_deep, review.objects)
         if deep is not None:
@@ -316,9 +374,11 @@ class WebhookServer:
             log.warning("Conversion refused: object too deep", extra={"kv": {"webhook": hook.name, "object": describe(original), "limit": exc.limit}})
             return self._reply(failed(review.uid, f"converting {describe(original)} to {desired}: {exc}"), "denied")
         copies = await self._work(big, _copies_to_convert, review.objects, desired)
+        out: list[dict[str, Any]] = []
+        if big:
+            trees += (copies, out)
         logger = ReconcileLogger(logging.getLogger(f"declop.webhook.{hook.name}"), {"webhook": hook.name, "uid": review.uid, "desiredAPIVersion": desired})
         deadline = time.monotonic() + CONVERSION_TIMEOUT
-        out: list[dict[str, Any]] = []
         for original, obj in zip(review.objects, copies):
             if obj is None:
                 out.append(original)
@@ -371,11 +431,21 @@ def _encode(review: dict[str, Any]) -> bytes:
     return json.dumps(review, separators=(",", ":")).encode()
 
 
-def _copies(review: AdmissionRequest) -> tuple[Any, Any, dict[str, Any]]:
-    """The handler's copies of the object, the old object and the user; :class:`TooDeep`."""
-    obj = bounded_clone(review.obj) if review.obj is not None else None
-    old = bounded_clone(review.old_obj) if review.old_obj is not None else None
-    return obj, old, bounded_clone(review.user_info)
+def _copies(review: AdmissionRequest, mutator: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """What the handler gets: the object (a copy for a mutator: the original is diffed against
+    it), the old object and the user, each checked to nest at most MAX_DEPTH; :class:`TooDeep`.
+
+    A validator's answer does not depend on what it does to them, so it gets them uncopied."""
+    obj = review.obj
+    if obj is not None:
+        if mutator:
+            obj = bounded_clone(obj)
+        else:
+            check_depth(obj)
+    if review.old_obj is not None:
+        check_depth(review.old_obj)
+    check_depth(review.user_info)
+    return obj, review.old_obj, review.user_info
 
 
 def _too_deep(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], TooDeep] | None:
@@ -393,19 +463,38 @@ def _copies_to_convert(objects: list[dict[str, Any]], desired: str) -> list[dict
     return [None if o.get("apiVersion") == desired else bounded_clone(o) for o in objects]
 
 
-def _dismantle(values: list[Any]) -> None:
-    """Empty large containers one member at a time, so freeing them never holds the interpreter
-    for long (each step frees one small subtree; other threads run between steps)."""
-    stack = [v for v in values if type(v) in (dict, list)]
+def _free_then_resume(trees: list[Any]) -> None:
+    try:
+        _dismantle(trees)
+    finally:
+        collector.resume()
+
+
+def _dismantle(trees: list[Any]) -> None:
+    """Free ``trees`` (emptying the list) one member at a time, so freeing a large tree never
+    holds the interpreter for long: each step frees one scalar or one empty container, and the
+    loop's thread runs between steps.
+
+    Only what nobody else holds is taken apart: a container a handler kept a reference to (or
+    that appears twice) is only let go of, its content intact."""
+    stack: list[Any] = []
+    while trees:
+        tree = trees.pop()
+        if type(tree) in (dict, list) and tree and sys.getrefcount(tree) == 2:  # ``tree`` and the call's argument
+            stack.append(tree)
+        del tree
     while stack:
         container = stack.pop()
         if type(container) is dict:
             while container:
                 _, value = container.popitem()
-                if type(value) in (dict, list) and len(value) > 16:
+                if type(value) in (dict, list) and value and sys.getrefcount(value) == 2:
                     stack.append(value)
+                del value
         else:
             while container:
                 value = container.pop()
-                if type(value) in (dict, list) and len(value) > 16:
+                if type(value) in (dict, list) and value and sys.getrefcount(value) == 2:
                     stack.append(value)
+                del value
+        del container

@@ -131,3 +131,77 @@ def test_connection_and_in_flight_caps_answer_429():
             await serving.stop()
 
     asyncio.run(go())
+
+
+def test_the_budget_serves_large_bodies_in_arrival_order_and_gives_back_exactly_once():
+    """Three 600-byte bodies against a 1000-byte budget: one at a time, in arrival order, the
+    others unread until their turn; a waiter that gives up (cancelled) or runs out of time
+    returns nothing it did not take; small bodies never wait."""
+    from declop.serving.http import Budget
+
+    async def go() -> None:
+        budget = Budget(1000)
+        assert await budget.take(600, 1)
+        order: list[str] = []
+
+        async def waiter(name: str, size: int, timeout: float) -> bool:
+            ok = await budget.take(size, timeout)
+            order.append(name)
+            return ok
+
+        second = asyncio.create_task(waiter("second", 600, 5))
+        third = asyncio.create_task(waiter("third", 300, 5))  # fits now, but must not overtake
+        gone = asyncio.create_task(waiter("gone", 600, 5))
+        late = asyncio.create_task(waiter("late", 900, 0.05))
+        await asyncio.sleep(0)
+        assert budget.waiting == 4 and not order, "a body that fits overtook one that waits"
+        gone.cancel()
+        assert await late is False and order == ["late"], "the waiter past its time was not refused"
+        assert budget.used == 600
+        budget.give(600)  # the first answer is done: second (600) and third (300) fit together
+        assert await second and await third
+        assert order == ["late", "second", "third"] and budget.used == 900 and budget.waiting == 0
+        budget.give(600)
+        budget.give(300)
+        assert budget.used == 0
+        assert await budget.take(5000, 1) and budget.used == 1000, "a body above the total takes it all"
+        budget.give(5000)
+        assert budget.used == 0
+
+    asyncio.run(go())
+
+
+def test_large_bodies_past_the_budget_wait_unread_then_get_429():
+    """A budget of 2,000 bytes: a large request in progress holds it; a second waits, its body
+    unread, and gets 429 after body_timeout; small ones pass meanwhile."""
+    gate = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        data = await body(request)
+        if len(data) > 100:
+            await gate.wait()
+        return web.Response(text=str(len(data)))
+
+    async def go() -> None:
+        guard = Guard(Limits(max_body=100, max_body_by_path={"/x": 4000}, body_budget=2000, body_timeout=0.5))
+        app = guard.application()
+        app.router.add_post("/x", slow)
+        serving = await serve(app, guard, "127.0.0.1", 0)
+        try:
+            first = asyncio.create_task(_exchange(serving.port, _post(b"a" * 1500)))
+            while guard.budget is None or guard.budget.used != 1500:
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            second = await _exchange(serving.port, _post(b"b" * 1500))
+            waited = time.monotonic() - started
+            assert second.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in second, second
+            assert 0.45 < waited < 3, waited
+            small = await _exchange(serving.port, _post(b"c" * 50))
+            assert small.endswith(b"50"), "a small body waited behind the budget"
+            gate.set()
+            assert (await first).endswith(b"1500")
+            assert guard.budget.used == 0 and guard.shed == 1
+        finally:
+            await serving.stop()
+
+    asyncio.run(go())

@@ -1,0 +1,84 @@
+"""Collector: when CPython's cyclic garbage collector may run while declop holds large trees.
+
+A full pass of the cyclic collector walks every tracked container of the process while holding
+the interpreter: tens of milliseconds per million objects, during which the event loop (Lease
+renewals, probes, admissions) stands still. declop builds large acyclic trees at two moments —
+an informer's sync (a whole list) and a large webhook request (an object of up to 3 MiB, its
+copy, its old version) — and a pass that walks them buys nothing: reference counting frees them.
+So both pause the collector around that work, through one counter shared by every user:
+
+- :func:`pause` / :func:`resume` (or :func:`paused`) nest: the collector runs again when the
+  last pause ends, and only if it was enabled when the first began;
+- :func:`freeze` keeps what survived a sync out of later full passes.
+
+Invariants:
+- pauses are counted process-wide, from any thread (under a lock), so one user's resume never
+  re-enables the collector under another's pause; a collector disabled by the application before the first pause stays
+  disabled;
+- allocations made while paused that are freed before the resume never enter a pass (CPython
+  counts a freed container out of the youngest generation);
+- :func:`freeze` collects first, so a cycle that became garbage while paused is freed, never
+  pinned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from typing import Iterator
+
+__all__ = ["freeze", "pause", "paused", "resume"]
+
+_pauses = 0
+_was_enabled = True
+_lock = threading.Lock()
+
+
+def pause() -> None:
+    """Disable the cyclic GC until the matching :func:`resume` (counted across users).
+
+    The first pause of a process that froze nothing yet collects and freezes the start-up heap
+    (modules, the client): once, so that the collection before every later :func:`freeze`
+    walks only what was allocated since."""
+    global _pauses, _was_enabled
+    with _lock:
+        if _pauses == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+            if not gc.get_freeze_count():
+                gc.collect()
+                gc.freeze()
+        _pauses += 1
+
+
+def resume() -> None:
+    """End one :func:`pause`; the last one re-enables the collector if it was enabled."""
+    global _pauses
+    with _lock:
+        _pauses -= 1
+        if _pauses == 0 and _was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """:func:`pause` for the block."""
+    pause()
+    try:
+        yield
+    finally:
+        resume()
+
+
+def freeze() -> None:
+    """Keep what survived a sync out of the cyclic collector's future full passes (seconds at
+    100k objects). Collect first: ``gc.freeze()`` moves *every* tracked object to the permanent
+    generation, so a cycle that became garbage while the collector was paused would otherwise
+    never be freed. Frozen objects are never walked again, so this full collection costs what
+    was allocated since the previous freeze, not the heap. A sync calls it after every page or
+    chunk of objects (about 1.3 µs per new object: ~1-2 ms a chunk), never once over the whole
+    list (130 ms at 100k). Called with the GC paused: no automatic pass walks the new objects
+    first."""
+    gc.collect()
+    gc.freeze()
