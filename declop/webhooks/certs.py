@@ -195,7 +195,8 @@ async def load_or_create_ca(request: Request, namespace: str, secret: str) -> Ce
             except ApiError as exc:
                 if exc.status in (404, 409):
                     continue  # filled (or deleted) meanwhile: read again
-                raise ConfigError(f"cannot fill the webhook CA Secret {where}: {exc}; the operator needs get and update on it") from None
+                need = "; the operator needs get and update on it" if exc.status == 403 else ""
+                raise ConfigError(f"cannot fill the webhook CA Secret {where}: {exc}{need}") from None
             log.info("Filled the webhook CA Secret", extra={"kv": {"secret": where}})
             return ca
         body = {
