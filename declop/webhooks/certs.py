@@ -3,8 +3,9 @@
 Two sources (docs/webhooks.md):
 
 - **generated** (default): a private CA kept in the Secret ``<name>-webhook-ca`` of the
-  operator's namespace (``ca.crt``, ``ca.key``) — created by the first replica, read by every
-  other, so all replicas serve certificates the one ``caBundle`` trusts — and a serving
+  operator's namespace (``ca.crt``, ``ca.key``) — filled in by the first replica (the chart
+  creates the Secret empty; run outside the chart, declop creates it), read by every other, so
+  all replicas serve certificates the one ``caBundle`` trusts — and a serving
   certificate signed by it for the configured DNS names and IPs, in memory only. It is renewed
   after two thirds of its validity: the new pair serves every new TLS handshake from then on,
   connections already open finish on the old one (still valid), so no admission fails.
@@ -13,9 +14,16 @@ Two sources (docs/webhooks.md):
   ``caBundle`` is ``ca.crt`` from the same folder, else ``tls.crt`` (self-signed).
 
 Invariants:
-- the CA Secret is created only if absent; a 409 (another replica won the race) means read
-  theirs. A Secret without a loadable ``ca.crt``/``ca.key`` pair is a
-  :class:`~declop.errors.ConfigError` naming it (declop never overwrites it);
+- a CA is written into the Secret only where there is none: an absent Secret is created (a 409:
+  another replica won the race, read theirs); an empty one (no ``data``: the chart's) is filled
+  with an update carrying the resourceVersion it was read at, keeping its metadata (a 409:
+  another replica filled it first, read theirs). A Secret with data but without a loadable
+  ``ca.crt``/``ca.key`` pair is a :class:`~declop.errors.ConfigError` naming it (declop never
+  overwrites it);
+- the only Secret requests are a GET of that name, an update (PUT) of that name only after the
+  GET found it empty, and a create (POST) only after the GET answered 404 — so under the chart's
+  RBAC (``get``/``update`` on the name) no ``create`` is ever sent; a refused create is a
+  one-line ConfigError saying what to do;
 - :attr:`~WebhookCert.context` is handed to the listener once and never replaced: the pair it
   serves is switched through its SNI callback, which runs on every handshake (with or without
   SNI).
@@ -151,36 +159,67 @@ class CertAuthority:
         return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+_NO_CREATE = (
+    "install with the chart (it creates the Secret empty and grants get/update on it), "
+    "create it yourself (kubectl create secret generic {secret} -n {namespace}; declop fills it in "
+    "and needs get and update on it), or mount a certificate with --webhook-cert-dir"
+)
+
+
 async def load_or_create_ca(request: Request, namespace: str, secret: str) -> CertAuthority:
-    """The CA in Secret ``namespace/secret``; created first when absent (a lost race reads theirs).
+    """The CA in Secret ``namespace/secret``: read; an empty Secret (the chart's) is filled, an
+    absent one created (a lost race reads the winner's).
 
     ``request`` is :meth:`declop.kube.transport.Transport.request`."""
     path = f"/api/v1/namespaces/{namespace}/secrets/{secret}"
+    where = f"{namespace}/{secret}"
     for _attempt in range(3):
         try:
             found = await request("GET", path)
         except ApiError as exc:
             if exc.status != 404:
-                raise ConfigError(f"cannot read the webhook CA Secret {namespace}/{secret}: {exc}") from None
-        else:
+                raise ConfigError(f"cannot read the webhook CA Secret {where}: {exc}") from None
+            found = None
+        if found is not None and (found.get("data") or {}):
             return _from_secret(found, namespace, secret)
-        ca = CertAuthority.generate(f"declop webhook CA {namespace}/{secret}")
+        ca = CertAuthority.generate(f"declop webhook CA {where}")
+        data = {"ca.crt": base64.b64encode(ca.cert_pem).decode(), "ca.key": base64.b64encode(ca.key_pem).decode()}
+        if found is not None:
+            # the chart's empty Secret: fill it at the version read (its labels and Helm's
+            # annotations kept: Helm must still own it); a 409 means another replica was first
+            body = {k: v for k, v in found.items() if k != "stringData"}
+            body["metadata"] = {k: v for k, v in (found.get("metadata") or {}).items() if k != "managedFields"}
+            body["data"] = data
+            try:
+                await request("PUT", path, body=body)
+            except ApiError as exc:
+                if exc.status in (404, 409):
+                    continue  # filled (or deleted) meanwhile: read again
+                need = "; the operator needs get and update on it" if exc.status == 403 else ""
+                raise ConfigError(f"cannot fill the webhook CA Secret {where}: {exc}{need}") from None
+            log.info("Filled the webhook CA Secret", extra={"kv": {"secret": where}})
+            return ca
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": secret, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "declop"}},
             "type": "Opaque",
-            "data": {"ca.crt": base64.b64encode(ca.cert_pem).decode(), "ca.key": base64.b64encode(ca.key_pem).decode()},
+            "data": data,
         }
         try:
             await request("POST", f"/api/v1/namespaces/{namespace}/secrets", body=body)
         except ApiError as exc:
             if exc.status == 409:
                 continue  # another replica created it first: read theirs
-            raise ConfigError(f"cannot create the webhook CA Secret {namespace}/{secret}: {exc}") from None
-        log.info("Created the webhook CA", extra={"kv": {"secret": f"{namespace}/{secret}"}})
+            if exc.status == 403:
+                raise ConfigError(
+                    f"the webhook CA Secret {where} does not exist and this operator may not create it; "
+                    + _NO_CREATE.format(secret=secret, namespace=namespace)
+                ) from None
+            raise ConfigError(f"cannot create the webhook CA Secret {where}: {exc}") from None
+        log.info("Created the webhook CA", extra={"kv": {"secret": where}})
         return ca
-    raise ConfigError(f"the webhook CA Secret {namespace}/{secret} keeps appearing and disappearing; is another operator deleting it?")
+    raise ConfigError(f"the webhook CA Secret {where} keeps appearing and disappearing; is another operator deleting it?")
 
 
 def _from_secret(secret_obj: Any, namespace: str, secret: str) -> CertAuthority:
@@ -191,7 +230,8 @@ def _from_secret(secret_obj: Any, namespace: str, secret: str) -> CertAuthority:
     except (KeyError, ValueError, TypeError) as exc:
         raise ConfigError(
             f"the webhook CA Secret {namespace}/{secret} has no usable ca.crt/ca.key ({type(exc).__name__}); "
-            "delete it to have declop create a new CA, or mount your own certificate with --webhook-cert-dir"
+            "delete it to have declop make a new CA (with the chart, `helm upgrade` then creates it again, empty), "
+            "or mount your own certificate with --webhook-cert-dir"
         ) from None
     return ca
 

@@ -34,6 +34,9 @@ by declop (a stopped operator with ``failurePolicy: Fail`` blocks writes to its 
 is what Fail means; see the docs for removing them). The chart creates both configurations,
 empty, as objects of its release, so ``helm uninstall`` removes them with the operator; the
 apply only fills in ``webhooks`` (Helm never set that field, so an upgrade leaves it alone).
+The chart grants ``patch`` on that name and no ``create``: an apply to a configuration that is
+not there (deleted by hand) is refused, and the error says to ``helm upgrade`` (out of the chart,
+the apply creates it where ``create`` is granted).
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ async def apply_configurations(
                 content_type="application/apply-patch+yaml",
             )
         except ApiError as exc:
-            raise ConfigError(f"cannot apply the {_KINDS[kind]} {name!r}: {exc}") from None
+            raise _apply_error(_KINDS[kind], _PLURALS[kind], name, exc) from None
         log.info(f"Registered {_KINDS[kind]}", extra={"kv": {"name": name, "webhooks": [h.name for h, _ in mine]}})
     for hook, info in hooks:
         if hook.kind != "converter":
@@ -205,3 +208,19 @@ async def apply_configurations(
         except ApiError as exc:
             raise ConfigError(f"cannot set the conversion webhook of CRD {info.group_resource}: {exc}") from None
         log.info("Registered the conversion webhook", extra={"kv": {"crd": info.group_resource, "webhook": hook.name}})
+
+
+def _apply_error(kind: str, plural: str, name: str, exc: ApiError) -> ConfigError:
+    """One line for a refused apply. An apply to a missing object creates it, which the chart's
+    RBAC does not allow (no ``create``): the apiserver answers 403 "cannot create"; a 404 means
+    the same. Say that the chart makes the object, and how to get it back."""
+    text = str(exc).replace("\n", " ")
+    if exc.status == 404 or (exc.status == 403 and "cannot create" in text):
+        return ConfigError(
+            f"the {kind} {name!r} does not exist and this operator may not create it: the chart creates it "
+            "(empty) at install; if it was deleted, `helm upgrade` the release to restore it "
+            f"(without the chart: create it, or grant create on {plural}) ({exc.status} {exc.reason})"
+        )
+    if exc.status == 403:
+        return ConfigError(f"cannot apply the {kind} {name!r}: {text}; the operator needs patch on {plural} named {name!r}")
+    return ConfigError(f"cannot apply the {kind} {name!r}: {text}")

@@ -658,7 +658,7 @@ def test_secure_metrics_rbac_and_scraper_role(tool_env: dict[str, str]) -> None:
         binding = one(docs, "ClusterRoleBinding", "ops-op-declop-metrics-auth")
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}]
         reader = one(docs, "ClusterRole", "ops-op-declop-metrics-reader")
-        assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+        assert reader["rules"] == [{"nonResourceURLs": ["/metrics", "/debug/reconciles"], "verbs": ["get"]}]
         assert not [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "ops-op-declop-metrics-reader"]
     monitor = one(render(tool_env, "--set", "serviceMonitor.enabled=true", "--api-versions", SERVICE_MONITOR_API), "ServiceMonitor")
     endpoint = monitor["spec"]["endpoints"][0]
@@ -815,8 +815,6 @@ def webhook_rules(perms: dict[str, Any], name: str, crds: list[str]) -> list[dic
     configurations = perms["webhookConfigurations"]
     rules = [
         {"apiGroups": [configurations["apiGroup"]], "resources": configurations["resources"],
-         "verbs": configurations["unnamed"]},
-        {"apiGroups": [configurations["apiGroup"]], "resources": configurations["resources"],
          "resourceNames": [name], "verbs": configurations["named"]},
     ]  # fmt: skip
     if crds:
@@ -857,8 +855,6 @@ def test_webhooks_with_the_generated_ca(tool_env: dict[str, str]) -> None:
     role = one(docs, "ClusterRole", "ops-op-declop-webhooks")
     assert role["rules"] == webhook_rules(perms, "ops-op-declop", ["widgets.example.com"]) == [
         {"apiGroups": ["admissionregistration.k8s.io"],
-         "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"], "verbs": ["create"]},
-        {"apiGroups": ["admissionregistration.k8s.io"],
          "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
          "resourceNames": ["ops-op-declop"], "verbs": ["patch"]},
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
@@ -870,11 +866,18 @@ def test_webhooks_with_the_generated_ca(tool_env: dict[str, str]) -> None:
     ca = one(docs, "Role", "op-declop-webhook-ca")
     assert ca["metadata"]["namespace"] == "ops"
     assert ca["rules"] == [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": perms["webhookCA"]["unnamed"]},
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["ops-op-declop-webhook-ca"],
          "verbs": perms["webhookCA"]["named"]},
     ]  # fmt: skip
-    assert perms["webhookCA"] | {"//": ""} == {"//": "", "apiGroup": "", "resource": "secrets", "unnamed": ["create"], "named": ["get"]}
+    # no create, on Secrets or configurations: RBAC cannot limit a create by name
+    assert perms["webhookCA"] | {"//": ""} == {"//": "", "apiGroup": "", "resource": "secrets", "named": ["get", "update"]}
+    assert "create" not in json.dumps([d["rules"] for d in docs if d["kind"] in ("Role", "ClusterRole") and "webhook" in d["metadata"]["name"]])
+    # ... because the chart creates them: both configurations and the CA Secret, empty (the
+    # operator fills them in; Helm never sets those fields, so an upgrade leaves them alone)
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        assert set(one(docs, kind, "ops-op-declop")) == {"apiVersion", "kind", "metadata"}
+    secret = one(docs, "Secret", "ops-op-declop-webhook-ca")
+    assert set(secret) == {"apiVersion", "kind", "metadata", "type"} and secret["metadata"]["namespace"] == "ops"
     ca_binding = one(docs, "RoleBinding", "op-declop-webhook-ca")
     assert ca_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "op-declop-webhook-ca"}
     assert ca_binding["subjects"] == [{"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}]
@@ -899,8 +902,9 @@ def test_webhooks_with_a_mounted_certificate(tool_env: dict[str, str]) -> None:
     volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "webhook-tls", "secret": {"secretName": "op-webhook-tls", "defaultMode": 0o440}} in volumes
     assert one(docs, "Service", "op-declop-webhook")["spec"]["ports"][0]["port"] == 8443
-    # no CA of declop's: no Secret access at all
+    # no CA of declop's: no Secret access at all, and no CA Secret
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and "webhook" in d["metadata"]["name"]]
+    assert not [d for d in docs if d["kind"] == "Secret"]
     assert "secrets" not in json.dumps([d for d in docs if d["kind"] in ("Role", "ClusterRole")])
 
 
@@ -966,14 +970,20 @@ def test_helm_install_with_webhooks_grants_exactly_the_named_objects(
         service = kubectl_json(tool_env, "get", "service", "op-declop-webhook", "-n", namespace)
         assert service["spec"]["ports"][0]["targetPort"] == "webhook"
         vwc, mwc = "validatingwebhookconfigurations", "mutatingwebhookconfigurations"
+        # the chart creates the configurations and the CA Secret (empty): the operator needs no
+        # create, which RBAC cannot limit by name
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            assert "webhooks" not in kubectl_json(tool_env, "get", kind, name)
+        assert "data" not in kubectl_json(tool_env, "get", "secret", f"{name}-webhook-ca", "-n", namespace)
         expect = {
-            ("create", vwc): True,
-            ("create", mwc): True,
+            ("create", vwc): False,
+            ("create", mwc): False,
             ("patch", f"{vwc}/{name}"): True,
             ("patch", f"{mwc}/{name}"): True,
             ("get", f"{vwc}/{name}"): False,
             ("update", f"{vwc}/{name}"): False,
             ("delete", f"{vwc}/{name}"): False,
+            ("delete", f"{mwc}/{name}"): False,
             ("patch", f"{vwc}/another"): False,
             ("patch", f"{mwc}/another"): False,
             ("list", vwc): False,
@@ -982,10 +992,12 @@ def test_helm_install_with_webhooks_grants_exactly_the_named_objects(
             ("update", "customresourcedefinitions/widgets.example.com"): False,
             ("patch", "customresourcedefinitions/gadgets.example.com"): False,
             ("create", "customresourcedefinitions"): False,
-            ("create", "secrets", "-n", namespace): True,
+            ("create", "secrets", "-n", namespace): False,
             ("get", f"secrets/{name}-webhook-ca", "-n", namespace): True,
-            ("update", f"secrets/{name}-webhook-ca", "-n", namespace): False,
+            ("update", f"secrets/{name}-webhook-ca", "-n", namespace): True,
+            ("patch", f"secrets/{name}-webhook-ca", "-n", namespace): False,
             ("delete", f"secrets/{name}-webhook-ca", "-n", namespace): False,
+            ("update", "secrets/other", "-n", namespace): False,
             ("get", "secrets/other", "-n", namespace): False,
             ("list", "secrets", "-n", namespace): False,
             ("get", f"secrets/{name}-webhook-ca", "-n", "default"): False,
@@ -1294,8 +1306,9 @@ def test_installed_container_with_webhooks_registers_the_charts_service(
 ) -> None:
     """Play kubelet for a release with webhooks.enabled: `declop run` given the container's env
     (DECLOP_WEBHOOK_SERVICE, _NAME, _NAMESPACE), its ServiceAccount token and the chart's RBAC
-    creates its CA Secret and registers the service form of the client config, with a serving
-    certificate for the Service's DNS name signed by that CA. (The apiserver cannot call the
+    fills in the chart's empty CA Secret and registers the service form of the client config,
+    with a serving certificate for the Service's DNS name signed by that CA; a `helm upgrade` that
+    changes those objects' labels leaves what the operator wrote (CA, webhooks) alone. (The apiserver cannot call the
     Service without kube-proxy: tests/node/test_webhooks_on_node.py does that on a real node.)"""
     namespace = f"wh-{os.urandom(3).hex()}"  # short: the CA's subject holds <namespace>/<secret>
     run(tool_env, "kubectl", "create", "namespace", namespace)
@@ -1308,10 +1321,13 @@ def test_installed_container_with_webhooks_registers_the_charts_service(
         c, env, process_env = kubelet_env(control_plane, tool_env, namespace, tmp_path)
         assert env["DECLOP_WEBHOOK_SERVICE"] == f"{namespace}/op-declop-webhook:443"
 
-        # the chart creates both configurations empty (so that `helm uninstall` deletes them)
+        # the chart creates both configurations and the CA Secret empty (so that `helm uninstall`
+        # deletes them, and the operator needs no create)
         for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
             made = kubectl_json(tool_env, "get", kind, name)
             assert "webhooks" not in made and made["metadata"]["labels"]["app.kubernetes.io/instance"] == "op"
+        made = kubectl_json(tool_env, "get", "secret", f"{name}-webhook-ca", "-n", namespace)
+        assert "data" not in made and made["metadata"]["labels"]["app.kubernetes.io/instance"] == "op"
 
         def registered() -> dict[str, Any] | None:
             found = run(tool_env, "kubectl", "get", "validatingwebhookconfiguration", name, "-o", "json", check=False)
@@ -1343,14 +1359,24 @@ def test_installed_container_with_webhooks_registers_the_charts_service(
                     assert tls.version() in ("TLSv1.2", "TLSv1.3")
             code = op.stop()
         assert code == 0, "\n".join(op.lines + op.stderr)
-        # an upgrade leaves the operator's entries alone (the chart never sets `webhooks`) ...
-        run(tool_env, "helm", "upgrade", "op", str(CHART), "-n", namespace, "--reuse-values")
-        assert registered() is not None
+        # an upgrade leaves the operator's entries and CA alone (the chart never sets `webhooks`
+        # nor `data`): Helm's three-way merge patches only what its manifests changed — here the
+        # labels, so the Secret and the configurations are patched, and keep what declop wrote
+        run(tool_env, "helm", "upgrade", "op", str(CHART), "-n", namespace, "--reuse-values",
+            "--set", "commonLabels.upgraded=yes")  # fmt: skip
+        after = kubectl_json(tool_env, "get", "secret", f"{name}-webhook-ca", "-n", namespace)
+        assert after["metadata"]["labels"]["upgraded"] == "yes"
+        assert after["data"] == secret["data"]
+        config = registered()
+        assert config is not None and config["metadata"]["labels"]["upgraded"] == "yes"
+        assert base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]) == ca
         # ... and `helm uninstall` deletes both: nothing is left to refuse writes with no operator
         run(tool_env, "helm", "uninstall", "op", "-n", namespace)
         for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
             gone = run(tool_env, "kubectl", "get", kind, name, "--ignore-not-found", "-o", "name", check=False)
             assert gone.stdout.strip() == "", f"{kind} {name} outlived helm uninstall"
+        gone = run(tool_env, "kubectl", "get", "secret", f"{name}-webhook-ca", "-n", namespace, "--ignore-not-found", "-o", "name", check=False)
+        assert gone.stdout.strip() == "", "the CA Secret outlived helm uninstall"
     finally:
         run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
         for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):

@@ -1,9 +1,10 @@
 """RBAC exactly what is used: the operator runs under the ServiceAccount and the RBAC that
 `helm template` renders, on the real apiserver, through every feature that sends requests
 (informers in paged mode, a handler's live read, the finalizer protocol, Events with a series update, leader
-election, the secure-metrics checks). It must never be refused, and the set of
-(apiGroup, resource, verb) it sent must equal the set the chart grants — nothing granted that is
-not used. Both sides come from charts/declop/files/permissions.json (the chart renders it; this
+election, the secure-metrics checks, webhooks with the generated CA). It must never be refused,
+and the set of (apiGroup, resource, verb) it sent must equal the set the chart grants — nothing
+granted that is not used; `kubectl auth can-i` tables show the named grants, and that there is no
+`create` on webhook configurations or Secrets. Both sides come from charts/declop/files/permissions.json (the chart renders it; this
 test checks the code against it)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import yaml
 
 import declop
 import declop.reconcile.events
+from declop.errors import ConfigError
 from declop.kube.kubeconfig import RestConfig
 from declop.manager import Options
 from declop.testing.runner import OperatorRunner, wait_for
@@ -45,6 +47,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def can_i(env: dict[str, str], who: str, *args: str) -> bool:
+    """``kubectl auth can-i ARGS --as=WHO``: the apiserver's own answer for these grants."""
+    result = subprocess.run(["kubectl", "auth", "can-i", *args, f"--as={who}"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.stdout.strip() in ("yes", "no"), result.stdout + result.stderr
+    return result.stdout.strip() == "yes"
 
 
 def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -96,9 +105,10 @@ def test_the_chart_grants_exactly_the_verbs_declop_sends(control_plane: Any, nam
                 client.event(obj, "Seen", "seen")
             calls.append(phase.name)
 
-        metrics = free_port()
+        metrics, health = free_port(), free_port()
         options = Options(
             namespaces=(namespace,), grace_period=2, metrics_port=metrics,
+            health_port=health, debug_reconciles=10,  # /debug/reconciles: the same checks as /metrics
             # paged: LIST then watch (the streaming list, the default where served, needs only
             # watch; list is its fallback on apiservers that refuse it)
             list_mode="paged",
@@ -124,6 +134,14 @@ def test_the_chart_grants_exactly_the_verbs_declop_sends(control_plane: Any, nam
             request = urllib.request.Request(f"https://127.0.0.1:{metrics}/metrics", headers={"Authorization": f"Bearer {token}"})
             with urllib.request.urlopen(request, timeout=10, context=insecure) as r:
                 assert r.status == 200
+            debug = urllib.request.Request(f"http://127.0.0.1:{health}/debug/reconciles", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(debug, timeout=10) as r:
+                assert r.status == 200
+            # the metrics-reader ClusterRole as the apiserver evaluates it
+            scraper = f"system:serviceaccount:{namespace}:scraper"
+            reads = {"/metrics": True, "/debug/reconciles": True, "/debug/pprof/": False}
+            assert {url: can_i(tools, scraper, "get", url) for url in reads} == reads
+            assert not can_i(tools, scraper, "post", "/debug/reconciles")
             # the Lease: created at start, then renewed (update) every retry period
             wait_for(lambda: ("coordination.k8s.io", "leases", "update") in op.statistics().by_resource, 10,
                      what="a Lease renewal")
@@ -163,10 +181,13 @@ WEBHOOK_CRD = {
 
 
 def test_the_chart_grants_exactly_the_verbs_webhooks_send(control_plane: Any) -> None:
-    """webhooks.enabled with the generated CA and a converter: the operator, as the chart's
-    ServiceAccount under the chart's RBAC, creates its CA Secret, registers both webhook
-    configurations and the CRD's conversion, and answers a review; what it sent to the webhook
-    resources must be what the webhook Roles grant, and nothing it sent may lack a grant."""
+    """webhooks.enabled with the generated CA and a converter: the chart's release objects (the
+    two empty configurations and the empty CA Secret) and its RBAC applied, `kubectl auth can-i`
+    shows exactly the named grants and no `create` (positive and negative rows); the operator,
+    as the chart's ServiceAccount, fills the CA Secret, registers both configurations and the
+    CRD's conversion, and answers a review; what it sent to the webhook resources is exactly what
+    the webhook Roles grant. Then a deleted configuration, and a deleted CA Secret, each stop the
+    start with one line saying what to do (the operator may create neither)."""
     tools = control_plane.env()
     # A short release namespace of its own: the CA's subject names <namespace>/<secret>, and
     # the fixture's long test namespaces would exceed X.509's 64-character CommonName
@@ -183,15 +204,55 @@ def test_the_chart_grants_exactly_the_verbs_webhooks_send(control_plane: Any) ->
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
     webhook_roles = [d for d in rbac if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"].endswith(("-webhooks", "-webhook-ca"))]
     assert len(webhook_roles) == 2, [d["metadata"]["name"] for d in webhook_roles]
+    # the release objects the operator fills in: the chart creates them empty
+    made = [d for d in docs if d["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "Secret")]
+    assert sorted(d["kind"] for d in made) == ["MutatingWebhookConfiguration", "Secret", "ValidatingWebhookConfiguration"]
+    assert all("webhooks" not in d and "data" not in d and "stringData" not in d for d in made)
     env = {e["name"]: e.get("value") for e in next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     objects = f"{namespace}-objs"  # the release namespace itself is never sent for admission
-    sh(tools, "kubectl", "apply", "-f", "-", stdin=yaml.safe_dump_all(rbac))
+    sh(tools, "kubectl", "apply", "-f", "-", stdin=yaml.safe_dump_all(rbac + made))
     sh(tools, "kubectl", "apply", "-f", "-", stdin=json.dumps(WEBHOOK_CRD))
     sh(tools, "kubectl", "wait", "--for=condition=Established", "--timeout=30s", f"crd/{crd}")
     sh(tools, "kubectl", "create", "namespace", objects)
     name = env["DECLOP_WEBHOOK_NAME"]
+    ca_secret = f"{name}-webhook-ca"
+    assert {(d["kind"], d["metadata"]["name"]) for d in made} == {
+        ("ValidatingWebhookConfiguration", name), ("MutatingWebhookConfiguration", name), ("Secret", ca_secret),
+    }
     api = control_plane.api_client()
     try:
+        # the grants as the apiserver evaluates them: the named objects only, and no create
+        who = f"system:serviceaccount:{namespace}:op-declop"
+        vwc, mwc = "validatingwebhookconfigurations", "mutatingwebhookconfigurations"
+        expect = {
+            ("patch", f"{vwc}/{name}"): True,
+            ("patch", f"{mwc}/{name}"): True,
+            ("create", vwc): False,
+            ("create", mwc): False,
+            ("patch", f"{vwc}/another"): False,
+            ("patch", f"{mwc}/another"): False,
+            ("get", f"{vwc}/{name}"): False,  # server-side apply needs no read
+            ("update", f"{mwc}/{name}"): False,
+            ("delete", f"{vwc}/{name}"): False,
+            ("delete", f"{mwc}/{name}"): False,
+            ("list", vwc): False,
+            ("get", f"secrets/{ca_secret}", "-n", namespace): True,
+            ("update", f"secrets/{ca_secret}", "-n", namespace): True,
+            ("patch", f"secrets/{ca_secret}", "-n", namespace): False,
+            ("delete", f"secrets/{ca_secret}", "-n", namespace): False,
+            ("create", "secrets", "-n", namespace): False,
+            ("get", "secrets/another", "-n", namespace): False,
+            ("update", "secrets/another", "-n", namespace): False,
+            ("list", "secrets", "-n", namespace): False,
+            ("watch", "secrets", "-n", namespace): False,
+            ("get", f"secrets/{ca_secret}", "-n", objects): False,
+            ("patch", f"customresourcedefinitions/{crd}"): True,
+            ("patch", "customresourcedefinitions/another.example.com"): False,
+            ("create", "customresourcedefinitions"): False,
+        }
+        table = {k: can_i(tools, who, *k) for k in expect}
+        print("measured: can-i", table)
+        assert table == expect
         identity = RestConfig(
             host=control_plane.host, source="the chart's ServiceAccount",
             ca_data=Path(control_plane.ca_file).read_bytes(),
@@ -233,8 +294,38 @@ def test_the_chart_grants_exactly_the_verbs_webhooks_send(control_plane: Any) ->
             conversion = json.loads(sh(tools, "kubectl", "get", "crd", crd, "-o", "json"))["spec"]["conversion"]
             assert conversion["strategy"] == "Webhook"
             sent = set(op.statistics().by_resource)
-        secret = json.loads(sh(tools, "kubectl", "get", "secret", f"{name}-webhook-ca", "-n", namespace, "-o", "json"))
+        # the chart's Secret, filled in place: Helm's labels and annotations kept (Helm still owns it)
+        secret = json.loads(sh(tools, "kubectl", "get", "secret", ca_secret, "-n", namespace, "-o", "json"))
         assert {"ca.crt", "ca.key"} <= set(secret["data"])
+        assert secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        bundle = json.loads(sh(tools, "kubectl", "get", "validatingwebhookconfiguration", name, "-o", "json"))["webhooks"][0]["clientConfig"]["caBundle"]
+        assert bundle == secret["data"]["ca.crt"]
+
+        # Deleted by hand, a configuration cannot come back from the operator (no create): the
+        # start fails with one line that says how to restore it. (Both are deleted: a mutator with
+        # failurePolicy Fail and no server would refuse every ConfigMap meanwhile.)
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            sh(tools, "kubectl", "delete", kind, name)
+        with pytest.raises(ConfigError) as refused:
+            with OperatorRunner(registry, configuration=identity, options=options):
+                pass
+        print("measured: missing configuration:", refused.value)
+        assert str(refused.value) == (
+            f"the ValidatingWebhookConfiguration {name!r} does not exist and this operator may not create it: the "
+            "chart creates it (empty) at install; if it was deleted, `helm upgrade` the release to restore it "
+            "(without the chart: create it, or grant create on validatingwebhookconfigurations) (403 Forbidden)"
+        )
+        # ... nor the CA Secret
+        sh(tools, "kubectl", "delete", "secret", ca_secret, "-n", namespace)
+        with pytest.raises(ConfigError) as refused:
+            with OperatorRunner(registry, configuration=identity, options=options):
+                pass
+        print("measured: missing CA Secret:", refused.value)
+        assert str(refused.value).startswith(
+            f"the webhook CA Secret {namespace}/{ca_secret} does not exist and this operator may not create it; "
+            "install with the chart"
+        )
+        assert "\n" not in str(refused.value)
     finally:
         for d in rbac:
             if d["kind"].startswith("Cluster"):
@@ -248,15 +339,11 @@ def test_the_chart_grants_exactly_the_verbs_webhooks_send(control_plane: Any) ->
     assert sent - granted(rbac) == set(), "sent without a grant (the apiserver would have refused)"
     perms = json.loads((CHART / "files" / "permissions.json").read_text())
     configurations = perms["webhookConfigurations"]
-    # The configurations are server-side applied: every request is a PATCH to their name, but the
-    # apply that creates one is authorized as `create` too (without a name: the apiserver refused
-    # it with only `patch`). So `create` is granted and never appears as a verb sent.
-    applied_create = {(configurations["apiGroup"], r, "create") for r in configurations["resources"]}
-    assert applied_create <= granted(webhook_roles)
     webhook_resources = {(g, r) for g, r, _ in granted(webhook_roles)}
     sent_here = {(g, r, v) for g, r, v in sent if (g, r) in webhook_resources}
-    assert granted(webhook_roles) - applied_create == sent_here, "the webhook Roles differ from what the operator sent"
-    assert {v for g, r, v in sent if r == "secrets"} == set(perms["webhookCA"]["unnamed"] + perms["webhookCA"]["named"])
+    assert granted(webhook_roles) == sent_here, "the webhook Roles differ from what the operator sent"
+    assert "unnamed" not in configurations and "unnamed" not in perms["webhookCA"], "create cannot be limited by name"
+    assert {v for g, r, v in sent if r == "secrets"} == set(perms["webhookCA"]["named"]) == {"get", "update"}
     assert {v for g, r, v in sent if r == "customresourcedefinitions"} == set(perms["conversion"]["named"])
     for resource in configurations["resources"]:
-        assert {v for g, r, v in sent if r == resource} == set(configurations["named"]), resource
+        assert {v for g, r, v in sent if r == resource} == set(configurations["named"]) == {"patch"}, resource

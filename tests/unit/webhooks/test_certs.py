@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import datetime
 import socket
 import ssl
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from declop.errors import ApiError, ConfigError, Conflict, NotFound
+from declop.errors import ApiError, ConfigError, Conflict, Forbidden, NotFound
 from declop.webhooks.certs import CertAuthority, GeneratedCert, MountedCert, load_or_create_ca
 
 
@@ -78,26 +79,68 @@ def test_short_validity_is_refused():
 
 
 class FakeSecrets:
-    """GET/POST of one Secret, optionally losing the create race once."""
+    """GET/POST/PUT of one Secret as the apiserver answers them: a PUT must carry the current
+    resourceVersion (else 409); optionally another replica wins the create or the fill once, and
+    a create can be refused (the chart's RBAC has no ``create``)."""
 
-    def __init__(self, lose_race: bool = False) -> None:
+    def __init__(self, lose_race: bool = False, *, lose_fill: bool = False, may_create: bool = True) -> None:
         self.stored: dict[str, Any] | None = None
         self.lose_race = lose_race
+        self.lose_fill = lose_fill
+        self.may_create = may_create
         self.posts = 0
+        self.puts: list[dict[str, Any]] = []
+        self.sent: list[tuple[str, str]] = []
+        self.version = 0
+
+    def theirs(self) -> dict[str, Any]:
+        other = CertAuthority.generate("theirs")
+        return {"ca.crt": base64.b64encode(other.cert_pem).decode(), "ca.key": base64.b64encode(other.key_pem).decode()}
+
+    def store(self, obj: dict[str, Any]) -> None:
+        self.version += 1
+        self.stored = {**obj, "metadata": {**obj.get("metadata", {}), "resourceVersion": str(self.version)}}
 
     async def __call__(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.sent.append((method, path))
         if method == "GET":
             if self.stored is None:
                 raise NotFound()
+            return copy.deepcopy(self.stored)
+        if method == "PUT":
+            self.puts.append(body)
+            if self.stored is None:
+                raise NotFound()
+            if self.lose_fill:  # another replica filled it between our GET and PUT
+                self.lose_fill = False
+                self.store({**self.stored, "data": self.theirs()})
+            if body["metadata"].get("resourceVersion") != self.stored["metadata"]["resourceVersion"]:
+                raise Conflict("the object has been modified")
+            self.store(body)
             return self.stored
+        assert method == "POST", method
         self.posts += 1
+        if not self.may_create:
+            raise Forbidden('secrets is forbidden: User "system:serviceaccount:ops:op" cannot create resource "secrets"')
         if self.lose_race:
             self.lose_race = False
-            other = CertAuthority.generate("theirs")
-            self.stored = {"data": {"ca.crt": base64.b64encode(other.cert_pem).decode(), "ca.key": base64.b64encode(other.key_pem).decode()}}
+            self.store({"data": self.theirs()})
             raise Conflict()
-        self.stored = body
-        return body
+        self.store(body)
+        return self.stored
+
+
+def charts_empty_secret() -> dict[str, Any]:
+    """The Secret as the chart creates it: Helm's labels and annotations, no data."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {
+            "name": "ca", "namespace": "ops", "uid": "u-1",
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {"meta.helm.sh/release-name": "op", "meta.helm.sh/release-namespace": "ops"},
+            "managedFields": [{"manager": "helm", "operation": "Update"}],
+        },
+    }  # fmt: skip
 
 
 def test_ca_is_created_once_and_then_shared():
@@ -105,7 +148,7 @@ def test_ca_is_created_once_and_then_shared():
     first = asyncio.run(load_or_create_ca(api, "ops", "declop-webhook-ca"))
     second = asyncio.run(load_or_create_ca(api, "ops", "declop-webhook-ca"))
     assert first == second and api.posts == 1
-    assert api.stored is not None and api.stored["metadata"] == {"name": "declop-webhook-ca", "namespace": "ops", "labels": {"app.kubernetes.io/managed-by": "declop"}}
+    assert api.stored is not None and api.stored["metadata"] | {"resourceVersion": None} == {"resourceVersion": None, "name": "declop-webhook-ca", "namespace": "ops", "labels": {"app.kubernetes.io/managed-by": "declop"}}
 
 
 def test_a_long_release_namespace_and_name_still_make_a_ca():
@@ -140,6 +183,84 @@ def test_forbidden_secret_read_is_one_line():
 
     with pytest.raises(ConfigError, match=r'^cannot read the webhook CA Secret ops/ca: secrets "ca" is forbidden$'):
         asyncio.run(load_or_create_ca(forbidden, "ops", "ca"))
+
+
+def test_the_charts_empty_secret_is_filled_by_an_update_and_then_shared():
+    """Under the chart: GET finds the empty Secret, one PUT at the version read fills it (Helm's
+    labels and annotations kept, so Helm still owns it); no create is ever sent."""
+    api = FakeSecrets(may_create=False)
+    api.store(charts_empty_secret())
+    first = asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    second = asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    assert first == second and api.posts == 0
+    assert {m for m, _ in api.sent} == {"GET", "PUT"} and {p for _, p in api.sent} == {"/api/v1/namespaces/ops/secrets/ca"}
+    (put,) = api.puts
+    assert put["metadata"]["resourceVersion"] == "1"
+    assert put["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
+    assert put["metadata"]["annotations"] == {"meta.helm.sh/release-name": "op", "meta.helm.sh/release-namespace": "ops"}
+    assert "managedFields" not in put["metadata"]  # the apiserver keeps its own
+    assert base64.b64decode(put["data"]["ca.crt"]) == first.cert_pem and base64.b64decode(put["data"]["ca.key"]) == first.key_pem
+
+
+def test_a_lost_fill_race_reads_the_winner():
+    """Two replicas read the empty Secret; the other one's update lands first: ours gets 409, and
+    we serve with their CA (never overwrite it)."""
+    api = FakeSecrets(lose_fill=True, may_create=False)
+    api.store(charts_empty_secret())
+    ca = asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    assert api.stored is not None and len(api.puts) == 1 and api.posts == 0
+    assert ca.cert_pem == base64.b64decode(api.stored["data"]["ca.crt"])
+    assert base64.b64decode(api.puts[0]["data"]["ca.crt"]) != ca.cert_pem
+    assert [m for m, _ in api.sent] == ["GET", "PUT", "GET"]
+
+
+def test_an_empty_secret_deleted_before_the_fill_is_created():
+    """The Secret disappears between the GET and the PUT (404): read again; absent, so create."""
+    api = FakeSecrets()
+    api.store(charts_empty_secret())
+    real = api.__call__
+
+    async def delete_before_put(method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        if method == "PUT":
+            api.stored = None
+        return await real(method, path, body, **kw)
+
+    ca = asyncio.run(load_or_create_ca(delete_before_put, "ops", "ca"))
+    assert [m for m, _ in api.sent] == ["GET", "PUT", "GET", "POST"]
+    assert api.stored is not None and base64.b64decode(api.stored["data"]["ca.crt"]) == ca.cert_pem
+
+
+def test_absent_secret_without_create_permission_says_what_to_do():
+    api = FakeSecrets(may_create=False)
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == (
+        "the webhook CA Secret ops/ca does not exist and this operator may not create it; install with the chart "
+        "(it creates the Secret empty and grants get/update on it), create it yourself (kubectl create secret "
+        "generic ca -n ops; declop fills it in and needs get and update on it), or mount a certificate with "
+        "--webhook-cert-dir"
+    )
+
+
+def test_a_refused_fill_is_one_line():
+    async def refuse_put(method: str, path: str, body: Any = None, **_: Any) -> Any:
+        if method == "GET":
+            return charts_empty_secret()
+        raise Forbidden('secrets "ca" is forbidden: User "x" cannot update resource "secrets"')
+
+    with pytest.raises(ConfigError, match=r'^cannot fill the webhook CA Secret ops/ca: secrets "ca" is forbidden: .*; the operator needs get and update on it$'):
+        asyncio.run(load_or_create_ca(refuse_put, "ops", "ca"))
+
+
+def test_a_secret_with_other_data_is_not_overwritten():
+    """Only a Secret without data is filled: one with other keys is someone's, and an error."""
+    api = FakeSecrets()
+    api.store({**charts_empty_secret(), "data": {"tls.crt": base64.b64encode(b"x").decode()}})
+    with pytest.raises(ConfigError, match=r"^the webhook CA Secret ops/ca has no usable ca.crt/ca.key \(KeyError\)"):
+        asyncio.run(load_or_create_ca(api, "ops", "ca"))
+    assert api.puts == [] and api.posts == 0
 
 
 def test_mounted_certificate_uses_ca_crt_as_bundle(tmp_path):

@@ -120,3 +120,33 @@ def test_apply_sends_both_configurations_and_the_crd_patch():
 
     with pytest.raises(ConfigError, match=r"^cannot apply the ValidatingWebhookConfiguration 'my-op': validatingwebhookconfigurations"):
         asyncio.run(apply_configurations(refuse, "my-op", [(h, WIDGETS) for h in reg.webhooks], client, "ops"))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # what the apiserver answers an apply to a missing configuration under the chart's RBAC
+        # (patch on the name, no create): the apply would create it, and create is refused
+        (403, "Forbidden", 'validatingwebhookconfigurations.admissionregistration.k8s.io "my-op" is forbidden: User '
+         '"system:serviceaccount:ops:op-declop" cannot create resource "validatingwebhookconfigurations" in API group '
+         '"admissionregistration.k8s.io" at the cluster scope'),
+        (404, "NotFound", 'validatingwebhookconfigurations.admissionregistration.k8s.io "my-op" not found'),
+    ],
+    ids=["403 cannot create", "404"],
+)  # fmt: skip
+def test_a_missing_configuration_says_the_chart_makes_it(error):
+    import asyncio
+
+    from declop.errors import ApiError
+    from declop.webhooks.configuration import apply_configurations
+
+    async def refuse(method, path, **kw):
+        raise ApiError(*error)
+
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(apply_configurations(refuse, "my-op", hooks(), ClientConfig(b"CA", url="https://127.0.0.1:9443"), "ops"))
+    assert str(info.value) == (
+        "the ValidatingWebhookConfiguration 'my-op' does not exist and this operator may not create it: the chart "
+        "creates it (empty) at install; if it was deleted, `helm upgrade` the release to restore it (without the "
+        f"chart: create it, or grant create on validatingwebhookconfigurations) ({error[0]} {error[1]})"
+    )
