@@ -59,7 +59,7 @@ from declop.leases.hashing import ShardFilter, ShardRange
 from declop.leases.shards import ShardLeases, ShardSet
 from declop.lifecycle import Lifecycle
 from declop.reconcile.mapping import enqueue_mapped, enqueue_owner, enqueue_self
-from declop.serving.metrics import Metrics
+from declop.serving.metrics import LoopLag, Metrics
 from declop.serving.probes import Check, ProbeServer
 from declop.reconcile.registration import Registration
 from declop.registry import Registry, default_registry
@@ -151,6 +151,8 @@ class Manager:
         self.registry = registry if registry is not None else default_registry
         self.options = options or Options()
         self.metrics = metrics or Metrics()
+        #: samples the loop's lag into ``declop_event_loop_lag_seconds`` while probes are served
+        self.loop_lag = LoopLag(self.metrics.loop_lag)
         self.transport: Transport | None = None
         self.discovery: Discovery | None = None
         self.informers: InformerPool | None = None
@@ -474,6 +476,7 @@ class Manager:
         assert self.informers is not None
         if self.probes is not None:
             await self.probes.start()  # before the caches: /healthz answers while they sync
+            self.loop_lag.start()
         if self.webhooks is not None:
             await self._start_webhooks()  # before startup hooks and informers: their writes may need it
         if self.lifecycle is not None:
@@ -685,6 +688,7 @@ class Manager:
             await _bounded(self.transport.close(), until - loop.time(), "closing the connections")
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
+        await self.loop_lag.stop()
         if self.probes is not None:  # last: /healthz answers until the process goes
             await _bounded(self.probes.stop(), until - loop.time(), "stopping the probe server")
         return clean

@@ -12,8 +12,10 @@ a hostile or broken client costs a bounded amount of memory, time and event-loop
   opening, later ones within ``idle_timeout`` of the previous answer (aiohttp's keep-alive
   timer); the body within ``body_timeout`` of the headers (408, connection closed); an idle
   keep-alive connection is closed after ``idle_timeout``;
-- **load**: at most ``max_connections`` open connections (the next one is answered 429 and
-  closed) and ``max_in_flight`` requests being answered at once (the next one gets 429 with
+- **load**: at most ``max_connections`` open connections, counted from the TCP accept, before
+  any TLS work (the next one is answered 429 and closed, or closed at once on a TLS server: a
+  TLS client cannot read anything before its handshake); the handshake is part of the first
+  request's ``header_timeout`` and ``max_in_flight`` requests being answered at once (the next one gets 429 with
   ``Retry-After: 1``);
 - **memory**: bodies larger than ``max_body`` share a budget of ``body_budget`` bytes (read and
   being answered at once); a request whose body does not fit waits for its turn, in arrival
@@ -27,8 +29,8 @@ Invariants:
 - a refused request costs no more than its headers (8 KiB lines, 128 headers);
 - the guard's middleware is the outermost but ``outer`` ones (metrics observers), so
   authentication and handlers only ever see requests within the limits;
-- a connection is counted from ``connection_made`` to ``connection_lost`` — refused ones too,
-  never twice;
+- a connection is counted from its TCP accept until it is closed, whichever way (refused, a
+  failed or late handshake, the client leaving) — exactly once;
 - the bytes taken from the budget are given back exactly once per request, when its answer is
   returned or it fails or is cancelled, waiting or not; waiters are served first come, first
   served (a small body never overtakes a large one that waits: no starvation).
@@ -88,30 +90,82 @@ _REFUSED = (
 
 
 class _Connection(asyncio.Protocol):
-    """One accepted connection: counts it, cuts it when its first request's headers are late,
-    and hands everything else to aiohttp's protocol."""
+    """One accepted TCP connection: counts it, refuses it past the cap, does the TLS handshake
+    (when the server has a certificate), cuts it when its first request's headers are late, and
+    hands everything else to aiohttp's protocol.
 
-    def __init__(self, guard: Guard, make: Callable[[], asyncio.Protocol]) -> None:
+    Counted from the TCP accept, before any TLS work: a client that opens connections and never
+    finishes a handshake holds a slot (and asyncio's 256 KiB TLS buffer) for at most
+    ``header_timeout``, and at most ``max_connections`` of them exist at once."""
+
+    def __init__(self, guard: Guard, make: Callable[[], asyncio.Protocol], ssl_context: ssl.SSLContext | None) -> None:
         self.guard = guard
         self.make = make
+        self.ssl_context = ssl_context
         self.inner: asyncio.Protocol | None = None
-        self.transport: asyncio.Transport | None = None
+        self.raw: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | None = None  # the one aiohttp writes to (TLS or raw)
         self.timer: asyncio.TimerHandle | None = None
+        self.counted = False
+        #: what arrived between the end of the handshake and start_tls returning (a client
+        #: writes its request at once): handed to aiohttp first
+        self.early: list[bytes] = []
+        self.early_eof = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)
+        self.raw = transport
         guard = self.guard
         guard.connections += 1
+        self.counted = True
         if guard.connections > guard.limits.max_connections:
             guard.refused += 1
-            assert self.transport is not None
-            self.transport.write(_REFUSED)
-            self.transport.close()
+            if self.ssl_context is None:
+                transport.write(_REFUSED)
+                transport.close()
+            else:  # nothing readable can be said before a handshake: close at once
+                transport.abort()
             return
-        guard.open[transport] = self
-        self.timer = asyncio.get_running_loop().call_later(guard.limits.header_timeout, self._late)
-        self.inner = self.make()
-        self.inner.connection_made(transport)
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(guard.limits.header_timeout, self._late)
+        if self.ssl_context is None:
+            self._serve(transport)
+        else:
+            task = loop.create_task(self._handshake(), name="TLS handshake")
+            guard.handshakes.add(task)
+            task.add_done_callback(guard.handshakes.discard)
+
+    async def _handshake(self) -> None:
+        assert self.raw is not None and self.ssl_context is not None
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(
+                self.raw, self, self.ssl_context, server_side=True, ssl_handshake_timeout=self.guard.limits.header_timeout
+            )
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, RuntimeError, ConnectionError) as exc:
+            log.debug("TLS handshake failed", extra={"kv": {"error": type(exc).__name__}})
+            self.raw.abort()
+            self._release()
+            return
+        except asyncio.CancelledError:  # the server stops
+            self.raw.abort()
+            self._release()
+            raise
+        if tls is None or tls.is_closing():
+            self._release()
+            return
+        self._serve(tls)
+
+    def _serve(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.guard.open[transport] = self
+        inner = self.inner = self.make()
+        inner.connection_made(transport)
+        early, self.early = self.early, []
+        for data in early:
+            inner.data_received(data)
+        if self.early_eof and not inner.eof_received():
+            transport.close()
 
     def started(self) -> None:
         """The first request's headers arrived: from now on aiohttp's timers apply."""
@@ -123,15 +177,22 @@ class _Connection(asyncio.Protocol):
         self.timer = None
         self.guard.cut += 1
         log.debug("Closing a connection whose request headers did not arrive in time")
-        if self.transport is not None:
-            self.transport.abort()
+        if self.raw is not None:
+            self.raw.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.inner is not None:
             self.inner.data_received(data)
+        elif self.transport is None and self.raw is not None:
+            self.early.append(data)
+            if sum(map(len, self.early)) > 64 * 1024:
+                self.raw.abort()
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.inner is not None else None
+        if self.inner is not None:
+            return self.inner.eof_received()
+        self.early_eof = True
+        return True  # keep the transport open: _serve hands the EOF over
 
     def pause_writing(self) -> None:
         if self.inner is not None:
@@ -141,13 +202,20 @@ class _Connection(asyncio.Protocol):
         if self.inner is not None:
             self.inner.resume_writing()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.guard.connections -= 1
+    def _release(self) -> None:
+        """Uncount this connection (once, whichever way it ended)."""
+        if self.counted:
+            self.counted = False
+            self.guard.connections -= 1
         self.started()
         if self.transport is not None:
             self.guard.open.pop(self.transport, None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
         if self.inner is not None:
-            self.inner.connection_lost(exc)
+            inner, self.inner = self.inner, None
+            inner.connection_lost(exc)
 
 
 class Budget:
@@ -212,6 +280,8 @@ class Guard:
         self.connections = 0
         self.open: dict[asyncio.BaseTransport, _Connection] = {}
         self.in_flight = 0
+        #: TLS handshakes under way (each holds a counted connection)
+        self.handshakes: set[asyncio.Task[None]] = set()
         #: connections refused past the cap, cut for late headers; requests shed with 429
         self.refused = 0
         self.cut = 0
@@ -222,11 +292,11 @@ class Guard:
         biggest = max([self.limits.max_body, *self.limits.max_body_by_path.values()])
         return web.Application(client_max_size=biggest, middlewares=[*outer, self.middleware, *middlewares])
 
-    def protocol_factory(self, runner: web.BaseRunner) -> Callable[[], asyncio.Protocol]:
+    def protocol_factory(self, runner: web.BaseRunner, ssl_context: ssl.SSLContext | None = None) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
             server = runner.server
             assert server is not None
-            return _Connection(self, server)
+            return _Connection(self, server, ssl_context)
 
         return make
 
@@ -325,9 +395,9 @@ class _Site(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._guard.protocol_factory(self._runner), self._host, self._port,
-            ssl=self._ssl_context, backlog=self._backlog, reuse_address=True,
+        self._server = await loop.create_server(  # TLS is the connection's: after it is counted
+            self._guard.protocol_factory(self._runner, self._ssl_context), self._host, self._port,
+            backlog=self._backlog, reuse_address=True,
         )
 
 
@@ -340,6 +410,10 @@ class Serving:
     port: int
 
     async def stop(self) -> None:
+        handshakes = list(self.guard.handshakes)
+        for task in handshakes:
+            task.cancel()
+        await asyncio.gather(*handshakes, return_exceptions=True)
         await self.runner.cleanup()
 
 

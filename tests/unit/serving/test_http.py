@@ -205,3 +205,53 @@ def test_large_bodies_past_the_budget_wait_unread_then_get_429():
             await serving.stop()
 
     asyncio.run(go())
+
+
+def test_tls_connections_are_counted_before_the_handshake_and_cut_when_it_never_comes():
+    """300 TCP connections that never send a TLS hello: at most max_connections exist at once
+    (the rest are closed at once), each is cut after header_timeout, and a real client is
+    served afterwards. Before, a connection counted only after its handshake: any number of
+    silent ones each held asyncio's 256 KiB TLS buffer for 60 s."""
+    import ssl
+
+    from declop.serving.cert import ServingCert
+
+    async def go() -> None:
+        guard = Guard(Limits(max_connections=20, header_timeout=1.0))
+        app = guard.application()
+        app.router.add_post("/x", _echo)
+        serving = await serve(app, guard, "127.0.0.1", 0, ServingCert().context)
+        silent = []
+        opened = time.monotonic()
+        try:
+            for _ in range(300):
+                silent.append(await asyncio.open_connection("127.0.0.1", serving.port))
+            await asyncio.sleep(0)
+            peak = guard.connections
+            closed_at_once = 0
+            for reader, _ in silent:
+                try:
+                    if await asyncio.wait_for(reader.read(1), 0.01) == b"":
+                        closed_at_once += 1
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
+            print(f"300 silent TCP connections: {peak} counted, {closed_at_once} closed at once, refused {guard.refused}")
+            assert peak <= 20 + 1 and guard.refused >= 270, "silent connections past the cap were kept"
+            while guard.connections:
+                await asyncio.sleep(0.05)
+                assert time.monotonic() - opened < 5, "silent connections were not cut"
+            assert 0.9 < time.monotonic() - opened < 3 and guard.cut >= 19
+            client = ssl.create_default_context()
+            client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+            reader, writer = await asyncio.open_connection("127.0.0.1", serving.port, ssl=client)
+            writer.write(_post(b"hello"))
+            answer = await asyncio.wait_for(reader.read(), 5)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"5"), answer
+            writer.close()
+        finally:
+            for _, writer in silent:
+                writer.close()
+            await serving.stop()
+        assert guard.connections == 0 and not guard.handshakes
+
+    asyncio.run(go())

@@ -83,3 +83,29 @@ def test_informer_series_are_read_at_scrape_time() -> None:
     assert 'declop_informer_objects{informer="pods"} 1.0' in text
     assert 'declop_informer_shard_server_side{informer="configmaps (sharded by uid)"} 1.0' in text
     assert 'declop_informer_shard_server_side{informer="pods"}' not in text
+
+
+def test_loop_lag_records_how_long_the_loop_stood_still():
+    """A callback that holds the loop 120 ms shows up as one sample of at least 0.1 s."""
+    import asyncio
+    import time as _time
+
+    from declop.serving.metrics import LoopLag, Metrics
+
+    metrics = Metrics()
+
+    async def go() -> LoopLag:
+        lag = LoopLag(metrics.loop_lag, interval=0.01)
+        lag.start()
+        await asyncio.sleep(0.05)
+        _time.sleep(0.12)  # the stall
+        await asyncio.sleep(0.05)
+        await lag.stop()
+        return lag
+
+    lag = asyncio.run(go())
+    text = metrics.exposition().decode()
+    count = float(next(l.split()[-1] for l in text.splitlines() if l.startswith("declop_event_loop_lag_seconds_count")))
+    under = float(next(l.split()[-1] for l in text.splitlines() if l.startswith('declop_event_loop_lag_seconds_bucket{le="0.1"}')))
+    assert lag.worst >= 0.1
+    assert count >= 5 and count - under >= 1, text
