@@ -139,6 +139,7 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--webhook-name", default="declop", show_default=True, envvar=_env("WEBHOOK_NAME"), help="Name of the webhook configurations; the CA Secret is NAME-webhook-ca."),
         click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="The operator's namespace: keeps the CA Secret, excluded from admission (default: the Service's, else the Pod's; out of a cluster none is excluded)."),
         click.option("--webhook-cert-validity", type=float, default=365 * 86400.0, envvar=_env("WEBHOOK_CERT_VALIDITY"), help="Seconds a generated webhook serving certificate is valid; renewed after two thirds."),
+        click.option("--webhook-max-body-mib", type=click.FloatRange(min=0.0625, max=64), default=None, envvar=_env("WEBHOOK_MAX_BODY_MIB"), help="MiB a webhook request body may have (default: 7 for admission, 8 for conversion). One such body is decoded at a time and costs about 5x its size in memory: raise the memory limit with it."),
         click.option("--list-mode", type=click.Choice(["auto", "stream", "paged"]), default="auto", show_default=True, envvar=_env("LIST_MODE"), help="How informers sync: streaming list with fallback to paginated LIST (auto), or force one."),
     ]
     for option in reversed(options):
@@ -225,6 +226,7 @@ def _options(kw: dict[str, Any], *, secure_by_default: bool = True) -> Options:
         webhook_name=kw["webhook_name"],
         webhook_namespace=kw["webhook_namespace"],
         webhook_cert_validity=kw["webhook_cert_validity"],
+        webhook_max_body=None if kw["webhook_max_body_mib"] is None else int(kw["webhook_max_body_mib"] * 1024 * 1024),
     )
 
 

@@ -133,6 +133,9 @@ class Options:
     webhook_namespace: str | None = None
     #: seconds a generated serving certificate is valid; renewed after two thirds of it
     webhook_cert_validity: float = 365 * 86400.0
+    #: bytes a webhook request body may have (None: 7 MiB admission, 8 MiB conversion); one
+    #: such body is decoded at a time, and costs about five times its size in memory
+    webhook_max_body: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -342,7 +345,7 @@ class Manager:
             self.registry.webhooks, self.transport.request, port=opts.webhook_port, name=opts.webhook_name,
             cert_dir=opts.webhook_cert_dir, service=opts.webhook_service, url=opts.webhook_url,
             namespace=opts.webhook_namespace, cert_validity=opts.webhook_cert_validity, metrics=self.metrics,
-            host=self.bind_address,
+            host=self.bind_address, max_body=opts.webhook_max_body,
         )  # fmt: skip
 
     async def _start_webhooks(self) -> None:

@@ -38,7 +38,7 @@ log = logging.getLogger("declop.probes")
 
 #: probes and metrics are GETs without a body: 64 KiB, headers in 10 s, idle 90 s (a one-minute
 #: scrape interval reuses its connection), 128 connections, 32 requests at once
-PROBE_LIMITS = Limits(max_body=64 * 1024, header_timeout=10.0, body_timeout=10.0, idle_timeout=90.0, max_connections=128, max_in_flight=32)
+PROBE_LIMITS = Limits(max_body=64 * 1024, header_timeout=10.0, body_timeout=10.0, idle_timeout=90.0, max_connections=64, max_in_flight=32)
 
 #: a named readiness check: returns "" when fine, else the reason it fails
 Check = tuple[str, Callable[[], str]]

@@ -82,6 +82,7 @@ class WebhookEndpoint:
         cert_validity: float,
         metrics: Metrics,
         host: str = "0.0.0.0",
+        max_body: int | None = None,
     ) -> WebhookEndpoint:
         """Get the certificate (the CA Secret is read or created here) and build the server for
         ``hooks``; nothing listens yet."""
@@ -107,7 +108,7 @@ class WebhookEndpoint:
             service_name=probe.service_name, service_port=probe.service_port,
         )
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="declop-webhook")
-        server = WebhookServer(hooks, port=port, ssl_context=cert.context, executor=executor, host=host)
+        server = WebhookServer(hooks, port=port, ssl_context=cert.context, executor=executor, host=host, max_request_bytes=max_body)
         server.observer = metrics.webhook
         server.in_flight = metrics.webhook_serving
         return cls(server, cert, client, executor, name=name, own_namespace=excluded)

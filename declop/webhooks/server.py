@@ -33,10 +33,12 @@ Invariants:
   uncompressed, within the header, body and idle timeouts, at most :data:`MAX_IN_FLIGHT`
   requests and :data:`MAX_CONNECTIONS` connections at once (docs/webhooks.md, "Limits");
 - a body above :data:`OFFLOAD_BYTES` is parsed, copied, diffed, encoded and freed in one
-  thread of its own, in pieces (:func:`~declop.webhooks.decode.loads`, :func:`_dismantle`),
-  with the cyclic collector paused (:mod:`declop.collector`) from its parse until its trees
-  are freed: the loop, which also renews the Lease and answers probes, is never held for long;
-  smaller ones are cheaper on the loop;
+  thread of its own, in pieces (:func:`~declop.webhooks.decode.loads`, :func:`_dismantle`):
+  the loop, which also renews the Lease and answers probes, is never held for long; smaller
+  ones are cheaper on the loop. The cyclic collector is *not* paused for them: under a steady
+  stream of large requests a pause would never end, and the garbage cycles of the connections
+  (asyncio's TLS protocols) would pile up for one long pass; with the budget below, a full
+  pass walks at most a request or two's trees;
 - such bodies share :data:`BODY_BUDGET` bytes (:class:`declop.serving.http.Budget`): one of the
   largest size at a time, the others wait their turn unread, so sixteen at once cost the memory
   of about one; a validator gets the objects uncopied, a mutator a copy of ``object`` only;
@@ -62,7 +64,6 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
-from declop import collector
 from declop.logs import ReconcileLogger
 from declop.serving.http import MiB, Guard, Limits, Serving, body, serve
 from declop.webhooks.admission import AdmissionRequest, BadReview, Oversized, allow, deny, parse_admission
@@ -89,7 +90,7 @@ CONVERSION_MAX_BYTES = 8 * MiB
 #: requests answered at once (more get 429: the apiserver then applies the failurePolicy)
 MAX_IN_FLIGHT = 64
 #: connections open at once (the apiserver keeps a few per replica)
-MAX_CONNECTIONS = 256
+MAX_CONNECTIONS = 128
 #: bodies above this are decoded, copied, diffed and encoded off the loop
 OFFLOAD_BYTES = 64 * 1024
 #: bytes of bodies above OFFLOAD_BYTES read or being answered at once: one request of the
@@ -130,7 +131,7 @@ class WebhookServer:
             body_budget=max([BODY_BUDGET, *by_path.values()]),
         ))
         self._decoder: concurrent.futures.ThreadPoolExecutor | None = None
-        #: large requests' trees being freed (each holds a collector pause until done)
+        #: large requests' trees being freed (stop() waits for them)
         self._freeing: set[asyncio.Future[None]] = set()
         #: answers sent, by outcome ("allowed", "denied", "error", "timeout", "bad-request")
         self.answers: dict[str, int] = {}
@@ -234,7 +235,6 @@ class WebhookServer:
         data = await body(request)
         if len(data) <= OFFLOAD_BYTES:
             return await self._admit_body(hook, request, data, [])
-        collector.pause()  # resumed by _free, once this request's trees are gone
         trees: list[Any] = []
         try:
             return await self._admit_body(hook, request, data, trees)
@@ -263,13 +263,12 @@ class WebhookServer:
             return self._reply(deny(review.uid, message, code=500), "error")
 
     def _free(self, trees: list[Any]) -> None:
-        """Free a large request's trees in the decoding thread, in small steps, then resume the
-        collector (paused by :meth:`_admit` / :meth:`_convert`) there; :meth:`stop` waits."""
+        """Free a large request's trees in the decoding thread, in small steps (:meth:`stop`
+        waits for it)."""
         if self._decoder is None:
             trees.clear()
-            collector.resume()
             return
-        freeing = asyncio.wrap_future(self._decoder.submit(_free_then_resume, trees))
+        freeing = asyncio.wrap_future(self._decoder.submit(_dismantle, trees))
         self._freeing.add(freeing)
         freeing.add_done_callback(self._freeing.discard)
 
@@ -339,7 +338,6 @@ class WebhookServer:
         data = await body(request)
         if len(data) <= OFFLOAD_BYTES:
             return await self._convert_body(hook, request, data, [])
-        collector.pause()  # resumed by _free, once this request's trees are gone
         trees: list[Any] = []
         try:
             return await self._convert_body(hook, request, data, trees)
@@ -461,13 +459,6 @@ def _too_deep(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], TooDeep] |
 def _copies_to_convert(objects: list[dict[str, Any]], desired: str) -> list[dict[str, Any] | None]:
     """A copy of each object to convert (None for those already at ``desired``)."""
     return [None if o.get("apiVersion") == desired else bounded_clone(o) for o in objects]
-
-
-def _free_then_resume(trees: list[Any]) -> None:
-    try:
-        _dismantle(trees)
-    finally:
-        collector.resume()
 
 
 def _dismantle(trees: list[Any]) -> None:

@@ -13,6 +13,7 @@ the operator applied it: :func:`wait_enforced` waits for a server-side dry run t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import secrets
@@ -495,3 +496,181 @@ def test_system_namespaces_are_admitted_while_a_fail_webhook_is_down(setup: Setu
         assert system.returncode == 0, system.stderr
     finally:
         kubectl(setup.env, "delete", "pod", name, "-n", "kube-system", "--ignore-not-found", "--wait=false", check=False)
+
+
+HOSTILE_HANDLERS = '''
+import os
+
+import declop
+
+GROUP = os.environ["WH_GROUP"]
+
+@declop.validator(f"widgets.{GROUP}")
+def check_size(obj, **_):
+    if obj.get("spec", {}).get("size", 0) > 10:
+        raise declop.Rejected("must be at most 10", field="spec.size")
+
+@declop.reconciler("configmaps")
+def mark(request, client, logger, **_):
+    try:
+        cm = client.get(request)
+    except declop.NotFound:
+        return None
+    if (cm["metadata"].get("labels") or {}).get("hostile-test") == "yes":
+        logger.info("reconciled", configmap=request.name)
+    return None
+'''
+
+
+def _max_review(group: str, size: int) -> bytes:
+    """An AdmissionReview of a Widget padded to ``size`` bytes (the server's maximum)."""
+    item = {"name": "x" * 20, "labels": {"a": "b"}, "data": {f"k{j}": "v" * 20 for j in range(30)}}
+    per = len(json.dumps(item)) + 2
+    obj = {"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "huge", "namespace": "x"},
+           "spec": {"size": 3, "items": [item] * ((size - 600) // per)}}
+    request = {"uid": "hostile-1", "operation": "CREATE", "object": obj, "namespace": "x", "name": "huge",
+               "kind": {"group": group, "version": "v1", "kind": "Widget"}}
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+
+
+def _attack(port: int, path: str, body: bytes, seconds: float, stats: dict[str, int]) -> None:
+    """From one thread of this process: 16 clients sending maximum-size reviews over and over,
+    1,000 slow clients (TLS, then one header byte a second) and 1,000 idle TCP connections,
+    for ``seconds``. Counts what each got in ``stats``."""
+
+    def count(key: str) -> None:
+        stats[key] = stats.get(key, 0) + 1
+
+    async def main() -> None:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        deadline = time.monotonic() + seconds
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+
+        async def big() -> None:
+            while time.monotonic() < deadline:
+                try:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=ctx), 15)
+                    writer.write(head + body)
+                    await writer.drain()
+                    line = await asyncio.wait_for(reader.readline(), 60)
+                    count(f"big:{line.split(b' ')[1].decode()}" if line else "big:closed")
+                    writer.close()
+                except (OSError, asyncio.TimeoutError, ssl.SSLError, IndexError) as exc:
+                    count(f"big:{type(exc).__name__}")
+                    await asyncio.sleep(0.2)
+
+        async def slow() -> None:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=ctx), 15)
+                for byte in head:
+                    if time.monotonic() > deadline:
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(1)
+                    if reader.at_eof():
+                        break
+                writer.close()
+                count("slow:done")
+            except (OSError, asyncio.TimeoutError, ssl.SSLError):
+                count("slow:cut")
+
+        async def idle() -> None:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                await asyncio.wait_for(reader.read(), max(deadline - time.monotonic(), 0.1))
+                count("idle:closed by the server")
+                writer.close()
+            except asyncio.TimeoutError:
+                count("idle:still open")
+            except OSError:
+                count("idle:refused")
+
+        bigs = [asyncio.create_task(big()) for _ in range(16)]
+        await asyncio.sleep(1)
+        others = [asyncio.create_task(slow()) for _ in range(1000)] + [asyncio.create_task(idle()) for _ in range(1000)]
+        await asyncio.gather(*bigs, *others)
+
+    asyncio.run(main())
+
+
+def _histogram(text: str, name: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket"):
+            out[line.split('le="')[1].split('"')[0]] = float(line.split()[-1])
+    return out
+
+
+def test_hostile_clients_neither_stall_nor_exhaust_a_running_operator(control_plane: Any, setup: Setup) -> None:
+    """A real operator (webhook, reconciler, leader election) under, at once, 16 clients sending
+    maximum-size reviews without pause, 1,000 slow clients and 1,000 idle connections on its
+    webhook port for 25 s: it keeps renewing its Lease and reconciling throughout, its memory
+    stays within the chart's 256 Mi limit, its loop never stands still for long
+    (``declop_event_loop_lag_seconds``), and afterwards it admits and denies as before."""
+    setup.crd(widget_crd(setup.group))
+    handlers = setup.handlers.parent / "hostile.py"
+    handlers.write_text(HOSTILE_HANDLERS)
+    port, metrics_port, lock = free_port(), free_port(), f"hostile-{secrets.token_hex(3)}"
+    api = control_plane.api_client()
+    core, leases = kubernetes.client.CoreV1Api(api), kubernetes.client.CoordinationV1Api(api)
+    from declop.webhooks.server import ADMISSION_MAX_BYTES
+
+    body = _max_review(setup.group, ADMISSION_MAX_BYTES - 4096)
+    path = f"/validate/check-size.widgets.{setup.group}"
+    with setup.operator(
+        "-n", setup.namespace, "--leader-elect", "--leader-election-id", lock, "--leader-election-namespace", setup.namespace,
+        "--lease-duration", "8", "--renew-deadline", "6", "--retry-period", "1",
+        "--metrics-port", str(metrics_port), "--metrics-secure", "false", port=port, handlers=handlers,
+    ) as op:
+        op.wait_for_line("Successfully acquired lease")
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        setup.wait_enforced()
+        status = Path(f"/proc/{op.proc.pid}/status")
+
+        def rss(field: str) -> float:
+            return int(next(l.split()[1] for l in status.read_text().splitlines() if l.startswith(field))) / 1024
+
+        before = rss("VmRSS")
+        stats: dict[str, int] = {}
+        attacker = threading.Thread(target=_attack, args=(port, path, body, 25.0, stats), daemon=True)
+        started = time.monotonic()
+        attacker.start()
+        renewals: list[tuple[float, str]] = []
+        reconciled: list[float] = []
+        n = 0
+        while attacker.is_alive() and time.monotonic() - started < 120:
+            lease = leases.read_namespaced_lease(lock, setup.namespace)
+            renewed = str(lease.spec.renew_time)
+            if not renewals or renewals[-1][1] != renewed:
+                renewals.append((time.monotonic(), renewed))
+            if time.monotonic() - started > 3 * (n + 1) and time.monotonic() - started < 24:
+                n += 1
+                name = f"during-{n}"
+                created = time.monotonic()
+                core.create_namespaced_config_map(setup.namespace, {"metadata": {"name": name, "labels": {"hostile-test": "yes"}}})
+                wait_for(lambda: [r for r in records(op, "reconciled") if r.get("configmap") == name], 15, 0.1, f"{name} reconciled")
+                reconciled.append(time.monotonic() - created)
+            time.sleep(0.3)
+        attacker.join(120)
+        assert not attacker.is_alive()
+        peak, after = rss("VmHWM"), rss("VmRSS")
+        assert op.proc.poll() is None, "the operator died under the attack"
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+            lag = _histogram(resp.read().decode(), "declop_event_loop_lag_seconds")
+        gaps = [b[0] - a[0] for a, b in zip(renewals, renewals[1:])]
+        print(f"attack: {dict(sorted(stats.items()))}")
+        print(f"RSS {before:.0f} MiB before, peak {peak:.0f} MiB, {after:.0f} MiB after; Lease renewed {len(renewals)} times, "
+              f"longest gap {max(gaps, default=0):.1f} s; {len(reconciled)} reconciles during it, slowest {max(reconciled, default=0):.2f} s")
+        print(f"loop lag samples: {lag.get('+Inf', 0):.0f}; over 50 ms: {lag['+Inf'] - lag['0.05']:.0f}; "
+              f"over 100 ms: {lag['+Inf'] - lag['0.1']:.0f}; over 250 ms: {lag['+Inf'] - lag['0.25']:.0f}")
+        assert stats.get("big:200", 0) >= 16, "maximum-size reviews were not answered"
+        assert peak < 256, f"peak RSS {peak:.0f} MiB is over the chart's 256 Mi limit"
+        assert not records(op, "Leader election lost") and not records(op, "Failed to renew lease")
+        assert len(renewals) >= 15 and max(gaps) < 4, renewals
+        assert len(reconciled) >= 5 and max(reconciled) < 10
+        assert lag["+Inf"] - lag["0.5"] == 0, "the loop stood still for more than 0.5 s"
+        # and afterwards, the webhook works as before
+        assert "denied the request" in setup.apply(widget(setup.group, "big", setup.namespace, 11)).stderr
+        assert setup.apply(widget(setup.group, "small", setup.namespace, 3)).returncode == 0

@@ -50,6 +50,29 @@ def test_unknown_list_mode_is_one_clear_error(captured: tuple[list[Options], Pat
     assert "Invalid value for '--list-mode': 'fast' is not one of 'auto', 'stream', 'paged'." in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ((), {}, None),
+        (("--webhook-max-body-mib", "12"), {}, 12 * 1024 * 1024),
+        ((), {"DECLOP_WEBHOOK_MAX_BODY_MIB": "0.5"}, 512 * 1024),
+    ],
+)
+def test_webhook_max_body_from_flag_or_environment(
+    captured: tuple[list[Options], Path], args: tuple[str, ...], env: dict[str, str], expected: int | None
+) -> None:
+    seen, handlers = captured
+    result = CliRunner().invoke(cli.cli, ["run", str(handlers), *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen[-1].webhook_max_body == expected
+
+
+def test_a_webhook_body_limit_out_of_range_is_one_clear_error(captured: tuple[list[Options], Path]) -> None:
+    _, handlers = captured
+    result: Any = CliRunner().invoke(cli.cli, ["run", str(handlers), "--webhook-max-body-mib", "500"])
+    assert result.exit_code == 2 and "Invalid value for '--webhook-max-body-mib'" in result.output
+
+
 # -- declop dev: what is refused before a control plane starts ---------------------------------
 
 
