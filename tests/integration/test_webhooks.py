@@ -674,3 +674,84 @@ def test_hostile_clients_neither_stall_nor_exhaust_a_running_operator(control_pl
         # and afterwards, the webhook works as before
         assert "denied the request" in setup.apply(widget(setup.group, "big", setup.namespace, 11)).stderr
         assert setup.apply(widget(setup.group, "small", setup.namespace, 3)).returncode == 0
+
+
+DEEP_HANDLERS = '''
+import os
+
+import declop
+
+GROUP = os.environ["WH_GROUP"]
+
+@declop.validator(f"blobs.{GROUP}", failure_policy="Ignore")
+def refuse_bad(obj, **_):
+    if obj["spec"].get("bad"):
+        raise declop.Rejected("bad blob")
+
+@declop.mutator(f"blobs.{GROUP}", failure_policy="Ignore")
+def stamp(obj, **_):
+    obj["spec"]["checked"] = True
+'''
+
+
+def blob_crd(group: str) -> str:
+    spec = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return json.dumps({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"blobs.{group}"},
+        "spec": {"group": group, "scope": "Namespaced", "names": {"plural": "blobs", "singular": "blob", "kind": "Blob", "listKind": "BlobList"},
+                 "versions": [{"name": "v1", "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}}}]},
+    })
+
+
+def test_hostile_objects_through_the_apiserver_are_handled_or_denied_never_admitted_unchecked(setup: Setup, tmp_path: Path) -> None:
+    """Objects nested 10, 500, 1,000 and 10,000 levels and one of 300,000 empty lists, created
+    through the real apiserver against a validator and a mutator whose failurePolicy is Ignore
+    (an HTTP 500 would admit them unchecked): each is either stored mutated (handled) or refused
+    with a clear message — never stored without the mutator's stamp. (10,000 levels: the
+    apiserver refuses it itself, Go's JSON depth limit.)"""
+    setup.crd(blob_crd(setup.group))
+    handlers = tmp_path / "deep.py"
+    handlers.write_text(DEEP_HANDLERS)
+
+    def nested(depth: int) -> Any:
+        value: Any = "leaf"
+        for _ in range(depth):
+            value = {"n": value}
+        return value
+
+    def create(name: str, spec_json: str) -> subprocess.CompletedProcess[str]:
+        body = tmp_path / f"{name}.json"
+        body.write_text('{"apiVersion":"%s/v1","kind":"Blob","metadata":{"name":"%s"},"spec":%s}' % (setup.group, name, spec_json))
+        uri = f"/apis/{setup.group}/v1/namespaces/{setup.namespace}/blobs"
+        return kubectl(setup.env, "create", "--raw", uri, "-f", str(body), check=False)
+
+    def deep_json(depth: int) -> str:  # built as text: json.dumps recurses once per level
+        return '{"n":' * depth + '"leaf"' + "}" * depth
+
+    with setup.operator(handlers=handlers) as op:
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+        wait_for(lambda: "bad blob" in create("probe", '{"bad":true}').stderr, 20, 0.2, "the validator to be enforced")
+        outcomes = {}
+        for depth in (10, 500, 1000, 10000):
+            result = create(f"deep-{depth}", deep_json(depth))
+            outcomes[depth] = result
+            print(f"depth {depth}: rc={result.returncode} {result.stderr.strip()[:200]}")
+        dense = create("dense", '{"x":[' + "[]," * 300_000 + "[]]}")
+        print(f"300,000 empty lists: rc={dense.returncode} {dense.stderr.strip()[:200]}")
+
+    def spec_of(name: str) -> str | None:
+        """The stored object as the apiserver's text (kubectl get -o json would decode it)."""
+        got = kubectl(setup.env, "get", "--raw", f"/apis/{setup.group}/v1/namespaces/{setup.namespace}/blobs/{name}", check=False)
+        return got.stdout if got.returncode == 0 else None
+
+    for depth in (10, 500):
+        assert outcomes[depth].returncode == 0, outcomes[depth].stderr
+        assert '"checked":true' in (spec_of(f"deep-{depth}") or ""), f"depth {depth} was stored without the mutator's stamp"
+    assert outcomes[1000].returncode != 0
+    assert "nested deeper than 512 levels" in outcomes[1000].stderr, outcomes[1000].stderr
+    assert spec_of("deep-1000") is None
+    assert outcomes[10000].returncode != 0 and spec_of("deep-10000") is None, "depth 10,000 was admitted"
+    assert dense.returncode != 0 and spec_of("dense") is None, "the dense object was admitted unchecked"
+    assert "RequestEntityTooLarge" in dense.stderr and "JSON objects and arrays" in dense.stderr, dense.stderr
