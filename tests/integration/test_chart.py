@@ -1010,6 +1010,24 @@ def test_helm_install_with_webhooks_grants_exactly_the_named_objects(
     assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
+def test_a_ca_secret_an_earlier_operator_created_is_kept_not_a_conflict(tool_env: dict[str, str], namespace: str) -> None:
+    """Before the chart created the CA Secret, the operator did: installing this chart over one
+    must neither fail ("invalid ownership metadata") nor replace the CA in it."""
+    name = f"{namespace}-op-declop-webhook-ca"
+    run(tool_env, "kubectl", "create", "secret", "generic", name, "-n", namespace, "--from-literal=ca.crt=earlier", "--from-literal=ca.key=earlier")
+    try:
+        install = run(tool_env, "helm", "install", "op", str(CHART), "-n", namespace, "-f", str(SCENARIOS["webhooks"]), check=False)
+        assert install.returncode == 0, install.stderr
+        secret = kubectl_json(tool_env, "get", "secret", name, "-n", namespace)
+        assert secret["data"]["ca.crt"] == base64.b64encode(b"earlier").decode()
+        assert "meta.helm.sh/release-name" not in secret["metadata"].get("annotations", {})
+        upgrade = run(tool_env, "helm", "upgrade", "op", str(CHART), "-n", namespace, "-f", str(SCENARIOS["webhooks"]), check=False)
+        assert upgrade.returncode == 0, upgrade.stderr
+    finally:
+        run(tool_env, "helm", "uninstall", "op", "-n", namespace, check=False)
+    assert kubectl_json(tool_env, "get", "secret", name, "-n", namespace)["data"]["ca.crt"], "helm uninstall deleted a Secret it did not own"
+
+
 # -- helm install on the control plane ---------------------------------------------------------
 
 
