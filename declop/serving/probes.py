@@ -119,7 +119,12 @@ class ProbeServer:
                 raise ConfigError(f"cannot serve probes on port {port}: {exc.strerror or exc}; pick another port") from exc
             self._runners.append(serving)
             scheme = "https" if secure and self.metrics_tls is not None else "http"
-            auth = "TokenReview+SubjectAccessReview" if middlewares else "none"
+            if middlewares:
+                auth = "TokenReview+SubjectAccessReview"
+            elif self.metrics_auth is not None and any(path == "/debug/reconciles" for path, _ in routes):
+                auth = "TokenReview+SubjectAccessReview on /debug/reconciles, none on the probes"
+            else:
+                auth = "none"
             log.info("Serving probes", extra={"kv": {"port": port, "scheme": scheme, "authentication": auth, "paths": [p for p, _ in routes]}})
 
     async def stop(self) -> None:
