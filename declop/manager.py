@@ -44,6 +44,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Coroutine
 
@@ -115,6 +116,12 @@ class Options:
     #: keep the last N reconciles per controller and serve them on /debug/reconciles (health
     #: port); 0: off
     debug_reconciles: int = 0
+    #: seconds a thread may keep the interpreter while another waits for it
+    #: (``sys.setswitchinterval``, process-wide, set at start; None: leave Python's 5 ms). The
+    #: loop gives the interpreter up at every socket call and waits up to this long to get it
+    #: back while a thread (a plain ``def`` handler, a large webhook body) computes: under load,
+    #: tens of such waits a second stall the loop (docs/webhooks.md, "Limits")
+    switch_interval: float | None = 0.001
     #: the address the probe, metrics and webhook servers listen on (None: every interface,
     #: 0.0.0.0 — what a Pod needs; ``declop dev`` uses 127.0.0.1)
     bind_address: str | None = None
@@ -474,6 +481,8 @@ class Manager:
 
     async def start(self) -> None:
         """Set up (if needed), start informers, and start every controller's sync gate."""
+        if self.options.switch_interval is not None:
+            sys.setswitchinterval(self.options.switch_interval)
         if self.transport is None:
             await self.setup()
         assert self.informers is not None
