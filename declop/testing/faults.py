@@ -1,5 +1,6 @@
 """Network faults between an operator and the apiserver: a TCP proxy a test can cut, refuse or
-black-hole at will.
+black-hole at will, and an HTTP CONNECT proxy (the ``proxy-url`` of a kubeconfig) that can ask
+for credentials and be cut.
 
     with TcpProxy(control_plane.host) as proxy:
         kubeconfig = proxy.kubeconfig(control_plane.kubeconfig_path, tmp_path / "via-proxy")
@@ -18,12 +19,16 @@ Invariants:
   the bytes are held, not dropped (like TCP retransmission over a link that comes back);
 - :meth:`cut` resets (RST, not FIN) both sides of every connection open at that moment;
 - :attr:`accepted` counts every connection the proxy accepted, :attr:`open_connections` those
-  still open, so a test can see a client reconnect.
+  still open, so a test can see a client reconnect;
+- :class:`ConnectProxy` opens a tunnel only for a ``CONNECT`` with the credentials it was given
+  (407 otherwise; 405 for another method), to 127.0.0.1 whatever host was asked for, and
+  records every target in :attr:`ConnectProxy.targets`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import struct
@@ -33,7 +38,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["TcpProxy"]
+__all__ = ["ConnectProxy", "TcpProxy"]
 
 _LINGER_RST = struct.pack("ii", 1, 0)
 
@@ -217,3 +222,92 @@ class TcpProxy:
                     writer.write_eof()
                 except (OSError, RuntimeError):
                     writer.transport.abort()
+
+
+class ConnectProxy:
+    """An HTTP CONNECT proxy on 127.0.0.1 (threads): tunnels to 127.0.0.1 whatever host is asked
+    for (so a made-up server name reaches the test apiserver), optionally only for
+    ``Proxy-Authorization: Basic user:password``, and can be cut."""
+
+    def __init__(self, credentials: tuple[str, str] | None = None) -> None:
+        #: the ``host:port`` of every CONNECT it tunnelled
+        self.targets: list[str] = []
+        self.tunnels = 0
+        self.cut = False
+        self._expected = None if credentials is None else "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
+        self._sockets: list[socket.socket] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        #: the proxy's URL, without credentials
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True, name="connect proxy").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self.cut:
+                client.close()
+                continue
+            self._sockets.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk:
+                client.close()
+                return
+            head += chunk
+        lines = head.split(b"\r\n")
+        method, target, _ = lines[0].decode().split(" ", 2)
+        if method != "CONNECT":
+            client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n")
+            client.close()
+            return
+        if self._expected is not None:
+            given = [line.split(b":", 1)[1].strip().decode() for line in lines[1:] if line.lower().startswith(b"proxy-authorization:")]
+            if given != [self._expected]:
+                client.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                client.close()
+                return
+        self.targets.append(target)
+        upstream = socket.create_connection(("127.0.0.1", int(target.rsplit(":", 1)[1])))
+        self._sockets.append(upstream)
+        self.tunnels += 1
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut_all(self) -> None:
+        """Reset every tunnel and stop listening (connections refused): watches break, relists
+        fail with the proxy named in their errors."""
+        self.cut = True
+        self._server.close()
+        for s in self._sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._server.close()
+        for s in self._sockets:
+            s.close()

@@ -10,17 +10,16 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 
+from declop.testing.faults import ConnectProxy
 from declop.testing.runner import OperatorProcess
 
 pytestmark = pytest.mark.integration
@@ -32,67 +31,6 @@ import declop
 def seen(name, logger, **_):
     logger.info("Seen namespace")
 """
-
-
-class ConnectProxy:
-    """A tiny HTTP CONNECT proxy: resolves every host to 127.0.0.1 (so a made-up server name
-    reaches the test apiserver) and records the targets it was asked for."""
-
-    def __init__(self) -> None:
-        self.targets: list[str] = []
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            self._sockets.append(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = client.recv(4096)
-            if not chunk:
-                client.close()
-                return
-            head += chunk
-        method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
-        if method != "CONNECT":
-            client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n")
-            client.close()
-            return
-        self.targets.append(target)
-        port = int(target.rsplit(":", 1)[1])
-        upstream = socket.create_connection(("127.0.0.1", port))
-        self._sockets.append(upstream)
-        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._server.close()
-        for s in self._sockets:
-            s.close()
 
 
 def admin_config(control_plane: Any) -> dict[str, Any]:

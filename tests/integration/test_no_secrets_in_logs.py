@@ -10,6 +10,7 @@ import textwrap
 import kubernetes.client
 import pytest
 
+from declop.testing.faults import ConnectProxy
 from declop.testing.runner import OperatorProcess
 
 pytestmark = pytest.mark.integration
@@ -84,96 +85,6 @@ def leaky(request, client, logger, **_):
 """
 
 
-class AuthenticatingProxy:
-    """An HTTP CONNECT proxy that wants ``Proxy-Authorization: Basic user:PROXY_PASSWORD``,
-    resolves every host to 127.0.0.1, and can be cut (every tunnel reset, new ones refused)."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.tunnels = 0
-        self.cut = False
-        self._sockets: list[Any] = []
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import threading
-
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            if self.cut:
-                client.close()
-                continue
-            self._sockets.append(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: Any) -> None:
-        import socket
-        import threading
-
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = client.recv(4096)
-            if not chunk:
-                client.close()
-                return
-            head += chunk
-        lines = head.split(b"\r\n")
-        method, target, _ = lines[0].decode().split(" ", 2)
-        expected = "Basic " + base64.b64encode(f"declop:{PROXY_PASSWORD}".encode()).decode()
-        auth = [l.split(b":", 1)[1].strip().decode() for l in lines[1:] if l.lower().startswith(b"proxy-authorization:")]
-        if method != "CONNECT" or auth != [expected]:
-            client.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
-            client.close()
-            return
-        upstream = socket.create_connection(("127.0.0.1", int(target.rsplit(":", 1)[1])))
-        self._sockets.append(upstream)
-        self.tunnels += 1
-        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: Any, dst: Any) -> None:
-        import socket
-
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def cut_all(self) -> None:
-        """Reset every tunnel and stop listening (connections refused): watches break, relists
-        fail with the proxy named in their errors."""
-        import socket
-
-        self.cut = True
-        self._server.close()
-        for s in self._sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self._server.close()
-        for s in self._sockets:
-            s.close()
-
-
 def test_no_credential_of_any_kind_in_any_output(control_plane, namespace, tmp_path):
     """An operator with a proxy-url holding a password, a bearer token, a client key and a handler
     that logs and returns Secrets, at -v; its proxy then fails so every error path that names the
@@ -200,7 +111,7 @@ def test_no_credential_of_any_kind_in_any_output(control_plane, namespace, tmp_p
     user = config["users"][0]["user"]
     key_pem = base64.b64decode(user["client-key-data"]).decode() if "client-key-data" in user else Path(user["client-key"]).read_text()
     key_lines = [l for l in key_pem.splitlines() if l and not l.startswith("-----")]
-    proxy = AuthenticatingProxy()
+    proxy = ConnectProxy(credentials=("declop", PROXY_PASSWORD))
     port = urlparse(control_plane.host).port
     cluster = config["clusters"][0]["cluster"]
     cluster.update({
