@@ -47,7 +47,7 @@ import socket
 import uuid
 from typing import Any, Callable
 
-from declop.clock import LEASE_CLOCK, Clock
+from declop.clock import LEASE_CLOCK, WALL_CLOCK, Clock
 from declop.errors import ApiError, ConfigError, Conflict, NotFound
 
 __all__ = ["LeaderElector"]
@@ -58,8 +58,8 @@ log = logging.getLogger("declop.leader")
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
 
 
-def _now_micro() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _now_micro(wall_clock: Clock = WALL_CLOCK) -> str:
+    return datetime.datetime.fromtimestamp(wall_clock(), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -77,6 +77,7 @@ class LeaderElector:
         retry_period: float = 2.0,
         clock: Clock = LEASE_CLOCK,
         on_change: Callable[[bool], None] | None = None,
+        wall_clock: Clock = WALL_CLOCK,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
             raise ConfigError(
@@ -90,6 +91,8 @@ class LeaderElector:
         #: seconds each Lease request may take at most (controller-runtime: RenewDeadline / 2)
         self.request_timeout = renew_deadline / 2
         self.clock = clock
+        #: writes renewTime/acquireTime (for humans and client-go; nothing decides from them)
+        self.wall_clock = wall_clock
         self.on_change = on_change
         #: level of the "Released leader lease" line (range Leases log their own line instead)
         self.release_level = logging.INFO
@@ -137,7 +140,7 @@ class LeaderElector:
 
     # -- one attempt ----------------------------------------------------------------------------
     def _spec(self, old: dict[str, Any] | None) -> dict[str, Any]:
-        now = _now_micro()
+        now = _now_micro(self.wall_clock)
         spec = dict(old or {})
         if spec.get("holderIdentity") != self.identity:
             spec["acquireTime"] = now
@@ -308,7 +311,7 @@ class LeaderElector:
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
-            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
+            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(self.wall_clock)})
             lease["spec"] = spec
             try:
                 await self._request("PUT", f"{self._path}/{self.name}", lease)
@@ -318,7 +321,7 @@ class LeaderElector:
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") != self.identity:
                     return
-                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
+                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(self.wall_clock)})
                 await self._request("PUT", f"{self._path}/{self.name}", lease)
             log.log(self.release_level, "Released leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
         except ApiError as exc:

@@ -56,7 +56,7 @@ import socket
 import uuid
 from typing import Any, Callable, Iterable
 
-from declop.clock import LEASE_CLOCK, Clock
+from declop.clock import LEASE_CLOCK, WALL_CLOCK, Clock
 from declop.errors import ApiError, ConfigError, NotFound
 from declop.leases.leader import LeaderElector
 from declop.leases.hashing import ShardRange, fnv1a64, range_index, split
@@ -149,6 +149,7 @@ class ShardLeases:
         metrics: Any = None,
         identity: str | None = None,
         on_round: Callable[[], None] | None = None,
+        wall_clock: Clock = WALL_CLOCK,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
             raise ConfigError(
@@ -161,6 +162,7 @@ class ShardLeases:
         self.timings = dict(lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period)
         self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
         self.clock = clock
+        self.wall_clock = wall_clock
         self.metrics = metrics
         #: called after every round (the manager moves the informers' shard filters in a task
         #: of its own: a re-list never delays a renewal)
@@ -178,7 +180,7 @@ class ShardLeases:
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
     def _elector(self, name: str) -> LeaderElector:
-        e = LeaderElector(self.transport, name=name, namespace=self.namespace, identity=self.identity, clock=self.clock, **self.timings)  # type: ignore[arg-type]
+        e = LeaderElector(self.transport, name=name, namespace=self.namespace, identity=self.identity, clock=self.clock, wall_clock=self.wall_clock, **self.timings)  # type: ignore[arg-type]
         e.release_level = logging.DEBUG
         return e
 
