@@ -92,6 +92,8 @@ class Scenario:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     max_faults: int = 6
+    #: the fault kinds a seed draws from (:data:`FAULT_KINDS`)
+    kinds: tuple[str, ...] = FAULT_KINDS
     #: fixed faults instead of the seed's (a hand-built schedule); the seed still drives the rest
     faults: tuple[Fault, ...] | None = None
 
@@ -101,6 +103,10 @@ class Scenario:
         for f in ("replicas", "shards", "keys", "duration"):
             if getattr(self, f) != getattr(default, f):
                 line += f" --{f} {getattr(self, f):g}"
+        if self.kinds != default.kinds:
+            line += f" --faults {','.join(self.kinds)}"
+        if self.faults is not None:
+            line += "  # with a hand-built schedule: " + "; ".join(str(f) for f in self.faults)
         return line
 
 
@@ -161,7 +167,7 @@ def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:
     """The faults of one run, drawn from ``rng`` (sorted by time)."""
     faults = []
     for _ in range(rng.randint(0, scenario.max_faults)):
-        kind = rng.choice(FAULT_KINDS)
+        kind = rng.choice(scenario.kinds)
         at = round(rng.uniform(0, scenario.duration), 3)
         length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * scenario.lease_duration))), 3)
         if kind == "stuck":
@@ -538,12 +544,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=Scenario.shards)
     p.add_argument("--keys", type=int, default=Scenario.keys)
     p.add_argument("--duration", type=float, default=Scenario.duration)
+    p.add_argument("--faults", default=",".join(FAULT_KINDS), help="the fault kinds to draw from (comma-separated)")
     p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
-    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration)
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
+    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds)
     if args.seed is not None:
         result = run(scenario, args.seed)
         print(result.report())
