@@ -366,7 +366,8 @@ class _Cluster:
             r.actor.spawn(self._sharded(r, transport, timings))
 
     async def _leader(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
-        e = LeaderElector(transport, name=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)
+        assert r.actor is not None
+        e = LeaderElector(transport, name=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
         r.fence = lambda lease: e.valid()
         r.owned = lambda: [LEASE_ID] if e.valid() else []
         await e.acquire()
@@ -376,6 +377,7 @@ class _Cluster:
         self.exit(r)  # the manager: a lost Lease halts the workers and exits 1
 
     async def _sharded(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
+        assert r.actor is not None
         sl = ShardLeases(transport, lease_id=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
         sl.member = sl._elector(f"{sl.member_prefix}r{r.index}-{r.gen}")  # deterministic name
         s = sl.add(CONTROLLER, self.scenario.shards, "uid")
