@@ -43,7 +43,8 @@ time and the replica):
   end, every Lease (every range) has a live owner whose fence is open.
 
 A run is a pure function of its :class:`Scenario` and seed: a failing one is reproduced by the
-one line :meth:`Result.repro` prints.
+one line :meth:`Result.repro` prints, and :func:`shrink` drops the faults it does not need
+(``--only`` names the ones kept).
 """
 
 # size: the whole simulator — transport, replicas, faults, invariants and the command line — in
@@ -54,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import dataclasses
 import logging
 import random
 import sys
@@ -67,7 +69,7 @@ from declop.leases.shards import ShardLeases, ShardSet, lease_name
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.simloop import Actor, VirtualLoop
 
-__all__ = ["EXIT_BOUND", "FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule"]
+__all__ = ["EXIT_BOUND", "FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink"]
 
 #: seconds from a loss (hold() returned, or ShardLeases.run() returned) to the process being gone
 EXIT_BOUND = 2.0
@@ -96,6 +98,8 @@ class Scenario:
     kinds: tuple[str, ...] = FAULT_KINDS
     #: fixed faults instead of the seed's (a hand-built schedule); the seed still drives the rest
     faults: tuple[Fault, ...] | None = None
+    #: keep only these faults (indices) of the seed's schedule — what :func:`shrink` finds
+    only: tuple[int, ...] | None = None
 
     def repro(self, seed: int) -> str:
         line = f"python -m declop.testing.sim --scenario {self.kind} --seed {seed}"
@@ -105,6 +109,8 @@ class Scenario:
                 line += f" --{f} {getattr(self, f):g}"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
+        if self.only is not None:
+            line += f" --only {','.join(map(str, self.only))}"
         if self.faults is not None:
             line += "  # with a hand-built schedule: " + "; ".join(str(f) for f in self.faults)
         return line
@@ -501,6 +507,8 @@ def run(scenario: Scenario, seed: int) -> Result:
     workload, the network's latencies and the Lease code's jitter."""
     rng = random.Random(seed)
     faults = list(scenario.faults) if scenario.faults is not None else schedule(scenario, rng)
+    if scenario.only is not None:
+        faults = [faults[i] for i in scenario.only if i < len(faults)]
     loop = VirtualLoop()
     cluster = _Cluster(scenario, seed, loop)
     saved = random.getstate()
@@ -514,6 +522,23 @@ def run(scenario: Scenario, seed: int) -> Result:
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
     return Result(scenario, seed, faults, cluster.violations, cluster.calls, cluster.requests)
+
+
+def shrink(failed: Result) -> Result:
+    """The fewest of ``failed``'s faults that still fail, found greedily: drop each fault in
+    turn and keep it dropped if the run still fails (every other random stream stays the same,
+    so the rest of the run does not change). Returns the last failing run (``scenario.only``
+    names the faults kept) — ``failed`` itself if nothing could go."""
+    if failed.ok or failed.scenario.faults is not None:
+        return failed
+    kept = list(failed.scenario.only if failed.scenario.only is not None else range(len(failed.faults)))
+    best = failed
+    for index in list(kept):
+        trial = [i for i in kept if i != index]
+        result = run(dataclasses.replace(failed.scenario, only=tuple(trial)), failed.seed)
+        if not result.ok:
+            kept, best = trial, result
+    return best
 
 
 async def _main(c: _Cluster, faults: list[Fault]) -> None:
@@ -546,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=Scenario.shards)
     p.add_argument("--keys", type=int, default=Scenario.keys)
     p.add_argument("--duration", type=float, default=Scenario.duration)
+    p.add_argument("--only", default=None, help="keep only these faults of the seed's schedule (indices, comma-separated)")
+    p.add_argument("--no-shrink", action="store_true", help="do not shrink a failing --seed run")
     p.add_argument("--faults", default=",".join(FAULT_KINDS), help="the fault kinds to draw from (comma-separated)")
     p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
     args = p.parse_args(argv)
@@ -556,12 +583,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
-    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds)
+    only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
+    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only)
     if args.seed is not None:
         result = run(scenario, args.seed)
         print(result.report())
-        for v in result.violations[1:]:
-            print(f"  {v}")
+        if not result.ok and not args.no_shrink:
+            shrunk = shrink(result)
+            if len(shrunk.faults) < len(result.faults):
+                print(f"shrunk to {len(shrunk.faults)} fault(s):")
+                print(shrunk.report())
         return 0 if result.ok else 1
     began, failed = time.perf_counter(), 0
     for seed in range(args.start, args.start + args.seeds):

@@ -11,7 +11,8 @@ from typing import Iterator
 import pytest
 
 from declop.leases.leader import LeaderElector
-from declop.testing.sim import FAULT_KINDS, Fault, Scenario, main, run
+from declop.testing import sim
+from declop.testing.sim import FAULT_KINDS, Fault, Scenario, main, run, shrink
 
 #: the fault mix of the sweeps: every kind but an administrator's delete, whose remaining window
 #: (a replica restarted after the delete creates the Lease at once) is open — docs/simulation.md
@@ -91,6 +92,21 @@ def test_defect_1_a_range_lost_under_a_running_call_stops_the_round_at_once() ->
         assert result.ok, result.report()
 
 
+def test_a_failing_schedule_shrinks_to_the_faults_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an exit that takes 30 s after a loss (the manager promises 2), a stuck call and a
+    partition of its replica are enough to fail I5; shrinking drops the three other faults."""
+    monkeypatch.setattr(sim, "EXIT_BOUND", 30.0)
+    scenario = Scenario(kind="leader", kinds=("hang", "slow", "pause", "stuck", "fail"))
+    failed = run(scenario, 26)
+    assert len(failed.faults) == 5 and failed.violations[0].invariant == "I5"
+    shrunk = shrink(failed)
+    assert [f.kind for f in shrunk.faults] == ["stuck", "hang"] and shrunk.scenario.only == (2, 3)
+    assert shrunk.violations[0].invariant == "I5"
+    assert shrunk.repro().endswith("--seed 26 --faults hang,slow,pause,stuck,fail --only 2,3")
+    assert not run(dataclasses.replace(scenario, only=(2,)), 26).violations  # each is needed
+    assert not run(dataclasses.replace(scenario, only=(3,)), 26).violations
+
+
 def test_a_hand_built_schedule_is_named_in_the_repro_line() -> None:
     scenario = dataclasses.replace(Scenario(kind="sharded"), faults=(Fault(3.0, "pause", 1, 2.0),), replicas=2)
     assert scenario.repro(5) == (
@@ -106,5 +122,7 @@ def test_the_command_line_prints_the_schedule_and_a_rate(capsys: pytest.CaptureF
     assert "delete: an administrator deletes a held Lease" in out
     assert main(["--scenario", "leader", "--seeds", "3", "--faults", "hang,pause"]) == 0
     assert "3 seeds, 0 failed" in capsys.readouterr().out
+    assert main(["--scenario", "leader", "--seed", "38", "--only", "0"]) == 0
+    assert "\nfaults:\n  t=6.147 delete: an administrator deletes a held Lease\ncalls:" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--faults", "meteor"])
