@@ -84,6 +84,7 @@ class LeaderElector:
         clock: Clock = LEASE_CLOCK,
         on_change: Callable[[bool], None] | None = None,
         wall_clock: Clock = WALL_CLOCK,
+        exclusive: bool = True,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
             raise ConfigError(
@@ -115,6 +116,9 @@ class LeaderElector:
         self._observed_at = 0.0
         self._gone_at: float | None = None  # clock() when we first found the Lease deleted
         self._seen = False  # we know the Lease existed (read it, wrote it, or lost its creation)
+        #: False for a Lease nobody else ever takes (a replica's member Lease): when deleted, it is
+        #: created again at once, since no other holder's fence can be open
+        self.exclusive = exclusive
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._what = f'leases.coordination.k8s.io "{name}" in namespace "{namespace}"'
 
@@ -215,12 +219,12 @@ class LeaderElector:
                 if exc.status not in (404, 409):
                     raise
                 self._lease = None  # someone else wrote (or deleted) it: read it first
-                if exc.status == 404:
+                if exc.status == 404 and self.exclusive:
                     return self._gone()
         try:
             lease = await self._request("GET", f"{self._path}/{self.name}", deadline=deadline)
         except NotFound:
-            if self.is_leader or self._seen:
+            if self.exclusive and (self.is_leader or self._seen):
                 # it existed and someone deleted it: whoever held it may still be inside its
                 # fence, which stays open until its next renewal finds it gone — take it only
                 # once a lease duration has passed since we first saw it gone

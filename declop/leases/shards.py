@@ -169,7 +169,8 @@ class ShardLeases:
         #: of its own: a re-list never delays a renewal)
         self.on_round = on_round
         self.member_prefix = f"{_dns(lease_id)}-member-"
-        self.member = self._elector(f"{self.member_prefix}{suffix}")
+        # only this replica ever holds its member Lease: deleted, it is created again at once
+        self.member = self._elector(f"{self.member_prefix}{suffix}", exclusive=False)
         self.sets: dict[str, ShardSet] = {}
         #: set when a range was lost while a reconcile of it ran: the manager exits non-zero
         self.failed = asyncio.Event()
@@ -180,8 +181,8 @@ class ShardLeases:
         self._live_names: set[str] = set()
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
-    def _elector(self, name: str) -> LeaderElector:
-        e = LeaderElector(self.transport, name=name, namespace=self.namespace, identity=self.identity, clock=self.clock, wall_clock=self.wall_clock, **self.timings)  # type: ignore[arg-type]
+    def _elector(self, name: str, exclusive: bool = True) -> LeaderElector:
+        e = LeaderElector(self.transport, name=name, namespace=self.namespace, identity=self.identity, clock=self.clock, wall_clock=self.wall_clock, exclusive=exclusive, **self.timings)  # type: ignore[arg-type]
         e.release_level = logging.DEBUG
         return e
 

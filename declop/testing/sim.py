@@ -385,7 +385,7 @@ class _Cluster:
     async def _sharded(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
         assert r.actor is not None
         sl = ShardLeases(transport, lease_id=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
-        sl.member = sl._elector(f"{sl.member_prefix}r{r.index}-{r.gen}")  # deterministic name
+        sl.member = sl._elector(f"{sl.member_prefix}r{r.index}-{r.gen}", exclusive=False)  # deterministic name
         s = sl.add(CONTROLLER, self.scenario.shards, "uid")
         names = [e.name for e in s.electors]
         r.fence = lambda lease: s.may_start(names.index(lease))
