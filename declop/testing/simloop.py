@@ -133,16 +133,15 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             raise ValueError("virtual time does not go backwards")
         self._virtual_now += seconds
 
+    # without a context, a handle runs in a copy of the current one: the same actor
     def call_soon(self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> asyncio.Handle:  # type: ignore[override]
-        ctx = context if context is not None else contextvars.copy_context()
-        who = ctx.get(_ACTOR)
+        who = _ACTOR.get() if context is None else context.get(_ACTOR)
         if who is None:
-            return super().call_soon(callback, *args, context=ctx)
-        return super().call_soon(who._run, callback, *args, context=ctx)
+            return super().call_soon(callback, *args, context=context)
+        return super().call_soon(who._run, callback, *args, context=context)
 
     def call_at(self, when: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> asyncio.TimerHandle:  # type: ignore[override]
-        ctx = context if context is not None else contextvars.copy_context()
-        who = ctx.get(_ACTOR)
+        who = _ACTOR.get() if context is None else context.get(_ACTOR)
         if who is None:
-            return super().call_at(when, callback, *args, context=ctx)
-        return super().call_at(when, who._run, callback, *args, context=ctx)
+            return super().call_at(when, callback, *args, context=context)
+        return super().call_at(when, who._run, callback, *args, context=context)
