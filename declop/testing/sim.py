@@ -32,7 +32,8 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
 Invariants, checked while the run goes (each violation is a :class:`Violation`, with the virtual
 time and the replica):
 
-- **I1** no two replicas run a call of the same key at once;
+- **I1** no two replicas run a call of the same key at once (except a replica paused during its
+  call: only fenced writes will stop it — contract.md §7);
 - **I2** a call starts only while the apiserver's record of the Lease covering its key names the
   replica and is unexpired (its last write + ``leaseDurationSeconds``; a Lease deleted by an
   administrator keeps its last record until it is created again);
@@ -210,6 +211,7 @@ class _Replica:
     fence: Callable[[str], bool] = lambda lease: False
     in_flight: dict[str, int] = field(default_factory=dict)  # lease -> calls running under it
     keys: dict[str, int] = field(default_factory=dict)  # key -> calls running
+    since: dict[str, float] = field(default_factory=dict)  # key -> when the first of them started
     owned: Callable[[], list[str]] = lambda: []
     paused: list[list[float]] = field(default_factory=list)  # [from, until] of each pause
 
@@ -343,8 +345,9 @@ class _Cluster:
             what = "no record" if rec is None else f"holder {rec.holder!r}, written at {rec.written_at:.3f} for {rec.duration:g} s"
             self.violate("I2", r, f"call of {key} started under {lease} ({what})")
         for other in self.replicas:
-            if other is not r and other.alive and other.keys.get(key):
+            if other is not r and other.alive and other.keys.get(key) and not other.was_paused(other.since[key]):
                 self.violate("I1", r, f"call of {key} started while {other.name} runs one")
+        r.since.setdefault(key, self.now())
         r.keys[key] = r.keys.get(key, 0) + 1
         r.in_flight[lease] = r.in_flight.get(lease, 0) + 1
 
@@ -353,6 +356,8 @@ class _Cluster:
             d[k] -= 1
             if not d[k]:
                 del d[k]
+        if key not in r.keys:
+            del r.since[key]
 
     # -- replicas -------------------------------------------------------------------------------
     def start(self, r: _Replica) -> None:
@@ -360,7 +365,7 @@ class _Cluster:
         r.actor = Actor(self.loop, f"r{r.index}")
         r.identity = r.name
         r.exiting, r.stuck = False, 0.0
-        r.in_flight, r.keys, r.paused = {}, {}, []
+        r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
         r.fence, r.owned = (lambda lease: False), (lambda: [])
         self.last_change = self.now()
         transport = SimTransport(self, r)
@@ -441,7 +446,7 @@ class _Cluster:
     def kill(self, r: _Replica) -> None:
         assert r.actor is not None
         r.actor.kill()
-        r.in_flight, r.keys = {}, {}
+        r.in_flight, r.keys, r.since = {}, {}, {}
         r.fence = lambda lease: False
         self.last_change = self.now()
 
