@@ -16,7 +16,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 IMAGE_TAR ?= build/declop-image.tar
 
-.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit dist clean
+.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit sim dist clean
 
 all: test
 
@@ -100,6 +100,12 @@ test-fast: setup
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/test_public_api.py tests/test_layers.py $(PYTEST_ARGS)
+
+# The Lease simulator (docs/simulation.md): SIM_SEEDS seeds of each scenario, one line per failure.
+SIM_SEEDS ?= 1000
+sim: venv
+	$(PY) -m declop.testing.sim --scenario leader --seeds $(SIM_SEEDS)
+	$(PY) -m declop.testing.sim --scenario sharded --seeds $(SIM_SEEDS)
 
 # A wheel and an sdist in dist/, for `pip install dist/declop-*.whl` outside this checkout: the
 # sdist first, then the wheel built from it (so the sdist is proven complete). `build` comes

@@ -10,6 +10,10 @@ machine was suspended (a laptop lid, a VM paused and resumed). With CLOCK_MONOTO
 suspended for a minute would wake up believing its Lease renewed a moment ago and start
 reconciles in ranges others took meanwhile; with BOOTTIME the minute has passed and its fences
 are closed before it does anything. A process stopped with SIGSTOP sees both clocks advance.
+
+``WALL_CLOCK`` (``time.time``) is the wall clock, for timestamps written for humans and other
+programs (a Lease's ``renewTime``); nothing decides from it. It is injectable too, so the
+simulator (:mod:`declop.testing.sim`) can make every clock a replica reads virtual.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-__all__ = ["LEASE_CLOCK", "MONOTONIC", "Clock", "FakeClock"]
+__all__ = ["LEASE_CLOCK", "MONOTONIC", "WALL_CLOCK", "Clock", "FakeClock"]
 
 Clock = Callable[[], float]
 MONOTONIC: Clock = time.monotonic
+#: seconds since the epoch, for timestamps only (see the module docstring)
+WALL_CLOCK: Clock = time.time
 
 
 def _boottime() -> float:

@@ -13,7 +13,13 @@ Protocol (client-go ``tools/leaderelection``):
    :meth:`LeaderElector.hold` returns (leadership lost) no later than that. Every Lease request
    has its own timeout of ``renew_deadline / 2`` (controller-runtime's rule, so one hung request
    cannot use up the deadline), cut shorter when the round's deadline comes first.
-3. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
+3. A Lease deleted under its holder (an administrator, a cleanup script) is *not* re-created at
+   once: the holder's next renewal finds it gone (404), its fence closes for good and leadership
+   is lost; a candidate that had seen the Lease before creates it again only a lease duration
+   after it first found it gone — by then the old holder's fence closed on its own clock even if
+   it never learnt of the deletion. A candidate that never saw the Lease (the first start of an
+   operator) creates it at once.
+4. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
    takes over within one retry period instead of waiting for expiry.
 
 Fencing (beyond client-go): :meth:`LeaderElector.valid` is True only while we hold the Lease and
@@ -47,7 +53,7 @@ import socket
 import uuid
 from typing import Any, Callable
 
-from declop.clock import LEASE_CLOCK, Clock
+from declop.clock import LEASE_CLOCK, WALL_CLOCK, Clock
 from declop.errors import ApiError, ConfigError, Conflict, NotFound
 
 __all__ = ["LeaderElector"]
@@ -58,8 +64,8 @@ log = logging.getLogger("declop.leader")
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
 
 
-def _now_micro() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _now_micro(wall_clock: Clock = WALL_CLOCK) -> str:
+    return datetime.datetime.fromtimestamp(wall_clock(), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -77,6 +83,8 @@ class LeaderElector:
         retry_period: float = 2.0,
         clock: Clock = LEASE_CLOCK,
         on_change: Callable[[bool], None] | None = None,
+        wall_clock: Clock = WALL_CLOCK,
+        exclusive: bool = True,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
             raise ConfigError(
@@ -90,6 +98,8 @@ class LeaderElector:
         #: seconds each Lease request may take at most (controller-runtime: RenewDeadline / 2)
         self.request_timeout = renew_deadline / 2
         self.clock = clock
+        #: writes renewTime/acquireTime (for humans and client-go; nothing decides from them)
+        self.wall_clock = wall_clock
         self.on_change = on_change
         #: level of the "Released leader lease" line (range Leases log their own line instead)
         self.release_level = logging.INFO
@@ -104,6 +114,11 @@ class LeaderElector:
         self._lease: dict[str, Any] | None = None  # the Lease as we last wrote it (fast-path renew)
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._gone_at: float | None = None  # clock() when we first found the Lease deleted
+        self._seen = False  # we know the Lease existed (read it, wrote it, or lost its creation)
+        #: False for a Lease nobody else ever takes (a replica's member Lease): when deleted, it is
+        #: created again at once, since no other holder's fence can be open
+        self.exclusive = exclusive
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._what = f'leases.coordination.k8s.io "{name}" in namespace "{namespace}"'
 
@@ -137,7 +152,7 @@ class LeaderElector:
 
     # -- one attempt ----------------------------------------------------------------------------
     def _spec(self, old: dict[str, Any] | None) -> dict[str, Any]:
-        now = _now_micro()
+        now = _now_micro(self.wall_clock)
         spec = dict(old or {})
         if spec.get("holderIdentity") != self.identity:
             spec["acquireTime"] = now
@@ -204,9 +219,19 @@ class LeaderElector:
                 if exc.status not in (404, 409):
                     raise
                 self._lease = None  # someone else wrote (or deleted) it: read it first
+                if exc.status == 404 and self.exclusive:
+                    return self._gone()
         try:
             lease = await self._request("GET", f"{self._path}/{self.name}", deadline=deadline)
         except NotFound:
+            if self.exclusive and (self.is_leader or self._seen):
+                # it existed and someone deleted it: whoever held it may still be inside its
+                # fence, which stays open until its next renewal finds it gone — take it only
+                # once a lease duration has passed since we first saw it gone
+                self._gone()
+                assert self._gone_at is not None
+                if self.clock() < self._gone_at + self.lease_duration:
+                    return False
             body: dict[str, Any] = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
@@ -216,6 +241,7 @@ class LeaderElector:
             try:
                 self._wrote(await self._request("POST", self._path, body, deadline), body)
             except Conflict:
+                self._seen = True
                 return False  # someone else created it first
             return True
         spec = lease.get("spec") or {}
@@ -231,6 +257,20 @@ class LeaderElector:
             return False
         return True
 
+    @property
+    def gone(self) -> bool:
+        """True since a request found the Lease deleted, until a record of it is seen again."""
+        return self._gone_at is not None
+
+    def _gone(self) -> bool:
+        """The Lease was deleted (404): a leader's fence closes now, for good (its :meth:`hold`
+        reports the loss); and the time we first saw it gone is noted. Returns False."""
+        if self.is_leader:
+            self._expired = True
+        if self._gone_at is None:
+            self._gone_at = self.clock()
+        return False
+
     def _wrote(self, answer: Any, sent: dict[str, Any]) -> None:
         lease = answer if isinstance(answer, dict) and answer.get("metadata") else sent
         self._lease = lease
@@ -243,6 +283,7 @@ class LeaderElector:
             self._observe(spec)
 
     def _observe(self, spec: dict[str, Any]) -> None:
+        self._gone_at, self._seen = None, True
         self.holder = spec.get("holderIdentity") or ""
         record = (self.holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
         if record != self._observed:
@@ -279,6 +320,8 @@ class LeaderElector:
                         if self._expired:  # the fence closed while this renewal was in flight
                             continue
                         break
+                    if self.gone:
+                        return self.lose("the Lease was deleted")
                     if self.holder and self.holder != self.identity:
                         return self.lose(f"the Lease is held by {self.holder}")
                 except ApiError as exc:
@@ -308,7 +351,7 @@ class LeaderElector:
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
-            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
+            spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(self.wall_clock)})
             lease["spec"] = spec
             try:
                 await self._request("PUT", f"{self._path}/{self.name}", lease)
@@ -318,7 +361,7 @@ class LeaderElector:
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") != self.identity:
                     return
-                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro()})
+                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now_micro(self.wall_clock)})
                 await self._request("PUT", f"{self._path}/{self.name}", lease)
             log.log(self.release_level, "Released leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
         except ApiError as exc:

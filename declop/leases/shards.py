@@ -27,13 +27,14 @@ finish, and only then is the Lease released — so the next owner never overlaps
 graceful stop drains every range the same way (the manager stops the controllers first), then
 releases the range Leases and deletes the member Lease.
 
-Loss (no successful renewal for ``renew_deadline``, or another holder seen — e.g. after a
-SIGSTOP): the range's fence closes at once and its keys are dropped. A lost range whose record
+Loss (no successful renewal for ``renew_deadline``, another holder seen — e.g. after a
+SIGSTOP —, or the Lease deleted): the range's fence closes at once and its keys are dropped. A lost range whose record
 still names us (nobody took it: an apiserver outage past the renew deadline hits every replica
 alike) is taken again at the next round whatever the share — the other replicas see a live
 holder and would never take it — and drained if over the share. When a reconcile of a lost
 range is still running (it cannot be stopped: a plain handler runs in a thread), :attr:`failed`
-is set and the manager exits non-zero, as after a lost leader Lease.
+is set, :meth:`ShardLeases.run` returns at once (abandoning the rest of its round) and the
+manager exits non-zero, as after a lost leader Lease.
 
 Invariants:
 
@@ -56,7 +57,7 @@ import socket
 import uuid
 from typing import Any, Callable, Iterable
 
-from declop.clock import LEASE_CLOCK, Clock
+from declop.clock import LEASE_CLOCK, WALL_CLOCK, Clock
 from declop.errors import ApiError, ConfigError, NotFound
 from declop.leases.leader import LeaderElector
 from declop.leases.hashing import ShardRange, fnv1a64, range_index, split
@@ -149,6 +150,7 @@ class ShardLeases:
         metrics: Any = None,
         identity: str | None = None,
         on_round: Callable[[], None] | None = None,
+        wall_clock: Clock = WALL_CLOCK,
     ) -> None:
         if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
             raise ConfigError(
@@ -161,12 +163,14 @@ class ShardLeases:
         self.timings = dict(lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period)
         self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
         self.clock = clock
+        self.wall_clock = wall_clock
         self.metrics = metrics
         #: called after every round (the manager moves the informers' shard filters in a task
         #: of its own: a re-list never delays a renewal)
         self.on_round = on_round
         self.member_prefix = f"{_dns(lease_id)}-member-"
-        self.member = self._elector(f"{self.member_prefix}{suffix}")
+        # only this replica ever holds its member Lease: deleted, it is created again at once
+        self.member = self._elector(f"{self.member_prefix}{suffix}", exclusive=False)
         self.sets: dict[str, ShardSet] = {}
         #: set when a range was lost while a reconcile of it ran: the manager exits non-zero
         self.failed = asyncio.Event()
@@ -177,8 +181,8 @@ class ShardLeases:
         self._live_names: set[str] = set()
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
-    def _elector(self, name: str) -> LeaderElector:
-        e = LeaderElector(self.transport, name=name, namespace=self.namespace, identity=self.identity, clock=self.clock, **self.timings)  # type: ignore[arg-type]
+    def _elector(self, name: str, exclusive: bool = True) -> LeaderElector:
+        e = LeaderElector(self.transport, name=name, namespace=self.namespace, identity=self.identity, clock=self.clock, wall_clock=self.wall_clock, exclusive=exclusive, **self.timings)  # type: ignore[arg-type]
         e.release_level = logging.DEBUG
         return e
 
@@ -215,13 +219,33 @@ class ShardLeases:
         first = True
         while not self.failed.is_set():
             began = self.clock()
+            # the round races the failure: once a range is lost under a running call, the
+            # process must be gone before another replica can take the range, so the rest of
+            # the round (LIST, tries, collect — each may wait renew_deadline / 2) and the sleep
+            # after it are abandoned and the manager's halt starts at once
+            round_ = asyncio.ensure_future(self.step(balance=not first))
+            if not await self._unless_failed(round_):
+                return
             try:
-                await self.step(balance=not first)
+                round_.result()
             except (ApiError, asyncio.TimeoutError) as exc:
                 log.warning("Shard lease round failed", extra={"kv": {"error": str(exc) or type(exc).__name__}})
             first = False  # one round to see the other members before taking a share
             # a fixed cadence: a slow round does not stretch the time between renewals
-            await asyncio.sleep(max(0.0, began + self.retry_period - self.clock()))
+            pause = asyncio.ensure_future(asyncio.sleep(max(0.0, began + self.retry_period - self.clock())))
+            await self._unless_failed(pause)
+
+    async def _unless_failed(self, task: asyncio.Future[Any]) -> bool:
+        """Wait for ``task``; False (``task`` cancelled) if :attr:`failed` is set first."""
+        failed = asyncio.ensure_future(self.failed.wait())
+        try:
+            await asyncio.wait((task, failed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not task.done():  # failed, or we were cancelled (a graceful stop)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        return not task.cancelled()
 
     async def step(self, balance: bool = True) -> None:
         """One round: renew the member Lease and every held range, read every Lease once, then
@@ -337,6 +361,8 @@ class ShardLeases:
                 if not e.valid():
                     return self._lost(e, s, "the renewal came back after the renew deadline")
                 return
+            if e.gone:
+                return self._lost(e, s, "the Lease was deleted")
             if e.holder and e.holder != self.identity:
                 return self._lost(e, s, f"the Lease is held by {e.holder}")
         except ApiError as exc:

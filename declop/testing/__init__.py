@@ -7,6 +7,9 @@
   leader election, rollouts); :func:`wait_for` polls a condition.
 - :func:`run_reconcile`, :class:`FakeClient`: unit-test a reconciler with no apiserver at all.
 - :class:`ListWatchServer`: a scriptable fake list/watch endpoint (plain HTTP) for informer tests.
+- :mod:`declop.testing.sim` (``python -m declop.testing.sim``): replicas of the real Lease code on
+  virtual time (:mod:`declop.testing.simloop`) under seeded faults, with invariants checked as
+  they run (docs/simulation.md). Not re-exported here: import it by its module.
 - :class:`BuildKit`, :func:`build_image`, :func:`declop_image`, :func:`base_image`,
   :func:`pause_image`, :func:`wheelhouse`: container images from a Dockerfile with no Docker
   daemon and no registry (:class:`BuiltImage`: an OCI archive for ``ctr images import`` and an

@@ -84,7 +84,8 @@ class LeaseServer:
             self.lease = {**copy.deepcopy(body), "metadata": {**body["metadata"], "resourceVersion": str(self.rv)}}
             return copy.deepcopy(self.lease)
         if method == "PUT":
-            assert self.lease is not None
+            if self.lease is None:
+                raise NotFound()
             if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
                 raise Conflict()
             self.rv += 1
@@ -454,3 +455,52 @@ def test_a_closed_fence_never_reopens() -> None:
     assert a.renewed_at == t0 + 2  # the renewal did succeed, from t0 + 2 ...
     assert not a.valid() and not a.is_leader  # ... but the closed fence stays closed
     assert lost_at == pytest.approx(t0 + 2 + 8.5)
+
+
+def test_a_deleted_lease_closes_the_holders_fence_and_is_created_again_only_a_lease_duration_later() -> None:
+    """Issue 22, defect 7 (found by declop.testing.sim): a standby re-created a deleted Lease at
+    once while the holder's fence was still open."""
+    clock, server = FakeClock(), LeaseServer()
+    a, b = elector(server, "a", clock), elector(server, "b", clock)
+
+    async def main() -> None:
+        assert await a.try_acquire_or_renew()
+        a.won()
+        assert not await b.try_acquire_or_renew()  # held: b has seen the record
+        server.lease = None  # an administrator deletes it
+        assert not await b.try_acquire_or_renew() and b.gone and server.lease is None
+        assert a.valid()  # a does not know yet ...
+        clock.advance(2)
+        assert not await a.try_acquire_or_renew()  # ... until its renewal finds it gone
+        assert not a.valid() and a.gone
+        clock.advance(12.9)  # 14.9 s after b first found it gone
+        assert not await b.try_acquire_or_renew() and server.lease is None
+        clock.advance(0.2)
+        assert await b.try_acquire_or_renew() and not b.gone
+        assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "b"
+
+    asyncio.run(main())
+
+
+def test_a_candidate_that_never_saw_the_lease_creates_it_at_once_but_one_that_lost_the_race_waits() -> None:
+    clock, server = FakeClock(), LeaseServer()
+    b, c = elector(server, "b", clock), elector(server, "c", clock)
+    rival = {"metadata": {"name": "lock"}, "spec": {"holderIdentity": "x", "leaseDurationSeconds": 15}}
+
+    async def main() -> None:
+        assert await b.try_acquire_or_renew()  # b never saw it (a first start): no wait
+        server.lease = None
+        real = server.request
+
+        async def racing(method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            if method == "POST":  # someone creates it between c's GET and c's POST
+                await real("POST", path, rival)
+            return await real(method, path, body, **kw)
+
+        server.request = racing  # type: ignore[method-assign]
+        assert not await c.try_acquire_or_renew()  # c lost the race: now it knows the Lease exists
+        server.request = real  # type: ignore[method-assign]
+        server.lease = None
+        assert not await c.try_acquire_or_renew() and c.gone  # so a deletion makes it wait
+
+    asyncio.run(main())

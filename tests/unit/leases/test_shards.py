@@ -247,3 +247,16 @@ def test_after_an_outage_past_the_renew_deadline_every_range_is_owned_again() ->
     open_on = {i: [r.identity for r in reps if r.sets["c"].may_start(i)] for i in range(12)}
     assert all(len(v) == 1 for v in open_on.values()), open_on
     assert {x: list(store.holders().values()).count(x) for x in "ab"} == {"a": 6, "b": 6}
+
+
+def test_a_deleted_member_lease_is_created_again_at_once() -> None:
+    """Only its replica ever holds a member Lease, so unlike a range Lease (issue 22, defect 7)
+    it needs no wait when someone deletes it."""
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a")
+    rounds(clock, [a], 2, store)
+    member = a.member.name
+    assert member in store.items
+    del store.items[member]
+    rounds(clock, [a], 1, store)
+    assert member in store.items and a.member.is_leader and a.member.valid()

@@ -1,0 +1,615 @@
+"""Deterministic simulation of several replicas' Lease code, on virtual time, under faults.
+
+    python -m declop.testing.sim --scenario sharded --seed 123456
+    python -m declop.testing.sim --scenario leader --seeds 1000
+
+One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.VirtualLoop`:
+
+- **the apiserver** is :class:`~declop.testing.apiserver.FakeApiServer` (Leases with
+  resourceVersion-checked updates: 409 on a stale PUT, 409 on a second create, 404 on a missing
+  Lease); each replica reaches it through a :class:`SimTransport` — the one seam the Lease code
+  has (``transport.request(method, path, body=..., timeout=..., lane=...)``), so no socket is
+  involved. The network leg of a request runs in a task of the cluster, not of the replica: a
+  request sent before a pause still arrives, its answer waits for the resume.
+- **the replicas** run declop's real :class:`~declop.leases.leader.LeaderElector` (scenario
+  ``leader``: acquire, hold, exit on loss, as the manager does) or
+  :class:`~declop.leases.shards.ShardLeases` (scenario ``sharded``: ``run()``, exit once it
+  returns, as the manager's ``_shard`` does), with every clock they read virtual: the Lease
+  clock is the loop's time, ``renewTime`` comes from a virtual wall clock, jitter from a seeded
+  ``random``. Each replica has two workers that start simulated calls on random keys through
+  the same fence the controller uses (``elector.valid()``; ``ShardSet.may_start`` at the take and
+  again just before the call, ``begin``/``end`` around it). A call lasts a random virtual
+  duration, a few of them tens of seconds (a stuck handler); it cannot be cancelled — it ends
+  when it ends or when its process is gone.
+- **exits**: a replica that lost its leader Lease, or whose ``ShardLeases.run()`` returned
+  (a range lost under a running call), is gone :data:`EXIT_BOUND` seconds later — the bound the
+  manager claims for its stop after a loss — and restarts with empty memory after a delay.
+- **faults** (:class:`Fault`) are drawn from the seed, per replica: partitions (requests hang;
+  requests fail at once; requests arrive but their answers are lost), slow requests, pause and
+  resume (SIGSTOP/SIGCONT: the replica's tasks stop advancing, its clock does not), crash and
+  restart with empty memory, a stuck call, and an administrator deleting a Lease.
+
+Invariants, checked while the run goes (each violation is a :class:`Violation`, with the virtual
+time and the replica):
+
+- **I1** no two replicas run a call of the same key at once (except a replica paused during its
+  call: only fenced writes will stop it — contract.md §7);
+- **I2** a call starts only while the apiserver's record of the Lease covering its key names the
+  replica and is unexpired (its last write + ``leaseDurationSeconds``; a Lease deleted by an
+  administrator keeps its last record until it is created again);
+- **I5** when a replica acquires a Lease, no other replica that had a call in flight under it is
+  still alive;
+- **I6** no replica releases (or deletes) a Lease while one of its calls under it still runs;
+- **I7** from two lease durations after the last fault (and the last exit or restart) until the
+  end, every Lease (every range) has a live owner whose fence is open.
+
+A run is a pure function of its :class:`Scenario` and seed: a failing one is reproduced by the
+one line :meth:`Result.repro` prints, and :func:`shrink` drops the faults it does not need
+(``--only`` names the ones kept).
+"""
+
+# size: the whole simulator — transport, replicas, faults, invariants and the command line — in
+# one module, so a session can read it top to bottom; split when the apiserver grows watches.
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import dataclasses
+import logging
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from declop.errors import ApiError
+from declop.leases.leader import LeaderElector
+from declop.leases.shards import ShardLeases, ShardSet, lease_name
+from declop.testing.apiserver import FakeApiServer
+from declop.testing.simloop import Actor, VirtualLoop
+
+__all__ = ["EXIT_BOUND", "FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink"]
+
+#: seconds from a loss (hold() returned, or ShardLeases.run() returned) to the process being gone
+EXIT_BOUND = 2.0
+#: what a seed may draw (``delete`` is an administrator's, the others hit one replica)
+FAULT_KINDS = ("hang", "fail", "cut", "slow", "pause", "crash", "stuck", "delete")
+NAMESPACE = "sim"
+LEASE_ID = "sim"
+CONTROLLER = "widgets"
+_EPOCH = 1_800_000_000.0  # the virtual wall clock at virtual time 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What one run simulates; everything but ``faults`` has defaults matching a small cluster."""
+
+    kind: str = "leader"  # "leader" or "sharded"
+    replicas: int = 3
+    shards: int = 4
+    keys: int = 200
+    duration: float = 60.0  # virtual seconds of faults and workload; then the run settles
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    max_faults: int = 6
+    #: the fault kinds a seed draws from (:data:`FAULT_KINDS`)
+    kinds: tuple[str, ...] = FAULT_KINDS
+    #: fixed faults instead of the seed's (a hand-built schedule); the seed still drives the rest
+    faults: tuple[Fault, ...] | None = None
+    #: keep only these faults (indices) of the seed's schedule — what :func:`shrink` finds
+    only: tuple[int, ...] | None = None
+
+    def repro(self, seed: int) -> str:
+        line = f"python -m declop.testing.sim --scenario {self.kind} --seed {seed}"
+        default = Scenario(kind=self.kind)
+        for f in ("replicas", "shards", "keys", "duration"):
+            if getattr(self, f) != getattr(default, f):
+                line += f" --{f} {getattr(self, f):g}"
+        if self.kinds != default.kinds:
+            line += f" --faults {','.join(self.kinds)}"
+        if self.only is not None:
+            line += f" --only {','.join(map(str, self.only))}"
+        if self.faults is not None:
+            line += "  # with a hand-built schedule: " + "; ".join(str(f) for f in self.faults)
+        return line
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: from ``at`` for ``length`` virtual seconds, on ``replica`` (an index)."""
+
+    at: float
+    kind: str
+    replica: int = 0
+    length: float = 0.0
+
+    def __str__(self) -> str:
+        if self.kind == "delete":
+            return f"t={self.at:.3f} delete: an administrator deletes a held Lease"
+        return f"t={self.at:.3f} {self.kind} r{self.replica} for {self.length:.3f} s"
+
+
+@dataclass(frozen=True)
+class Violation:
+    at: float
+    invariant: str
+    replica: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"t={self.at:.3f} {self.invariant} {self.replica}: {self.detail}"
+
+
+@dataclass
+class Result:
+    scenario: Scenario
+    seed: int
+    faults: list[Fault]
+    violations: list[Violation]
+    calls: int = 0
+    requests: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def repro(self) -> str:
+        return self.scenario.repro(self.seed)
+
+    def report(self) -> str:
+        lines = [f"{'FAIL' if self.violations else 'ok'} {self.repro()}", "faults:"]
+        lines += [f"  {f}" for f in self.faults] or ["  (none)"]
+        lines += [f"calls: {self.calls}, Lease requests: {self.requests}"]
+        if self.violations:
+            lines += ["first violation:", f"  {self.violations[0]}"]
+            if len(self.violations) > 1:
+                lines += [f"  (and {len(self.violations) - 1} more)"]
+        return "\n".join(lines)
+
+
+def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:
+    """The faults of one run, drawn from ``rng`` (sorted by time)."""
+    faults = []
+    for _ in range(rng.randint(0, scenario.max_faults)):
+        kind = rng.choice(scenario.kinds)
+        at = round(rng.uniform(0, scenario.duration), 3)
+        length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * scenario.lease_duration))), 3)
+        if kind == "stuck":
+            length = round(rng.uniform(scenario.lease_duration, 3 * scenario.lease_duration), 3)
+        faults.append(Fault(at, kind, rng.randrange(scenario.replicas), 0.0 if kind == "delete" else length))
+    return sorted(faults, key=lambda f: (f.at, f.kind, f.replica))
+
+
+@dataclass
+class _Record:
+    """The apiserver's last record of one Lease, as the invariants see it."""
+
+    holder: str
+    written_at: float
+    duration: float
+    deleted: bool = False
+
+    def names(self, identity: str, now: float) -> bool:
+        return self.holder == identity and now < self.written_at + self.duration
+
+
+@dataclass
+class _Replica:
+    """One replica slot; ``gen`` counts its incarnations (a restart has empty memory)."""
+
+    index: int
+    gen: int = -1
+    actor: Actor | None = None
+    identity: str = ""
+    net: str = "ok"  # ok | hang | fail | cut
+    slow: float = 0.0
+    stuck: float = 0.0  # the next call lasts this long
+    exiting: bool = False
+    fence: Callable[[str], bool] = lambda lease: False
+    in_flight: dict[str, int] = field(default_factory=dict)  # lease -> calls running under it
+    keys: dict[str, int] = field(default_factory=dict)  # key -> calls running
+    since: dict[str, float] = field(default_factory=dict)  # key -> when the first of them started
+    owned: Callable[[], list[str]] = lambda: []
+    paused: list[list[float]] = field(default_factory=list)  # [from, until] of each pause
+
+    @property
+    def name(self) -> str:
+        return f"r{self.index}#{self.gen}"
+
+    def was_paused(self, since: float) -> bool:
+        """Paused at some time after ``since``: it could not act on its loss (only fenced writes
+        would stop its calls, so I5 does not hold it to the bound)."""
+        return any(until > since for _, until in self.paused)
+
+    @property
+    def alive(self) -> bool:
+        return self.actor is not None and not self.actor.dead
+
+
+class SimTransport:
+    """One replica's way to the simulated apiserver, with its network faults."""
+
+    def __init__(self, cluster: _Cluster, replica: _Replica) -> None:
+        self.cluster, self.replica = cluster, replica
+        self.actor = replica.actor
+
+    async def request(self, method: str, path: str, *, body: Any = None, timeout: float = 30.0, **kw: Any) -> Any:
+        loop = self.cluster.loop
+        answer: asyncio.Future[Any] = loop.create_future()
+        self.cluster.spawn(self._wire(answer, method, path, body, kw.get("params")))
+        return await answer
+
+    async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, body: Any, params: Any) -> None:
+        c, r = self.cluster, self.replica
+        c.requests += 1
+        latency = c.rng.uniform(0.0005, 0.005) + (c.rng.uniform(0, r.slow) if r.slow else 0.0)
+        if r.actor is not self.actor or r.net == "hang":
+            return  # black-holed: no answer ever (the caller's timeout ends the wait)
+        if r.net == "fail":
+            await asyncio.sleep(latency / 4)
+            if not answer.done():
+                answer.set_exception(ApiError(0, "Unreachable", f"{method} {path}: connection refused"))
+            return
+        await asyncio.sleep(latency / 2)
+        if r.actor is not self.actor or r.net == "hang":
+            return
+        try:
+            result: Any = await c.server.request(method, path, body=body, params=params, lane="leader")
+            c.served(r, method, path, result)
+            error: BaseException | None = None
+        except ApiError as exc:
+            error = exc
+        await asyncio.sleep(latency / 2)
+        if r.net in ("hang", "cut") or answer.done():
+            return  # the answer is lost
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)
+
+
+class _Cluster:
+    def __init__(self, scenario: Scenario, seed: int, loop: VirtualLoop) -> None:
+        self.scenario, self.seed, self.loop = scenario, seed, loop
+        self.rng = random.Random(f"net-{seed}")
+        self.server = FakeApiServer()
+        self.records: dict[str, _Record] = {}
+        self.violations: list[Violation] = []
+        self.replicas = [_Replica(i) for i in range(scenario.replicas)]
+        self.requests = 0
+        self.calls = 0
+        self.last_change = 0.0  # the last fault, exit or restart
+        self.keys = [f"key-{i:04d}" for i in range(scenario.keys)]
+        self._neutral = contextvars.Context()
+        ranges = ShardSet(CONTROLLER, scenario.shards, "uid", [])  # only for index()
+        #: key -> (the Lease covering it, its range)
+        self.cover = {k: self._cover(k, ranges.index(k)) for k in self.keys}
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        return self.loop.create_task(coro, context=self._neutral)
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def wall(self) -> float:
+        return _EPOCH + self.loop.time()
+
+    def violate(self, invariant: str, replica: _Replica | str, detail: str) -> None:
+        who = replica if isinstance(replica, str) else replica.name
+        self.violations.append(Violation(round(self.now(), 6), invariant, who, detail))
+
+    def _cover(self, key: str, index: int) -> tuple[str, int]:
+        if self.scenario.kind == "leader":
+            return LEASE_ID, 0
+        return lease_name(LEASE_ID, CONTROLLER, index, self.scenario.shards), index
+
+    # -- what the apiserver saw -----------------------------------------------------------------
+    def served(self, r: _Replica, method: str, path: str, result: Any) -> None:
+        """A Lease write was applied: check I5 and I6, and keep the record."""
+        if "/leases" not in path or method == "GET":
+            return
+        if method == "DELETE":
+            name = path.rsplit("/", 1)[1]
+            self._deleted(name, r)
+            return
+        name = result["metadata"]["name"]
+        spec = result.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        old = self.records.get(name)
+        if old is not None and old.holder == r.identity and not holder and r.in_flight.get(name):
+            self.violate("I6", r, f"released {name} with {r.in_flight[name]} call(s) under it still running")
+        if holder and (old is None or old.holder != holder):
+            since = old.written_at if old is not None else 0.0
+            for other in self.replicas:
+                if other is not r and other.alive and other.in_flight.get(name) and not other.was_paused(since):
+                    self.violate("I5", other, f"still alive with {other.in_flight[name]} call(s) under {name}, acquired by {r.name}")
+        self.records[name] = _Record(holder, self.now(), float(spec.get("leaseDurationSeconds") or 0))
+
+    def _deleted(self, name: str, by: _Replica | None) -> None:
+        old = self.records.get(name)
+        if old is None:
+            return
+        if by is not None and old.holder == by.identity and by.in_flight.get(name):
+            self.violate("I6", by, f"deleted {name} with calls under it still running")
+        old.deleted = True
+
+    # -- calls ----------------------------------------------------------------------------------
+    def call_started(self, r: _Replica, key: str, lease: str) -> None:
+        self.calls += 1
+        rec = self.records.get(lease)
+        if rec is None or not rec.names(r.identity, self.now()):
+            what = "no record" if rec is None else f"holder {rec.holder!r}, written at {rec.written_at:.3f} for {rec.duration:g} s"
+            self.violate("I2", r, f"call of {key} started under {lease} ({what})")
+        for other in self.replicas:
+            if other is not r and other.alive and other.keys.get(key) and not other.was_paused(other.since[key]):
+                self.violate("I1", r, f"call of {key} started while {other.name} runs one")
+        r.since.setdefault(key, self.now())
+        r.keys[key] = r.keys.get(key, 0) + 1
+        r.in_flight[lease] = r.in_flight.get(lease, 0) + 1
+
+    def call_ended(self, r: _Replica, key: str, lease: str) -> None:
+        for d, k in ((r.keys, key), (r.in_flight, lease)):
+            d[k] -= 1
+            if not d[k]:
+                del d[k]
+        if key not in r.keys:
+            del r.since[key]
+
+    # -- replicas -------------------------------------------------------------------------------
+    def start(self, r: _Replica) -> None:
+        r.gen += 1
+        r.actor = Actor(self.loop, f"r{r.index}")
+        r.identity = r.name
+        r.exiting, r.stuck = False, 0.0
+        r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
+        r.fence, r.owned = (lambda lease: False), (lambda: [])
+        self.last_change = self.now()
+        transport = SimTransport(self, r)
+        s = self.scenario
+        timings = dict(lease_duration=s.lease_duration, renew_deadline=s.renew_deadline, retry_period=s.retry_period)
+        if s.kind == "leader":
+            r.actor.spawn(self._leader(r, transport, timings))
+        else:
+            r.actor.spawn(self._sharded(r, transport, timings))
+
+    async def _leader(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
+        assert r.actor is not None
+        e = LeaderElector(transport, name=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
+        r.fence = lambda lease: e.valid()
+        r.owned = lambda: [LEASE_ID] if e.valid() else []
+        await e.acquire()
+        for w in range(2):
+            r.actor.spawn(self._worker(r, w))
+        await e.hold()
+        self.exit(r)  # the manager: a lost Lease halts the workers and exits 1
+
+    async def _sharded(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
+        assert r.actor is not None
+        sl = ShardLeases(transport, lease_id=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
+        sl.member = sl._elector(f"{sl.member_prefix}r{r.index}-{r.gen}", exclusive=False)  # deterministic name
+        s = sl.add(CONTROLLER, self.scenario.shards, "uid")
+        names = [e.name for e in s.electors]
+        r.fence = lambda lease: s.may_start(names.index(lease))
+        r.owned = lambda: [names[i] for i in range(s.n) if s.electors[i].valid()]
+        for w in range(2):
+            r.actor.spawn(self._worker(r, w, s))
+        await sl.run()
+        self.exit(r)  # the manager's _shard: halt the controllers, exit 1
+
+    async def _worker(self, r: _Replica, w: int, s: ShardSet | None = None) -> None:
+        rng = random.Random(f"work-{self.seed}-{r.index}-{r.gen}-{w}")
+        actor = r.actor
+        while not r.exiting:
+            await asyncio.sleep(rng.expovariate(2.0))
+            key = rng.choice(self.keys)
+            lease, i = self.cover[key]
+            if r.exiting or not r.fence(lease):
+                continue
+            if s is not None:  # the worker's take (fence.owned) counts it in flight for its range
+                s.begin(i)
+                await asyncio.sleep(0.001)  # preparation (cache read, finalizer)
+                if r.exiting or not r.fence(lease):
+                    s.end(i)
+                    continue
+            duration, r.stuck = (r.stuck or rng.choice((rng.uniform(0.005, 0.3), rng.uniform(0.005, 0.3), rng.uniform(0.3, 4.0)))), 0.0
+            self.call_started(r, key, lease)
+            try:
+                await asyncio.sleep(duration)  # a call cannot be cancelled: it ends, or its process does
+            finally:
+                if r.actor is actor and r.alive:
+                    self.call_ended(r, key, lease)
+                if s is not None:
+                    s.end(i)
+
+    def exit(self, r: _Replica) -> None:
+        """The replica stops starting calls now and is gone :data:`EXIT_BOUND` later."""
+        if r.exiting:
+            return
+        r.exiting = True
+        actor = r.actor
+        self.last_change = self.now()
+
+        async def gone() -> None:
+            await asyncio.sleep(EXIT_BOUND)
+            if r.actor is actor:
+                self.kill(r)
+                await asyncio.sleep(1.0 + self.rng.uniform(0, 5))  # the kubelet restarts it
+                if r.actor is actor:
+                    self.start(r)
+
+        self.spawn(gone())
+
+    def kill(self, r: _Replica) -> None:
+        assert r.actor is not None
+        r.actor.kill()
+        r.in_flight, r.keys, r.since = {}, {}, {}
+        r.fence = lambda lease: False
+        self.last_change = self.now()
+
+    # -- faults ---------------------------------------------------------------------------------
+    async def inject(self, f: Fault) -> None:
+        await asyncio.sleep(f.at)
+        r = self.replicas[f.replica]
+        self.last_change = max(self.last_change, f.at + f.length)
+        if f.kind == "delete":
+            held = sorted(n for n, rec in self.records.items() if rec.holder and not rec.deleted)
+            if held:
+                name = held[self.rng.randrange(len(held))]
+                try:
+                    await self.server.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{name}")
+                    self._deleted(name, None)
+                except ApiError:
+                    pass
+            return
+        if f.kind == "stuck":
+            r.stuck = f.length
+            return
+        if f.kind == "crash":
+            if r.alive:
+                self.kill(r)
+                await asyncio.sleep(f.length)
+                self.start(r)
+            return
+        actor = r.actor
+        if f.kind == "pause":
+            assert actor is not None
+            actor.pause()
+            span = [f.at, float("inf")]
+            r.paused.append(span)
+            await asyncio.sleep(f.length)
+            span[1] = self.now()
+            actor.resume()
+            return
+        if f.kind == "slow":
+            r.slow = f.length / 4
+        else:
+            r.net = f.kind
+        await asyncio.sleep(f.length)
+        r.net, r.slow = "ok", 0.0
+
+    async def watch_owners(self, settle_from: float, until: float) -> None:
+        """I7: from two lease durations after the last change, every Lease has a live owner."""
+        s = self.scenario
+        wanted = [LEASE_ID] if s.kind == "leader" else [lease_name(LEASE_ID, CONTROLLER, i, s.shards) for i in range(s.shards)]
+        while self.now() < until:
+            await asyncio.sleep(s.retry_period)
+            if self.now() < max(settle_from, self.last_change) + 2 * s.lease_duration:
+                continue
+            owned = {lease for r in self.replicas if r.alive and not r.exiting and not (r.actor and r.actor.paused) for lease in r.owned()}
+            missing = [lease for lease in wanted if lease not in owned]
+            if missing:
+                since = max(settle_from, self.last_change)
+                self.violate("I7", "-", f"no live owner of {', '.join(missing)} {self.now() - since:.3f} s after the last change")
+                return
+
+
+def run(scenario: Scenario, seed: int) -> Result:
+    """Simulate one schedule: the seed draws the faults (unless the scenario fixes them), the
+    workload, the network's latencies and the Lease code's jitter."""
+    rng = random.Random(seed)
+    faults = list(scenario.faults) if scenario.faults is not None else schedule(scenario, rng)
+    if scenario.only is not None:
+        faults = [faults[i] for i in scenario.only if i < len(faults)]
+    loop = VirtualLoop()
+    cluster = _Cluster(scenario, seed, loop)
+    saved = random.getstate()
+    random.seed(f"jitter-{seed}")  # LeaderElector.acquire's jitter
+    try:
+        loop.run_until_complete(_main(cluster, faults))
+    finally:
+        random.setstate(saved)
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+    return Result(scenario, seed, faults, cluster.violations, cluster.calls, cluster.requests)
+
+
+def shrink(failed: Result) -> Result:
+    """The fewest of ``failed``'s faults that still fail, found greedily: drop each fault in
+    turn and keep it dropped if the run still fails (every other random stream stays the same,
+    so the rest of the run does not change). Returns the last failing run (``scenario.only``
+    names the faults kept) — ``failed`` itself if nothing could go."""
+    if failed.ok or failed.scenario.faults is not None:
+        return failed
+    kept = list(failed.scenario.only if failed.scenario.only is not None else range(len(failed.faults)))
+    best = failed
+    for index in list(kept):
+        trial = [i for i in kept if i != index]
+        result = run(dataclasses.replace(failed.scenario, only=tuple(trial)), failed.seed)
+        if not result.ok:
+            kept, best = trial, result
+    return best
+
+
+async def _main(c: _Cluster, faults: list[Fault]) -> None:
+    s = c.scenario
+    for r in c.replicas:
+        c.start(r)
+    for f in faults:
+        c.spawn(c.inject(f))
+    end_of_faults = max([s.duration] + [f.at + f.length for f in faults])
+    until = end_of_faults + 3 * s.lease_duration
+    owners = c.spawn(c.watch_owners(end_of_faults, until))
+    await asyncio.sleep(until - c.now())
+    await owners
+    for r in c.replicas:
+        if r.actor is not None:
+            r.actor.kill()
+    await asyncio.sleep(0)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m declop.testing.sim", description=__doc__.split("\n")[0])
+    p.add_argument("--scenario", choices=("leader", "sharded"), default="leader")
+    p.add_argument("--seed", type=int, help="run this one seed and print its schedule")
+    p.add_argument("--seeds", type=int, default=100, help="run this many seeds (from --start)")
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--replicas", type=int, default=Scenario.replicas)
+    p.add_argument("--shards", type=int, default=Scenario.shards)
+    p.add_argument("--keys", type=int, default=Scenario.keys)
+    p.add_argument("--duration", type=float, default=Scenario.duration)
+    p.add_argument("--only", default=None, help="keep only these faults of the seed's schedule (indices, comma-separated)")
+    p.add_argument("--no-shrink", action="store_true", help="do not shrink a failing --seed run")
+    p.add_argument("--faults", default=",".join(FAULT_KINDS), help="the fault kinds to draw from (comma-separated)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
+    args = p.parse_args(argv)
+    logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
+    if args.verbose:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
+    only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
+    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only)
+    if args.seed is not None:
+        result = run(scenario, args.seed)
+        print(result.report())
+        if not result.ok and not args.no_shrink:
+            shrunk = shrink(result)
+            if len(shrunk.faults) < len(result.faults):
+                print(f"shrunk to {len(shrunk.faults)} fault(s):")
+                print(shrunk.report())
+        return 0 if result.ok else 1
+    began, failed = time.perf_counter(), 0
+    for seed in range(args.start, args.start + args.seeds):
+        result = run(scenario, seed)
+        if not result.ok:
+            failed += 1
+            print(f"FAIL {result.repro()}  # {result.violations[0]}", flush=True)
+    took = time.perf_counter() - began
+    print(f"{args.seeds} seeds, {failed} failed, {took:.1f} s: {args.seeds / took * 60:.0f} schedules per minute")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
