@@ -414,9 +414,11 @@ def test_a_frozen_replica_does_not_reconcile_a_range_it_lost(shards: Shards) -> 
 
 
 def test_a_replica_frozen_inside_a_reconcile_exits_1_once_it_runs_again(shards: Shards) -> None:
-    """A call cannot be stopped: a replica frozen past its Leases *during* a reconcile finishes
-    that call after SIGCONT, then exits 1 at once (before starting anything else), as after a
-    lost leader Lease; the others hold all the ranges."""
+    """A call cannot be stopped: a replica frozen past its Leases *during* a reconcile resumes
+    that call after SIGCONT and exits 1 at once — within 2 s, before starting anything else — as
+    after a lost leader Lease; the call ends with the process if it has not finished by then
+    (its write races the exit: since the round stops at once on a lost range, issue 22 defect
+    1, either outcome is seen). The others hold all the ranges."""
     a = shards.start("a", DECLOP_TEST_SLOW="3")
     wait_for(lambda: shards.balanced(["a"]), 60, what="a holds every range")
     shards.core.create_namespaced_config_map(
@@ -426,10 +428,12 @@ def test_a_replica_frozen_inside_a_reconcile_exits_1_once_it_runs_again(shards: 
     a.proc.send_signal(signal.SIGSTOP)
     b = shards.start("b")
     wait_for(lambda: shards.balanced(["b"]), 60, what="b took every range of the frozen replica")
+    resumed = time.monotonic()
     a.proc.send_signal(signal.SIGCONT)
     assert a.proc.wait(30) == 1
+    assert time.monotonic() - resumed < 5, "the replica did not exit within the 2 s (+ slack) after it ran again"
     assert records(a, "A reconcile of a lost shard is still running; exiting so it cannot overlap with the next owner")
-    assert [iv["key"] for iv in shards.intervals() if iv["replica"] == "a"] == ["slow"], "a started nothing after its call"
+    assert [iv["key"] for iv in shards.intervals() if iv["replica"] == "a"] in ([], ["slow"]), "a started nothing after its call"
     wait_for(lambda: any(iv["key"] == "slow" for iv in shards.intervals() if iv["replica"] == "b"), 60, what="b reconciled the slow object")
     assert b.proc.poll() is None
 
