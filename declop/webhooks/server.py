@@ -98,6 +98,10 @@ OFFLOAD_BYTES = 64 * 1024
 BODY_BUDGET = 8 * MiB
 
 
+#: answers one review body: (hook, request, body, trees to free after) → the response
+_Answer = Callable[[Webhook, web.Request, bytes, list[Any]], Awaitable[web.Response]]
+
+
 class _Overran(Exception):
     """The handler did not return within its timeout."""
 
@@ -164,8 +168,8 @@ class WebhookServer:
     def app(self) -> web.Application:
         app = self.guard.application(outer=[self._observe])
         for hook in self.webhooks:
-            handler = self._convert if hook.kind == "converter" else self._admit
-            app.router.add_post(hook.path, functools.partial(handler, hook))
+            answer = self._convert_body if hook.kind == "converter" else self._admit_body
+            app.router.add_post(hook.path, functools.partial(self._handle, answer, hook))
         return app
 
     async def start(self) -> None:
@@ -231,14 +235,15 @@ class WebhookServer:
             raise _Overran()
         return future.result()
 
-    async def _admit(self, hook: Webhook, request: web.Request) -> web.Response:
+    async def _handle(self, answer: _Answer, hook: Webhook, request: web.Request) -> web.Response:
+        """Read the body and ``answer`` it; a large body's trees are freed after, off the loop."""
         data = await body(request)
         if len(data) <= OFFLOAD_BYTES:
-            return await self._admit_body(hook, request, data, [])
+            return await answer(hook, request, data, [])
         trees: list[Any] = []
         try:
-            return await self._admit_body(hook, request, data, trees)
-        finally:  # _admit_body's frame is gone: ``trees`` holds declop's last references
+            return await answer(hook, request, data, trees)
+        finally:  # answer's frame is gone: ``trees`` holds declop's last references
             self._free(trees)
 
     async def _admit_body(self, hook: Webhook, request: web.Request, data: bytes, trees: list[Any]) -> web.Response:
@@ -333,16 +338,6 @@ class WebhookServer:
         patch = await self._work(big, diff, review.obj, mutated) if review.obj is not None and mutated is not None else []
         logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, patchOps=len(patch))
         return await self._answer(allow(uid, patch=patch, warnings=warnings), "allowed", big)
-
-    async def _convert(self, hook: Webhook, request: web.Request) -> web.Response:
-        data = await body(request)
-        if len(data) <= OFFLOAD_BYTES:
-            return await self._convert_body(hook, request, data, [])
-        trees: list[Any] = []
-        try:
-            return await self._convert_body(hook, request, data, trees)
-        finally:
-            self._free(trees)
 
     async def _convert_body(self, hook: Webhook, request: web.Request, data: bytes, trees: list[Any]) -> web.Response:
         big = len(data) > OFFLOAD_BYTES
