@@ -674,6 +674,23 @@ def test_hostile_clients_neither_stall_nor_exhaust_a_running_operator(control_pl
         # and afterwards, the webhook works as before
         assert "denied the request" in setup.apply(widget(setup.group, "big", setup.namespace, 11)).stderr
         assert setup.apply(widget(setup.group, "small", setup.namespace, 3)).returncode == 0
+        # the refusals that cost the operator nothing, from the same running process
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        def status(head: str, data: bytes = b"") -> bytes:
+            """The status line the running operator answers a raw request with."""
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10)) as tls:
+                tls.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + data)
+                return tls.recv(64).split(b"\r\n")[0]
+
+        import gzip
+
+        bomb = gzip.compress(body)  # 7 MiB inflated, a few KiB on the wire
+        assert status(f"Content-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n", bomb).startswith(b"HTTP/1.1 415")
+        assert status("Content-Length: 100000\r\n", b"[" * 100_000).startswith(b"HTTP/1.1 400")
+        # announced as 100 MiB, nothing sent: refused before a byte of it is read
+        assert status(f"Content-Length: {100 * 1024 * 1024}\r\n").startswith(b"HTTP/1.1 413")
+        assert op.proc.poll() is None
 
 
 DEEP_HANDLERS = '''
