@@ -13,7 +13,9 @@ threads) blocks; :class:`AsyncClient` (for ``async def`` handlers) returns corou
 - ``patch(resource, key, patch, type="merge"|"json"|"strategic"|"apply")``
 - ``apply(obj, field_manager=…)`` — server-side apply
 - ``patch_status(resource, key, patch)`` — through the status subresource
-- ``delete(resource, key)`` — NotFound counts as done
+- ``delete(resource, key, propagation=…, grace_period=…)`` — NotFound counts as done; a batch/v1
+  Job deleted without ``propagation="Background"`` orphans its Pods (the apiserver's default for Jobs)
+- ``event(obj, reason, message, type="Normal"|"Warning")`` — a Kubernetes Event; never fails
 
 ``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write,
 or for the body of an object whose cache holds metadata only: ``metadata_only=True``).
@@ -27,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, Coroutine, Mapping, TypeVar
+import logging
+from typing import Any, Coroutine, Literal, Mapping, TypeVar
 
 from declop.cache.store import Store, clone
 from declop.kube.discovery import Discovery, ResourceInfo
@@ -45,6 +48,20 @@ Target = str | ResourceInfo | None
 KeyLike = Request | str | None
 
 DEFAULT_FIELD_MANAGER = "declop"
+
+#: ``DeleteOptions.propagationPolicy``: what happens to the objects the deleted one owns.
+Propagation = Literal["Background", "Foreground", "Orphan"]
+PROPAGATIONS: frozenset[str] = frozenset(("Background", "Foreground", "Orphan"))
+
+log = logging.getLogger("declop.client")
+
+#: the one-time hint about a batch/v1 Job deleted with the server's default propagation has been logged
+_job_hint_logged = False
+JOB_HINT = (
+    "Deleted a Job without propagation=: for batch/v1 Jobs the apiserver's default is to orphan "
+    "their Pods, which keep running; pass propagation=\"Background\" to delete them too, or "
+    "propagation=\"Orphan\" to keep them on purpose (this hint is logged once)"
+)
 
 
 class ClientContext:
@@ -287,10 +304,26 @@ class AsyncClient(_Base):
         *,
         namespace: str | None = None,
         name: str | None = None,
-        propagation: str | None = None,
+        propagation: Propagation | None = None,
         grace_period: int | None = None,
     ) -> None:
-        """Delete one object; NotFound is success (the goal is reached)."""
+        """Delete one object; NotFound is success (the goal is reached).
+
+        ``propagation`` is sent as ``DeleteOptions.propagationPolicy``: ``"Background"`` (the
+        object goes now, the garbage collector deletes what it owns afterwards), ``"Foreground"``
+        (the object stays, with a ``foregroundDeletion`` finalizer, until what it owns is gone) or
+        ``"Orphan"`` (what it owns stays, its ownerReference removed). ``None`` leaves the choice
+        to the apiserver, whose default is Background for almost every kind — but **Orphan for a
+        batch/v1 Job** (kept for compatibility): a Job deleted without ``propagation=`` leaves
+        its Pods running. The first such delete in a process logs a WARNING saying so.
+
+        ``grace_period`` (seconds, ``DeleteOptions.gracePeriodSeconds``) overrides the object's
+        own (a Pod's ``terminationGracePeriodSeconds``); ``0`` means at once.
+        """
+        if propagation is not None and propagation not in PROPAGATIONS:
+            raise ValueError(f"propagation must be one of {sorted(PROPAGATIONS)}, got {propagation!r}")
+        if grace_period is not None and (isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < 0):
+            raise ValueError(f"grace_period is whole seconds, 0 or more; got {grace_period!r}")
         if isinstance(target, Mapping):
             resource = self._ctx.resolve_kind(target)
             meta = target["metadata"]
@@ -304,6 +337,8 @@ class AsyncClient(_Base):
             body["propagationPolicy"] = propagation
         if grace_period is not None:
             body["gracePeriodSeconds"] = grace_period
+        if propagation is None and resource.group_resource == "jobs.batch":
+            _hint_job_orphans()
         try:
             await self._ctx.transport.request(
                 "DELETE", resource.path(namespace=req.namespace or None, name=req.name), body=body or None
@@ -312,13 +347,28 @@ class AsyncClient(_Base):
             pass
 
     async def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
-        """Record a Kubernetes Event about ``obj`` (rate-limited; never fails the reconcile)."""
+        """Record a Kubernetes Event about ``obj``, as ``kubectl describe`` shows them.
+
+        ``reason`` is a short CamelCase word (``"ChildCreated"``), ``message`` a sentence for
+        people, ``type`` is ``"Normal"`` (the default) or ``"Warning"`` — what ``kubectl get events
+        --field-selector type=Warning`` selects. Repeats are folded into one Event with a count,
+        bursts are rate-limited, and a failure to record is logged, never raised: an Event never
+        fails the reconcile.
+        """
         if self._ctx.recorder is not None:
             await self._ctx.recorder.record(obj, reason, message, type, controller=self.controller)
 
     @property
     def live(self) -> AsyncLiveReader:
         return AsyncLiveReader(self)
+
+
+def _hint_job_orphans() -> None:
+    """Log :data:`JOB_HINT` once per process."""
+    global _job_hint_logged
+    if not _job_hint_logged:
+        _job_hint_logged = True
+        log.warning(JOB_HINT)
 
 
 class AsyncLiveReader:
@@ -328,6 +378,7 @@ class AsyncLiveReader:
         self._c = client
 
     async def get(self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None) -> Obj:
+        """GET one object from the apiserver (a request every call; NotFound if absent)."""
         target, key = self._c._split(target, key)
         resource = self._c._resource(target)
         req = self._c._key(resource, key, namespace, name)
@@ -335,6 +386,7 @@ class AsyncLiveReader:
         return await self._c._ctx.transport.request("GET", path)  # type: ignore[no-any-return]
 
     async def list(self, target: Target = None, *, namespace: str | None = None, labels: str | None = None) -> list[Obj]:
+        """LIST from the apiserver, every page (a request per page of 500)."""
         resource = self._c._resource(target)
         params: dict[str, Any] = {"limit": 500}
         if labels:
@@ -347,17 +399,6 @@ class AsyncLiveReader:
             if not token:
                 return items
             params["continue"] = token
-
-
-def _blocking(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
-    """Turn an AsyncClient coroutine method into a blocking method for worker threads."""
-
-    def method(self: Client, *args: Any, **kwargs: Any) -> T:
-        return self._run(fn(self._async, *args, **kwargs))
-
-    method.__name__ = fn.__name__
-    method.__doc__ = fn.__doc__
-    return method
 
 
 class Client(_Base):
@@ -393,13 +434,69 @@ class Client(_Base):
         except (asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
             raise CacheNotSyncedError(f"the cache for {resource.group_resource} did not sync in time") from exc
 
-    create = _blocking(AsyncClient.create)
-    update = _blocking(AsyncClient.update)
-    patch = _blocking(AsyncClient.patch)
-    patch_status = _blocking(AsyncClient.patch_status)
-    apply = _blocking(AsyncClient.apply)
-    delete = _blocking(AsyncClient.delete)
-    event = _blocking(AsyncClient.event)
+    # The writes: AsyncClient's, run to completion on the manager's loop. Spelled out (not
+    # generated) so that help() and editors show the real parameters; a unit test compares each
+    # signature with AsyncClient's so the two cannot drift.
+
+    def create(self, target: Any, obj: Any = None) -> Obj:
+        """Create ``obj`` (``create(obj)``, or ``create("configmaps", obj)``); 409 if it exists."""
+        return self._run(self._async.create(target, obj))
+
+    def update(self, target: Any, obj: Any = None, *, subresource: str | None = None) -> Obj:
+        """PUT ``obj`` with its resourceVersion: 409 Conflict if the object changed meanwhile."""
+        return self._run(self._async.update(target, obj, subresource=subresource))
+
+    def patch(
+        self,
+        target: Any,
+        key: KeyLike = None,
+        patch: Any = None,
+        *,
+        type: str = "merge",
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+        force: bool | None = None,
+    ) -> Obj:
+        """Patch one object; ``type`` is merge (default), json, strategic or apply."""
+        return self._run(
+            self._async.patch(
+                target, key, patch, type=type, namespace=namespace, name=name,
+                subresource=subresource, field_manager=field_manager, force=force,
+            )
+        )  # fmt: skip
+
+    def patch_status(self, target: Any, key: KeyLike = None, patch: Any = None, *, type: str = "merge") -> Obj:
+        """Patch ``.status`` through the status subresource."""
+        return self._run(self._async.patch_status(target, key, patch, type=type))
+
+    def apply(
+        self, obj: Mapping[str, Any], *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
+    ) -> Obj:
+        """Server-side apply of ``obj`` (needs apiVersion, kind, metadata.name)."""
+        return self._run(self._async.apply(obj, field_manager=field_manager, force=force, subresource=subresource))
+
+    def delete(
+        self,
+        target: Any,
+        key: KeyLike = None,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        propagation: Propagation | None = None,
+        grace_period: int | None = None,
+    ) -> None:
+        """Delete one object; NotFound is success. See :meth:`AsyncClient.delete` for
+        ``propagation=`` (a Job's default orphans its Pods) and ``grace_period=``."""
+        self._run(
+            self._async.delete(target, key, namespace=namespace, name=name, propagation=propagation, grace_period=grace_period)
+        )
+
+    def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
+        """Record a Kubernetes Event about ``obj``: ``type`` is ``"Normal"`` or ``"Warning"``
+        (see :meth:`AsyncClient.event`)."""
+        self._run(self._async.event(obj, reason, message, type))
 
     @property
     def live(self) -> LiveReader:
@@ -413,8 +510,10 @@ class LiveReader:
         self._c = client
         self._a = AsyncLiveReader(client)
 
-    def get(self, target: Any = None, key: KeyLike = None, **kw: Any) -> Obj:
-        return self._c._run(self._a.get(target, key, **kw))
+    def get(self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None) -> Obj:
+        """GET one object from the apiserver (a request every call; NotFound if absent)."""
+        return self._c._run(self._a.get(target, key, namespace=namespace, name=name))
 
-    def list(self, target: Target = None, **kw: Any) -> list[Obj]:
-        return self._c._run(self._a.list(target, **kw))
+    def list(self, target: Target = None, *, namespace: str | None = None, labels: str | None = None) -> list[Obj]:
+        """LIST from the apiserver, every page (a request per page of 500)."""
+        return self._c._run(self._a.list(target, namespace=namespace, labels=labels))

@@ -336,7 +336,7 @@ class FakeApiServer:
         if method == "PATCH":
             return self._patch(info, namespace, name, body, patch_type or "merge", sub, method, path)
         if method == "DELETE":
-            return self._delete(info, namespace, name, method, path)
+            return self._delete(info, namespace, name, body or {}, method, path)
         raise _fail(405, "MethodNotAllowed", f"{method} is not supported by the fake apiserver", method, path)
 
     def _route(self, method: str, path: str) -> tuple[ResourceInfo, str, str | None, str | None]:
@@ -483,7 +483,7 @@ class FakeApiServer:
         new = self._keep_server_fields(info, stored, new, sub)
         return self._commit(info, stored, new, method, path)
 
-    def _delete(self, info: ResourceInfo, namespace: str, name: str, method: str, path: str) -> Obj:
+    def _delete(self, info: ResourceInfo, namespace: str, name: str, options: Obj, method: str, path: str) -> Obj:
         stored = self._get(info, namespace, name, method, path)
         writer = self._store(info)[1]
         if stored["metadata"].get("finalizers"):
@@ -491,7 +491,7 @@ class FakeApiServer:
                 return _copy(stored)
             new = clone(stored)
             new["metadata"]["deletionTimestamp"] = _now()
-            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            new["metadata"]["deletionGracePeriodSeconds"] = options.get("gracePeriodSeconds") or 0
             return self._commit(info, stored, new, method, path)
         writer.delete(Request(namespace, name))
         return _copy(stored)

@@ -1,0 +1,110 @@
+"""declop.reconcile.client: the sync and async clients show the same signatures, and ``delete``
+sends DeleteOptions (propagation, grace period) and warns once about a Job's orphaned Pods.
+
+The clients run over the fake apiserver (declop.testing.fake): the transport is the unit
+boundary; what the real apiserver does with the options is tests/integration/test_client_delete.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import pytest
+
+from declop.reconcile import client as client_module
+from declop.reconcile.client import AsyncClient, AsyncLiveReader, Client, LiveReader
+from declop.testing.fake import FakeClient
+
+PUBLIC_WRITES = ("create", "update", "patch", "patch_status", "apply", "delete", "event")
+
+
+def _public(cls: type) -> set[str]:
+    return {n for n, v in vars(cls).items() if not n.startswith("_") and callable(v)}
+
+
+def test_every_public_write_of_the_async_client_has_a_sync_twin() -> None:
+    assert _public(AsyncClient) == set(PUBLIC_WRITES)
+    assert _public(Client) == set(PUBLIC_WRITES)
+    assert _public(AsyncLiveReader) == _public(LiveReader) == {"get", "list"}
+
+
+@pytest.mark.parametrize("method", PUBLIC_WRITES)
+def test_the_sync_client_has_the_async_clients_signature(method: str) -> None:
+    """Spelled-out parameters (help() and editors show them), identical to AsyncClient's."""
+    sync, aio = inspect.signature(getattr(Client, method)), inspect.signature(getattr(AsyncClient, method))
+    assert sync == aio
+    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sync.parameters.values())
+    assert inspect.getdoc(getattr(Client, method))
+
+
+@pytest.mark.parametrize("method", ("get", "list"))
+def test_the_live_readers_have_the_same_signatures(method: str) -> None:
+    assert inspect.signature(getattr(LiveReader, method)) == inspect.signature(getattr(AsyncLiveReader, method))
+
+
+def test_help_shows_the_delete_options() -> None:
+    text = inspect.signature(Client.delete)
+    assert "propagation" in text.parameters and "grace_period" in text.parameters
+
+
+def _job(name: str) -> dict[str, object]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "default"}, "spec": {}}
+
+
+def _pod(name: str, finalizers: list[str] | None = None) -> dict[str, object]:
+    meta: dict[str, object] = {"name": name, "namespace": "default"}
+    if finalizers:
+        meta["finalizers"] = finalizers
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}}
+
+
+def test_delete_sends_propagation_and_grace_period_as_delete_options() -> None:
+    fake = FakeClient([_job("j"), _pod("p", ["example.com/hold"])])
+    fake.delete("jobs.batch", "default/j", propagation="Background")
+    fake.delete("pods", "default/p", grace_period=30)
+    fake.delete("pods", "default/gone", propagation="Foreground", grace_period=0)  # NotFound is done
+    assert [(w.verb, w.resource, str(w.key), w.body) for w in fake.writes] == [
+        ("delete", "jobs.batch", "default/j", {"propagationPolicy": "Background"}),
+        ("delete", "pods", "default/p", {"gracePeriodSeconds": 30}),
+        ("delete", "pods", "default/gone", {"propagationPolicy": "Foreground", "gracePeriodSeconds": 0}),
+    ]
+    assert fake.get("pods", "default/p")["metadata"]["deletionGracePeriodSeconds"] == 30  # the fake honours it
+    assert fake.objects("jobs.batch") == []
+
+
+def test_delete_with_no_options_sends_no_body() -> None:
+    fake = FakeClient([_pod("p")])
+    fake.delete("pods", "default/p")
+    assert fake.writes[0].body is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"propagation": "background"}, r"propagation must be one of \['Background', 'Foreground', 'Orphan'\], got 'background'"),
+        ({"grace_period": -1}, "grace_period is whole seconds, 0 or more; got -1"),
+        ({"grace_period": 2.5}, "grace_period is whole seconds, 0 or more; got 2.5"),
+    ],
+)
+def test_a_wrong_delete_option_is_refused_before_any_request(kwargs: dict[str, object], message: str) -> None:
+    fake = FakeClient([_pod("p")])
+    with pytest.raises(ValueError, match=message):
+        fake.delete("pods", "default/p", **kwargs)  # type: ignore[arg-type]
+    assert fake.writes == []
+
+
+def test_the_first_job_deleted_with_the_default_propagation_logs_a_hint_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(client_module, "_job_hint_logged", False)
+    caplog.set_level(logging.INFO, "declop.client")
+    fake = FakeClient([_job("a"), _job("b"), _job("c"), _pod("p")])
+    fake.delete("pods", "default/p")  # not a Job: no hint
+    fake.delete("jobs.batch", "default/a", propagation="Background")  # explicit: no hint
+    assert caplog.records == []
+    fake.delete("jobs.batch", "default/b")
+    fake.aio.sync.delete("jobs.batch", "default/c")  # once per process, whichever client
+    hints = [r for r in caplog.records if r.name == "declop.client"]
+    assert [r.levelno for r in hints] == [logging.WARNING]
+    assert 'orphan their Pods' in hints[0].getMessage() and 'propagation="Background"' in hints[0].getMessage()
