@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import types
 import uuid
@@ -55,7 +56,7 @@ from declop.errors import TerminalError
 from declop.reconcile.finalizers import ensure_finalizer, release_finalizer
 from declop.kube.keys import Request, key_of
 from declop.logs import PlainFormatter, ReconcileLogger
-from declop.reconcile.registration import Registration
+from declop.reconcile.registration import INJECTABLE, Registration
 from declop.registry import Registry, default_registry
 from declop.reconcile.result import Phase, Result, phase_of
 from declop.testing.apiserver import FakeApiServer as FakeApiServer
@@ -307,6 +308,25 @@ def _registration(
     return reg, source
 
 
+def _own_arguments(reg: Registration, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check ``kwargs=``: only the handler's own parameters with a default (the test seam of
+    docs/contract.md §2) may be given; declop's arguments come from the reconcile itself."""
+    if not given:
+        return {}
+    params = inspect.signature(reg.fn).parameters
+    own = {n for n, p in params.items() if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    own -= INJECTABLE
+    for name in given:
+        if name in INJECTABLE:
+            raise TypeError(f"kwargs={{{name!r}: …}}: declop passes {name!r} itself; arrange it through objects= or the request")
+        if name not in own:
+            raise TypeError(
+                f"kwargs={{{name!r}: …}}: {getattr(reg.fn, '__name__', 'the handler')} has no parameter {name!r} with a "
+                f"default (its own: {', '.join(sorted(own)) or 'none'})"
+            )
+    return dict(given)
+
+
 def _key(request: Request | str | Mapping[str, Any], info: ResourceInfo) -> Request:
     if isinstance(request, Request):
         key = request
@@ -330,8 +350,10 @@ async def _reconcile(
     registry: Registry | None,
     reconcile_id: str | None,
     log_level: int,
+    own: Mapping[str, Any] | None = None,
 ) -> ReconcileOutcome:
     reg, source = _registration(handler, resource, finalizer, registry)
+    extra = _own_arguments(reg, own)
     server, _, _ = _setup(objects, resources, source, client.server if client is not None else None, None, None)
     info = server.discovery.resolve_cached(reg.resource)
     key = _key(request, info)
@@ -362,7 +384,7 @@ async def _reconcile(
         if reg.metadata_only and obj is not None:  # what a metadata-only cache holds
             meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
             given = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
-        kwargs = reg.arguments(key, given, phase, view, logger, rid)
+        kwargs = {**reg.arguments(key, given, phase, view, logger, rid), **extra}
         outcome = (await reg.fn(**kwargs)) if reg.is_async else reg.fn(**kwargs)
         if phase is Phase.DELETING and reg.finalizer is not None and (outcome is None or isinstance(outcome, Result)):
             await release_finalizer(server, info, obj, reg.finalizer)
@@ -412,6 +434,7 @@ def run_reconcile(
     registry: Registry | None = None,
     reconcile_id: str | None = None,
     log_level: int = logging.INFO,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> ReconcileOutcome:
     """Reconcile ``request`` once with ``handler``, against a fake apiserver holding ``objects``.
 
@@ -422,11 +445,17 @@ def run_reconcile(
     previous reconcile's state (its writes are not repeated in the new outcome). The registry's
     ``declop.index`` declarations are added to the fake's stores.
 
+    ``kwargs={"now": fixed}`` passes values to the handler's **own** parameters — those with a
+    default, which declop never fills (a clock, a client of another service: the test seam of
+    docs/contract.md §2). A name declop passes itself, or one the handler does not declare with a
+    default, is a ``TypeError`` before anything runs.
+
     ``async def`` handlers run in ``asyncio.run``; inside a running event loop use
     ``await arun_reconcile(...)``.
     """
     reg, _ = _registration(handler, resource, finalizer, registry)
-    coro = _reconcile(reg, request, objects, None, None, client, resources, registry, reconcile_id, log_level)
+    _own_arguments(reg, kwargs)  # refuse a wrong name before any coroutine exists
+    coro = _reconcile(reg, request, objects, None, None, client, resources, registry, reconcile_id, log_level, kwargs)
     if not reg.is_async:
         return _drive(coro)
     try:
@@ -449,6 +478,7 @@ async def arun_reconcile(
     registry: Registry | None = None,
     reconcile_id: str | None = None,
     log_level: int = logging.INFO,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> ReconcileOutcome:
     """:func:`run_reconcile` for async tests (runs on the current event loop)."""
-    return await _reconcile(handler, request, objects, resource, finalizer, client, resources, registry, reconcile_id, log_level)
+    return await _reconcile(handler, request, objects, resource, finalizer, client, resources, registry, reconcile_id, log_level, kwargs)

@@ -313,6 +313,33 @@ def test_only_declared_arguments_are_injected() -> None:
         run_reconcile(lambda spec: None, "ns/c", resource="configmaps")
 
 
+def test_kwargs_fill_the_handlers_own_defaulted_parameters() -> None:
+    """The test seam of docs/contract.md §2: a parameter with a default is the handler's own;
+    ``kwargs=`` gives it a value for one reconcile, and only such a parameter may be given."""
+    import datetime
+
+    def stamp(request, client, now=datetime.datetime.now, limit: int = 3):
+        client.patch(request, {"metadata": {"annotations": {"stamped": now().isoformat(), "limit": str(limit)}}})
+
+    fixed = datetime.datetime(2030, 1, 2, 3, 4, 5)
+    out = run_reconcile(stamp, "ns/c", [cm()], resource="configmaps", kwargs={"now": lambda: fixed})
+    assert out.ok
+    assert out.client.get("configmaps", "ns/c")["metadata"]["annotations"] == {"stamped": "2030-01-02T03:04:05", "limit": "3"}
+
+    with pytest.raises(TypeError, match=r"kwargs=\{'client': …\}: declop passes 'client' itself"):
+        run_reconcile(stamp, "ns/c", [cm()], resource="configmaps", kwargs={"client": None})
+    with pytest.raises(TypeError, match=r"stamp has no parameter 'nwo' with a default \(its own: limit, now\)"):
+        run_reconcile(stamp, "ns/c", [cm()], resource="configmaps", kwargs={"nwo": fixed})
+
+    async def astamp(request, client, now=datetime.datetime.now):
+        await client.patch(request, {"metadata": {"annotations": {"stamped": now().isoformat()}}})
+
+    async def in_a_test() -> ReconcileOutcome:
+        return await arun_reconcile(astamp, "ns/c", [cm()], resource="configmaps", kwargs={"now": lambda: fixed})
+
+    assert asyncio.run(in_a_test()).client.get("configmaps", "ns/c")["metadata"]["annotations"] == {"stamped": "2030-01-02T03:04:05"}
+
+
 @pytest.mark.parametrize(
     "behaviour, action, requeue, error",
     [
