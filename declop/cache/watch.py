@@ -60,6 +60,11 @@ __all__ = ["Watching"]
 
 log = logging.getLogger("declop.informer")
 
+#: seconds after an informer starts during which "the watch cache is still filling" (429 "storage
+#: is (re)initializing") is logged at DEBUG: routine at start (``declop dev`` applies a CRD and
+#: starts at once); later (an apiserver restart) it is INFO. Any other 429 is an ERROR.
+QUIET_START = 10.0
+
 _WATCH_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
 
 
@@ -103,6 +108,7 @@ class Watching:
     _stream_synced: bool
     _resume_watch: bool
     last_error: str
+    _run_started: float
     events_received: int
     objects_listed: int
     shard: ShardFilter | None
@@ -130,6 +136,7 @@ class Watching:
     # -- the loop -------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        self._run_started = time.monotonic()
         while True:
             try:
                 await self._list_and_watch()
@@ -147,7 +154,7 @@ class Watching:
                 self.last_error = _describe(exc, self)
                 # A watch cache still filling (a CRD created a moment ago, an apiserver restart)
                 # answers 429 "storage is (re)initializing" with a Retry-After: expected, not an error.
-                level = logging.INFO if _initialising(exc) else logging.ERROR
+                level = self._retry_level(exc)
                 log.log(
                     level,
                     f"{self.last_error}; retrying in {delay:.1f} s",
@@ -234,11 +241,18 @@ class Watching:
             delay = max(delay, retry_after)
         if exc is not None:
             self.last_error = _describe(exc, self)
-            level = logging.INFO if _initialising(exc) else logging.ERROR
+            level = self._retry_level(exc)
             log.log(level, f"{self.last_error}; re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         else:
             log.warning(f"Watch throttled (429); re-watching in {delay:.1f} s", extra={"kv": {**self._kv, "retryIn": round(delay, 2)}})
         await asyncio.sleep(delay)
+
+    def _retry_level(self, exc: BaseException) -> int:
+        """DEBUG for a watch cache still filling in the informer's first :data:`QUIET_START`
+        seconds, INFO for one later; ERROR for any other failure."""
+        if not _initialising(exc):
+            return logging.ERROR
+        return logging.DEBUG if time.monotonic() - self._run_started < QUIET_START else logging.INFO
 
     # -- the stream (a watch, or a streaming list that goes on as one) ----------------------------
 
@@ -374,7 +388,10 @@ def _describe(exc: BaseException, informer: Watching) -> str:
     if isinstance(exc, NotFound):
         return f"{r.group_resource} is no longer served by the apiserver (404); was its CRD deleted?"
     if _initialising(exc):
-        return f"the apiserver is still filling its watch cache for {r.group_resource} (429: {exc})"
+        return (
+            f"Waiting for the apiserver to load {r.group_resource} into its watch cache "
+            "(normal for a few seconds after a CRD is created or the apiserver starts)"
+        )
     if isinstance(exc, ApiError) and exc.status == 429:
         return f"throttled by the apiserver (429) while watching {r.group_resource}"
     return f"list/watch of {r.group_resource} failed: {exc}"

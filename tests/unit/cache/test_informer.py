@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import pytest
 
+from declop.cache import watch as watch_module
 from declop.cache.informer import Backoff, Informer
 from declop.testing.listwatch import ListWatchServer, Step
 
@@ -316,13 +317,25 @@ def test_reflector_no_relist_on_too_many_requests(where: str) -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize("message, level", [("storage is (re)initializing", logging.INFO), ("too many requests", logging.ERROR)])
-def test_a_watch_cache_still_filling_is_not_an_error(message: str, level: int, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "message, quiet_start, level",
+    [
+        ("storage is (re)initializing", 10.0, logging.DEBUG),  # at start: routine, not worth a line
+        ("storage is (re)initializing", 0.0, logging.INFO),  # later (an apiserver restart): said plainly
+        ("too many requests", 10.0, logging.ERROR),
+    ],
+)
+def test_a_watch_cache_still_filling_is_not_an_error(
+    message: str, quiet_start: float, level: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A CRD created a moment ago: the apiserver answers the first streaming list 429 "storage is
     (re)initializing" with a Retry-After (k8s.io/apiserver cacher; a LIST's 429 is retried by the
-    transport). That is expected: logged at
-    INFO, with the Retry-After honoured, then the informer syncs. Any other 429 stays an ERROR."""
-    caplog.set_level(logging.INFO, "declop.informer")
+    transport). That is expected: in the informer's first QUIET_START seconds it is logged at
+    DEBUG (``declop dev`` applies a CRD and starts at once), after that at INFO, in words that do
+    not read like an error (no status code, no "TooManyRequests"); the Retry-After is honoured
+    and the informer syncs. Any other 429 stays an ERROR."""
+    monkeypatch.setattr(watch_module, "QUIET_START", quiet_start)
+    caplog.set_level(logging.DEBUG, "declop.informer")
 
     async def scenario() -> None:
         async with ListWatchServer() as server:
@@ -335,10 +348,12 @@ def test_a_watch_cache_still_filling_is_not_an_error(message: str, level: int, c
             await informer.stop()
 
     run(scenario())
-    retried = [r for r in informer_records(caplog) if "429" in r.getMessage() and "retrying in" in r.getMessage()]
+    retried = [r for r in informer_records(caplog) if "retrying in" in r.getMessage()]
     assert [r.levelno for r in retried] == [level]
-    if level == logging.INFO:
-        assert "still filling its watch cache" in retried[0].getMessage()
+    if level != logging.ERROR:
+        text = retried[0].getMessage()
+        assert text.startswith("Waiting for the apiserver to load ") and "into its watch cache (normal for a few seconds" in text
+        assert "429" not in text and "TooManyRequests" not in text and "initializing" not in text
 
 
 def test_outage_of_500s_backs_off_logs_each_attempt_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
