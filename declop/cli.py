@@ -434,10 +434,12 @@ def new(kind: str, group: str, version: str, plural: str | None, directory: str 
       declop new Widget --group example.com
       cd widget-operator && declop dev handlers.py -f crd.yaml
     """
-    from declop.dev.scaffold import create, names_for
+    from declop.dev.scaffold import create, names_for, warnings_for
 
     names = names_for(kind, group, version, plural)
     target, files = create(names, directory)
+    for warning in warnings_for(names):
+        click.echo(f"declop: warning: {warning}", err=True)
     click.echo(f"Created {names.crd_name} ({names.api_version}, Kind {names.kind}) in {target}/:")
     for path in files:
         click.echo(f"  {path.relative_to(target)}")

@@ -20,6 +20,10 @@ Invariants:
 - every name is checked before anything is written, each with one line saying what is wrong
   and what would do (:class:`ScaffoldError`, a :class:`~declop.errors.ConfigError`);
 - nothing is written into a folder that exists and is not empty;
+- the plural is not a name kubectl resolves to a built-in resource (:data:`BUILTIN_RESOURCES`:
+  plural, singular or short name — ``cronjobs``, ``cm``): kubectl would list the built-in one; a
+  singular that is such a name is allowed with a warning (:func:`warnings_for`), since the
+  project's commands use the plural;
 - the names follow the CRD rules: ``plural``/``singular`` are lowercase DNS labels, the CRD is
   named ``<plural>.<group>``, the list kind is ``<Kind>List``.
 """
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from declop.errors import ConfigError
 
-__all__ = ["Names", "ScaffoldError", "create", "names_for", "plural_of", "render"]
+__all__ = ["BUILTIN_RESOURCES", "Names", "ScaffoldError", "builtin_named", "create", "names_for", "plural_of", "render", "warnings_for"]
 
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -53,6 +57,97 @@ _RESERVED = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {
     "declop", "handlers", "yaml", "pytest", "kubernetes", "logging", "crd", "read", "ready",
     "configmap", "meta", "spec", "status", "mutate",
 }
+#: Kubernetes' built-in resources as kubectl knows them: group-resource → (singular, short names).
+#: kubectl resolves a name to a built-in resource before any custom one, so a custom resource
+#: whose plural is one of these names is out of reach by its short name (``kubectl get cronjobs``
+#: lists batch's). Offline on purpose (``declop new`` needs no cluster); a test compares it with
+#: the discovery of declop's test apiserver, so a new Kubernetes version cannot leave it behind.
+BUILTIN_RESOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "bindings": ("binding", ()),
+    "componentstatuses": ("componentstatus", ("cs",)),
+    "configmaps": ("configmap", ("cm",)),
+    "endpoints": ("endpoints", ("ep",)),
+    "events": ("event", ("ev",)),
+    "limitranges": ("limitrange", ("limits",)),
+    "namespaces": ("namespace", ("ns",)),
+    "nodes": ("node", ("no",)),
+    "persistentvolumeclaims": ("persistentvolumeclaim", ("pvc",)),
+    "persistentvolumes": ("persistentvolume", ("pv",)),
+    "pods": ("pod", ("po",)),
+    "podtemplates": ("podtemplate", ()),
+    "replicationcontrollers": ("replicationcontroller", ("rc",)),
+    "resourcequotas": ("resourcequota", ("quota",)),
+    "secrets": ("secret", ()),
+    "serviceaccounts": ("serviceaccount", ("sa",)),
+    "services": ("service", ("svc",)),
+    "mutatingwebhookconfigurations.admissionregistration.k8s.io": ("mutatingwebhookconfiguration", ()),
+    "validatingwebhookconfigurations.admissionregistration.k8s.io": ("validatingwebhookconfiguration", ()),
+    "validatingadmissionpolicies.admissionregistration.k8s.io": ("validatingadmissionpolicy", ()),
+    "validatingadmissionpolicybindings.admissionregistration.k8s.io": ("validatingadmissionpolicybinding", ()),
+    "mutatingadmissionpolicies.admissionregistration.k8s.io": ("mutatingadmissionpolicy", ()),
+    "mutatingadmissionpolicybindings.admissionregistration.k8s.io": ("mutatingadmissionpolicybinding", ()),
+    "customresourcedefinitions.apiextensions.k8s.io": ("customresourcedefinition", ("crd", "crds")),
+    "apiservices.apiregistration.k8s.io": ("apiservice", ()),
+    "controllerrevisions.apps": ("controllerrevision", ()),
+    "daemonsets.apps": ("daemonset", ("ds",)),
+    "deployments.apps": ("deployment", ("deploy",)),
+    "replicasets.apps": ("replicaset", ("rs",)),
+    "statefulsets.apps": ("statefulset", ("sts",)),
+    "selfsubjectreviews.authentication.k8s.io": ("selfsubjectreview", ()),
+    "tokenreviews.authentication.k8s.io": ("tokenreview", ()),
+    "localsubjectaccessreviews.authorization.k8s.io": ("localsubjectaccessreview", ()),
+    "selfsubjectaccessreviews.authorization.k8s.io": ("selfsubjectaccessreview", ()),
+    "selfsubjectrulesreviews.authorization.k8s.io": ("selfsubjectrulesreview", ()),
+    "subjectaccessreviews.authorization.k8s.io": ("subjectaccessreview", ()),
+    "horizontalpodautoscalers.autoscaling": ("horizontalpodautoscaler", ("hpa",)),
+    "cronjobs.batch": ("cronjob", ("cj",)),
+    "jobs.batch": ("job", ()),
+    "certificatesigningrequests.certificates.k8s.io": ("certificatesigningrequest", ("csr",)),
+    "clustertrustbundles.certificates.k8s.io": ("clustertrustbundle", ()),
+    "podcertificaterequests.certificates.k8s.io": ("podcertificaterequest", ()),
+    "leases.coordination.k8s.io": ("lease", ()),
+    "leasecandidates.coordination.k8s.io": ("leasecandidate", ()),
+    "endpointslices.discovery.k8s.io": ("endpointslice", ()),
+    "events.events.k8s.io": ("event", ("ev",)),
+    "flowschemas.flowcontrol.apiserver.k8s.io": ("flowschema", ()),
+    "prioritylevelconfigurations.flowcontrol.apiserver.k8s.io": ("prioritylevelconfiguration", ()),
+    "storageversions.internal.apiserver.k8s.io": ("storageversion", ()),
+    "ingressclasses.networking.k8s.io": ("ingressclass", ()),
+    "ingresses.networking.k8s.io": ("ingress", ("ing",)),
+    "ipaddresses.networking.k8s.io": ("ipaddress", ("ip",)),
+    "networkpolicies.networking.k8s.io": ("networkpolicy", ("netpol",)),
+    "servicecidrs.networking.k8s.io": ("servicecidr", ()),
+    "runtimeclasses.node.k8s.io": ("runtimeclass", ()),
+    "poddisruptionbudgets.policy": ("poddisruptionbudget", ("pdb",)),
+    "clusterrolebindings.rbac.authorization.k8s.io": ("clusterrolebinding", ()),
+    "clusterroles.rbac.authorization.k8s.io": ("clusterrole", ()),
+    "rolebindings.rbac.authorization.k8s.io": ("rolebinding", ()),
+    "roles.rbac.authorization.k8s.io": ("role", ()),
+    "deviceclasses.resource.k8s.io": ("deviceclass", ()),
+    "devicetaintrules.resource.k8s.io": ("devicetaintrule", ()),
+    "resourceclaims.resource.k8s.io": ("resourceclaim", ()),
+    "resourceclaimtemplates.resource.k8s.io": ("resourceclaimtemplate", ()),
+    "resourceslices.resource.k8s.io": ("resourceslice", ()),
+    "priorityclasses.scheduling.k8s.io": ("priorityclass", ("pc",)),
+    "csidrivers.storage.k8s.io": ("csidriver", ()),
+    "csinodes.storage.k8s.io": ("csinode", ()),
+    "csistoragecapacities.storage.k8s.io": ("csistoragecapacity", ()),
+    "storageclasses.storage.k8s.io": ("storageclass", ("sc",)),
+    "volumeattachments.storage.k8s.io": ("volumeattachment", ()),
+    "volumeattributesclasses.storage.k8s.io": ("volumeattributesclass", ("vac",)),
+    "storageversionmigrations.storagemigration.k8s.io": ("storageversionmigration", ()),
+}  # fmt: skip
+
+
+def builtin_named(name: str) -> str | None:
+    """The built-in resource (``"cronjobs.batch"``) kubectl finds for ``name`` — a plural, a
+    singular or a short name — or ``None``."""
+    for group_resource, (singular, short) in BUILTIN_RESOURCES.items():
+        if name in (group_resource.partition(".")[0], singular, *short):
+            return group_resource
+    return None
+
+
 TEMPLATES = "dev/templates/operator"
 SUFFIX = ".tmpl"
 
@@ -186,12 +281,30 @@ def names_for(kind: str, group: str, version: str = "v1", plural: str | None = N
     check_version(version)
     singular = kind.lower()
     plural = check_plural(plural if plural is not None else plural_of(kind), singular)
+    clash = builtin_named(plural)
+    if clash is not None:
+        raise ScaffoldError(
+            f"plural {plural!r} is also a name of the built-in {clash}: `kubectl get {plural}` would list that, "
+            f"not yours; give another Kind, or --plural with a name of your own (e.g. --plural {group.split('.')[0]}{plural})"
+        )
     names = Names(kind=kind, group=group, version=version, plural=plural, singular=singular)
     if len(names.crd_name) > _SUBDOMAIN_MAX:
         raise ScaffoldError(
             f"the CRD name {names.crd_name!r} is longer than {_SUBDOMAIN_MAX} characters; shorten the group or the plural"
         )
     return names
+
+
+def warnings_for(names: Names) -> list[str]:
+    """What is allowed but will surprise: a singular (the Kind in lower case) that kubectl
+    resolves to a built-in resource first. One line each; ``declop new`` prints them."""
+    clash = builtin_named(names.singular)
+    if clash is None:
+        return []
+    return [
+        f"`kubectl get {names.singular}` lists the built-in {clash}, not your {names.kind}: use "
+        f"`kubectl get {names.plural}` or `kubectl get {names.crd_name}` (or give another Kind)"
+    ]
 
 
 def _templates() -> Traversable:

@@ -27,6 +27,10 @@ bare name on a namespaced resource means the namespace of the object being recon
 
 from __future__ import annotations
 
+# size: one piece: the two client flavours side by side — the sync Client spells out each
+# AsyncClient signature again (so help() and editors show them; tests/unit/reconcile/test_client.py
+# keeps them equal), and a reader compares the pair here rather than across two modules.
+
 import asyncio
 import concurrent.futures
 import logging

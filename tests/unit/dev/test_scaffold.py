@@ -63,7 +63,7 @@ def test_version_defaults_to_v1_and_plural_can_be_given():
 
 @pytest.mark.parametrize("kind", ["Class", "Match", "ConfigMap", "Status", "Declop", "Yaml"])
 def test_a_singular_python_or_the_templates_need_gets_an_underscore(kind):
-    names = names_for(kind, "example.com")
+    names = names_for(kind, "example.com", plural=f"my{kind.lower()}s")  # configmaps is a built-in's
     assert names.python_name == names.singular + "_"
     assert names.singular == kind.lower()  # the Kubernetes names stay as they are
 
@@ -102,6 +102,43 @@ def test_bad_names_are_refused_in_one_line(args, words):
     assert words in message
     assert "\n" not in message
     assert isinstance(info.value, ConfigError) and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "args, builtin",
+    [
+        (("CronJob", "example.com"), "cronjobs.batch"),  # the new user's case: kubectl get cronjobs lists batch's
+        (("Pod", "example.com"), "pods"),
+        (("Deployment", "example.com"), "deployments.apps"),
+        (("Widget", "example.com", "v1", "cm"), "configmaps"),  # a short name
+        (("Widget", "example.com", "v1", "job"), "jobs.batch"),  # a singular
+        (("Widget", "example.com", "v1", "crds"), "customresourcedefinitions.apiextensions.k8s.io"),
+    ],
+)
+def test_a_plural_kubectl_resolves_to_a_built_in_resource_is_refused(args, builtin):
+    with pytest.raises(ScaffoldError) as info:
+        names_for(*args)
+    message = str(info.value)
+    plural = args[3] if len(args) > 3 else plural_of(args[0])
+    assert message.startswith(f"plural {plural!r} is also a name of the built-in {builtin}: `kubectl get {plural}` would list that")
+    assert f"--plural example{plural}" in message and "\n" not in message
+
+
+def test_a_singular_kubectl_resolves_to_a_built_in_resource_is_a_warning():
+    names = names_for("Job", "example.com", plural="tasks")
+    assert scaffold.warnings_for(names) == [
+        "`kubectl get job` lists the built-in jobs.batch, not your Job: use `kubectl get tasks` or "
+        "`kubectl get tasks.example.com` (or give another Kind)"
+    ]
+    assert scaffold.warnings_for(names_for("Widget", "example.com")) == []
+
+
+def test_the_built_in_names_are_lowercase_and_unique_per_resource():
+    for group_resource, (singular, short) in scaffold.BUILTIN_RESOURCES.items():
+        assert group_resource == group_resource.lower() and singular == singular.lower()
+        assert scaffold.builtin_named(group_resource.partition(".")[0]) is not None
+        assert all(scaffold.builtin_named(s) is not None for s in (singular, *short))
+    assert scaffold.builtin_named("widgets") is None
 
 
 @pytest.mark.parametrize("version", ["v1", "v2", "v10", "v1alpha1", "v2beta3", "v1beta12"])
@@ -265,6 +302,7 @@ def test_the_command_prints_what_it_wrote_and_what_to_do_next(tmp_path):
         (("Widget", "--group", "example.com", "--version", "1.0"), "version '1.0'"),
         (("Widget", "--group", "example.com", "--plural", "Widgets"), "plural 'Widgets'"),
         (("Widget", "--group", "example.com", "--dir", "."), "exists and is not empty"),
+        (("CronJob", "--group", "example.com"), "plural 'cronjobs' is also a name of the built-in cronjobs.batch"),
     ],
 )
 def test_the_command_refuses_bad_input_in_one_line(tmp_path, args, words):
@@ -275,3 +313,13 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path, args, words):
     assert lines == [lines[0]] and lines[0].startswith("declop: error: ") and words in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
+
+
+def test_the_command_warns_about_a_singular_kubectl_gives_to_a_built_in(tmp_path):
+    result = declop_new("Job", "--group", "example.com", "--plural", "tasks", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "declop: warning: `kubectl get job` lists the built-in jobs.batch, not your Job: use `kubectl get tasks` "
+        "or `kubectl get tasks.example.com` (or give another Kind)\n"
+    )
+    assert (tmp_path / "job-operator" / "crd.yaml").exists()
