@@ -342,7 +342,7 @@ class AsyncClient(_Base):
         if grace_period is not None:
             body["gracePeriodSeconds"] = grace_period
         if propagation is None and resource.group_resource == "jobs.batch":
-            _hint_job_orphans()
+            _hint_job_orphans(req)
         try:
             await self._ctx.transport.request(
                 "DELETE", resource.path(namespace=req.namespace or None, name=req.name), body=body or None
@@ -367,12 +367,12 @@ class AsyncClient(_Base):
         return AsyncLiveReader(self)
 
 
-def _hint_job_orphans() -> None:
-    """Log :data:`JOB_HINT` once per process."""
+def _hint_job_orphans(job: Request) -> None:
+    """Log :data:`JOB_HINT` once per process (with the first such Job's key)."""
     global _job_hint_logged
     if not _job_hint_logged:
         _job_hint_logged = True
-        log.warning(JOB_HINT)
+        log.warning(JOB_HINT, extra={"kv": {"namespace": job.namespace, "name": job.name}})
 
 
 class AsyncLiveReader:

@@ -108,3 +108,4 @@ def test_the_first_job_deleted_with_the_default_propagation_logs_a_hint_once(
     hints = [r for r in caplog.records if r.name == "declop.client"]
     assert [r.levelno for r in hints] == [logging.WARNING]
     assert 'orphan their Pods' in hints[0].getMessage() and 'propagation="Background"' in hints[0].getMessage()
+    assert hints[0].kv == {"namespace": "default", "name": "b"}  # type: ignore[attr-defined]  # the first such Job
