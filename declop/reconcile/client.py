@@ -237,12 +237,14 @@ class AsyncClient(_Base):
         )
 
     async def create(self, target: Any, obj: Any = None) -> Obj:
+        """Create ``obj`` (``create(obj)``, or ``create("configmaps", obj)``); 409 if it exists."""
         resource, body = self._write_target(target, obj)
         return await self._ctx.transport.request(  # type: ignore[no-any-return]
             "POST", self._obj_path(resource, body, False), body=self._with_kind(resource, body)
         )
 
     async def update(self, target: Any, obj: Any = None, *, subresource: str | None = None) -> Obj:
+        """PUT ``obj`` with its resourceVersion: 409 Conflict if the object changed meanwhile."""
         resource, body = self._write_target(target, obj)
         return await self._ctx.transport.request(  # type: ignore[no-any-return]
             "PUT", self._obj_path(resource, body, True, subresource), body=self._with_kind(resource, body)
@@ -364,6 +366,7 @@ class AsyncClient(_Base):
 
     @property
     def live(self) -> AsyncLiveReader:
+        """Uncached reads straight from the apiserver: ``live.get(...)``, ``live.list(...)``."""
         return AsyncLiveReader(self)
 
 
@@ -491,19 +494,37 @@ class Client(_Base):
         propagation: Propagation | None = None,
         grace_period: int | None = None,
     ) -> None:
-        """Delete one object; NotFound is success. See :meth:`AsyncClient.delete` for
-        ``propagation=`` (a Job's default orphans its Pods) and ``grace_period=``."""
+        """Delete one object; NotFound is success (the goal is reached).
+
+        ``propagation`` is sent as ``DeleteOptions.propagationPolicy``: ``"Background"`` (the
+        object goes now, the garbage collector deletes what it owns afterwards), ``"Foreground"``
+        (the object stays, with a ``foregroundDeletion`` finalizer, until what it owns is gone) or
+        ``"Orphan"`` (what it owns stays, its ownerReference removed). ``None`` leaves the choice
+        to the apiserver, whose default is Background for almost every kind — but **Orphan for a
+        batch/v1 Job** (kept for compatibility): a Job deleted without ``propagation=`` leaves
+        its Pods running. The first such delete in a process logs a WARNING saying so.
+
+        ``grace_period`` (seconds, ``DeleteOptions.gracePeriodSeconds``) overrides the object's
+        own (a Pod's ``terminationGracePeriodSeconds``); ``0`` means at once.
+        """
         self._run(
             self._async.delete(target, key, namespace=namespace, name=name, propagation=propagation, grace_period=grace_period)
         )
 
     def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
-        """Record a Kubernetes Event about ``obj``: ``type`` is ``"Normal"`` or ``"Warning"``
-        (see :meth:`AsyncClient.event`)."""
+        """Record a Kubernetes Event about ``obj``, as ``kubectl describe`` shows them.
+
+        ``reason`` is a short CamelCase word (``"ChildCreated"``), ``message`` a sentence for
+        people, ``type`` is ``"Normal"`` (the default) or ``"Warning"`` — what ``kubectl get events
+        --field-selector type=Warning`` selects. Repeats are folded into one Event with a count,
+        bursts are rate-limited, and a failure to record is logged, never raised: an Event never
+        fails the reconcile.
+        """
         self._run(self._async.event(obj, reason, message, type))
 
     @property
     def live(self) -> LiveReader:
+        """Uncached reads straight from the apiserver: ``live.get(...)``, ``live.list(...)``."""
         return LiveReader(self)
 
 

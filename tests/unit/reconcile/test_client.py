@@ -35,12 +35,14 @@ def test_the_sync_client_has_the_async_clients_signature(method: str) -> None:
     sync, aio = inspect.signature(getattr(Client, method)), inspect.signature(getattr(AsyncClient, method))
     assert sync == aio
     assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sync.parameters.values())
+    assert inspect.getdoc(getattr(Client, method)) == inspect.getdoc(getattr(AsyncClient, method))  # help() says the same
     assert inspect.getdoc(getattr(Client, method))
 
 
 @pytest.mark.parametrize("method", ("get", "list"))
 def test_the_live_readers_have_the_same_signatures(method: str) -> None:
     assert inspect.signature(getattr(LiveReader, method)) == inspect.signature(getattr(AsyncLiveReader, method))
+    assert inspect.getdoc(getattr(LiveReader, method)) == inspect.getdoc(getattr(AsyncLiveReader, method))
 
 
 def test_help_shows_the_delete_options() -> None:
