@@ -304,12 +304,15 @@ def run(**kw: Any) -> None:
 @click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: image from the Dockerfile, Helm chart, handlers from a ConfigMap.")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and
-    run PATHS on it, restarting them when you save a handler file.
+    the CRDs of the typed models in PATHS, and run PATHS on it, restarting them when you save a
+    handler file.
 
     \b
         declop dev handlers.py -f crd.yaml      # edit handlers.py, save: the operator restarts
 
-    A syntax error on save prints one line and waits for the next save. With no PATHS only the
+    The CRDs of the CustomResource models PATHS define or import need no -f: they are applied
+    first, and again on a save that changed them (docs/typed.md). A syntax error on save prints
+    one line and waits for the next save. With no PATHS only the
     control plane runs (and -f files are applied). With --node, a real node joins it and PATHS
     run in-cluster as the chart's Pod (follow them with kubectl logs); --reload does not apply
     there. Ctrl-C stops everything. See docs/dev.md.
@@ -341,10 +344,14 @@ def dev(**kw: Any) -> None:
         for name in kw["modules"]:
             if _find_module(name) is None:
                 raise ConfigError(f"no module named {name!r}; is it installed or on PYTHONPATH?")
-    else:
-        load(kw["paths"], kw["modules"])
+    loaded: list[Any] = []
+    crds: list[Any] = []
+    if not reload:
+        loaded = load(kw["paths"], kw["modules"])
         if runs:
             _require_registrations(kw)
+        # a model the CRD cannot be made of: one line before anything starts
+        crds = from_models(loaded, default_registry, webhook_service=kw["webhook_service"], webhook_url=kw["webhook_url"], webhook_port=kw["webhook_port"])
     out = os.path.abspath(kw["kubeconfig_out"])
     stopping = threading.Event()
 
@@ -371,17 +378,19 @@ def dev(**kw: Any) -> None:
             sources = Sources(tuple(kw["paths"]), tuple(kw["modules"]), tuple(kw["files"]))
             started = True
             if kw["node"]:
-                if kw["files"]:
-                    _apply_once(configuration, kw, sources)
+                if kw["files"] or crds:
+                    _apply_once(configuration, kw, sources, loaded)
                 if kw["paths"]:
                     _run_in_cluster(cp, kw, image)
             elif runs or (kw["files"] and reload):
                 # local use: plain HTTP metrics (curl localhost:PORT/metrics) unless asked otherwise
-                devloop = DevLoop(configuration, _options(kw, secure_by_default=False), sources, reload=reload, loaded=not reload, echo=_echo)
+                devloop = DevLoop(
+                    configuration, _options(kw, secure_by_default=False), sources, reload=reload, loaded=not reload, modules=loaded, echo=_echo
+                )
                 _state["exit_code"] = asyncio.run(_serve_until_signal(devloop.run))
                 return
-            elif kw["files"]:
-                _apply_once(configuration, kw, sources)
+            elif kw["files"] or crds:
+                _apply_once(configuration, kw, sources, loaded)
             click.echo("Press Ctrl-C to stop.", err=True)
             threading.Event().wait()
     except KeyboardInterrupt:
@@ -399,8 +408,10 @@ def _find_module(name: str) -> Any:
         return None
 
 
-def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources) -> None:
-    asyncio.run(DevLoop(configuration, _options(kw), sources, reload=False, echo=_echo).apply_manifests())
+def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources, loaded: Sequence[Any]) -> None:
+    """Apply the -f files and the CRDs of the models of the ``loaded`` handler modules."""
+    devloop = DevLoop(configuration, _options(kw), sources, reload=False, loaded=True, modules=loaded, echo=_echo)
+    asyncio.run(devloop.apply_manifests())
 
 
 def _echo(line: str) -> None:
