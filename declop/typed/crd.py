@@ -121,7 +121,7 @@ def _names(crd: str, kinds: list[tuple[type[CustomResource], Kind]]) -> tuple[Ki
         for what in ("plural", "singular", "scope"):
             if getattr(kind, what) != getattr(first, what):
                 raise RegistrationError(
-                    f"{crd}: {first_model.__qualname__} ({first.version}) and {model.__qualname__} ({kind.version}) give "
+                    f"{crd}: {first_model.__name__} ({first.version}) and {model.__name__} ({kind.version}) give "
                     f"different {what} ({getattr(first, what)!r}, {getattr(kind, what)!r}); the names are the kind's: make them equal"
                 )
     chosen: dict[str, tuple[str, ...]] = {}
@@ -164,7 +164,7 @@ def definitions(
         for model, kind in kinds:
             if kind.version in seen:
                 raise RegistrationError(
-                    f"{crd}: {seen[kind.version].__qualname__} and {model.__qualname__} both define version {kind.version}; "
+                    f"{crd}: {seen[kind.version].__name__} and {model.__name__} both define version {kind.version}; "
                     "one class per version"
                 )
             seen[kind.version] = model

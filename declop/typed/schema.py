@@ -69,8 +69,8 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
         raw = model.model_json_schema()
     except Exception as exc:  # pydantic's own refusal (a type with no JSON schema)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RegistrationError(f"{model.__qualname__}: pydantic cannot describe it as JSON schema: {first}") from None
-    converter = _Converter(model.__qualname__, raw.pop("$defs", {}))
+        raise RegistrationError(f"{model.__name__}: pydantic cannot describe it as JSON schema: {first}") from None
+    converter = _Converter(model.__name__, raw.pop("$defs", {}))
     if not issubclass(model, CustomResource):
         return converter.node(raw, "", ())
     properties: dict[str, Any] = {
