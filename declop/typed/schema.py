@@ -5,9 +5,11 @@ into what the apiserver accepts (apiextensions ``validateStructural`` and friend
 
 * no ``$ref``: every ``$defs`` entry is inlined where it is used; a model that contains itself
   (directly or not) cannot be inlined and is refused, naming the field;
-* ``X | None`` (``anyOf [X, {type: null}]``) becomes ``X`` with ``nullable: true``; a ``None``
-  default is dropped (absent and null read the same); any other union is refused, naming the
-  field, except :data:`~declop.typed.model.IntOrString` (``x-kubernetes-int-or-string``);
+* ``X | None`` (``anyOf [X, {type: null}]``) becomes ``X`` with ``nullable: true`` — but an
+  enum gets no ``nullable``, as the apiserver refuses a null that is not among the enum's values
+  (and a null enum value too), while it prunes a null sent to a field that is not nullable; a
+  ``None`` default is dropped (absent and null read the same); any other union is refused,
+  naming the field, except :data:`~declop.typed.model.IntOrString` (``x-kubernetes-int-or-string``);
 * every node has a ``type``, except an int-or-string and a free-form node
   (``x-kubernetes-preserve-unknown-fields``); ``typing.Any`` or ``dict[str, Any]`` without
   :data:`~declop.typed.model.FreeForm` is refused, naming the field;
@@ -89,7 +91,7 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     if required:
         root["required"] = required
     root["properties"] = properties
-    rules = model.kind_of().rules if model.__kind__ is not None else ()
+    rules = model.kind_of().rules if "__kind__" in model.__dict__ and model.__kind__ is not None else ()
     if rules:
         root["x-kubernetes-validations"] = [_ordered_rule(r.validation()) for r in rules]
     return root
@@ -203,7 +205,9 @@ class _Converter:
                 out[key] = value
             else:
                 raise self.error(where, f"JSON schema key {key!r} is not part of a CRD schema")
-        if nullable:
+        if nullable and "enum" not in out:
+            # an enum stays without: the apiserver checks a null against the enum and refuses it
+            # (null in the enum too); without nullable a null is pruned, read back as None
             out["nullable"] = True
         if "type" not in out and not (out.get("x-kubernetes-int-or-string") or out.get("x-kubernetes-preserve-unknown-fields")):
             if "enum" in out:

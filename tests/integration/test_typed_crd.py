@@ -38,6 +38,7 @@ class GaugeSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     extra: FreeForm = Field(default_factory=dict)
     owner: str | None = None
+    tier: Literal["gold", "silver"] | None = None
 
 
 class GaugeStatus(BaseModel):
@@ -175,9 +176,14 @@ def test_a_misspelt_field_is_refused_by_kubectl_and_pruned_without_validation(en
     assert "replicsa" not in stored["spec"]
 
 
-def test_a_nullable_field_takes_null(env: dict[str, str], namespace: str) -> None:
-    created = create(env, namespace, gauge("nulled", owner=None))
+def test_an_optional_field_takes_null(env: dict[str, str], namespace: str) -> None:
+    created = create(env, namespace, gauge("nulled", owner=None, tier=None))
     assert created.returncode == 0, created.stderr
+    stored = json.loads(kubectl(env, "get", "gauge", "nulled", "-n", namespace, "-o", "json").stdout)
+    assert stored["spec"]["owner"] is None and "tier" not in stored["spec"]  # nullable kept; an enum's null pruned
+    assert create(env, namespace, gauge("gold", tier="gold")).returncode == 0
+    refused = create(env, namespace, gauge("bronze", tier="bronze"))
+    assert refused.returncode != 0 and "spec.tier" in refused.stderr and 'Unsupported value: "bronze"' in refused.stderr
 
 
 def test_two_versions_one_storage_both_served(env: dict[str, str], namespace: str) -> None:

@@ -126,6 +126,16 @@ def test_enums_from_literal_and_enum_and_a_single_literal() -> None:
     assert p["only"]["enum"] == ["one"]
 
 
+def test_an_optional_enum_is_not_nullable_so_that_a_null_is_pruned_not_refused() -> None:
+    class Holder(BaseModel):
+        tier: Literal["gold", "silver"] | None = None
+        color: Color | None = None
+
+    p = openapi_schema(Holder)["properties"]
+    assert p["tier"] == {"type": "string", "enum": ["gold", "silver"]}
+    assert p["color"] == {"type": "string", "enum": ["red", "blue"]}
+
+
 def test_int_or_string_and_optional_int_or_string() -> None:
     p = field(Widget, "spec")["properties"]
     assert p["port"] == {"default": 80, "x-kubernetes-int-or-string": True}
