@@ -195,3 +195,48 @@ def test_two_versions_one_storage_both_served(env: dict[str, str], namespace: st
         assert (got["apiVersion"], got["spec"]) == (f"{GROUP}/{version}", {"size": 1})
     crd = json.loads(kubectl(env, "get", "crd", f"dials.{GROUP}", "-o", "json").stdout)
     assert crd["status"]["storedVersions"] == ["v1"]
+
+
+class KnobSpec(BaseModel):
+    turns: int = 0
+
+
+class KnobV1(CustomResource, group=GROUP, version="v1", kind="Knob"):
+    spec: KnobSpec
+
+
+class KnobV2(CustomResource, group=GROUP, version="v2", kind="Knob", storage=False):
+    spec: KnobSpec
+
+
+def test_the_conversion_webhook_wired_by_declop_crd_is_completed_by_the_operator_and_kept_by_a_re_apply(control_plane: Any) -> None:
+    """`declop crd` writes spec.conversion without a caBundle; the apiserver accepts it; the
+    operator's start patches the caBundle in (its merge patch, as apply_configurations sends
+    it); a later server-side apply of the same CRD (`declop dev`) keeps that caBundle."""
+    from declop.webhooks.certs import CertAuthority
+    from declop.webhooks.configuration import ClientConfig, conversion_patch
+    from declop.webhooks.declaration import make_webhook
+
+    env = control_plane.env()
+    hook = make_webhook(lambda obj, **_: None, "converter", f"knobs.{GROUP}", name=f"convert.knobs.{GROUP}")
+    config = {"url": f"https://127.0.0.1:9443{hook.path}"}
+    (crd,) = definitions([KnobV1, KnobV2], conversions={f"knobs.{GROUP}": config})
+    name = crd["metadata"]["name"]
+    try:
+        applied = kubectl(env, "apply", "--server-side", "--field-manager=declop-dev", "--force-conflicts", "-f", "-", stdin=dump([crd]))
+        assert applied.returncode == 0, applied.stderr
+        assert kubectl(env, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s").returncode == 0
+
+        ca = CertAuthority.generate("declop test CA")
+        patch = conversion_patch(hook, ClientConfig(ca.cert_pem, url="https://127.0.0.1:9443"))
+        patched = kubectl(env, "patch", "crd", name, "--type=merge", "-p", json.dumps(patch))
+        assert patched.returncode == 0, patched.stderr
+
+        again = kubectl(env, "apply", "--server-side", "--field-manager=declop-dev", "--force-conflicts", "-f", "-", stdin=dump([crd]))
+        assert again.returncode == 0, again.stderr
+        conversion = json.loads(kubectl(env, "get", "crd", name, "-o", "json").stdout)["spec"]["conversion"]
+        assert conversion["strategy"] == "Webhook"
+        assert conversion["webhook"]["clientConfig"]["url"] == config["url"]
+        assert conversion["webhook"]["clientConfig"]["caBundle"] == patch["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"]
+    finally:
+        kubectl(env, "delete", "crd", name, "--ignore-not-found", "--wait=false")
