@@ -50,11 +50,13 @@ _ORDER = (
 )  # fmt: skip
 #: JSON Schema keys with no CRD meaning: dropped
 _DROPPED = {"title", "examples", "deprecated", "readOnly", "writeOnly", "$schema", "$comment"}
-#: the formats the apiserver validates (k8s.io/apiextensions-apiserver supported formats)
+#: the formats the apiserver validates (k8s.io/apiextensions-apiserver supported formats) whose
+#: syntax is the one pydantic writes; ``duration`` is not among them (Go's ``1h30m`` there,
+#: ISO 8601's ``PT1H30M`` in pydantic), so a ``timedelta`` is a plain string
 _FORMATS = {
     "bsonobjectid", "uri", "email", "hostname", "ipv4", "ipv6", "cidr", "mac", "uuid", "uuid3", "uuid4", "uuid5",
     "isbn", "isbn10", "isbn13", "creditcard", "ssn", "hexcolor", "rgbcolor", "byte", "password", "date",
-    "duration", "datetime", "date-time", "int32", "int64", "float", "double",
+    "datetime", "date-time", "int32", "int64", "float", "double",
 }  # fmt: skip
 _RULE_ORDER = ("rule", "message", "messageExpression", "reason", "fieldPath", "optionalOldSelf")
 

@@ -136,6 +136,22 @@ def test_an_optional_enum_is_not_nullable_so_that_a_null_is_pruned_not_refused()
     assert p["color"] == {"type": "string", "enum": ["red", "blue"]}
 
 
+def test_formats_the_apiserver_reads_as_pydantic_writes_them_are_kept_the_others_dropped() -> None:
+    from datetime import date, time, timedelta
+    from uuid import UUID
+
+    class Times(BaseModel):
+        at: datetime
+        on: date
+        clock: time
+        every: timedelta
+        id: UUID
+
+    p = openapi_schema(Times)["properties"]
+    assert (p["at"]["format"], p["on"]["format"], p["id"]["format"]) == ("date-time", "date", "uuid")
+    assert p["clock"] == {"type": "string"} and p["every"] == {"type": "string"}  # ISO 8601, not Go's 1h30m
+
+
 def test_int_or_string_and_optional_int_or_string() -> None:
     p = field(Widget, "spec")["properties"]
     assert p["port"] == {"default": 80, "x-kubernetes-int-or-string": True}
