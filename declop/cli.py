@@ -15,7 +15,7 @@ This is the only module that configures logging and turns errors into exit codes
 Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
 """
 
-# size: one piece: the click command tree (run, dev, new, assets), the flag-to-Options checks and
+# size: one piece: the click command tree (run, dev, crd, new, assets), the flag-to-Options checks and
 # the one exit path; the option decorators and their ``DECLOP_*`` variables must sit on the
 # commands, and logging and exit codes are configured nowhere else.
 
