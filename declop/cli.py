@@ -15,7 +15,7 @@ This is the only module that configures logging and turns errors into exit codes
 Every option also reads a ``DECLOP_*`` environment variable (named next to it in ``--help``).
 """
 
-# size: one piece: the click command tree (run, dev, new, assets), the flag-to-Options checks and
+# size: one piece: the click command tree (run, dev, crd, new, assets), the flag-to-Options checks and
 # the one exit path; the option decorators and their ``DECLOP_*`` variables must sit on the
 # commands, and logging and exit codes are configured nowhere else.
 
@@ -38,7 +38,7 @@ from declop.version import __version__
 from declop.errors import ConfigError, DeclopError
 from declop.dev.loop import DevLoop, Sources
 from declop.loader import expand, load
-from declop.dev.manifests import read as read_manifests
+from declop.dev.manifests import from_models, read as read_manifests
 from declop.logs import configure
 from declop.manager import Manager, Options
 from declop.registry import default_registry
@@ -304,12 +304,15 @@ def run(**kw: Any) -> None:
 @click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: image from the Dockerfile, Helm chart, handlers from a ConfigMap.")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and
-    run PATHS on it, restarting them when you save a handler file.
+    the CRDs of the typed models in PATHS, and run PATHS on it, restarting them when you save a
+    handler file.
 
     \b
         declop dev handlers.py -f crd.yaml      # edit handlers.py, save: the operator restarts
 
-    A syntax error on save prints one line and waits for the next save. With no PATHS only the
+    The CRDs of the CustomResource models PATHS define or import need no -f: they are applied
+    first, and again on a save that changed them (docs/typed.md). A syntax error on save prints
+    one line and waits for the next save. With no PATHS only the
     control plane runs (and -f files are applied). With --node, a real node joins it and PATHS
     run in-cluster as the chart's Pod (follow them with kubectl logs); --reload does not apply
     there. Ctrl-C stops everything. See docs/dev.md.
@@ -341,10 +344,14 @@ def dev(**kw: Any) -> None:
         for name in kw["modules"]:
             if _find_module(name) is None:
                 raise ConfigError(f"no module named {name!r}; is it installed or on PYTHONPATH?")
-    else:
-        load(kw["paths"], kw["modules"])
+    loaded: list[Any] = []
+    crds: list[Any] = []
+    if not reload:
+        loaded = load(kw["paths"], kw["modules"])
         if runs:
             _require_registrations(kw)
+        # a model the CRD cannot be made of: one line before anything starts
+        crds = from_models(loaded, default_registry, webhook_service=kw["webhook_service"], webhook_url=kw["webhook_url"], webhook_port=kw["webhook_port"])
     out = os.path.abspath(kw["kubeconfig_out"])
     stopping = threading.Event()
 
@@ -371,17 +378,19 @@ def dev(**kw: Any) -> None:
             sources = Sources(tuple(kw["paths"]), tuple(kw["modules"]), tuple(kw["files"]))
             started = True
             if kw["node"]:
-                if kw["files"]:
-                    _apply_once(configuration, kw, sources)
+                if kw["files"] or crds:
+                    _apply_once(configuration, kw, sources, loaded)
                 if kw["paths"]:
                     _run_in_cluster(cp, kw, image)
             elif runs or (kw["files"] and reload):
                 # local use: plain HTTP metrics (curl localhost:PORT/metrics) unless asked otherwise
-                devloop = DevLoop(configuration, _options(kw, secure_by_default=False), sources, reload=reload, loaded=not reload, echo=_echo)
+                devloop = DevLoop(
+                    configuration, _options(kw, secure_by_default=False), sources, reload=reload, loaded=not reload, modules=loaded, echo=_echo
+                )
                 _state["exit_code"] = asyncio.run(_serve_until_signal(devloop.run))
                 return
-            elif kw["files"]:
-                _apply_once(configuration, kw, sources)
+            elif kw["files"] or crds:
+                _apply_once(configuration, kw, sources, loaded)
             click.echo("Press Ctrl-C to stop.", err=True)
             threading.Event().wait()
     except KeyboardInterrupt:
@@ -399,8 +408,10 @@ def _find_module(name: str) -> Any:
         return None
 
 
-def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources) -> None:
-    asyncio.run(DevLoop(configuration, _options(kw), sources, reload=False, echo=_echo).apply_manifests())
+def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources, loaded: Sequence[Any]) -> None:
+    """Apply the -f files and the CRDs of the models of the ``loaded`` handler modules."""
+    devloop = DevLoop(configuration, _options(kw), sources, reload=False, loaded=True, modules=loaded, echo=_echo)
+    asyncio.run(devloop.apply_manifests())
 
 
 def _echo(line: str) -> None:
@@ -415,6 +426,52 @@ async def _serve_until_signal(run: Any) -> int:
         loop.add_signal_handler(sig, stop.set)
     result: int = await run(stop)
     return result
+
+
+@cli.command(
+    examples=(
+        "declop crd handlers.py                           # the CRDs of the models handlers.py defines or imports",
+        "declop crd handlers.py | kubectl apply -f -      # install them",
+        "declop crd handlers/ -o crds.yaml                # every .py file in handlers/, into a file",
+        "declop crd handlers.py --webhook-service operators/widget-operator-webhook   # conversion via this Service",
+    )
+)
+@click.argument("paths", nargs=-1, type=click.Path(), envvar=_env("PATHS"))
+@click.option("-m", "--module", "modules", multiple=True, envvar=_env("MODULES"), help="Import models and handlers from a module (repeatable).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, envvar=_env("CRD_OUTPUT"), help="Write the YAML to this file instead of stdout.")
+@click.option("--webhook-service", default=None, envvar=_env("WEBHOOK_SERVICE"), help="NAMESPACE/NAME[:PORT]: the Service the apiserver calls a kind's conversion webhook through (as for declop run).")
+@click.option("--webhook-url", default=None, envvar=_env("WEBHOOK_URL"), help="Base URL of the conversion webhook when there is no --webhook-service (default: https://127.0.0.1:PORT).")
+@click.option("--webhook-port", type=int, default=9443, show_default=True, envvar=_env("WEBHOOK_PORT"), help="The PORT of the default --webhook-url.")
+def crd(paths: tuple[str, ...], modules: tuple[str, ...], output: str | None, webhook_service: str | None, webhook_url: str | None, webhook_port: int) -> None:
+    """Print the CustomResourceDefinitions of the typed models (CustomResource classes) that
+    handler PATHS and -m modules define or import, as YAML documents.
+
+    One CRD per kind, one version per model class, exactly one of them storage=True. A kind
+    with a @declop.converter gets spec.conversion pointing where the operator serves it (the
+    operator adds the caBundle when it starts). The output is the same, byte for byte, for the
+    same models. See docs/typed.md.
+    """
+    if not paths and not modules:
+        raise ConfigError("nothing to read: pass handler files (declop crd handlers.py) or -m module")
+    loaded = load(paths, modules)
+    manifests = from_models(loaded, default_registry, webhook_service=webhook_service, webhook_url=webhook_url, webhook_port=webhook_port)
+    if not manifests:
+        what = ", ".join([*paths, *(f"-m {m}" for m in modules)])
+        raise ConfigError(
+            f"no typed model in {what}: subclass declop.typed.model.CustomResource with group=, version= and kind= (docs/typed.md)"
+        )
+    from declop.typed.crd import dump
+
+    text = dump(m.obj for m in manifests)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
+    click.echo(f"Wrote {len(manifests)} CRD{'s' if len(manifests) != 1 else ''} to {output}: {', '.join(m.name for m in manifests)}", err=True)
 
 
 @cli.command()

@@ -10,15 +10,14 @@ own project, import your handlers module instead of loading files by path.
 
 from pathlib import Path
 
-import yaml
-
 import declop
 from declop.loader import load
 from declop.testing.fake import FakeClient, run_reconcile
+from declop.typed.crd import definitions
 
 HERE = Path(__file__).parent
 operator, secrets = load([str(HERE / "crd" / "handlers.py"), str(HERE / "watches.py")])
-CRD = yaml.safe_load((HERE / "crd" / "widget-crd.yaml").read_text())  # tells the fake about Widgets
+(CRD,) = definitions([operator.Widget])  # the CRD `declop crd` prints: tells the fake about Widgets
 
 
 def a_widget(name="hello", **spec):

@@ -1,6 +1,6 @@
 """Watching another resource: Widgets that name a Secret are reconciled when that Secret changes.
 
-    kubectl apply -f examples/crd/widget-crd.yaml
+    declop crd examples/crd/handlers.py | kubectl apply -f -     # the Widget CRD, from its model
     declop run examples/watches.py
     kubectl create secret generic db --from-literal=password=s3cret
     kubectl apply -f - <<'EOF'

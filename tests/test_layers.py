@@ -40,6 +40,8 @@ ORDER = [
     "conditions",
     "typed",
     "typed.model",
+    "typed.schema",
+    "typed.crd",
     "queue",
     "queue.ratelimit",
     "queue.workqueue",

@@ -8,6 +8,12 @@ Owns:
 - :class:`DevLoop`: the loop itself, with ``watchfiles`` (inotify; changes are taken once the
   files have been quiet for 50 ms, so an editor's write-and-rename is one change).
 
+CRDs of typed models: the CRDs of the :class:`~declop.typed.model.CustomResource` models that the
+handler files define or import (:func:`~declop.dev.manifests.from_models`) are applied with the
+``-f`` manifests at the start — the handlers are loaded first, so ``-f`` may hold objects of a
+model's kind — and again after a restart whenever they differ from the last applied (a field or a
+marker was edited), before the new manager starts. No ``-f`` is needed for them.
+
 What a change does:
 - a ``.py`` file among PATHS or in their folders (not sub-folders): **restart** — the running
   manager stops as on SIGTERM (intake stops, in-flight reconciles drain within the grace
@@ -23,7 +29,8 @@ Invariants:
 - at most one manager runs; a new one starts only after the previous one has shut down;
 - before each load the registry is cleared and the previous handler modules are forgotten, so
   no registration of an old version survives, not even of a load that failed half-way;
-- a load error, a start error or a failed re-apply prints **one line**
+- a load error (a model the CRD cannot be made of too), a start error or a failed re-apply
+  prints **one line**
   (``declop: error: handlers.py:3: …; waiting for the next save``) and the loop waits for the
   next change instead of exiting; only the first apply of the manifests is fatal (the caller
   exits non-zero and stops the control plane);
@@ -39,13 +46,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from types import ModuleType
+from typing import Any, Callable, Iterable, Sequence
 
 from declop.kube.discovery import Discovery
 from declop.errors import ConfigError, DeclopError
 from declop.loader import load, unload
 from declop.manager import Manager, Options
-from declop.dev.manifests import CRD_TIMEOUT, apply, read
+from declop.dev.manifests import CRD_TIMEOUT, Manifest, apply, from_models, read
 from declop.registry import Registry, default_registry
 from declop.kube.transport import Transport
 
@@ -124,8 +132,8 @@ class DevLoop:
     """Applies the manifests, runs the handlers and, with ``reload``, restarts them on a save.
 
     ``loaded``: the caller already imported the handlers (without reload, to fail before the
-    control plane starts); the first manager then uses them as they are. ``echo`` prints one
-    status line (stderr in the CLI).
+    control plane starts) as ``modules``; the first manager then uses them as they are. ``echo``
+    prints one status line (stderr in the CLI).
     """
 
     def __init__(
@@ -139,6 +147,7 @@ class DevLoop:
         registry: Registry | None = None,
         echo: Callable[[str], None] = print,
         crd_timeout: float = CRD_TIMEOUT,
+        modules: Sequence[ModuleType] = (),
     ) -> None:
         self.configuration = configuration
         # a developer's machine: the probe, metrics and webhook servers listen on loopback only
@@ -152,18 +161,44 @@ class DevLoop:
         self.exit_code = 0
         self._loaded = loaded
         self._operator: _Operator | None = None
+        #: the CRDs of the models of the last load, and of the last apply of them
+        self._crds: list[Manifest] = []
+        self._crds_applied: list[dict[str, Any]] | None = None
+        if loaded:
+            self._crds = self._model_crds(modules)
 
     # -- manifests -------------------------------------------------------------------------------
+    def _model_crds(self, modules: Sequence[ModuleType]) -> list[Manifest]:
+        options = self.options
+        return from_models(
+            modules, self.registry,
+            webhook_service=options.webhook_service, webhook_url=options.webhook_url, webhook_port=options.webhook_port,
+        )
+
     async def apply_manifests(self) -> None:
-        """Read and apply every ``-f`` manifest (CRDs Established and served before the rest).
+        """Read and apply every ``-f`` manifest with the CRDs of the loaded models (CRDs
+        Established and served before the rest).
 
         Raises:
             ConfigError: one line naming the file and object that failed.
         """
-        if not self.sources.manifests:
+        if not self.sources.manifests and not self._crds:
             return
         started = time.monotonic()
-        manifests = read(self.sources.manifests)
+        crds = list(self._crds)
+        manifests = [*crds, *read(self.sources.manifests)]
+        await self._apply(manifests, started)
+        self._crds_applied = [m.obj for m in crds]
+
+    async def _apply_model_crds(self) -> None:
+        """Apply the CRDs of the models just loaded if they differ from the last applied."""
+        if not self._crds or [m.obj for m in self._crds] == self._crds_applied:
+            return
+        crds = list(self._crds)
+        await self._apply(crds, time.monotonic())
+        self._crds_applied = [m.obj for m in crds]
+
+    async def _apply(self, manifests: list[Manifest], started: float) -> None:
         transport = Transport(self.configuration, user_agent=self.options.user_agent)
 
         async def get_json(path: str, accept: str) -> Any:
@@ -179,19 +214,36 @@ class DevLoop:
         self.echo(f"Applied {len(applied)} object{'s' if len(applied) != 1 else ''} from {files}{established} ({time.monotonic() - started:.1f} s)")
 
     # -- the operator ----------------------------------------------------------------------------
-    def _launch(self) -> _Operator | None:
-        """Load the handlers afresh (unless the caller just did) and start a manager; on a load
-        error print one line and return None (reload) or raise (no reload)."""
-        if not self._loaded:
+    def _load(self) -> bool:
+        """Load the handlers afresh and make their models' CRDs; on an error print one line and
+        return False (reload) or raise (no reload)."""
+        self.registry.clear()
+        unload(self.sources.modules)
+        self._crds = []
+        try:
+            modules = load(self.sources.paths, self.sources.modules)
+            if not len(self.registry) and not self.registry.webhooks:
+                what = ", ".join([*self.sources.paths, *(f"-m {m}" for m in self.sources.modules)])
+                raise ConfigError(f"no reconciler is registered by {what}; decorate a function with @declop.reconciler(\"pods\")")
+            self._crds = self._model_crds(modules)
+        except ConfigError as exc:
             self.registry.clear()
-            unload(self.sources.modules)
+            if not self.reload:
+                raise
+            self._waiting(exc)
+            return False
+        return True
+
+    async def _launch(self) -> _Operator | None:
+        """Load the handlers afresh (unless already loaded), apply their models' CRDs if they
+        changed, and start a manager; on an error print one line and return None (reload) or
+        raise (no reload)."""
+        if not self._loaded:
+            if not self._load():
+                return None
             try:
-                load(self.sources.paths, self.sources.modules)
-                if not len(self.registry) and not self.registry.webhooks:
-                    what = ", ".join([*self.sources.paths, *(f"-m {m}" for m in self.sources.modules)])
-                    raise ConfigError(f"no reconciler is registered by {what}; decorate a function with @declop.reconciler(\"pods\")")
+                await self._apply_model_crds()
             except ConfigError as exc:
-                self.registry.clear()
                 if not self.reload:
                     raise
                 self._waiting(exc)
@@ -234,6 +286,9 @@ class DevLoop:
         Raises:
             ConfigError: the first apply failed; without reload, also any load or start error.
         """
+        launch = self.sources.runs_handlers
+        if launch and not self._loaded:  # first: the models' CRDs are applied with the -f files
+            launch = self._loaded = self._load()
         await self.apply_manifests()
         changes: asyncio.Queue[set[str]] = asyncio.Queue()
         watch_stop = asyncio.Event()
@@ -244,7 +299,7 @@ class DevLoop:
             what = "a .py file there restarts the operator" if self.sources.runs_handlers else "a -f file applies it again"
             folders = ", ".join(_short(f) for f in self.sources.watched_folders())
             self.echo(f"Watching {folders} for changes: saving {what}.")
-        op = self._launch() if self.sources.runs_handlers else None
+        op = await self._launch() if launch else None
         stopped = loop.create_task(stop.wait())
         try:
             while not stop.is_set():
@@ -293,7 +348,7 @@ class DevLoop:
             self.echo(f"{', '.join(_short(p) for p in handlers)} changed: restarting the operator")
         if op is not None:
             await self._halt(op)
-        return self._launch()
+        return await self._launch()
 
     async def _watch(self, changes: asyncio.Queue[set[str]], stop: asyncio.Event) -> None:
         import watchfiles

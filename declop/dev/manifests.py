@@ -15,6 +15,10 @@ Owns reading the files, applying their objects and waiting until the CRDs among 
   once every CRD is ``Established`` and its resource is served by discovery, so a file may hold
   a CRD and objects of its kind.
 
+:func:`from_models` gives the CRDs of the :class:`~declop.typed.model.CustomResource` models of
+loaded handler modules (and of the registrations) as manifests, which ``declop crd`` prints and
+``declop dev`` applies like ``-f`` files.
+
 Invariant: every failure is one :class:`~declop.errors.ConfigError` line naming the file and
 the object (``crd.yaml: CustomResourceDefinition greetings.hello.example.org: …``) or, for a
 CRD that does not become Established in time, the CRD, the time waited and its last condition.
@@ -24,15 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Awaitable, Iterable, Mapping, Protocol
 
 import yaml  # type: ignore[import-untyped]
 
 from declop.kube.discovery import Discovery, ResourceInfo
 from declop.errors import ApiError, ConfigError
+from declop.registry import Registry
+from declop.typed.crd import crd_name_of, definitions, models_in
+from declop.webhooks.configuration import conversion_client_config
 
-__all__ = ["CRD_TIMEOUT", "FIELD_MANAGER", "Manifest", "apply", "read"]
+__all__ = ["CRD_TIMEOUT", "FIELD_MANAGER", "Manifest", "apply", "from_models", "read"]
 
 #: the field manager of objects applied from ``-f`` files
 FIELD_MANAGER = "declop-dev"
@@ -147,6 +156,38 @@ def read(paths: Iterable[str]) -> list[Manifest]:
                 if doc is not None:
                     manifests.extend(_objects(file, number, doc))
     return manifests
+
+
+def from_models(
+    modules: Iterable[ModuleType],
+    registry: Registry,
+    *,
+    webhook_service: str | None = None,
+    webhook_url: str | None = None,
+    webhook_port: int = 9443,
+) -> list[Manifest]:
+    """The CRDs of the models defined in or imported into ``modules`` and of those the
+    ``registry``'s registrations name, one :class:`Manifest` each (its file: the module that
+    defines the model). A kind with a ``@declop.converter`` gets ``spec.conversion`` pointing
+    where the operator will serve it with the same ``--webhook-*`` options (the operator adds
+    the ``caBundle`` when it starts).
+
+    Raises:
+        ConfigError: a model the CRD cannot be made of (one line naming the model and field).
+    """
+    models = models_in(modules, *registry.registrations, *registry.webhooks)
+    conversions: dict[str, dict[str, Any]] = {}
+    for hook in registry.webhooks:
+        crd = crd_name_of(hook.resource, models) if hook.kind == "converter" else None
+        if crd is not None:
+            conversions[crd] = conversion_client_config(hook, service=webhook_service, url=webhook_url, port=webhook_port)
+    files = {m.kind_of().crd_name: str(getattr(sys.modules.get(m.__module__), "__file__", None) or m.__module__) for m in models}
+    return [Manifest(_short(files[crd["metadata"]["name"]]), crd) for crd in definitions(models, conversions=conversions)]
+
+
+def _short(path: str) -> str:
+    relative = os.path.relpath(path) if os.path.isabs(path) else path
+    return relative if not relative.startswith("..") else path
 
 
 def _order(manifest: Manifest) -> int:

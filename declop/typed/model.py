@@ -8,8 +8,10 @@ Invariants:
 * ``metadata`` is an :class:`ObjectMeta` that keeps every field the apiserver sent
   (``extra="allow"``); ``spec``/``status`` are the author's models. Field names are the JSON
   names (``observedGeneration``), so a model and the stored object read the same.
-* Markers (:class:`Rule`, :class:`Column`, :data:`IntOrString`, :data:`FreeForm`) carry only
-  what the CRD needs; they change nothing about validation in Python.
+* Markers (:class:`Rule`, :class:`Column`, :class:`ListType`, :class:`MapType`,
+  :data:`IntOrString`, :data:`FreeForm`) carry only what the CRD needs; they change nothing about
+  validation in Python. Those used in ``Annotated[...]`` add their ``x-kubernetes-*`` key to the
+  field's JSON schema, which :mod:`declop.typed.schema` turns into the CRD's schema.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
+from pydantic_core import CoreSchema
 
 from declop.errors import RegistrationError
 
-__all__ = ["Column", "CustomResource", "FreeForm", "IntOrString", "Kind", "ObjectMeta", "Rule"]
+__all__ = ["Column", "CustomResource", "FreeForm", "IntOrString", "Kind", "ListType", "MapType", "ObjectMeta", "Rule"]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -44,6 +47,69 @@ class Rule:
     message_expression: str = ""
     reason: str = ""
     field_path: str = ""
+
+    def validation(self) -> dict[str, str]:
+        """The ``x-kubernetes-validations`` entry, with only the keys that are set."""
+        entry = {"rule": self.rule}
+        for key, value in (("message", self.message), ("messageExpression", self.message_expression),
+                           ("reason", self.reason), ("fieldPath", self.field_path)):
+            if value:
+                entry[key] = value
+        return entry
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema = dict(handler(core))
+        schema["x-kubernetes-validations"] = [*schema.get("x-kubernetes-validations", ()), self.validation()]
+        return schema
+
+
+@dataclass(frozen=True)
+class ListType:
+    """How server-side apply merges a list (``x-kubernetes-list-type``)::
+
+        tags: Annotated[list[str], ListType("set")]                      # unique scalars
+        conditions: Annotated[list[Condition], ListType("map", keys=("type",))]  # keyed items
+
+    ``"atomic"`` (the default for a list): one owner replaces it whole; ``"set"``: unique
+    scalars, merged item by item; ``"map"``: objects merged by ``keys`` (each key field must be
+    required or have a default). A ``set[str]`` field is a ``"set"`` list without the marker.
+    """
+
+    type: Literal["atomic", "set", "map"]
+    keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type not in ("atomic", "set", "map"):
+            raise RegistrationError(f"ListType({self.type!r}): the type is 'atomic', 'set' or 'map'")
+        if (self.type == "map") != bool(self.keys):
+            raise RegistrationError(f"ListType({self.type!r}, keys={self.keys!r}): keys= names the key fields of a 'map' list, and only of one")
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema = dict(handler(core))
+        schema["x-kubernetes-list-type"] = self.type
+        if self.keys:
+            schema["x-kubernetes-list-map-keys"] = list(self.keys)
+        return schema
+
+
+@dataclass(frozen=True)
+class MapType:
+    """How server-side apply merges an object or a ``dict`` (``x-kubernetes-map-type``):
+    ``"granular"`` (the default) key by key, ``"atomic"`` replaced whole by one owner::
+
+        selector: Annotated[dict[str, str], MapType("atomic")]
+    """
+
+    type: Literal["atomic", "granular"]
+
+    def __post_init__(self) -> None:
+        if self.type not in ("atomic", "granular"):
+            raise RegistrationError(f"MapType({self.type!r}): the type is 'atomic' or 'granular'")
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema = dict(handler(core))
+        schema["x-kubernetes-map-type"] = self.type
+        return schema
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,10 @@ from declop.errors import ApiError, ConfigError
 from declop.kube.labels import parse_selector
 from declop.webhooks.declaration import SYSTEM_NAMESPACES, Webhook
 
-__all__ = ["ClientConfig", "FIELD_MANAGER", "apply_configurations", "configuration", "conversion_patch", "parse_service"]
+__all__ = [
+    "ClientConfig", "FIELD_MANAGER", "apply_configurations", "configuration", "conversion_client_config", "conversion_patch",
+    "parse_service",
+]
 
 log = logging.getLogger("declop.webhook")
 
@@ -177,6 +180,28 @@ def conversion_patch(hook: Webhook, client: ClientConfig) -> dict[str, Any]:
             }
         }
     }
+
+
+def conversion_client_config(hook: Webhook, *, service: str | None, url: str | None, port: int) -> dict[str, Any]:
+    """The ``clientConfig`` the operator sets for ``hook`` when it starts with the same
+    ``--webhook-service``, ``--webhook-url`` and ``--webhook-port`` — without the ``caBundle``,
+    which only the running operator knows (its CA). ``declop crd`` writes it into the CRD so
+    that the CRD a user applies points where the operator will serve.
+
+    Raises:
+        ConfigError: a malformed ``service``, or a ``url`` that is not ``https://``.
+    """
+    if service:
+        namespace, name, service_port = parse_service(service)
+        client = ClientConfig(b"", service_namespace=namespace, service_name=name, service_port=service_port)
+    else:
+        url = url or f"https://127.0.0.1:{port}"
+        if not url.startswith("https://"):
+            raise ConfigError(f"--webhook-url {url!r} must start with https:// (the apiserver calls webhooks over TLS only)")
+        client = ClientConfig(b"", url=url)
+    config = client.for_path(hook.path)
+    del config["caBundle"]
+    return config
 
 
 async def apply_configurations(

@@ -1,6 +1,6 @@
 """A Widget operator: each Widget owns a Deployment and a Service, and reports a Ready condition.
 
-    kubectl apply -f examples/crd/widget-crd.yaml
+    declop crd examples/crd/handlers.py | kubectl apply -f -     # the CRD, from the Widget model below
     declop run examples/crd/handlers.py
     kubectl apply -f examples/crd/widget.yaml
     kubectl get widgets,deployments,services
@@ -16,6 +16,10 @@
 * **Status.** ``status.conditions`` holds a ``Ready`` condition with ``observedGeneration``, set
   with ``declop.conditions.set``: its ``lastTransitionTime`` changes only when its status does.
   Status is written only when it differs.
+* **The CRD is the model.** ``Widget`` (a ``CustomResource``) declares the kind, its printer
+  columns and the schema of ``spec`` and ``status`` — bounds, defaults, the conditions list keyed
+  by ``type``; ``declop crd`` prints the CRD from it and ``declop dev`` applies it (docs/typed.md).
+  There is no hand-written CRD to keep in step. The handler still reads ``obj`` as a dict.
 * **Predicates.** ``generation_changed`` drops the Widget's own status-only updates (our writes
   coming back); events on the children are not filtered.
 
@@ -23,7 +27,61 @@ The pure functions below (``desired_*``) are what ``examples/test_widget_unit.py
 tests without any cluster, through ``declop.testing.fake.run_reconcile``.
 """
 
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
 import declop
+from declop.typed.model import Column, CustomResource, ListType
+
+
+class WidgetSpec(BaseModel):
+    """What a Widget runs: ``replicas`` Pods of ``image``, with ``message`` in their environment."""
+
+    replicas: int = Field(1, ge=0, le=50, description="Pods to run (0-50).")
+    image: str = Field("nginx:1.27", min_length=1, description="The container image.")
+    message: str = Field("", max_length=1024, description="The value of the MESSAGE environment variable.")
+    secretName: str | None = Field(None, description="A Secret whose checksum the status records (examples/watches.py).")
+
+
+class Condition(BaseModel):
+    """One condition of the object's state, as Kubernetes writes them (metav1.Condition)."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    observedGeneration: int | None = Field(None, ge=0)
+    lastTransitionTime: datetime
+
+
+class WidgetStatus(BaseModel):
+    """What the operator saw at its last reconcile."""
+
+    observedGeneration: int | None = None
+    readyReplicas: int = 0
+    conditions: Annotated[list[Condition], ListType("map", keys=("type",))] = Field(default_factory=list)
+    secretChecksum: str | None = None
+
+
+class Widget(
+    CustomResource,
+    group="example.com",
+    version="v1",
+    kind="Widget",
+    short_names=("wg",),
+    printer_columns=(
+        Column("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+        Column("Replicas", ".status.readyReplicas", type="integer"),
+        Column("Age", ".metadata.creationTimestamp", type="date"),
+    ),
+):
+    """A Widget: a Deployment and a Service, and a Ready condition when its Pods are."""
+
+    spec: WidgetSpec = Field(default_factory=WidgetSpec)
+    status: WidgetStatus | None = None
+
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "declop"}
 

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,10 @@ def test_crd_example(control_plane, namespace):
     import time
 
     env = control_plane.env()
-    kubectl(env, "apply", "-f", str(EXAMPLES / "crd" / "widget-crd.yaml"))
+    # as its docstring says: declop crd examples/crd/handlers.py | kubectl apply -f -
+    crd = subprocess.run([sys.executable, "-m", "declop", "crd", str(EXAMPLES / "crd" / "handlers.py")], capture_output=True, text=True, timeout=60, check=True)
+    applied = subprocess.run(["kubectl", "apply", "-f", "-"], env=env, input=crd.stdout, capture_output=True, text=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr
     kubectl(env, "wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s")
 
     def widget() -> dict:

@@ -103,12 +103,13 @@ def test_unknown_resource(tmp_path, kubeconfig):
 @pytest.fixture(scope="module")
 def widget_crd(control_plane):
     env = control_plane.env()
-    crd = Path(__file__).resolve().parents[2] / "examples" / "crd" / "widget-crd.yaml"
+    handlers = Path(__file__).resolve().parents[2] / "examples" / "crd" / "handlers.py"
+    crd = subprocess.run([sys.executable, "-m", "declop", "crd", str(handlers)], capture_output=True, text=True, timeout=60, check=True).stdout
     for args in (
-        ["apply", "-f", str(crd)],
+        ["apply", "-f", "-"],
         ["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s"],
     ):
-        result = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(["kubectl", *args], env=env, input=crd, capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, result.stderr
 
 

@@ -219,3 +219,65 @@ def test_a_manifest_the_apiserver_refuses_is_one_line_and_exit_1(tmp_path: Path)
         assert dev.control_plane_processes() == []
     finally:
         dev.kill()
+
+
+TYPED_HANDLERS = '''
+import declop
+from pydantic import BaseModel, Field
+from declop.typed.model import CustomResource
+
+TAG = "first"
+
+
+class NoteSpec(BaseModel):
+    text: str = Field("", max_length=5)
+
+
+class Note(CustomResource, group="notes.example.org", version="v1", kind="Note"):
+    spec: NoteSpec
+
+
+@declop.reconciler("notes.notes.example.org")
+def note(obj, logger, **_):
+    if obj is not None:
+        logger.info(f"Seen by {TAG}", text=obj["spec"]["text"])
+'''
+
+
+def test_the_models_crds_are_applied_without_f_and_again_when_a_save_changes_them(tmp_path: Path) -> None:
+    """No -f for the CRD of a typed model: it is applied before the -f files (which may hold its
+    objects, defaults applied), and again only after a save that changes it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    handlers = project / "handlers.py"
+    handlers.write_text(TYPED_HANDLERS)
+    (project / "note.yaml").write_text("apiVersion: notes.example.org/v1\nkind: Note\nmetadata: {name: hi, namespace: default}\nspec: {}\n")
+    dev = Dev([str(handlers), "-f", "note.yaml", "--no-controller-manager"], tmp_path, cwd=project)
+    applied = r"^Applied .*CRDs Established: notes\.notes\.example\.org"
+    try:
+        (first,) = dev.wait_for_line(applied)
+        assert first.startswith("Applied 2 objects from handlers.py, note.yaml;"), first
+        dev.wait_for_line(r'Seen by first \{.*"text": ""')  # the object of -f, its default applied
+        api = dev.api()
+
+        def max_length() -> int:
+            crd: Any = api.get_cluster_custom_object("apiextensions.k8s.io", "v1", "customresourcedefinitions", "notes.notes.example.org")
+            return int(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["text"]["maxLength"])
+
+        assert max_length() == 5
+
+        save(handlers, TYPED_HANDLERS.replace('TAG = "first"', 'TAG = "second"'))  # the model is unchanged
+        dev.wait_for_line(r"Seen by second")
+        assert len([line for line in dev.lines if re.search(applied, line)]) == 1, dev.output()
+
+        save(handlers, TYPED_HANDLERS.replace("max_length=5", "max_length=10").replace('TAG = "first"', 'TAG = "third"'))
+        (_, again) = dev.wait_for_line(applied, count=2)
+        assert again.startswith("Applied 1 object from handlers.py;"), again
+        dev.wait_for_line(r"Seen by third")
+        assert dev.lines.index(again) < next(i for i, line in enumerate(dev.lines) if "Seen by third" in line)  # before the start
+        assert max_length() == 10
+
+        dev.proc.send_signal(signal.SIGTERM)
+        assert dev.wait_exit() == 0, dev.output()
+    finally:
+        dev.kill()

@@ -5,6 +5,7 @@ finalizer is on it twice, and when someone else took our finalizer off a live ob
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 FINALIZER = "test.declop.io/cleanup"
 LABEL = "finalizer-test=yes"
-CRD = Path(__file__).resolve().parents[2] / "examples" / "crd" / "widget-crd.yaml"
+HANDLERS = Path(__file__).resolve().parents[2] / "examples" / "crd" / "handlers.py"
 
 
 def core(api: Any) -> kubernetes.client.CoreV1Api:
@@ -43,7 +44,8 @@ def widgets(control_plane: Any) -> kubernetes.client.CustomObjectsApi:
     """The Widget CRD of examples/crd (with a status subresource), installed once."""
     kubectl = [control_plane.binary("kubectl")]
     env = control_plane.env()
-    subprocess.run([*kubectl, "apply", "-f", str(CRD)], env=env, check=True, capture_output=True)
+    crd = subprocess.run([sys.executable, "-m", "declop", "crd", str(HANDLERS)], check=True, capture_output=True, text=True).stdout
+    subprocess.run([*kubectl, "apply", "-f", "-"], input=crd, env=env, check=True, capture_output=True, text=True)
     subprocess.run(
         [*kubectl, "wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=60s"],
         env=env, check=True, capture_output=True,

@@ -8,6 +8,7 @@ examples/watches.py), copied into a fresh registry with a call counter around ea
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,11 +36,13 @@ WRITES = ("create", "update", "patch", "delete")
 @pytest.fixture(scope="module")
 def widget_crd(control_plane: Any) -> None:
     env = control_plane.env()
+    handlers = EXAMPLES / "crd" / "handlers.py"  # the CRD is its Widget model's, as `declop crd` prints it
+    crd = subprocess.run([sys.executable, "-m", "declop", "crd", str(handlers)], capture_output=True, text=True, timeout=60, check=True).stdout
     for args in (
-        ["apply", "-f", str(EXAMPLES / "crd" / "widget-crd.yaml")],
+        ["apply", "-f", "-"],
         ["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s"],
     ):
-        result = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(["kubectl", *args], env=env, input=crd, capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, result.stderr
 
 

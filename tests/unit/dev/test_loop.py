@@ -211,3 +211,90 @@ def test_the_servers_bind_to_loopback_unless_an_address_is_given() -> None:
     assert loop.options.bind_address == "127.0.0.1" and loop.options.health_port == 8081
     assert DevLoop(None, Options(bind_address="0.0.0.0"), Sources()).options.bind_address == "0.0.0.0"
     assert Manager(None, options=Options()).bind_address == "0.0.0.0"  # declop run: every interface, as before
+
+
+TYPED_HANDLER = """\
+import declop
+from pydantic import BaseModel, Field
+from declop.typed.model import CustomResource
+
+GREETING = {greeting!r}
+
+
+class GreetingSpec(BaseModel):
+    name: str = Field("", max_length={limit})
+
+
+class Greeting(CustomResource, group="hello.example.org", version="v1", kind="Greeting"):
+    spec: GreetingSpec
+
+
+@declop.reconciler("greetings.hello.example.org")
+def greet(**_):
+    return GREETING
+"""
+
+
+def test_the_models_crds_go_with_the_first_apply_and_again_only_when_a_save_changes_them(
+    tmp_path: Path, registry: Registry, managers: list[StubManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handlers = tmp_path / "handlers.py"
+    write(handlers, TYPED_HANDLER.format(greeting="Hello", limit=5))
+    applies: list[tuple[list[str], int]] = []  # (what was applied, managers started before it)
+
+    async def apply(self: DevLoop, manifests: list[Any], started: float) -> None:
+        applies.append(([f"{m.kind} {m.name}" for m in manifests], len(managers)))
+
+    monkeypatch.setattr(DevLoop, "_apply", apply)
+    loop = DevLoop(None, Options(), Sources(paths=(str(handlers),)), echo=lambda line: None, registry=registry)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(loop.run(stop))
+        await until(lambda: managers and managers[-1].running, what="the first operator")
+        assert applies == [(["CustomResourceDefinition greetings.hello.example.org"], 0)]  # before the operator
+
+        write(handlers, TYPED_HANDLER.format(greeting="Howdy", limit=5))  # code only
+        await until(lambda: len(managers) == 2 and managers[1].running, what="a restart")
+        assert managers[1].greeting() == "Howdy" and len(applies) == 1
+
+        write(handlers, TYPED_HANDLER.format(greeting="Hi", limit=9))  # the model changed
+        await until(lambda: len(managers) == 3 and managers[2].running, what="the restart after the model changed")
+        assert applies[1] == (["CustomResourceDefinition greetings.hello.example.org"], 2)  # before the third started
+
+        stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_model_the_crd_cannot_be_made_of_waits_for_the_next_save(
+    tmp_path: Path, registry: Registry, managers: list[StubManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handlers = tmp_path / "handlers.py"
+    write(handlers, TYPED_HANDLER.format(greeting="Hello", limit=5).replace("name: str =", "name: int | str ="))
+    applied: list[int] = []
+
+    async def apply(self: DevLoop, manifests: list[Any], started: float) -> None:
+        applied.append(len(manifests))
+
+    monkeypatch.setattr(DevLoop, "_apply", apply)
+    lines: list[str] = []
+    loop = DevLoop(None, Options(), Sources(paths=(str(handlers),)), echo=lines.append, registry=registry)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(loop.run(stop))
+        await until(lambda: any("declop: error:" in line for line in lines), what="the error line")
+        (error,) = [line for line in lines if "declop: error:" in line]
+        assert error.startswith("declop: error: Greeting: spec.name: a union of int, str cannot be a CRD field")
+        assert error.endswith("; waiting for the next save")
+        assert managers == [] and applied == [] and not task.done()
+
+        write(handlers, TYPED_HANDLER.format(greeting="Hello", limit=5))
+        await until(lambda: managers and managers[-1].running, what="the operator after the fix")
+        assert applied == [1]
+        stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(scenario())

@@ -210,3 +210,43 @@ def test_established_but_not_yet_served_waits_for_discovery(tmp_path: Path) -> N
     assert discovery.refreshes == 3
     with pytest.raises(ConfigError, match=r"Established, but discovery still does not serve greetings.hello.example.org after 0.1 s"):
         run_apply(read([path]), Apiserver(), Discovery(apiserver, served_after_refreshes=10**9), timeout=0.1)
+
+
+# -- the CRDs of typed models ------------------------------------------------------------------
+
+
+def test_from_models_gives_a_manifest_per_kind_named_after_the_defining_file_and_wires_a_converter(tmp_path: Path) -> None:
+    import sys
+    import types
+
+    from pydantic import BaseModel
+
+    from declop.dev.manifests import from_models
+    from declop.registry import Registry
+    from declop.typed.model import CustomResource
+
+    class Spec(BaseModel):
+        size: int = 1
+
+    class Thing(CustomResource, group="example.com", version="v1", kind="Thing"):
+        spec: Spec
+
+    class Other(CustomResource, group="example.com", version="v1", kind="Other"):
+        spec: Spec
+
+    module = types.ModuleType("things_module")
+    module.__file__ = str(tmp_path / "things.py")
+    module.Thing = Thing  # type: ignore[attr-defined]
+    Thing.__module__ = "things_module"
+    registry = Registry()
+    registry.reconciler("others.example.com")(lambda **_: None)
+    registry.webhook("converter", lambda obj, **_: None, "things.example.com", name="convert.things.example.com")
+    sys.modules["things_module"] = module
+    try:
+        manifests = from_models([module], registry, webhook_url="https://dev.example:9443")
+    finally:
+        del sys.modules["things_module"]
+    assert [(m.kind, m.name) for m in manifests] == [("CustomResourceDefinition", "things.example.com")]
+    assert manifests[0].is_crd and manifests[0].file == str(tmp_path / "things.py")
+    assert manifests[0].obj["spec"]["conversion"]["webhook"]["clientConfig"] == {"url": "https://dev.example:9443/convert/convert.things.example.com"}
+    assert from_models([], registry) == []  # Other is not among the modules, and no registration names the class

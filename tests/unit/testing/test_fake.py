@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from pydantic import Field
 
 import declop
 from declop.kube.discovery import ResourceInfo
@@ -24,8 +24,14 @@ from declop.testing.fake import (
     arun_reconcile,
     run_reconcile,
 )
+from declop.typed.crd import definitions
+from declop.typed.model import CustomResource, FreeForm
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+class WidgetModel(CustomResource, group="example.com", version="v1", kind="Widget", short_names=("wg",)):
+    spec: FreeForm = Field(default_factory=dict)
 RID = "00000000-0000-4000-8000-000000000000"
 
 
@@ -72,7 +78,7 @@ def test_unknown_resources_are_refused_like_discovery_would() -> None:
 
 
 def test_resources_from_a_crd_object_and_from_resource_infos() -> None:
-    crd = yaml.safe_load((EXAMPLES / "crd" / "widget-crd.yaml").read_text())
+    (crd,) = definitions([WidgetModel])  # what `declop crd examples/crd/handlers.py` prints
     fake = FakeClient([crd, widget()])
     assert fake.get("wg", "ns/w")["kind"] == "Widget"  # the short name comes from the CRD
     info = ResourceInfo("example.com", "v1", "gadgets", "Gadget", False)
@@ -438,7 +444,7 @@ def test_continuing_from_a_previous_outcome_reports_only_new_writes() -> None:
 def test_the_examples_reconcilers_run_without_an_apiserver_in_under_a_second() -> None:
     started = time.perf_counter()
     crd_example, watches_example = load([str(EXAMPLES / "crd" / "handlers.py"), str(EXAMPLES / "watches.py")])
-    crd = yaml.safe_load((EXAMPLES / "crd" / "widget-crd.yaml").read_text())
+    (crd,) = definitions([crd_example.Widget])
     w = {**widget("hello", namespace="default", message="hi", replicas=1, secretName="db")}
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": "default"}, "data": {"p": "eA=="}}
     runs = 0
