@@ -119,7 +119,7 @@ def test_a_crd_name_over_253_characters_is_refused():
 
 
 EXPECTED_FILES = {
-    ".gitignore", "README.md", "crd.yaml", "example.yaml", "handlers.py", "pyproject.toml",
+    ".dockerignore", ".gitignore", "Dockerfile", "README.md", "crd.yaml", "example.yaml", "handlers.py", "pyproject.toml",
     "tests/test_handlers.py", "tests/test_integration.py", "values.yaml",
 }
 

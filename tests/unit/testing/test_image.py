@@ -191,7 +191,7 @@ def test_find_buildkit_names_the_missing_binary(
 ) -> None:
     executable(tmp_path / "buildkitd")
     monkeypatch.setenv("DECLOP_NODE_ASSETS_DIR", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"has no buildctl; run tools/node/build.sh"):
+    with pytest.raises(ConfigError, match=r"has no buildctl; run `declop assets build --node`"):
         find_buildkit()
     executable(tmp_path / "buildctl")
     assert find_buildkit() == tmp_path
