@@ -275,3 +275,13 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path, args, words):
     assert lines == [lines[0]] and lines[0].startswith("declop: error: ") and words in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
+
+
+def test_the_dockerfile_builds_the_operator_from_this_declops_image(files):
+    from declop.version import __version__
+
+    dockerfile = files["Dockerfile"]
+    assert f"ARG DECLOP_IMAGE=declop:{__version__}\nFROM $DECLOP_IMAGE\n" in dockerfile
+    assert dockerfile.rstrip().endswith("COPY handlers.py /app/handlers/handlers.py")
+    # the build context is a whitelist: kubeconfigs (.declop/) and virtualenvs never reach it
+    assert [l for l in files[".dockerignore"].splitlines() if not l.startswith("#")] == ["*", "!handlers.py"]
