@@ -308,7 +308,13 @@ def lock_problems(source: str | Path, extras: Sequence[str] = ("fast",)) -> list
     every build-system requirement (pyproject.toml) in :data:`BUILD_LOCK`, each at a version
     inside its specifier; every pin with a ``sha256`` hash; each header naming
     :data:`LOCK_COMMAND`. Empty when they match. Reads files only: no resolver, no network."""
-    from packaging.requirements import Requirement  # pytest's and pip's dependency
+    try:
+        from packaging.requirements import Requirement  # the dev and test extras bring it
+    except ImportError:
+        raise ConfigError(
+            "building declop's image checks its lock files with the packaging module, which is "
+            "not installed: pip install 'declop[dev]'"
+        ) from None
 
     source = Path(source)
     wanted = requirements(source, extras)

@@ -295,6 +295,16 @@ def test_a_lock_entry_that_is_not_pinned_is_refused_naming_its_line(tmp_path: Pa
         read_lock(tmp_path / "x.lock")
 
 
+def test_without_the_packaging_module_the_lock_check_says_which_extra_brings_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "packaging.requirements", None)  # a plain `pip install declop`
+    with pytest.raises(ConfigError) as info:
+        lock_problems(checkout(tmp_path, GOOD))
+    assert str(info.value).endswith("the packaging module, which is not installed: pip install 'declop[dev]'")
+    assert "\n" not in str(info.value)
+
+
 def test_a_lock_covering_every_requirement_with_hashes_has_no_problems(tmp_path: Path) -> None:
     assert lock_problems(checkout(tmp_path, GOOD)) == []
     check_locks(tmp_path)  # no error
