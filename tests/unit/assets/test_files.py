@@ -84,3 +84,12 @@ def test_a_failed_node_build_is_one_line_pointing_at_its_output(monkeypatch: pyt
     with pytest.raises(DeclopError, match=r"exited 2\); its lines above say why$"):
         files.build_node(stderr=err)
     assert "go is not on PATH" in err.getvalue()
+
+
+def test_declop_assets_path_chart_prints_the_chart_folder() -> None:
+    from click.testing import CliRunner
+
+    from declop import cli
+
+    result = CliRunner().invoke(cli.cli, ["assets", "path", "--chart"])
+    assert (result.exit_code, result.output) == (0, f"{ROOT / 'charts' / 'declop'}\n")
