@@ -301,7 +301,7 @@ def run(**kw: Any) -> None:
 @click.option("--reload/--no-reload", "reload", default=None, envvar=_env("DEV_RELOAD"), help="Restart the operator when a .py file of PATHS (or in their folders) is saved, re-apply -f files when they change. On by default; not with --node.")
 @click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=_env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
 @click.option("--no-controller-manager", is_flag=True, envvar=_env("NO_CONTROLLER_MANAGER"), help="Run only etcd and kube-apiserver (faster start, no GC).")
-@click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: image from the Dockerfile, Helm chart, handlers from a ConfigMap.")
+@click.option("--node", is_flag=True, envvar=_env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: declop's image (and yours FROM it, when a Dockerfile sits beside PATHS), Helm chart, handlers from a ConfigMap.")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and
     the CRDs of the typed models in PATHS, and run PATHS on it, restarting them when you save a
@@ -515,50 +515,62 @@ def assets() -> None:
 
 
 @assets.command("build", short_help="Build the binaries once (or find them built); print their folder.")
-def assets_build() -> None:
+@click.option("--node", is_flag=True, help="Build the local node's binaries instead (kubelet, kube-proxy, kube-scheduler, BuildKit, pause; declop dev --node), installing its Debian packages when missing (root).")
+def assets_build(node: bool) -> None:
     """Build the binaries that are missing (10-20 min the first time, then instant).
 
     Progress goes to stderr; the folder is the last line of stdout. Builds into
     $DECLOP_ASSETS_DIR when set, else ~/.cache/declop/controlplane/<version>-<key>.
+    With --node: into $DECLOP_NODE_ASSETS_DIR when set, else ~/.cache/declop/node/<version>-<key>.
     """
+    if node:
+        from declop.assets import files
+
+        click.echo(files.build_node())
+        return
     from declop import assets as assets_module
 
     click.echo(assets_module.build())
 
 
 @assets.command("path", short_help="Print their folder (KUBEBUILDER_ASSETS); fail if not built.")
-def assets_path() -> None:
+@click.option("--chart", is_flag=True, help="Print the folder of declop's Helm chart instead (helm install NAME $(declop assets path --chart)).")
+def assets_path(chart: bool) -> None:
     """Print the folder the test kit's control plane uses; fail if nothing is built.
 
-    Looks at $KUBEBUILDER_ASSETS, $DECLOP_ASSETS_DIR, then declop's cache.
+    Looks at $KUBEBUILDER_ASSETS, $DECLOP_ASSETS_DIR, then declop's cache. With --chart, print
+    the Helm chart shipped with this declop (a checkout's charts/declop, or the installed copy).
     """
+    if chart:
+        from declop.assets import files
+
+        click.echo(files.chart_dir())
+        return
     from declop import assets as assets_module
 
     click.echo(assets_module.find())
 
 
-def _dev_image(kw: dict[str, Any]) -> str:
-    """The image tarball for ``dev --node`` (built from this checkout once per content)."""
-    from declop.testing.image import source_dir
-    from declop.testing.incluster import handler_files, operator_image_tar
+def _dev_image(kw: dict[str, Any]) -> Any:
+    """The images for ``dev --node``: declop's (built once per content, from this checkout or the
+    installed package) and the project's own ``FROM`` it when a Dockerfile sits beside PATHS."""
+    from declop.testing.incluster import dev_images
 
-    handler_files(kw["paths"])  # a bad path fails before minutes of building
-    source = source_dir()
-    click.echo("Building the declop image from the Dockerfile (BuildKit; reused while the sources are unchanged)…", err=True)
-    return str(operator_image_tar(source, source / ".declop" / "image"))
+    return dev_images(kw["paths"], echo=_echo)
 
 
-def _run_in_cluster(cp: Any, kw: dict[str, Any], image: str | None) -> None:
-    """Import the image, helm install the chart with PATHS as handlers, follow the operator's logs."""
+def _run_in_cluster(cp: Any, kw: dict[str, Any], images: Any) -> None:
+    """Import the images, helm install the chart with PATHS as handlers, follow the operator's logs."""
     import subprocess
 
-    from declop.testing.image import source_dir
+    from declop.assets.files import chart_dir
     from declop.testing.incluster import handler_files, install_operator
 
-    assert cp.node is not None and image is not None
-    cp.node.import_image(image)
-    click.echo("Installing the chart (release declop, namespace declop-system) and waiting for the Pod to be Ready…", err=True)
-    install_operator(cp, source_dir() / "charts" / "declop", handler_files(kw["paths"]))
+    assert cp.node is not None and images is not None
+    for tar in images.tars:
+        cp.node.import_image(tar)
+    click.echo(f"Installing the chart (release declop, namespace declop-system, image {images.runs}) and waiting for the Pod to be Ready…", err=True)
+    install_operator(cp, chart_dir(), handler_files(kw["paths"]), image=images.runs)
     click.echo("Operator running in-cluster; its logs follow (kubectl logs -n declop-system deploy/declop -f). Ctrl-C stops everything.", err=True)
     sys.stdout.flush()
     follow = ["kubectl", "logs", "-n", "declop-system", "deploy/declop", "-f"]

@@ -108,6 +108,7 @@ ORDER = [
     "dev.loop",
     "dev.scaffold",
     "assets",
+    "assets.files",
     "testing.certs",
     "testing.process",
     "testing.buildkit",

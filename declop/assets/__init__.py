@@ -18,7 +18,8 @@ files are package data: a wheel carries them, so ``declop assets build`` works o
   needs no Go; otherwise build.sh runs with its progress on stderr. Idempotent.
 
 This module imports nothing heavier than the standard library: ``declop assets path`` is called
-from Makefiles and shell prompts.
+from Makefiles and shell prompts. What declop ships for running in-cluster from an install (the
+Helm chart, the image's Dockerfile, the node's build) is :mod:`declop.assets.files`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
 - ``handlers.py`` — a reconciler with a finalizer, an owned ConfigMap built from the spec
   (:func:`declop.create_or_update`, :func:`declop.set_controller_reference`) and a ``Ready``
   condition (:mod:`declop.conditions`);
+- ``Dockerfile`` (and ``.dockerignore``) — the project's image ``FROM declop:<version>``: what
+  ``declop dev --node`` runs as the chart's Pod, and what a cluster runs;
 - ``example.yaml``, ``tests/test_handlers.py`` (unit, fake apiserver),
   ``tests/test_integration.py`` (the pytest plugin's real control plane), ``values.yaml`` (the
   Helm chart's values with exactly the RBAC the handlers use), ``README.md``, ``pyproject.toml``
@@ -39,6 +41,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from declop.errors import ConfigError
+from declop.version import __version__
 
 __all__ = ["BUILTIN_RESOURCES", "Names", "ScaffoldError", "builtin_named", "create", "names_for", "plural_of", "render", "warnings_for"]
 
@@ -332,7 +335,7 @@ def _target_name(template_path: str) -> str:
 
 def render(names: Names) -> dict[str, str]:
     """The project's files: relative path → content, sorted by path."""
-    values = names.substitutions()
+    values = {**names.substitutions(), "declop_version": __version__}
     files = {
         _target_name(path): string.Template(entry.read_text(encoding="utf-8")).substitute(values)
         for path, entry in _walk(_templates())

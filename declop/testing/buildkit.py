@@ -86,7 +86,7 @@ def find_buildkit() -> Path:
         if missing:
             raise ConfigError(
                 f"$DECLOP_NODE_ASSETS_DIR={folder} has no {', '.join(missing)}; "
-                "run tools/node/build.sh and point it at the folder it prints"
+                "run `declop assets build --node` and point it at the folder it prints"
             )
         return Path(folder)
     root = _cache_root() / "node"
@@ -98,7 +98,7 @@ def find_buildkit() -> Path:
     if not found:
         raise ConfigError(
             f"no buildkitd/buildctl found (looked at $DECLOP_NODE_ASSETS_DIR and {root}); "
-            "run tools/node/build.sh (needs Go >= 1.26)"
+            "run `declop assets build --node` (needs Go >= 1.26)"
         )
     return max(found, key=lambda d: (d / "buildkitd").stat().st_mtime)
 
@@ -235,7 +235,7 @@ class BuildKit:
         missing = [tool for tool, found in tools.items() if found is None]
         if missing:
             raise ConfigError(
-                f"building an image needs {' and '.join(missing)}; run tools/node/build.sh as root"
+                f"building an image needs {' and '.join(missing)}; run `declop assets build --node` as root"
             )
         atexit.register(self.stop)
         try:

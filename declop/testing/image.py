@@ -196,7 +196,7 @@ def _debootstrap(target: Path, suite: str, mirror: str, packages: Sequence[str],
     """debootstrap into ``target`` in a private mount namespace (its /proc, /sys mounts die
     with it), then drop what an image must not carry: device nodes, apt caches and lists."""
     if shutil.which("debootstrap") is None:
-        raise ConfigError("debootstrap is not installed; run tools/node/build.sh as root")
+        raise ConfigError("debootstrap is not installed; run `declop assets build --node` as root")
     with open(log, "wb") as out:
         result = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "--",
@@ -308,7 +308,13 @@ def lock_problems(source: str | Path, extras: Sequence[str] = ("fast",)) -> list
     every build-system requirement (pyproject.toml) in :data:`BUILD_LOCK`, each at a version
     inside its specifier; every pin with a ``sha256`` hash; each header naming
     :data:`LOCK_COMMAND`. Empty when they match. Reads files only: no resolver, no network."""
-    from packaging.requirements import Requirement  # pytest's and pip's dependency
+    try:
+        from packaging.requirements import Requirement  # the dev and test extras bring it
+    except ImportError:
+        raise ConfigError(
+            "building declop's image checks its lock files with the packaging module, which is "
+            "not installed: pip install 'declop[dev]'"
+        ) from None
 
     source = Path(source)
     wanted = requirements(source, extras)
@@ -454,10 +460,17 @@ def declop_image(
     source: str | Path | None = None,
     builder: BuildKit | None = None,
 ) -> BuiltImage:
-    """The repository's Dockerfile built on :func:`base_image` with :func:`wheelhouse` as its
+    """declop's Dockerfile built on :func:`base_image` with :func:`wheelhouse` as its
     ``wheels`` context and the base as its ``tini`` context, named ``declop:<version>`` unless
-    ``name`` says otherwise."""
-    source = Path(source) if source else source_dir()
+    ``name`` says otherwise. ``source`` defaults to this declop: its checkout, or from an
+    install the shipped Dockerfile beside a copy of the installed package
+    (:func:`declop.assets.files.image_source`)."""
+    if source is None:  # this declop: its checkout, or the installed package (declop.assets.files)
+        from declop.assets.files import image_source
+
+        with image_source() as staged:
+            return declop_image(output=output, name=name, source=staged, builder=builder)
+    source = Path(source)
     if not (source / "Dockerfile").is_file() or not (source / "setup.cfg").is_file():
         raise ConfigError(f"{source} is not a declop source checkout (no Dockerfile or setup.cfg)")
     name = name or f"declop:{__version__}"

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--output", default="build/declop-image.tar", help="the OCI archive")
     parser.add_argument("--name", default=f"declop:{__version__}", help="the image's name")
-    parser.add_argument("--source", default=None, help="the declop checkout (default: this one)")
+    parser.add_argument("--source", default=None, help="a declop source tree (default: this declop, a checkout or the installed package)")
     parser.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     args = parser.parse_args(argv)
     try:

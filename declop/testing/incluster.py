@@ -1,28 +1,44 @@
 """Handlers run in-cluster on a local node: the declop image, the Helm chart, handlers from a ConfigMap.
 
 This is what ``declop dev --node handlers.py`` does after :class:`~declop.testing.ControlPlane`
-started with a node: build (or reuse) the image from the checkout's Dockerfile, import it into
-the node, and ``helm install`` the chart with the handler files as its ConfigMap — the same path
-a user takes on a real cluster (README, "Deploying with Helm").
+started with a node: build (or reuse) declop's image from its Dockerfile, and the project's own
+image ``FROM`` it when a ``Dockerfile`` sits beside the handlers (:func:`dev_images`), import them
+into the node, and ``helm install`` the chart with the handler files as its ConfigMap — the same
+path a user takes on a real cluster (README, "Deploying with Helm"). The Dockerfile, its build
+inputs and the chart come from :mod:`declop.assets.files`: a checkout and an installed wheel work
+alike.
 
-Invariants: the image tarball is reused only while every build input (Dockerfile, setup.cfg,
+Invariants: declop's image tarball is reused only while every build input (Dockerfile, setup.cfg,
 pyproject.toml, README.md, the lock files, declop/**) is byte-identical; it is written aside and moved into place,
-so an interrupted build never leaves a tarball that looks finished.
+so an interrupted build never leaves a tarball that looks finished. A project's image is rebuilt
+at every start (BuildKit's layer cache makes an unchanged one take seconds).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from declop.assets import files as shipped
 from declop.errors import ConfigError
+from declop.testing.buildkit import BuildKit, BuiltImage, _cache_root, manifest_digest
 from declop.testing.controlplane import ControlPlane
 from declop.version import __version__
 
-__all__ = ["DEV_RBAC", "handler_files", "install_operator", "operator_image_tar"]
+__all__ = [
+    "DEV_RBAC",
+    "DevImages",
+    "cached_declop_image",
+    "dev_images",
+    "handler_files",
+    "install_operator",
+    "project_folder",
+]
 
 #: A local dev cluster grants the operator everything: the handlers may touch any resource, and
 #: nothing the user cares about lives there. Production RBAC comes from the chart's values.
@@ -56,8 +72,9 @@ def handler_files(paths: Iterable[str]) -> list[Path]:
     return files
 
 
-def operator_image_tar(source: Path, cache: Path) -> Path:
-    """The declop image for ``source`` (a checkout) as an OCI tarball, built once per content."""
+def cached_declop_image(source: Path, cache: Path, builder: BuildKit | None = None) -> BuiltImage:
+    """declop's image built from ``source`` (a checkout or :func:`~declop.assets.files.image_source`'s
+    tree) as an OCI tarball in ``cache``, built once per content."""
     from declop.testing.image import declop_image
 
     digest = hashlib.sha256()
@@ -65,10 +82,66 @@ def operator_image_tar(source: Path, cache: Path) -> Path:
     for path in inputs:
         digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes())
     tar = cache / f"declop-{__version__}-{digest.hexdigest()[:12]}.tar"
-    if not tar.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        declop_image(output=tar, source=source)
-    return tar
+    layout = tar.with_suffix(".oci")
+    if tar.is_file() and (layout / "index.json").is_file():
+        return BuiltImage(f"declop:{__version__}", tar, layout, manifest_digest(layout))
+    cache.mkdir(parents=True, exist_ok=True)
+    return declop_image(output=tar, source=source, builder=builder)
+
+
+def project_folder(paths: Iterable[str]) -> Path | None:
+    """The folder of the first handler path (or that path, a folder) when it holds a
+    ``Dockerfile`` — the project's own image — and is not declop's checkout; else None."""
+    for raw in paths:
+        path = Path(raw).resolve()
+        folder = path if path.is_dir() else path.parent
+        if (folder / "Dockerfile").is_file() and folder != shipped.checkout():
+            return folder
+        return None
+    return None
+
+
+def _image_name(folder: Path) -> str:
+    """``widget-operator`` from a folder's name: lower case, runs of other characters as ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", folder.name.lower()).strip("-") or "operator"
+
+
+@dataclass(frozen=True, slots=True)
+class DevImages:
+    """What ``declop dev --node`` imports into the node, and which image the chart runs."""
+
+    declop: BuiltImage
+    project: BuiltImage | None
+
+    @property
+    def tars(self) -> tuple[Path, ...]:
+        return tuple(i.tar for i in (self.declop, self.project) if i is not None)
+
+    @property
+    def runs(self) -> str:
+        """The image the operator's Pod runs: the project's when it has one."""
+        return (self.project or self.declop).name
+
+
+def dev_images(paths: Sequence[str], echo: Callable[[str], None] = print) -> DevImages:
+    """declop's image (cached), and the project's ``FROM`` it when :func:`project_folder` finds
+    a Dockerfile (named ``<folder>:dev``, built with declop's image as the named context
+    ``declop:<version>``). What must be built is built on a temporary BuildKit."""
+    from declop.testing.image import build_image
+
+    handler_files(paths)  # a bad path fails before minutes of building
+    project = project_folder(paths)
+    root = shipped.checkout()
+    cache = root / ".declop" / "image" if root is not None else _cache_root() / "image"
+    echo("Building the declop image from its Dockerfile (BuildKit; reused while declop is unchanged)…")
+    with shipped.image_source() as source:
+        base = cached_declop_image(source, cache)
+    if project is None:
+        return DevImages(base, None)
+    name = f"{_image_name(project)}:dev"
+    echo(f"Building {name} from {project / 'Dockerfile'} FROM {base.name}…")
+    output = _cache_root() / "images" / f"{_image_name(project)}.tar"
+    return DevImages(base, build_image(project, name, output=output, contexts={base.name: base}))
 
 
 def install_operator(
@@ -79,10 +152,13 @@ def install_operator(
     release: str = "declop",
     namespace: str = "declop-system",
     extra_args: Sequence[str] = (),
+    image: str = f"declop:{__version__}",
 ) -> None:
-    """``helm install --wait`` the chart with ``files`` as handlers and the local image."""
+    """``helm install --wait`` the chart with ``files`` as handlers and the local ``image``
+    (``repository:tag``, imported into the node)."""
+    repository, _, tag = image.rpartition(":")
     values = {
-        "image": {"repository": "declop", "tag": __version__, "pullPolicy": "Never"},
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "handlers": {"files": {f.name: f.read_text() for f in files}},
         "rbac": {"rules": DEV_RBAC},
         "extraArgs": list(extra_args),

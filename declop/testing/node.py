@@ -93,7 +93,7 @@ def find_node_assets() -> str:
         if missing:
             raise ConfigError(
                 f"$DECLOP_NODE_ASSETS_DIR ({folder}) lacks {', '.join(missing)}; "
-                "run tools/node/build.sh"
+                "run `declop assets build --node`"
             )
         return folder
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "declop" / "node"
@@ -104,7 +104,7 @@ def find_node_assets() -> str:
     if not found:
         raise ConfigError(
             f"no node binaries (kubelet, kube-proxy, kube-scheduler, pause) in {root}; "
-            "run tools/node/build.sh (needs Go >= 1.26)"
+            "run `declop assets build --node` (needs Go >= 1.26)"
         )
     return str(max(found, key=lambda d: (d / "kubelet").stat().st_mtime))
 
@@ -144,7 +144,7 @@ class Node:
         if missing:
             raise ConfigError(
                 f"a local node needs the Debian packages {' '.join(missing)}; "
-                f"run tools/node/build.sh as root (or apt-get install {' '.join(missing)})"
+                f"run `declop assets build --node` as root (or apt-get install {' '.join(missing)})"
             )
         self.assets_dir  # noqa: B018 - raises ConfigError when the binaries are not built
         if self._lock is None:  # not our own lock: is another node running? (start takes it)

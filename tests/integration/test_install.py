@@ -244,3 +244,109 @@ def test_a_user_project_runs_green_with_the_installed_wheel(venv: Path, cache_ho
     ):
         assert test in output, output
     assert "4 passed" in output, output
+
+
+# -- in-cluster from an install (declop dev --node): the chart, the Dockerfile, the node's build --
+
+SHIPPED = {"charts/declop": "declop/assets/chart", "tools/node": "declop/assets/node"}
+IMAGE_INPUTS = ("Dockerfile", "setup.cfg", "pyproject.toml", "README.md", "requirements/image.lock", "requirements/build.lock")
+
+
+def tracked(folder: str) -> list[str]:
+    """The files git tracks under ``folder`` of this checkout (no caches, no build outputs)."""
+    listed = run(["git", "ls-files", folder], cwd=ROOT, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout.split()
+
+
+def test_the_wheel_holds_the_chart_the_dockerfile_and_the_node_build(dist: Path) -> None:
+    import zipfile
+
+    (wheel,) = dist.glob("declop-*.whl")
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    expected = {
+        path.replace(source, shipped, 1): path
+        for source, shipped in SHIPPED.items()
+        for path in tracked(source)
+    } | {f"declop/assets/image/{name}": name for name in IMAGE_INPUTS}
+    assert sorted(set(expected) - names) == []
+    # the same bytes as the files edited in the checkout, not stale copies
+    changed = [inside for inside, path in expected.items() if archive.read(inside) != (ROOT / path).read_bytes()]
+    assert changed == []
+
+
+FIND_FROM_INSTALL = '''
+import json, os, sys
+from declop.assets import files
+from declop.testing.image import lock_problems
+from declop.testing.incluster import project_folder
+
+with files.image_source() as source:
+    staged = {
+        "source": str(source),
+        "inputs": {name: (source / name).read_text() for name in files.IMAGE_FILES},
+        "lock_problems": lock_problems(source),
+        "package": (source / "declop" / "cli.py").is_file(),
+    }
+print(json.dumps({
+    "checkout": str(files.checkout()),
+    "required": {name: [str(path), path.is_file()] for name, path in files.required_files().items()},
+    "chart": str(files.chart_dir()),
+    "node_build": str(files.node_build_script()),
+    "staged": staged,
+    "staged_removed": not os.path.exists(staged["source"]),
+    "project": str(project_folder([sys.argv[1]])),
+}))
+'''
+
+
+def test_dev_node_finds_everything_it_needs_from_the_install(venv: Path, tmp_path: Path) -> None:
+    import json
+
+    env = clean_env(venv)
+    project = tmp_path / "widget-operator"
+    made = run([venv / "bin" / "declop", "new", "Widget", "--group", "example.com", "--dir", project], cwd=tmp_path, env=env, timeout=60)
+    assert made.returncode == 0, made.stderr
+    dockerfile = (project / "Dockerfile").read_text()
+    assert "ARG DECLOP_IMAGE=declop:0.1.0\nFROM $DECLOP_IMAGE\n" in dockerfile
+    assert "COPY handlers.py /app/handlers/handlers.py" in dockerfile
+
+    found = run([venv / "bin" / "python", "-c", FIND_FROM_INSTALL, project / "handlers.py"], cwd=tmp_path, env=env, timeout=60)
+    assert found.returncode == 0, found.stderr
+    seen = json.loads(found.stdout)
+    site = Path(seen["chart"]).parents[2]  # .../site-packages
+    assert site.is_relative_to(venv), seen["chart"]
+    assert seen["checkout"] == "None"
+    assert {name: ok for name, (path, ok) in seen["required"].items() if not ok or not Path(path).is_relative_to(venv)} == {}
+    assert seen["node_build"] == str(site / "declop" / "assets" / "node" / "build.sh")
+    # declop's image builds from the installed package: the same build inputs, locks that cover it
+    assert seen["staged"]["inputs"] == {name: (ROOT / name).read_text() for name in IMAGE_INPUTS}
+    assert seen["staged"]["lock_problems"] == [] and seen["staged"]["package"] and seen["staged_removed"]
+    assert seen["project"] == str(project)
+
+    chart = run([venv / "bin" / "declop", "assets", "path", "--chart"], cwd=tmp_path, env=env, timeout=60)
+    assert (chart.returncode, chart.stdout) == (0, f"{seen['chart']}\n")
+    helm = Path(assets.find()) / "helm"
+    rendered = run([helm, "template", "widget", seen["chart"], "-f", project / "values.yaml",
+                    "--set-file", "handlers.files.handlers\\.py=" + str(project / "handlers.py")], cwd=tmp_path, env=env, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "kind: Deployment" in rendered.stdout and "widgets" in rendered.stdout
+
+    # the installed node build script finds its shared shell functions and computes the checkout's
+    # cache key: a complete folder under that key (stand-in files; nothing is built) is what it prints
+    import hashlib
+
+    node = ROOT / "tools" / "node"
+    key = hashlib.sha256(b"".join((node / n).read_bytes() for n in ("go.mod", "go.sum", "buildkit/go.mod", "buildkit/go.sum", "pause.c"))).hexdigest()[:12]
+    cache = tmp_path / "xdg"
+    folder = cache / "declop" / "node" / f"v1.36.3-{key}"
+    folder.mkdir(parents=True)
+    for binary in ("kubelet", "kube-scheduler", "kube-proxy", "buildkitd", "buildctl", "pause"):
+        (folder / binary).write_text("#!/bin/sh\n")
+        (folder / binary).chmod(0o755)
+    node_env = clean_env(venv, XDG_CACHE_HOME=str(cache), DECLOP_NODE_DEB_PACKAGES="bash")
+    shipped = run(["bash", seen["node_build"]], cwd=tmp_path, env=node_env, timeout=120)
+    assert (shipped.returncode, shipped.stdout) == (0, f"{folder}\n"), shipped.stderr
+    built = run([venv / "bin" / "declop", "assets", "build", "--node"], cwd=tmp_path, env=node_env, timeout=120)
+    assert (built.returncode, built.stdout) == (0, f"{folder}\n"), built.stderr

@@ -12,10 +12,12 @@
 # stderr). Idempotent: when every binary is already there it returns at once.
 #
 #   tools/node/build.sh                          # build (or find) and print the directory
+#   declop assets build --node                   # the same, from an installed declop (its copy)
 #   DECLOP_NODE_ASSETS_DIR=/some/dir build.sh    # build into a chosen directory
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# -P: the real folder (tools/node in a checkout, also when run through the link declop/assets/node).
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 K8S_VERSION="v1.36.3"          # the control plane's (declop/assets/controlplane/go.mod)
 BUILDKIT_MODULE="github.com/moby/buildkit"
 BUILDKIT_VERSION="$(awk '$1 == "github.com/moby/buildkit" { print $2; exit }' "$HERE/buildkit/go.mod")"
@@ -55,8 +57,12 @@ sum="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/buildkit/go.mod" "$HERE/buildkit
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/declop/node"
 out="${DECLOP_NODE_ASSETS_DIR:-$cache_root/$K8S_VERSION-$sum}"
 
+# The control plane's shared functions: beside this folder in an installed declop
+# (declop/assets/{node,controlplane}), under declop/assets/ from a checkout's tools/node.
+COMMON="$HERE/../controlplane/common.sh"
+[[ -f $COMMON ]] || COMMON="$HERE/../../declop/assets/controlplane/common.sh"
 # shellcheck source=../../declop/assets/controlplane/common.sh
-source "$HERE/../../declop/assets/controlplane/common.sh"
+source "$COMMON"
 exit_if_built
 lock_folder
 exit_if_built

@@ -156,7 +156,7 @@ def test_a_crd_name_over_253_characters_is_refused():
 
 
 EXPECTED_FILES = {
-    ".gitignore", "README.md", "crd.yaml", "example.yaml", "handlers.py", "pyproject.toml",
+    ".dockerignore", ".gitignore", "Dockerfile", "README.md", "crd.yaml", "example.yaml", "handlers.py", "pyproject.toml",
     "tests/test_handlers.py", "tests/test_integration.py", "values.yaml",
 }
 
@@ -323,3 +323,13 @@ def test_the_command_warns_about_a_singular_kubectl_gives_to_a_built_in(tmp_path
         "or `kubectl get tasks.example.com` (or give another Kind)\n"
     )
     assert (tmp_path / "job-operator" / "crd.yaml").exists()
+
+
+def test_the_dockerfile_builds_the_operator_from_this_declops_image(files):
+    from declop.version import __version__
+
+    dockerfile = files["Dockerfile"]
+    assert f"ARG DECLOP_IMAGE=declop:{__version__}\nFROM $DECLOP_IMAGE\n" in dockerfile
+    assert dockerfile.rstrip().endswith("COPY handlers.py /app/handlers/handlers.py")
+    # the build context is a whitelist: kubeconfigs (.declop/) and virtualenvs never reach it
+    assert [l for l in files[".dockerignore"].splitlines() if not l.startswith("#")] == ["*", "!handlers.py"]

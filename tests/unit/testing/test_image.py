@@ -191,7 +191,7 @@ def test_find_buildkit_names_the_missing_binary(
 ) -> None:
     executable(tmp_path / "buildkitd")
     monkeypatch.setenv("DECLOP_NODE_ASSETS_DIR", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"has no buildctl; run tools/node/build.sh"):
+    with pytest.raises(ConfigError, match=r"has no buildctl; run `declop assets build --node`"):
         find_buildkit()
     executable(tmp_path / "buildctl")
     assert find_buildkit() == tmp_path
@@ -293,6 +293,16 @@ def test_a_lock_entry_that_is_not_pinned_is_refused_naming_its_line(tmp_path: Pa
     (tmp_path / "x.lock").write_text(f"{HEADER}a==1 \\\n    --hash={HASH_A}\nb>=2 \\\n  --hash={HASH_A}\n")
     with pytest.raises(ConfigError, match=r"x.lock: line 5 \('b>=2'\) is not pinned as name==version; run make lock"):
         read_lock(tmp_path / "x.lock")
+
+
+def test_without_the_packaging_module_the_lock_check_says_which_extra_brings_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "packaging.requirements", None)  # a plain `pip install declop`
+    with pytest.raises(ConfigError) as info:
+        lock_problems(checkout(tmp_path, GOOD))
+    assert str(info.value).endswith("the packaging module, which is not installed: pip install 'declop[dev]'")
+    assert "\n" not in str(info.value)
 
 
 def test_a_lock_covering_every_requirement_with_hashes_has_no_problems(tmp_path: Path) -> None:

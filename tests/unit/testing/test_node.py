@@ -115,7 +115,7 @@ def test_node_assets_named_by_the_environment_must_be_complete(
     (tmp_path / "kubelet").write_text("")
     (tmp_path / "kubelet").chmod(0o755)
     monkeypatch.setenv("DECLOP_NODE_ASSETS_DIR", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"lacks kube-proxy, kube-scheduler, pause; run tools/node/build.sh"):
+    with pytest.raises(ConfigError, match=r"lacks kube-proxy, kube-scheduler, pause; run `declop assets build --node`"):
         find_node_assets()
 
 
@@ -124,5 +124,5 @@ def test_without_node_assets_the_error_says_how_to_build_them(
 ) -> None:
     monkeypatch.delenv("DECLOP_NODE_ASSETS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"no node binaries .* run tools/node/build.sh"):
+    with pytest.raises(ConfigError, match=r"no node binaries .* run `declop assets build --node`"):
         find_node_assets()
