@@ -40,6 +40,8 @@ ORDER = [
     "conditions",
     "typed",
     "typed.model",
+    # (typed.schema, typed.crd: the CRD generation, issue 26 item 2)
+    "typed.view",
     "queue",
     "queue.ratelimit",
     "queue.workqueue",
