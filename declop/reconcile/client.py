@@ -285,9 +285,10 @@ class AsyncClient(_Base):
 
         ``patch`` may be a pydantic model — the status model of a typed resource, or the whole
         typed object: then a merge patch of only the fields that differ from the cached object's
-        status is sent (a field set to ``None`` removes it; fields the model does not carry are
-        left alone), and when nothing differs no request is made and the cached object (a copy)
-        is returned."""
+        status is sent — among the fields set on the model (read from the object or assigned; a
+        default never set is not sent); a field set to ``None`` removes it; fields the model does
+        not carry are left alone. When nothing differs no request is made and the cached object
+        (a copy) is returned."""
         target, key, patch, unchanged = self._status_patch(target, key, patch, type)
         if unchanged is not None:
             return unchanged

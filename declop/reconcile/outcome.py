@@ -12,7 +12,8 @@ the call…                                   the queue… (the ``result`` label
 ==========================================  ========================================================
 failed its typed model (``InvalidObject``)  ``forget``: not retried, the handler was not called; one
                                             WARNING per resourceVersion naming the fields, and a
-                                            Warning Event ``InvalidObject`` on the object (``invalid``)
+                                            Warning Event ``InvalidObject`` on the object
+                                            (``terminal_error``)
 raised ``TerminalError``                    ``forget``: not retried; logged with traceback
                                             (``terminal_error``)
 returned neither ``None`` nor a ``Result``  the same, with an ``InvalidResult`` naming the type
@@ -78,7 +79,7 @@ def settle(
                 errors="; ".join(error.problems),
             )
         queue.forget(key)
-        result = "invalid"
+        result = "terminal_error"  # not retried; controller-runtime's result labels have no other
     elif isinstance(error, TerminalError):
         logger.error("Reconciler error (terminal, not retried)", exc_info=error)
         queue.forget(key)

@@ -13,9 +13,11 @@ Invariants:
 * an object that fails validation raises :class:`~declop.errors.InvalidObject` with one
   ``"<field path>: <message>"`` line per error (``spec.replicas: Input should be less than or
   equal to 10``), never the object's values;
-* :func:`status_patch` is a JSON merge patch holding only what differs from the stored status:
-  keys the model does not carry are left as stored; a field set to ``None`` removes a stored key;
-  ``{}`` when nothing differs;
+* :func:`status_patch` is a JSON merge patch holding only what differs from the stored status,
+  among the fields that are *set* on the model (read from the object, passed to the constructor or
+  assigned): a default the handler never set is not sent, so it cannot overwrite another writer's
+  value; keys the model does not carry are left as stored; a field set to ``None`` removes a stored
+  key; ``{}`` when nothing differs;
 * :func:`model_of` reads a handler's ``obj`` annotation at registration (strings included, as
   ``from __future__ import annotations`` writes them) and fails there, not at the first call.
 """
@@ -65,12 +67,13 @@ def status_patch(status: BaseModel | Mapping[str, Any] | None, stored: Any) -> d
     """The merge patch of ``.status`` that turns ``stored`` (the cached status) into ``status``.
 
     ``status`` is the status model, or a whole :class:`~declop.typed.model.CustomResource`
-    (its ``status`` is taken). Only differing fields are in it; ``{}`` when nothing differs.
+    (its ``status`` is taken). Only fields set on the model that differ are in it (unset
+    defaults are not); ``{}`` when nothing differs.
     """
     if isinstance(status, CustomResource):
         status = getattr(status, "status", None)
     if isinstance(status, BaseModel):
-        new: Any = status.model_dump(mode="json", by_alias=True)
+        new: Any = status.model_dump(mode="json", by_alias=True, exclude_unset=True)
     else:
         new = dict(status or {})
     return _diff(stored if isinstance(stored, Mapping) else {}, new)
