@@ -1,0 +1,127 @@
+"""What a typed view costs a handler (issue 26 item 1): ``obj: Widget`` instead of the dict.
+
+Per call, for a ~6 KB Widget (metadata, a spec of typed containers with ports and env, a free-form
+map, a status), the median over many runs of:
+
+* ``dict clone``: what an untyped ``obj`` costs (``declop.clone`` of the cached dict);
+* ``typed view``: what declop does (``declop.typed.view.view``: ``pydantic_core.to_json`` of the
+  cached dict, then ``Widget.model_validate_json``; shares nothing with the cache);
+and the levers tried, each with why it is or is not used:
+* ``validate the cached dict``: ``model_validate(obj)`` — faster, but pydantic keeps ``Any``
+  (free-form) values by reference: a handler's change would reach the cache. Unsafe;
+* ``validate a clone``: ``model_validate(clone(obj))`` — safe, slower than the JSON path;
+* ``from_json + validate``: parse cached JSON bytes in Rust, then validate Python objects;
+* ``validate cached JSON``: ``model_validate_json`` of bytes kept per (uid, resourceVersion) —
+  saves the ``to_json`` step at the price of a second copy of every object in memory;
+* ``copy a cached view``: keep one validated view per (uid, resourceVersion) and hand out
+  ``model_copy(deep=True)`` — deepcopy of a model tree is much slower than validating again;
+* ``share a cached view``: hand out the same instance — nearly free, but a handler's change would
+  show in the next call's view. Unsafe.
+
+    python bench/typed_view.py [--runs 15] [--number 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import timeit
+from typing import Any, Callable
+
+import pydantic_core
+from pydantic import BaseModel, Field
+
+from declop.cache.store import clone
+from declop.typed.model import CustomResource, FreeForm
+from declop.typed.view import view
+
+
+class Port(BaseModel):
+    name: str
+    port: int = Field(ge=1, le=65535)
+    protocol: str = "TCP"
+
+
+class Env(BaseModel):
+    name: str
+    value: str = ""
+
+
+class Container(BaseModel):
+    name: str
+    image: str
+    ports: list[Port] = Field(default_factory=list)
+    env: list[Env] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list)
+
+
+class WidgetSpec(BaseModel):
+    replicas: int = Field(1, ge=0, le=10)
+    containers: list[Container]
+    config: FreeForm = Field(default_factory=dict)
+
+
+class WidgetStatus(BaseModel):
+    observedGeneration: int | None = None
+    phase: str = ""
+    conditions: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Widget(CustomResource, group="example.com", version="v1", kind="Widget"):
+    spec: WidgetSpec
+    status: WidgetStatus | None = None
+
+
+def container(n: int) -> dict[str, Any]:
+    return {
+        "name": f"c{n}", "image": "registry.k8s.io/nginx:1.27",
+        "ports": [{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}],
+        "env": [{"name": f"VAR_{i}", "value": f"value-{i}-" + "x" * 40} for i in range(12)],
+        "args": ["--listen=:80", "--metrics=:9090", "--verbose"],
+    }
+
+
+OBJ: dict[str, Any] = {
+    "apiVersion": "example.com/v1", "kind": "Widget",
+    "metadata": {"name": "w", "namespace": "default", "uid": "6f1c2a9e-0000-4000-8000-000000000001",
+                 "resourceVersion": "98765", "generation": 4, "creationTimestamp": "2026-11-30T00:00:00Z",
+                 "labels": {"app": "web", "tier": "frontend"}, "annotations": {"example.com/note": "n" * 700},
+                 "finalizers": ["example.com/cleanup"]},
+    "spec": {"replicas": 3, "containers": [container(i) for i in range(4)],
+             "config": {"feature": {"flags": ["a" * 60] * 4, "limits": {"cpu": "500m"}}}},
+    "status": {"observedGeneration": 3, "phase": "Ready",
+               "conditions": [{"type": "Ready", "status": "True", "reason": "Ok", "message": "m" * 60,
+                               "lastTransitionTime": "2026-11-30T00:00:00Z"}]},
+}
+
+
+def median_us(fn: Callable[[], Any], runs: int, number: int) -> float:
+    return statistics.median(timeit.repeat(fn, number=number, repeat=runs)) / number * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="repeats; the median is printed")
+    parser.add_argument("--number", type=int, default=2000, help="calls per repeat")
+    args = parser.parse_args()
+    size = len(json.dumps(OBJ, separators=(",", ":")))
+    cached_json = pydantic_core.to_json(OBJ)
+    cached_view = view(Widget, OBJ)
+    rows = [
+        ("dict clone (untyped obj)", lambda: clone(OBJ), args.number),
+        ("typed view (what declop does)", lambda: view(Widget, OBJ), args.number),
+        ("lever: validate the cached dict [unsafe]", lambda: Widget.model_validate(OBJ), args.number),
+        ("lever: validate a clone", lambda: Widget.model_validate(clone(OBJ)), args.number),
+        ("lever: from_json + validate", lambda: Widget.model_validate(pydantic_core.from_json(cached_json)), args.number),
+        ("lever: validate cached JSON (+6 KB/object)", lambda: Widget.model_validate_json(cached_json), args.number),
+        ("lever: copy a cached view (deep)", lambda: cached_view.model_copy(deep=True), max(1, args.number // 10)),
+        ("lever: share a cached view [unsafe]", lambda: cached_view, args.number),
+    ]
+    print(f"object: {size} bytes of JSON; median of {args.runs} runs")
+    for label, fn, number in rows:
+        print(f"{label:45s} {median_us(fn, args.runs, number):8.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
