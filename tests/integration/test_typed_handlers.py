@@ -153,3 +153,44 @@ def test_a_typed_handler_skips_an_invalid_object_once_per_resource_version_and_w
         assert len(reports(rv1)) == 1 and len(reports(rv2)) == 1
         assert controller.queue.num_requeues(key) == 0
 
+
+
+def test_an_object_being_deleted_that_fails_its_model_keeps_our_finalizer_loudly_until_fixed(
+    kubeconfig: str, namespace: str, gizmos: kubernetes.client.CustomObjectsApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cleanup never runs on an object the handler cannot read: our finalizer stays, the report
+    says so, and a fix lets cleanup run and the object go."""
+    finalizer = "typed.declop.io/cleanup"
+    registry = declop.registry.Registry()
+    phases: list[tuple[declop.Phase, int]] = []
+
+    @declop.reconciler(Gizmo, registry=registry, finalizer=finalizer)
+    def cleanup(phase: declop.Phase, obj: Gizmo | None, **_: Any) -> None:
+        if obj is not None:
+            phases.append((phase, obj.spec.replicas))
+
+    def read() -> dict[str, Any] | None:
+        try:
+            return gizmos.get_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, "doomed")  # type: ignore[no-any-return]
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def waits() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("Deletion waits") and r.__dict__["kv"]["name"] == "doomed"]
+
+    caplog.set_level(logging.WARNING, logger="declop")
+    gizmos.create_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, gizmo("doomed", 2))
+    with OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5)):
+        wait_for(lambda: (declop.Phase.CREATED, 2) in phases, 20, what="the CREATED call")
+        gizmos.patch_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, "doomed", {"spec": {"replicas": 50}})
+        gizmos.delete_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, "doomed")
+        wait_for(waits, 20, what="the report that deletion waits")
+        assert waits()[0].__dict__["kv"]["command"] == f"kubectl edit {PLURAL}.{GROUP} doomed -n {namespace}"
+        held = read()
+        assert held is not None and finalizer in held["metadata"]["finalizers"]
+        assert all(phase is not declop.Phase.DELETING for phase, _ in phases)
+        gizmos.patch_namespaced_custom_object(GROUP, "v1", namespace, PLURAL, "doomed", {"spec": {"replicas": 1}})
+        wait_for(lambda: read() is None, 20, what="the fixed object to be cleaned up and go")
+        assert phases[-1] == (declop.Phase.DELETING, 1) and len(waits()) == 1
