@@ -43,6 +43,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -315,6 +316,14 @@ class Registry:
         if kind == "converter" and isinstance(resource, type):
             named = getattr(resource, "kind_of")().crd_name  # one converter serves every version of the CRD
         hook = make_webhook(fn, kind, named, **options)
+        model = _model(fn, hook.name, Resource(named))
+        if model is not None and kind != "validator":
+            raise RegistrationError(
+                f"@declop.{kind} {hook.name!r}{_where(fn)} declares obj: {model.__qualname__}; a typed obj is for "
+                f"reconcilers and validators — a {kind} gets the object as a dict"
+            )
+        if model is not None:
+            hook = dataclasses.replace(hook, model=model)
         for other in self._webhooks:
             if other.fn is fn and other.kind == kind and other.name == hook.name:
                 return other  # the same module imported twice
