@@ -1,7 +1,8 @@
 """What a typed view costs a handler (issue 26 item 1): ``obj: Widget`` instead of the dict.
 
-Per call, for a ~6 KB Widget (metadata, a spec of typed containers with ports and env, a free-form
-map, a status), the median over many runs of:
+Per call, for two ~6 KB Widgets — ``many fields`` (metadata, a spec of four typed containers with
+ports and env: ~70 nested models, a free-form map, a status) and ``few fields`` (the shape of the
+benchmark's 6 KB objects: six 1000-character strings in a typed map) — the median over many runs of:
 
 * ``dict clone``: what an untyped ``obj`` costs (``declop.clone`` of the cached dict);
 * ``typed view``: what declop does (``declop.typed.view.view``: ``pydantic_core.to_json`` of the
@@ -96,6 +97,24 @@ OBJ: dict[str, Any] = {
 }
 
 
+class PayloadSpec(BaseModel):
+    replicas: int = Field(1, ge=0, le=10)
+    data: dict[str, str] = Field(default_factory=dict)
+
+
+class Payload(CustomResource, group="example.com", version="v1", kind="Payload"):
+    spec: PayloadSpec
+    status: WidgetStatus | None = None
+
+
+FEW: dict[str, Any] = {
+    "apiVersion": "example.com/v1", "kind": "Payload",
+    "metadata": {k: v for k, v in OBJ["metadata"].items() if k != "annotations"},
+    "spec": {"replicas": 1, "data": {f"k{i}": "0123456789abcdef" * 62 for i in range(6)}},
+    "status": OBJ["status"],
+}
+
+
 def median_us(fn: Callable[[], Any], runs: int, number: int) -> float:
     return statistics.median(timeit.repeat(fn, number=number, repeat=runs)) / number * 1e6
 
@@ -105,22 +124,23 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15, help="repeats; the median is printed")
     parser.add_argument("--number", type=int, default=2000, help="calls per repeat")
     args = parser.parse_args()
-    size = len(json.dumps(OBJ, separators=(",", ":")))
-    cached_json = pydantic_core.to_json(OBJ)
-    cached_view = view(Widget, OBJ)
-    rows = [
-        ("dict clone (untyped obj)", lambda: clone(OBJ), args.number),
-        ("typed view (what declop does)", lambda: view(Widget, OBJ), args.number),
-        ("lever: validate the cached dict [unsafe]", lambda: Widget.model_validate(OBJ), args.number),
-        ("lever: validate a clone", lambda: Widget.model_validate(clone(OBJ)), args.number),
-        ("lever: from_json + validate", lambda: Widget.model_validate(pydantic_core.from_json(cached_json)), args.number),
-        ("lever: validate cached JSON (+6 KB/object)", lambda: Widget.model_validate_json(cached_json), args.number),
-        ("lever: copy a cached view (deep)", lambda: cached_view.model_copy(deep=True), max(1, args.number // 10)),
-        ("lever: share a cached view [unsafe]", lambda: cached_view, args.number),
-    ]
-    print(f"object: {size} bytes of JSON; median of {args.runs} runs")
-    for label, fn, number in rows:
-        print(f"{label:45s} {median_us(fn, args.runs, number):8.1f} µs")
+    for shape, model, obj in (("many fields", Widget, OBJ), ("few fields", Payload, FEW)):
+        size = len(json.dumps(obj, separators=(",", ":")))
+        cached_json = pydantic_core.to_json(obj)
+        cached_view = view(model, obj)
+        rows: list[tuple[str, Callable[[], Any], int]] = [
+            ("dict clone (untyped obj)", lambda: clone(obj), args.number),
+            ("typed view (what declop does)", lambda: view(model, obj), args.number),
+            ("lever: validate the cached dict [unsafe]", lambda: model.model_validate(obj), args.number),
+            ("lever: validate a clone", lambda: model.model_validate(clone(obj)), args.number),
+            ("lever: from_json + validate", lambda: model.model_validate(pydantic_core.from_json(cached_json)), args.number),
+            ("lever: validate cached JSON (+6 KB/object)", lambda: model.model_validate_json(cached_json), args.number),
+            ("lever: copy a cached view (deep)", lambda: cached_view.model_copy(deep=True), max(1, args.number // 10)),
+            ("lever: share a cached view [unsafe]", lambda: cached_view, args.number),
+        ]
+        print(f"{shape}: {size} bytes of JSON; median of {args.runs} runs")
+        for label, fn, number in rows:
+            print(f"  {label:45s} {median_us(fn, args.runs, number):8.1f} µs")
 
 
 if __name__ == "__main__":
