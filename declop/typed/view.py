@@ -6,10 +6,15 @@ subclass) gets :func:`view` of the cached object instead of a dict copy;
 
 Invariants:
 
-* a view shares nothing with the cache: it is validated from the object's JSON
-  (:func:`pydantic_core.to_json`, then ``model_validate_json``), so every value in it —
-  free-form (``Any``) content included, which pydantic keeps by reference when it validates
-  Python objects — is new; whatever a handler does to it leaves the cache as it was;
+* a view shares nothing with the cache, so whatever a handler does to it leaves the cache as it
+  was. pydantic builds new lists, dicts and models for typed fields but keeps ``Any`` (free-form)
+  values and ``extra="allow"`` fields by reference. So a model made of plain data — every field
+  a known type (scalars, enums, literals, unions, lists, dicts, tuples, sets, models, ``Any``) and
+  no validator anywhere in it (user code that could see, and change, the cache's objects) — is
+  validated from the cached dict directly, and then every value kept by reference (in ``Any``
+  fields and extras) is copied (:func:`_own`, which skips subtrees that cannot hold one); any
+  other model is validated from the object's JSON (:func:`pydantic_core.to_json`, then
+  ``model_validate_json``), where every value is new. The plan is decided once per class;
 * an object that fails validation raises :class:`~declop.errors.InvalidObject` with one
   ``"<field path>: <message>"`` line per error (``spec.replicas: Input should be less than or
   equal to 10``), never the object's values;
@@ -24,10 +29,14 @@ Invariants:
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import inspect
 import types
 import typing
-from typing import Any, Callable, Mapping, Union
+import uuid
+from typing import Annotated, Any, Callable, Literal, Mapping, Union
 
 import pydantic_core
 from pydantic import BaseModel, ValidationError
@@ -45,10 +54,111 @@ def view(model: type[BaseModel], obj: Mapping[str, Any]) -> BaseModel:
         InvalidObject: ``obj`` fails validation; its ``problems`` name each field path.
     """
     try:
+        if _plain(model):
+            return _own(model.model_validate(obj))  # type: ignore[no-any-return]
         return model.model_validate_json(pydantic_core.to_json(obj))
     except ValidationError as exc:
         meta = obj.get("metadata") or {}
         raise InvalidObject(str(meta.get("resourceVersion") or ""), problems(exc)) from None
+
+
+#: types whose values pydantic builds anew (or that are immutable)
+_ATOMS = (str, int, float, bool, bytes, type(None), datetime.datetime, datetime.date, datetime.time,
+          datetime.timedelta, decimal.Decimal, uuid.UUID, enum.Enum)
+_COLLECTIONS = (list, dict, tuple, set, frozenset)
+_VALIDATORS = ("BeforeValidator", "AfterValidator", "WrapValidator", "PlainValidator")
+
+#: model class -> (plain data: validate the cached dict directly, may hold shared values, the
+#: fields that may hold one, each with whether it holds JSON only — no model — so a plain copy does)
+_PLANS: dict[type, tuple[bool, bool, tuple[tuple[str, bool], ...]]] = {}
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(cls: type[BaseModel]) -> bool:
+    """``cls`` (and every model it holds) is plain data: see the module's invariants."""
+    return _plan(cls)[0]
+
+
+def _plan(cls: type[BaseModel]) -> tuple[bool, bool, tuple[tuple[str, bool], ...]]:
+    plan = _PLANS.get(cls)
+    if plan is not None:
+        return plan
+    _PLANS[cls] = (True, False, ())  # a model that holds itself: decided by its other fields
+    decorators = cls.__pydantic_decorators__
+    plain = not (decorators.field_validators or decorators.model_validators or decorators.validators
+                 or decorators.root_validators)
+    walk: list[tuple[str, bool]] = []
+    for name, field in cls.model_fields.items():
+        if any(type(m).__name__ in _VALIDATORS for m in field.metadata):
+            plain = False
+        field_plain, field_shares, models = _type_plan(field.annotation)
+        plain = plain and field_plain
+        if field_shares:
+            walk.append((name, not models))
+    plan = (plain, bool(walk) or cls.model_config.get("extra") == "allow", tuple(walk))
+    _PLANS[cls] = plan
+    return plan
+
+
+def _type_plan(tp: Any) -> tuple[bool, bool, bool]:
+    """(plain data, may hold a value kept by reference, may hold a model) for one annotation."""
+    if tp is Any:
+        return True, True, False
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        inner, *metadata = typing.get_args(tp)
+        plain, shares, models = _type_plan(inner)
+        return plain and not any(type(m).__name__ in _VALIDATORS for m in metadata), shares, models
+    if origin is Literal:
+        return True, False, False
+    if origin in (Union, types.UnionType) or origin in _COLLECTIONS:
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        if not args:  # a bare list or dict holds anything: kept by reference
+            return True, True, False
+        plans = [_type_plan(a) for a in args]
+        return all(p[0] for p in plans), any(p[1] for p in plans), any(p[2] for p in plans)
+    if tp in _COLLECTIONS:
+        return True, True, False
+    if isinstance(tp, type):
+        if issubclass(tp, BaseModel):
+            plain, shares, _ = _plan(tp)
+            return plain, shares, True
+        if issubclass(tp, _ATOMS):
+            return True, False, False
+    return False, True, True  # anything else: validated from JSON
+
+
+def _own(value: Any) -> Any:
+    """``value`` with every list and dict that pydantic kept by reference replaced by a copy.
+    Only the fields that may hold one are visited (:func:`_plan`), and every extra field."""
+    t = type(value)
+    if t is dict:
+        return {k: v if type(v) in _SCALARS else _own(v) for k, v in value.items()}
+    if t is list:
+        return [v if type(v) in _SCALARS else _own(v) for v in value]
+    plan = _PLANS.get(t)
+    if plan is not None and plan[1]:
+        fields = value.__dict__
+        for name, json_only in plan[2]:
+            v = fields[name]
+            if type(v) not in _SCALARS:
+                fields[name] = _copy(v) if json_only else _own(v)
+        extra = value.__pydantic_extra__
+        if extra:
+            for k, v in extra.items():
+                if type(v) not in _SCALARS:
+                    extra[k] = _copy(v)  # extras are the JSON as sent
+    return value
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (what ``declop.clone`` does; this layer sits above it)."""
+    t = type(value)
+    if t is dict:
+        return {k: (_copy(v) if type(v) in (dict, list) else v) for k, v in value.items()}
+    if t is list:
+        return [(_copy(v) if type(v) in (dict, list) else v) for v in value]
+    return value
 
 
 def problems(error: ValidationError) -> tuple[str, ...]:

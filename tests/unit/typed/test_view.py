@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from declop.cache.store import clone
 from declop.errors import InvalidObject, RegistrationError
@@ -182,3 +182,44 @@ def test_a_model_without_a_kind_is_refused() -> None:
 
     with pytest.raises(RegistrationError, match="names no kind"):
         model_of(abstract, "abstract")
+
+
+# --------------------------------------------------------------------------- the two validation paths
+
+
+class Mutating(CustomResource, group="example.com", version="v1", kind="Mutating"):
+    """A before-validator sees its input: were it the cached dict, it could change the cache."""
+
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def scribble(cls, data: Any) -> Any:
+        data["spec"]["scribbled"] = True
+        return data
+
+
+def test_a_plain_data_model_is_validated_from_the_cached_dict_and_its_shared_values_copied() -> None:
+    from declop.typed.view import _plain
+
+    assert _plain(Widget)  # so the aliasing test above covers the direct path
+    cached = clone(OBJ)
+    cached["unknown"] = {"top": ["level"]}  # extra="allow": kept by reference by pydantic
+    cached["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    cached["metadata"]["ownerReferences"] = [{"name": "o", "extra": {"deep": [1]}}]
+    before = copy.deepcopy(cached)
+    w = view(Widget, cached)
+    w.unknown["top"].append("changed")  # type: ignore[attr-defined]
+    w.metadata.managedFields[0]["manager"] = "changed"  # type: ignore[attr-defined]
+    w.metadata.ownerReferences[0]["extra"]["deep"].append(2)
+    assert cached == before
+
+
+def test_a_model_with_a_validator_is_validated_from_json_so_the_validator_cannot_touch_the_cache() -> None:
+    from declop.typed.view import _plain
+
+    assert not _plain(Mutating)
+    cached = {"apiVersion": "example.com/v1", "kind": "Mutating", "metadata": {"name": "m"}, "spec": {"a": 1}}
+    before = copy.deepcopy(cached)
+    m = view(Mutating, cached)
+    assert m.spec == {"a": 1, "scribbled": True} and cached == before
