@@ -239,4 +239,5 @@ def model_of(fn: Callable[..., Any], handler: str) -> type[CustomResource] | Non
     if len(models) > 1:
         raise RegistrationError(f"handler {handler!r}: obj is annotated with several models; declare one")
     models[0].kind_of()  # a model without a kind raises here, naming it
+    _plan(models[0])  # how its views are made: decided once, here rather than at the first call
     return models[0]
