@@ -20,7 +20,8 @@ This namespace holds what a handler author uses every day: the decorators, the k
 result, the client, the write helpers and the errors a handler catches or raises. Everything
 else lives in the package that owns it and is imported from there (``declop.errors``,
 ``declop.manager``, ``declop.webhooks``, ``declop.testing`` …; docs/architecture.md lists them).
-Names that used to be here, and modules that used to sit at the top, still import for one
+``declop.CustomResource`` (the base of a typed custom resource, docs/typed.md) is loaded on first
+use: ``import declop`` does not import pydantic. Names that used to be here, and modules that used to sit at the top, still import for one
 release with a :class:`DeprecationWarning` naming their new home.
 """
 
@@ -32,7 +33,7 @@ import importlib.machinery
 import sys
 import warnings
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from declop.version import __version__ as __version__
 
@@ -66,10 +67,14 @@ from declop.registry import transform as transform
 from declop.registry import validator as validator
 from declop.webhooks.declaration import Rejected as Rejected
 
+if TYPE_CHECKING:
+    from declop.typed.model import CustomResource as CustomResource
+
 __all__ = [
     "AsyncClient",
     "Client",
     "Conflict",
+    "CustomResource",
     "NotFound",
     "Phase",
     "Rejected",
@@ -98,7 +103,12 @@ __all__ = [
     "validator",
 ]
 
+#: front-door names loaded on first use (``declop.CustomResource`` imports pydantic)
+LAZY_NAMES = {"CustomResource": "declop.typed.model"}
+
 for _name in __all__:
+    if _name in LAZY_NAMES:
+        continue
     _obj = globals()[_name]
     if getattr(_obj, "__module__", "").startswith("declop.") and _name not in ("conditions", "predicates"):
         try:
@@ -173,7 +183,12 @@ _SILENT = frozenset({"declop.predicates"})
 
 
 def __getattr__(name: str) -> Any:
-    """Old names with a warning; submodules on first use (``declop.manager.Options``)."""
+    """Lazy names, old names with a warning; submodules on first use (``declop.manager.Options``)."""
+    lazy = LAZY_NAMES.get(name)
+    if lazy is not None:
+        value = getattr(importlib.import_module(lazy), name)
+        globals()[name] = value
+        return value
     home = MOVED_NAMES.get(name)
     if home is not None:
         warnings.warn(

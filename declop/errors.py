@@ -11,6 +11,7 @@ Every error declop raises on purpose derives from :class:`DeclopError`::
      │    └── Forbidden           403 — RBAC denies the request; the message names verb and resource
      ├── CacheNotSyncedError    a read hit a cache that has not listed yet; retried like any failure
      ├── ReconcileTimeout       an async handler passed its timeout=: cancelled, retried (also a TimeoutError)
+     ├── InvalidObject          a cached object fails the handler's typed model (``obj: Widget``): skipped
      └── TerminalError          raised by a handler: log, count, and do not retry
           └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
 
@@ -28,6 +29,7 @@ __all__ = [
     "Conflict",
     "DeclopError",
     "Forbidden",
+    "InvalidObject",
     "InvalidResult",
     "NotFound",
     "ReconcileTimeout",
@@ -113,3 +115,18 @@ class InvalidResult(TerminalError, TypeError, ValueError):
 class ReconcileTimeout(DeclopError, TimeoutError):
     """An ``async def`` handler ran past its ``timeout=``: it was cancelled and its key is retried
     with backoff. (A plain handler cannot be cancelled: its overrun is only reported.)"""
+
+
+class InvalidObject(DeclopError, ValueError):
+    """A cached object fails validation against the model a handler declared (``obj: Widget``).
+
+    The handler is not called and the key is not retried: reported once per resourceVersion
+    (``problems`` holds one ``"spec.replicas: Input should be ..."`` line per error) and skipped
+    until the object changes. ``report`` is False when this resourceVersion was reported already.
+    """
+
+    def __init__(self, resource_version: str, problems: tuple[str, ...], *, report: bool = True) -> None:
+        self.resource_version = resource_version
+        self.problems = problems
+        self.report = report
+        super().__init__("; ".join(problems) or "invalid object")

@@ -22,7 +22,14 @@ Invariants:
   ``TypeError``: the decorators take ``*parts: Never`` and ``**unknown: Never``, so type
   checkers still reject such calls while the runtime explains them;
 - the primary resource and every ``owns=``/``watches=`` entry is stored as a
-  :class:`~declop.kube.resource.Resource` (name, metadata only, field selector);
+  :class:`~declop.kube.resource.Resource` (name, metadata only, field selector); wherever a
+  resource name goes (decorators, indexes, transforms, webhooks) a typed model
+  (``@declop.reconciler(Widget)``) may go, and is stored by its name;
+- a handler whose ``obj`` is annotated with a typed model (``obj: Widget``, also as a string
+  under ``from __future__ import annotations``) is resolved here: it gets a typed view
+  (``Registration.model``); an annotation that cannot be resolved, a model of another resource
+  than the one reconciled, or a model on a metadata-only primary is refused here. pydantic is
+  never imported by the registry: a model can only be named once ``declop.typed.model`` is loaded;
 - at most one transform per resource name; at most one converter per resource, and webhook
   names are unique per kind;
 - tuning options (``priority``, ``rate_limit``, ``timeout``) are validated at registration: a bad
@@ -36,13 +43,15 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Never, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, Sequence, TypeVar
 
 from declop.errors import RegistrationError
 from declop.hints import KOPF_KWARGS, KOPF_OPTIONS, did_you_mean, resource_in_parts
@@ -52,9 +61,15 @@ from declop.reconcile.predicates import Predicate
 from declop.queue.priority import Priority
 from declop.queue.ratelimit import RateLimit
 from declop.reconcile.registration import INJECTABLE, Registration
-from declop.kube.resource import Resource
+from declop.kube.resource import Resource, resource_name
 from declop.leases.hashing import SHARD_KEYS
 from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
+
+if TYPE_CHECKING:
+    from declop.typed.model import CustomResource
+
+    #: what a decorator takes as a resource: a name, a Resource, or a typed model
+    ResourceLike = str | Resource | type[CustomResource]
 
 __all__ = [
     "INJECTABLE",
@@ -164,15 +179,15 @@ class Registry:
 
     def reconciler(
         self,
-        resource: str | Resource,
+        resource: ResourceLike,
         *parts: Never,
         name: str | None = None,
         finalizer: str | None = None,
         namespaces: Sequence[str] | str | None = None,
         labels: str | Mapping[str, str] | None = None,
         predicates: Sequence[Predicate] = (),
-        owns: Sequence[str | Resource] = (),
-        watches: Sequence[tuple[str | Resource, Callable[[Any], Any]]] = (),
+        owns: Sequence[ResourceLike] = (),
+        watches: Sequence[tuple[ResourceLike, Callable[[Any], Any]]] = (),
         max_concurrent: int = 1,
         priority: bool | Priority = True,
         rate_limit: RateLimit | None = None,
@@ -188,7 +203,7 @@ class Registry:
         _check_call("reconciler", (resource, *parts), unknown, _METHOD_OPTIONS)
         if metadata_only is not None and not isinstance(metadata_only, bool):
             raise RegistrationError(f"metadata_only must be True or False, got {metadata_only!r}")
-        base = resource if isinstance(resource, Resource) else Resource(resource)
+        base = resource if isinstance(resource, Resource) else Resource(resource_name(resource))
         primary = Resource(
             base.name,
             metadata_only=base.metadata_only if metadata_only is None else metadata_only,
@@ -208,7 +223,7 @@ class Registry:
             if not callable(p):
                 raise RegistrationError(f"predicate {p!r} is not callable; predicates are (old, new) -> bool")
         for w in watches:
-            if not (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], (str, Resource)) and callable(w[1])):
+            if not (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], (str, Resource, type)) and callable(w[1])):
                 raise RegistrationError(f"watches entries are ('resource', map_fn) pairs, got {w!r}")
         priorities = _priority(priority)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
@@ -236,6 +251,7 @@ class Registry:
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
+            model = _model(fn, reg_name, primary)
             self._registrations[reg_name] = Registration(
                 fn=fn,
                 name=reg_name,
@@ -255,20 +271,23 @@ class Registry:
                 metadata_only=primary.metadata_only,
                 fields=primary.fields,
                 shard_by=shard_by,
+                model=model,
             )
             return fn
 
         return decorate
 
-    def index(self, resource: str, name: str, fn: Callable[[Mapping[str, Any]], Iterable[str | None]]) -> None:
+    def index(self, resource: ResourceLike, name: str, fn: Callable[[Mapping[str, Any]], Iterable[str | None]]) -> None:
         """Add a cache index on ``resource``: ``fn(obj)`` returns the values the object is found under."""
         self._check_open(f"index {name!r}")
+        named = resource_name(resource, what="index")
         if not callable(fn):
             raise RegistrationError(f"index {name!r}: expected a function obj -> list of values")
-        self._indexes.append(IndexRegistration(resource, name, fn))
+        self._indexes.append(IndexRegistration(named, name, fn))
 
-    def transform(self, resource: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def transform(self, resource: ResourceLike, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         """Set the cache transform of ``resource``; it replaces the default (dropping managedFields)."""
+        resource = resource_name(resource, what="transform")
         self._check_open(f"transform of {resource!r}")
         if not isinstance(resource, str) or not resource.strip():
             raise RegistrationError(f"transform: resource must be a name like 'pods', got {resource!r}")
@@ -289,11 +308,22 @@ class Registry:
             self._hooks.append(hook)
         return hook
 
-    def webhook(self, kind: WebhookKind, fn: Any, resource: str, **options: Any) -> Webhook:
+    def webhook(self, kind: WebhookKind, fn: Any, resource: ResourceLike, **options: Any) -> Webhook:
         """Record a validator, mutator or converter (what their decorators do); see
         :func:`declop.webhooks.declaration.make_webhook` for the options."""
         self._check_open(f"{kind} {getattr(fn, '__name__', fn)!r}")
-        hook = make_webhook(fn, kind, resource, **options)
+        named = resource_name(resource, what=f"@{kind}")
+        if kind == "converter" and isinstance(resource, type):
+            named = getattr(resource, "kind_of")().crd_name  # one converter serves every version of the CRD
+        hook = make_webhook(fn, kind, named, **options)
+        model = _model(fn, hook.name, Resource(named))
+        if model is not None and kind != "validator":
+            raise RegistrationError(
+                f"@declop.{kind} {hook.name!r}{_where(fn)} declares obj: {model.__qualname__}; a typed obj is for "
+                f"reconcilers and validators — a {kind} gets the object as a dict"
+            )
+        if model is not None:
+            hook = dataclasses.replace(hook, model=model)
         for other in self._webhooks:
             if other.fn is fn and other.kind == kind and other.name == hook.name:
                 return other  # the same module imported twice
@@ -390,6 +420,35 @@ def _wanted(fn: Callable[..., Any], name: str) -> frozenset[str] | None:
     return None if takes_all else frozenset(wants)
 
 
+def _model(fn: Callable[..., Any], name: str, primary: Resource) -> Any:
+    """The typed model of ``fn``'s ``obj`` annotation (``obj: Widget``), or None for a dict.
+
+    Raises:
+        RegistrationError: the annotation cannot be resolved, the model is of another resource
+            than ``primary``, or ``primary`` is cached as metadata only (there is no body to type).
+    """
+    if "declop.typed.model" not in sys.modules:
+        return None  # no model class exists yet: obj cannot be annotated with one
+    from declop.typed.view import model_of
+
+    model = model_of(fn, name)
+    if model is None:
+        return None
+    kind = model.kind_of()
+    where = f"handler {name!r}{_where(fn)}"
+    if "." in primary.name and primary.name not in (kind.resource, kind.crd_name):
+        raise RegistrationError(
+            f"{where} declares obj: {model.__qualname__} ({kind.resource}) but reconciles {primary.name!r}; "
+            f"pass the model itself: @declop.reconciler({model.__qualname__})"
+        )
+    if primary.metadata_only:
+        raise RegistrationError(
+            f"{where} declares obj: {model.__qualname__} but its cache holds metadata only; drop metadata_only=True "
+            "or annotate obj as a dict"
+        )
+    return model
+
+
 def _unknown_required(fn: Callable[..., Any], name: str, param: str) -> str:
     """The one-line refusal of a parameter without a default that declop cannot fill."""
     where = f"handler {name!r}{_where(fn)}"
@@ -422,15 +481,15 @@ class _BadShardKey(RegistrationError):
 
 
 def reconciler(
-    resource: str | Resource,
+    resource: ResourceLike,
     *parts: Never,
     name: str | None = None,
     finalizer: str | None = None,
     namespaces: Sequence[str] | str | None = None,
     labels: str | Mapping[str, str] | None = None,
     predicates: Sequence[Predicate] = (),
-    owns: Sequence[str | Resource] = (),
-    watches: Sequence[tuple[str | Resource, Callable[[Any], Any]]] = (),
+    owns: Sequence[ResourceLike] = (),
+    watches: Sequence[tuple[ResourceLike, Callable[[Any], Any]]] = (),
     max_concurrent: int = 1,
     priority: bool | Priority = True,
     rate_limit: RateLimit | None = None,
@@ -490,7 +549,7 @@ def reconciler(
 
 
 def index(
-    resource: str,
+    resource: ResourceLike,
     name: str,
     fn: Callable[[Mapping[str, Any]], Iterable[str | None]],
     *,
@@ -503,7 +562,7 @@ def index(
 
 
 def transform(
-    resource: str,
+    resource: ResourceLike,
     fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     *,
     registry: Registry | None = None,
@@ -583,7 +642,7 @@ def background(
 _ADMISSION_OPTIONS = ("operations", "name", "failure_policy", "timeout", "labels", "system_namespaces", "registry")
 
 
-def _webhook_decorator(kind: WebhookKind, registry: Registry | None, resource: str, **options: Any) -> Callable[[F], F]:
+def _webhook_decorator(kind: WebhookKind, registry: Registry | None, resource: ResourceLike, **options: Any) -> Callable[[F], F]:
     reg = registry if registry is not None else default_registry
 
     def decorate(fn: F) -> F:
@@ -594,7 +653,7 @@ def _webhook_decorator(kind: WebhookKind, registry: Registry | None, resource: s
 
 
 def validator(
-    resource: str,
+    resource: ResourceLike,
     *parts: Never,
     operations: Sequence[str] = ("CREATE", "UPDATE"),
     name: str | None = None,
@@ -623,7 +682,7 @@ def validator(
 
 
 def mutator(
-    resource: str,
+    resource: ResourceLike,
     *parts: Never,
     operations: Sequence[str] = ("CREATE", "UPDATE"),
     name: str | None = None,
@@ -648,7 +707,7 @@ def mutator(
 
 
 def converter(
-    resource: str,
+    resource: ResourceLike,
     *parts: Never,
     name: str | None = None,
     registry: Registry | None = None,

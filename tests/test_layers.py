@@ -42,6 +42,7 @@ ORDER = [
     "typed.model",
     "typed.schema",
     "typed.crd",
+    "typed.view",
     "queue",
     "queue.ratelimit",
     "queue.workqueue",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import subprocess
 import sys
 import types
 import warnings
@@ -19,6 +20,7 @@ EXPECTED = {
     "AsyncClient",
     "Client",
     "Conflict",
+    "CustomResource",
     "NotFound",
     "Phase",
     "Rejected",
@@ -102,9 +104,10 @@ def test_conditions_surface() -> None:
     assert declop.conditions.__all__ == ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource"}))
 def test_public_objects_claim_the_package(name: str) -> None:
-    """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X``."""
+    """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X`` — except for the
+    lazy ``CustomResource``, whose home is ``declop.typed.model`` (its models' pickles name it)."""
     assert getattr(declop, name).__module__ == "declop"
 
 
@@ -126,6 +129,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "mutator": "declop.registry",
         "converter": "declop.registry",
         "Rejected": "declop.webhooks.declaration",
+        "CustomResource": "declop.typed.model",
         "Request": "declop.kube.keys",
         "Phase": "declop.reconcile.result",
         "Result": "declop.reconcile.result",
@@ -211,3 +215,9 @@ def test_testing_star_import() -> None:
     namespace: dict[str, object] = {}
     exec("from declop.testing import *", namespace)  # noqa: S102
     assert set(namespace) - {"__builtins__"} == EXPECTED_TESTING
+
+
+def test_import_declop_does_not_import_pydantic() -> None:
+    """``declop.CustomResource`` is lazy: a handler file without typed models never pays for pydantic."""
+    code = "import sys, declop; assert 'pydantic' not in sys.modules, 'pydantic'; declop.CustomResource; assert 'pydantic' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

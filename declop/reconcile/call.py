@@ -95,6 +95,7 @@ class ControllerState(Protocol):
     _own_writes: dict[tuple[str | None, str], str]
     _writing: dict[tuple[str | None, str], list[str]]
     _released: dict[tuple[str | None, str], str]
+    _invalid: dict[Request, str]
 
     def _lookup(self, key: Request) -> Any: ...
 

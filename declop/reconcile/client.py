@@ -12,7 +12,10 @@ threads) blocks; :class:`AsyncClient` (for ``async def`` handlers) returns corou
 - ``update(obj)`` — PUT with the object's resourceVersion: 409 if it changed meanwhile
 - ``patch(resource, key, patch, type="merge"|"json"|"strategic"|"apply")``
 - ``apply(obj, field_manager=…)`` — server-side apply
-- ``patch_status(resource, key, patch)`` — through the status subresource
+- ``patch_status(resource, key, patch)`` — through the status subresource; ``patch_status(request,
+  status)`` with a pydantic model (the status model of a typed resource) sends only the fields that
+  differ from the cached object's status, and sends nothing (returning the cached object) when
+  nothing differs
 - ``delete(resource, key, propagation=…, grace_period=…)`` — NotFound counts as done; a batch/v1
   Job deleted without ``propagation="Background"`` orphans its Pods (the apiserver's default for Jobs)
 - ``event(obj, reason, message, type="Normal"|"Warning")`` — a Kubernetes Event; never fails
@@ -34,7 +37,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import Any, Coroutine, Literal, Mapping, TypeVar
+import sys
+from typing import Any, Callable, Coroutine, Literal, Mapping, TypeVar
 
 from declop.cache.store import Store, clone
 from declop.kube.discovery import Discovery, ResourceInfo
@@ -219,6 +223,24 @@ class _Base:
             raise ConfigError(f"{resource.group_resource} is namespaced: set metadata.namespace")
         return resource.path(namespace=ns or None, name=meta["name"] if with_name else None, subresource=sub)
 
+    def _status_patch(self, target: Any, key: Any, patch: Any, type: str) -> tuple[Any, Any, Any, Obj | None]:
+        """``patch_status``'s arguments in order, a typed status turned into its merge patch; the
+        last is the cached object when a typed status changes nothing (then nothing is sent)."""
+        if isinstance(target, Request) or (patch is None and not isinstance(target, str)):
+            target, key, patch = None, target, key
+        pydantic = sys.modules.get("pydantic")  # a model exists only once pydantic is loaded
+        if pydantic is not None and isinstance(patch, pydantic.BaseModel):
+            from declop.typed.view import status_patch
+
+            if type != "merge":
+                raise ValueError(f"a typed status is sent as a merge patch; drop type={type!r}")
+            cached = self.get(target, key)
+            diff = status_patch(patch, cached.get("status"))
+            if not diff:
+                return target, key, None, cached
+            patch = {"status": diff}
+        return target, key, patch, None
+
     def _with_kind(self, resource: ResourceInfo, obj: Obj) -> Obj:
         obj.setdefault("apiVersion", resource.api_version)
         obj.setdefault("kind", resource.kind)
@@ -282,9 +304,17 @@ class AsyncClient(_Base):
         )
 
     async def patch_status(self, target: Any, key: KeyLike = None, patch: Any = None, *, type: str = "merge") -> Obj:
-        """Patch ``.status`` through the status subresource."""
-        if isinstance(target, Request) or (patch is None and not isinstance(target, str)):
-            target, key, patch = None, target, key
+        """Patch ``.status`` through the status subresource.
+
+        ``patch`` may be a pydantic model — the status model of a typed resource, or the whole
+        typed object: then a merge patch of only the fields that differ from the cached object's
+        status is sent — among the fields set on the model (read from the object or assigned; a
+        default never set is not sent); a field set to ``None`` removes it; fields the model does
+        not carry are left alone. When nothing differs no request is made and the cached object
+        (a copy) is returned."""
+        target, key, patch, unchanged = self._status_patch(target, key, patch, type)
+        if unchanged is not None:
+            return unchanged
         return await self.patch(target, key, patch, type=type, subresource="status")
 
     async def apply(
@@ -475,8 +505,12 @@ class Client(_Base):
         )  # fmt: skip
 
     def patch_status(self, target: Any, key: KeyLike = None, patch: Any = None, *, type: str = "merge") -> Obj:
-        """Patch ``.status`` through the status subresource."""
-        return self._run(self._async.patch_status(target, key, patch, type=type))
+        target, key, patch, unchanged = self._status_patch(target, key, patch, type)  # reads this client's cache
+        if unchanged is not None:
+            return unchanged
+        return self._run(self._async.patch(target, key, patch, type=type, subresource="status"))
+
+    patch_status.__doc__ = AsyncClient.patch_status.__doc__
 
     def apply(
         self, obj: Mapping[str, Any], *, field_manager: str | None = None, force: bool = True, subresource: str | None = None

@@ -160,6 +160,8 @@ class Controller:
         self._writing: dict[tuple[str | None, str], list[str]] = {}
         # (namespace, name) -> uid of the object being deleted whose finalizer we released
         self._released: dict[tuple[str | None, str], str] = {}
+        #: key -> the resourceVersion last reported as failing the typed handler's model
+        self._invalid: dict[Request, str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
     def _subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:

@@ -10,6 +10,10 @@ The outcome table (:func:`settle`; the first row that matches):
 ==========================================  ========================================================
 the call…                                   the queue… (the ``result`` label)
 ==========================================  ========================================================
+failed its typed model (``InvalidObject``)  ``forget``: not retried, the handler was not called; one
+                                            WARNING per resourceVersion naming the fields, and a
+                                            Warning Event ``InvalidObject`` on the object
+                                            (``terminal_error``)
 raised ``TerminalError``                    ``forget``: not retried; logged with traceback
                                             (``terminal_error``)
 returned neither ``None`` nor a ``Result``  the same, with an ``InvalidResult`` naming the type
@@ -27,15 +31,22 @@ Invariants:
 - our finalizer is released only after a ``DELETING`` call succeeded (no error, a valid outcome),
   never for a stale copy; a failed release is the call's error (retried with backoff), and the
   object being deleted is remembered (while cached) so a stale copy of it is not reconciled again;
-- an invalid outcome is named by its type and the key, never by its contents (it may be a Secret).
+- an invalid outcome is named by its type and the key, never by its contents (it may be a Secret);
+- an object that fails the handler's typed model (``obj: Widget``) is skipped until a new
+  resourceVersion: no retry, no backoff. The next event (a fix) validates it again. An object
+  being deleted (``DELETING``, our finalizer on it) that fails validation keeps our finalizer —
+  cleanup code never runs on data it cannot read — and the WARNING says so and how to unblock
+  it: fix the object, or remove the finalizer by hand (``kubectl patch``). Deletion is held, loudly,
+  never silently.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
-from declop.errors import Conflict, InvalidResult, TerminalError
+from declop.errors import Conflict, InvalidObject, InvalidResult, TerminalError
 from declop.hints import returned_dict
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
@@ -60,7 +71,16 @@ def settle(
     queue = c.queue
     if error is None:
         error = invalid_outcome(c.name, key, outcome)
-    if isinstance(error, TerminalError):
+    if isinstance(error, InvalidObject):
+        if error.report:
+            logger.warning(
+                "Object fails its model; skipped until it changes",
+                resourceVersion=error.resource_version,
+                errors="; ".join(error.problems),
+            )
+        queue.forget(key)
+        result = "terminal_error"  # not retried; controller-runtime's result labels have no other
+    elif isinstance(error, TerminalError):
         logger.error("Reconciler error (terminal, not retried)", exc_info=error)
         queue.forget(key)
         result = "terminal_error"
@@ -106,6 +126,9 @@ def complete(c: ControllerState, call: Call) -> None:
     """Settle the outcome and mark the key done."""
     if c._uids is not None and call.obj is None:
         c._uids.pop(call.key, None)  # gone: its next event (a new object) brings a new uid
+    bad = call.error if isinstance(call.error, InvalidObject) else None
+    if bad is None and c._invalid:
+        c._invalid.pop(call.key, None)  # valid again, or gone
     if call.called:
         c.reconciles += 1
         if c._created:
@@ -120,6 +143,8 @@ def complete(c: ControllerState, call: Call) -> None:
             )
     seconds = time.monotonic() - call.started
     result = settle(c, call.key, call.outcome, call.error, call.logger, seconds)
+    if bad is not None and bad.report:
+        _report(c, call, bad)
     c.metrics.triggered(c.name, call.trace)
     if c.recent is not None:
         c.recent.append(
@@ -136,6 +161,32 @@ def complete(c: ControllerState, call: Call) -> None:
         )
     call.held = False
     c.queue.done(call.key)
+
+
+#: Event tasks in flight (a task needs a reference until it ends)
+_EVENTS: set[asyncio.Task[None]] = set()
+
+
+def _report(c: ControllerState, call: Call, error: InvalidObject) -> None:
+    """The Warning Event of an object that fails the typed model, and, for one being deleted,
+    the way out (our finalizer stays until it validates)."""
+    if call.phase is Phase.DELETING and c.registration.finalizer is not None:
+        ns = f" -n {call.key.namespace}" if call.key.namespace else ""
+        call.logger.warning(
+            "Deletion waits: our finalizer stays until the object validates (cleanup never runs on an object "
+            "it cannot read); fix the object, or remove the finalizer by hand",
+            finalizer=c.registration.finalizer,
+            command=f"kubectl edit {c.resource.group_resource} {call.key.name}{ns}",
+        )
+    recorder = c.ctx.recorder
+    if recorder is None or call.obj is None:
+        return
+    message = "; ".join(error.problems)
+    task = asyncio.get_running_loop().create_task(
+        recorder.record(call.obj, "InvalidObject", message, "Warning", controller=c.name)
+    )
+    _EVENTS.add(task)
+    task.add_done_callback(_EVENTS.discard)
 
 
 async def finish(c: ControllerState, call: Call) -> None:

@@ -20,6 +20,10 @@ Invariants:
   (same uid) still showing it is stale — the apiserver never lets a finalizer be added to an
   object being deleted — so the handler is not called again for it;
 - an error while preparing is settled like a handler's error (``call.finished``, never called);
+- a typed handler's object is validated before our finalizer is added (an object that fails
+  validation never gets it) and again when its view is built; a failure is the call's
+  :class:`~declop.errors.InvalidObject`, marked ``report`` only the first time for its
+  resourceVersion (``c._invalid``), and the handler is not called;
 - per key: one :class:`~declop.reconcile.call.Call`, one logger, one client, and no await unless
   our finalizer is added.
 """
@@ -31,6 +35,7 @@ import time
 import uuid
 from typing import Any
 
+from declop.errors import InvalidObject
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.reconcile.call import Call, ControllerState
@@ -40,7 +45,7 @@ from declop.reconcile.finalizers import ensure_finalizer
 from declop.reconcile.result import Phase, phase_of
 from declop.reconcile.trigger import Trace
 
-__all__ = ["add_finalizer", "prepare", "stale"]
+__all__ = ["add_finalizer", "invalid", "prepare", "stale"]
 
 
 def prepare(
@@ -88,15 +93,29 @@ def prepare(
             else:
                 created.discard(key)  # being deleted, or gone
         elif call.phase is Phase.CREATED and finalizer is not None:
+            if reg.model is not None:
+                reg.view(obj)  # validated before the finalizer: an invalid object never gets it
             call.add_finalizer = True  # persisted before the handler can cause side effects
             call.obj = obj  # the cached copy to patch (add_finalizer)
             return call
         call.obj = obj
         call.kwargs = arguments(c, call, obj)
+    except InvalidObject as exc:
+        invalid(c, key, exc)
+        call.obj = obj
+        call.error = exc
+        call.finished = True
     except Exception as exc:  # noqa: BLE001 - settled like a handler error
         call.error = exc
         call.finished = True
     return call
+
+
+def invalid(c: ControllerState, key: Request, exc: InvalidObject) -> None:
+    """Mark ``exc`` to be reported only if its resourceVersion was not reported for ``key``."""
+    seen = c._invalid.get(key)
+    exc.report = seen != exc.resource_version
+    c._invalid[key] = exc.resource_version
 
 
 async def add_finalizer(c: ControllerState, call: Call) -> None:
@@ -110,6 +129,10 @@ async def add_finalizer(c: ControllerState, call: Call) -> None:
         obj = await own_write(c, key, obj, lambda: ensure_finalizer(c.ctx.transport, c.resource, obj, finalizer))
         call.obj = obj  # the patched object; then the arguments, as in prepare()
         call.kwargs = arguments(c, call, obj)
+    except InvalidObject as exc:  # changed between the finalizer patch and the view
+        invalid(c, key, exc)
+        call.error = exc
+        call.finished = True
     except Exception as exc:  # noqa: BLE001 - settled like a handler error
         call.error = exc
         call.finished = True

@@ -7,7 +7,11 @@ so that the controller does not import the registry (which also knows webhooks a
 Invariants:
 - a registration is frozen: nothing changes it after the registry accepted it;
 - :meth:`Registration.arguments` gives a handler only the names it declares (all of them when
-  it takes ``**kwargs``), and ``obj`` is a deep copy, so no handler can change the cache.
+  it takes ``**kwargs``), and ``obj`` is a deep copy, so no handler can change the cache;
+- with ``model`` (the handler declared ``obj: Widget``), ``obj`` is the typed view instead
+  (:func:`declop.typed.view.view`: validated, sharing nothing with the cache) and an object that
+  fails validation raises :class:`~declop.errors.InvalidObject` before the handler is called.
+  pydantic is imported only then: a registration without a model never loads it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class Registration:
     fields: str = ""
     #: what a key hashes by in sharded mode (``declop run --shards N``): "uid" or "namespace"
     shard_by: str = "uid"
+    #: the CustomResource subclass ``obj`` is annotated with (a typed view); None: a dict
+    model: Any = None
 
     @property
     def wants_trigger(self) -> bool:
@@ -68,6 +74,20 @@ class Registration:
     def primary(self) -> Resource:
         """The primary resource with its cache options."""
         return Resource(self.resource, metadata_only=self.metadata_only, fields=self.fields)
+
+    def view(self, obj: Any) -> Any:
+        """``obj`` as the handler gets it: the typed view when it declared a model, else a copy.
+
+        Raises:
+            InvalidObject: the object fails the model's validation.
+        """
+        if obj is None:
+            return None
+        if self.model is None:
+            return clone(obj)
+        from declop.typed.view import view  # pydantic: loaded only by typed handlers
+
+        return view(self.model, obj)
 
     def arguments(
         self,
@@ -80,7 +100,12 @@ class Registration:
         trigger: Trigger | None = None,
     ) -> dict[str, Any]:
         """The keyword arguments for one call: only those the handler declares. ``obj`` is a
-        deep copy of the cached object (made only when declared), so the cache stays intact."""
+        deep copy of the cached object, or its typed view (made only when declared), so the cache
+        stays intact.
+
+        Raises:
+            InvalidObject: ``obj`` fails the validation of the handler's model.
+        """
         available = {
             "request": request,
             "name": request.name,
@@ -93,7 +118,7 @@ class Registration:
         wants = self.wants
         kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
         if wants is None or "obj" in wants:
-            kwargs["obj"] = clone(obj) if obj is not None else None
+            kwargs["obj"] = self.view(obj)
         if wants is None or "trigger" in wants:
             kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
         return kwargs

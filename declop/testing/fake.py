@@ -52,7 +52,7 @@ from declop.cache.store import Store
 from declop.reconcile.client import AsyncClient, Client, ClientContext
 from declop.reconcile.outcome import invalid_outcome, settle
 from declop.kube.discovery import ResourceInfo
-from declop.errors import TerminalError
+from declop.errors import InvalidObject, TerminalError
 from declop.reconcile.finalizers import ensure_finalizer, release_finalizer
 from declop.kube.keys import Request, key_of
 from declop.logs import PlainFormatter, ReconcileLogger
@@ -212,7 +212,10 @@ class ReconcileOutcome:
 
     ``action`` is what the controller's queue would do: ``"done"`` (forget the key),
     ``"requeue_after"``, ``"retry"`` (an exception: rate-limited retry, quietly for a Conflict) or
-    ``"terminal"`` (a :class:`~declop.errors.TerminalError`: not retried).
+    ``"terminal"`` (a :class:`~declop.errors.TerminalError`: not retried) or ``"invalid"`` (the
+    handler declared a typed ``obj: Widget`` and the object fails it: the handler was not called,
+    ``error`` is the :class:`~declop.errors.InvalidObject` naming the fields, and the key is not
+    retried).
     """
 
     phase: Phase
@@ -374,6 +377,8 @@ async def _reconcile(
     error: BaseException | None = None
     try:
         if phase is Phase.CREATED and reg.finalizer is not None:
+            if reg.model is not None:
+                reg.view(obj)  # as the controller: an invalid object never gets our finalizer
             obj = await ensure_finalizer(server, info, obj, reg.finalizer)
         view: Client | AsyncClient = (
             FakeAsyncClient(server=server, primary=info, request=key)
@@ -404,6 +409,8 @@ async def _reconcile(
         action = "requeue_after"
     elif isinstance(error, TerminalError):
         action = "terminal"
+    elif isinstance(error, InvalidObject):
+        action = "invalid"
     else:
         action = "done"
     requeue = next((c[1] for c in queue.calls if c[0] == "add_after"), None)

@@ -10,6 +10,8 @@ What each answer is (docs/webhooks.md):
 =====================================  ===============================================================
 the handler…                           the answer
 =====================================  ===============================================================
+is not called: ``obj`` fails the        denied (422), the message naming each field path and what is
+validator's typed model (``obj: W``)   wrong (``spec.replicas: Input should be …``), never a value
 returns None / warnings (validator)    allowed (with the warnings)
 leaves obj / returns one (mutator)     allowed with the JSON Patch to it, or no patch when unchanged
 raises :class:`~declop.webhooks.declaration.Rejected`  denied with its message (``field: message``) and code
@@ -43,7 +45,8 @@ Invariants:
   largest size at a time, the others wait their turn unread, so sixteen at once cost the memory
   of about one; a validator gets the objects uncopied, a mutator a copy of ``object`` only;
 - nothing from the object or the exception leaves the process except a
-  :class:`~declop.webhooks.declaration.Rejected` message the handler wrote;
+  :class:`~declop.webhooks.declaration.Rejected` message the handler wrote, and the field paths and
+  messages of a typed validator's model (pydantic's, without the input values);
 - a converter is called once per object not already at ``desiredAPIVersion``; one failure fails
   the whole review (Kubernetes has no per-object result) with a message naming the object;
 - a plain handler that overruns its timeout keeps its thread until it returns (threads cannot
@@ -64,6 +67,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
+from declop.errors import InvalidObject
 from declop.logs import ReconcileLogger
 from declop.serving.http import MiB, Guard, Limits, Serving, body, serve
 from declop.webhooks.admission import AdmissionRequest, BadReview, Oversized, allow, deny, parse_admission
@@ -298,6 +302,14 @@ class WebhookServer:
             "request_uid": uid,
             "warnings": warnings,
         }
+        if hook.model is not None and obj is not None:
+            from declop.typed.view import view  # pydantic: only for a typed validator
+
+            try:
+                available["obj"] = view(hook.model, obj)
+            except InvalidObject as exc:
+                logger.info("Denied", reason="; ".join(exc.problems), dryRun=review.dry_run)
+                return self._reply(deny(uid, "; ".join(exc.problems), code=422), "denied")
         started = time.monotonic()
         try:
             result = await self._call(hook, hook.arguments(available), hook.timeout)

@@ -777,3 +777,82 @@ def test_shard_by_defaults_to_uid_and_accepts_namespace(reg: Registry) -> None:
 def test_shard_by_must_be_uid_or_namespace(reg: Registry, value: Any) -> None:
     with pytest.raises(RegistrationError, match="shard_by must be 'uid' \\(the default\\) or 'namespace'"):
         reg.reconciler("pods", shard_by=value)
+
+
+# --------------------------------------------------------------------------- typed models (issue 26)
+
+from declop.typed.model import CustomResource  # noqa: E402 - the typed section's own import
+
+
+class Gadget(CustomResource, group="example.com", version="v1", kind="Gadget"):
+    pass
+
+
+class Sprocket(CustomResource, group="other.io", version="v2", kind="Sprocket"):
+    pass
+
+
+class NoKind(CustomResource):
+    pass
+
+
+def typed_gadget(obj: Gadget, **_: Any) -> None: ...
+
+
+def typed_sprocket(obj: Sprocket | None, **_: Any) -> None: ...
+
+
+def untyped_gadget(obj: dict[str, Any], **_: Any) -> None: ...
+
+
+def test_a_model_goes_wherever_a_resource_name_goes() -> None:
+    reg = Registry()
+    reg.reconciler(Gadget, owns=[Sprocket], watches=[(Sprocket, lambda o: [])])(typed_gadget)
+    r = reg.registrations[0]
+    assert r.resource == "gadgets.v1.example.com"
+    assert r.owns == (Resource("sprockets.v2.other.io"),)
+    assert r.watches[0][0] == Resource("sprockets.v2.other.io")
+    reg.index(Gadget, "by-x", lambda o: [])
+    reg.transform(Gadget, lambda o: o)
+    assert reg.indexes[0].resource == "gadgets.v1.example.com"
+    assert list(reg.transforms) == ["gadgets.v1.example.com"]
+    assert Resource(Gadget, metadata_only=True).name == "gadgets.v1.example.com"  # type: ignore[arg-type]
+
+
+def test_webhooks_take_a_model_and_a_converter_serves_the_crd() -> None:
+    reg = Registry()
+    registry_module.validator(Gadget, registry=reg)(lambda obj: None)
+    registry_module.converter(Gadget, registry=reg)(lambda obj, desired_api_version: obj)
+    assert [w.resource for w in reg.webhooks] == ["gadgets.v1.example.com", "gadgets.example.com"]
+
+
+def test_obj_annotated_with_a_model_gets_a_typed_view() -> None:
+    reg = Registry()
+    reg.reconciler(Gadget)(typed_gadget)
+    reg.reconciler("gadgets.example.com", name="by-name")(typed_gadget)
+    reg.reconciler(Gadget, name="dict")(untyped_gadget)
+    assert [r.model for r in reg.registrations] == [Gadget, Gadget, None]
+
+
+def test_a_model_without_a_kind_is_one_line() -> None:
+    with pytest.raises(RegistrationError, match=r"^NoKind names no kind; give it group=, version= and kind= class keywords$"):
+        Registry().reconciler(NoKind)(untyped_gadget)
+    with pytest.raises(RegistrationError, match="names no kind"):
+        Registry().reconciler("pods", owns=[NoKind])(untyped_gadget)
+
+
+def test_a_class_that_is_no_model_is_refused() -> None:
+    with pytest.raises(RegistrationError, match=r"^resource: dict is a class, not a resource; pass a resource name like 'pods' or a declop.CustomResource subclass$"):
+        Registry().reconciler(dict)(untyped_gadget)  # type: ignore[arg-type]
+    with pytest.raises(RegistrationError, match="owns=: int is a class"):
+        Registry().reconciler("pods", owns=[int])(untyped_gadget)  # type: ignore[list-item]
+
+
+def test_a_model_of_another_resource_is_refused() -> None:
+    with pytest.raises(RegistrationError, match=r"declares obj: Sprocket \(sprockets.v2.other.io\) but reconciles 'gadgets.example.com'"):
+        Registry().reconciler("gadgets.example.com")(typed_sprocket)
+
+
+def test_a_typed_obj_on_a_metadata_only_cache_is_refused() -> None:
+    with pytest.raises(RegistrationError, match="its cache holds metadata only"):
+        Registry().reconciler(Gadget, metadata_only=True)(typed_gadget)

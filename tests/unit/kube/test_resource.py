@@ -64,3 +64,25 @@ def test_of_accepts_names_and_resources_only() -> None:
 def test_bad_values_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(RegistrationError, match=message):
         Resource(**kwargs)  # type: ignore[arg-type]
+
+
+# -- a typed model where a name goes (issue 26) ---------------------------------------------------
+
+
+def test_a_model_is_its_resource_name_and_anything_else_passes_through() -> None:
+    from declop.kube.resource import resource_name
+    from declop.typed.model import CustomResource
+
+    class Knob(CustomResource, group="example.com", version="v2", kind="Knob", plural="knobz"):
+        pass
+
+    assert resource_name(Knob) == "knobz.v2.example.com"
+    assert Resource.of(Knob) == Resource("knobz.v2.example.com")
+    assert resource_name("pods") == "pods" and resource_name(Resource("pods")) == Resource("pods")
+
+
+def test_a_class_that_is_no_model_is_one_line() -> None:
+    from declop.kube.resource import resource_name
+
+    with pytest.raises(RegistrationError, match=r"^owns=: set is a class, not a resource; pass a resource name like 'pods' or a declop.CustomResource subclass$"):
+        resource_name(set, what="owns=")

@@ -1,5 +1,6 @@
-"""declop.reconcile.client: the sync and async clients show the same signatures, and ``delete``
-sends DeleteOptions (propagation, grace period) and warns once about a Job's orphaned Pods.
+"""declop.reconcile.client: the sync and async clients show the same signatures, ``delete``
+sends DeleteOptions (propagation, grace period) and warns once about a Job's orphaned Pods, and a
+typed ``patch_status`` sends the merge patch of only what changed, and nothing when nothing did.
 
 The clients run over the fake apiserver (declop.testing.fake): the transport is the unit
 boundary; what the real apiserver does with the options is tests/integration/test_client_delete.py.
@@ -7,14 +8,19 @@ boundary; what the real apiserver does with the options is tests/integration/tes
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from declop.reconcile import client as client_module
 from declop.reconcile.client import AsyncClient, AsyncLiveReader, Client, LiveReader
+from declop.kube.keys import Request
 from declop.testing.fake import FakeClient
+from declop.typed.model import CustomResource
 
 PUBLIC_WRITES = ("create", "update", "patch", "patch_status", "apply", "delete", "event")
 
@@ -111,3 +117,65 @@ def test_the_first_job_deleted_with_the_default_propagation_logs_a_hint_once(
     assert [r.levelno for r in hints] == [logging.WARNING]
     assert 'orphan their Pods' in hints[0].getMessage() and 'propagation="Background"' in hints[0].getMessage()
     assert hints[0].kv == {"namespace": "default", "name": "b"}  # type: ignore[attr-defined]  # the first such Job
+
+
+
+class DialStatus(BaseModel):
+    level: int = 0
+    observedGeneration: int | None = None
+
+
+class Dial(CustomResource, group="example.com", version="v1", kind="Dial"):
+    spec: dict[str, Any] = {}
+    status: DialStatus | None = None
+
+
+KEY = Request("default", "d")
+STORED = {"apiVersion": "example.com/v1", "kind": "Dial", "metadata": {"name": "d", "namespace": "default"},
+          "spec": {}, "status": {"level": 2, "observedGeneration": 1, "other": "kept"}}
+
+
+def client() -> FakeClient:
+    return FakeClient([STORED], primary="dials.example.com", request=KEY)
+
+
+def test_a_typed_status_sends_only_the_changed_fields() -> None:
+    c = client()
+    returned = c.patch_status(KEY, DialStatus(level=3, observedGeneration=1))
+    assert [(w.verb, w.body, w.patch_type) for w in c.writes] == [("patch_status", {"status": {"level": 3}}, "merge")]
+    assert returned["status"] == {"level": 3, "observedGeneration": 1, "other": "kept"}
+
+
+def test_an_unchanged_typed_status_sends_nothing_and_returns_the_cached_object() -> None:
+    c = client()
+    returned = c.patch_status(KEY, DialStatus(level=2))
+    assert c.writes == []
+    assert returned == c.get(KEY) and returned["status"] == STORED["status"]
+    returned["status"]["level"] = 9  # a copy: the cache keeps its own
+    assert c.get(KEY)["status"]["level"] == 2
+
+
+def test_the_whole_typed_object_may_be_passed() -> None:
+    c = client()
+    dial = Dial.model_validate(STORED)
+    assert dial.status is not None
+    dial.status.observedGeneration = 2
+    c.patch_status(KEY, dial)
+    assert [w.body for w in c.writes] == [{"status": {"observedGeneration": 2}}]
+
+
+def test_the_async_client_does_the_same() -> None:
+    c = client().aio
+    asyncio.run(c.patch_status(KEY, DialStatus(level=5)))
+    assert [w.body for w in c.writes] == [{"status": {"level": 5}}]
+
+
+def test_a_typed_status_is_a_merge_patch_only() -> None:
+    with pytest.raises(ValueError, match="a typed status is sent as a merge patch"):
+        client().patch_status(KEY, DialStatus(level=5), type="json")
+
+
+def test_a_dict_patch_is_sent_as_it_is() -> None:
+    c = client()
+    c.patch_status(KEY, {"status": {"level": 2}})
+    assert [w.body for w in c.writes] == [{"status": {"level": 2}}]

@@ -1061,3 +1061,72 @@ def test_a_sharded_controller_forgets_the_uids_of_keys_whose_range_was_released(
     assert c._uids == {Request("ns", "c"): "uid-c"}  # still cached: kept
     assert c.forget(FakeInformer(), [Request("ns", "c")]) == 0  # not a primary informer of this controller
     assert c._uids == {Request("ns", "c"): "uid-c"}
+
+
+# -- typed handlers (obj: Model): an invalid object is skipped, reported once per resourceVersion --
+
+from declop.typed.model import CustomResource  # noqa: E402 - the typed section's own import
+
+
+class Counts(CustomResource, group="example.com", version="v1", kind="Counts"):
+    data: dict[str, int] = {}
+
+
+def make_typed(seen: list[Any], *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, FakeClock]:
+    def handler(phase: declop.Phase, obj: Counts | None, **_: Any) -> None:
+        seen.append((phase, obj))
+
+    c, informer, clock = make(handler, finalizer=finalizer)
+    assert c.registration.model is Counts
+    return c, informer, clock
+
+
+def reports(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [r.__dict__["kv"] for r in caplog.records if r.getMessage() == "Object fails its model; skipped until it changes"]
+
+
+def test_a_typed_handler_gets_its_model() -> None:
+    seen: list[Any] = []
+    c, informer, _ = make_typed(seen)
+    informer.writer.upsert({**cm(), "data": {"a": "1"}})
+    run(c._process([KEY]))
+    assert seen == [(declop.Phase.UPDATED, Counts.model_validate({**cm(), "data": {"a": 1}}))]
+    assert isinstance(seen[0][1], Counts)
+
+
+def test_an_invalid_object_is_skipped_reported_once_per_resource_version_and_never_retried(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[Any] = []
+    c, informer, clock = make_typed(seen)
+    informer.writer.upsert({**cm(), "data": {"a": "one"}})
+    run(c._process([KEY]))
+    run(c._process([KEY]))  # the same resourceVersion again (a resync, a child's event)
+    assert seen == [] and c.queue.num_requeues(KEY) == 0
+    clock.advance(10_000)
+    assert queued(c) == []  # nothing waits: not retried
+    assert [(r["resourceVersion"], r["errors"]) for r in reports(caplog)] == [
+        ("1", "data.a: Input should be a valid integer, unable to parse string as an integer")
+    ]
+    informer.writer.upsert({**cm(resourceVersion="2"), "data": {"a": "two"}})
+    run(c._process([KEY]))
+    assert [r["resourceVersion"] for r in reports(caplog)] == ["1", "2"]
+    informer.writer.upsert({**cm(resourceVersion="3"), "data": {"a": "3"}})
+    run(c._process([KEY]))
+    assert [phase for phase, _ in seen] == [declop.Phase.UPDATED] and c._invalid == {}
+
+
+def test_an_invalid_new_object_never_gets_our_finalizer() -> None:
+    seen: list[Any] = []
+    c, informer, _ = make_typed(seen, finalizer="x.io/f")
+    informer.writer.upsert({**cm(), "data": {"a": "one"}})
+    run(c._process([KEY]))
+    assert seen == [] and c.ctx.transport.calls == []  # type: ignore[attr-defined]
+
+
+def test_an_invalid_object_being_deleted_keeps_our_finalizer_and_says_how_to_unblock_it(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[Any] = []
+    c, informer, _ = make_typed(seen, finalizer="x.io/f")
+    informer.writer.upsert({**cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f"]), "data": {"a": "one"}})
+    run(c._process([KEY]))
+    assert seen == [] and c.ctx.transport.calls == []  # type: ignore[attr-defined]
+    waits = [r.__dict__["kv"] for r in caplog.records if r.getMessage().startswith("Deletion waits")]
+    assert [(w["finalizer"], w["command"]) for w in waits] == [("x.io/f", "kubectl edit configmaps a -n ns")]

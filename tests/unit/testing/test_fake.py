@@ -484,3 +484,106 @@ def test_run_reconcile_gives_a_metadata_only_handler_what_its_cache_would_hold()
     assert set(obj) == {"kind", "apiVersion", "metadata"}
     assert obj["metadata"]["name"] == "c" and "managedFields" not in obj["metadata"]
     assert data == {"k": "v"}
+
+
+# --------------------------------------------------------------------------- typed handlers (issue 26)
+
+from pydantic import BaseModel, Field  # noqa: E402 - the typed section's own imports
+
+from declop.errors import InvalidObject  # noqa: E402
+from declop.registry import Registry  # noqa: E402
+from declop.typed.model import CustomResource, FreeForm  # noqa: E402
+
+
+class ThingSpec(BaseModel):
+    size: int = Field(1, ge=0, le=10)
+    config: FreeForm = Field(default_factory=dict)
+
+
+class ThingStatus(BaseModel):
+    ready: bool = False
+    observedGeneration: int | None = None
+    note: str = ""
+
+
+class Thing(CustomResource, group="example.com", version="v1", kind="Thing"):
+    spec: ThingSpec
+    status: ThingStatus | None = None
+
+
+def thing(name: str, size: int, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {"apiVersion": "example.com/v1", "kind": "Thing",
+                           "metadata": {"name": name, "namespace": "default", "generation": 1}, "spec": {"size": size}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def typed_registry(seen: list[Any]) -> tuple[Registry, Any]:
+    reg = Registry()
+
+    @reg.reconciler(Thing, finalizer="example.com/cleanup")
+    def things(request: declop.Request, client: declop.Client, obj: Thing | None, **_: Any) -> None:
+        seen.append(obj)
+        if obj is None:
+            return
+        status = obj.status or ThingStatus()
+        status.ready = obj.spec.size > 0
+        status.observedGeneration = obj.metadata.generation
+        client.patch_status(request, status)
+
+    return reg, things
+
+
+def test_run_reconcile_hands_a_typed_handler_its_model_and_sends_only_the_changed_status() -> None:
+    seen: list[Any] = []
+    reg, things = typed_registry(seen)
+    out = run_reconcile(things, "default/t", [thing("t", 3, {"note": "someone else's"})], registry=reg)
+    assert out.ok and isinstance(seen[0], Thing) and seen[0].spec.size == 3
+    assert [(w.verb, w.body) for w in out.writes_of("patch_status")] == [
+        ("patch_status", {"status": {"ready": True, "observedGeneration": 1}})
+    ]
+    assert out.client.get("things.example.com", "default/t")["status"]["note"] == "someone else's"
+    again = run_reconcile(things, "default/t", client=out.client, registry=reg)
+    assert again.ok and again.writes == ()  # nothing differs: nothing sent
+
+
+def test_run_reconcile_reports_an_invalid_object_and_skips_it() -> None:
+    seen: list[Any] = []
+    reg, things = typed_registry(seen)
+    out = run_reconcile(things, "default/t", [thing("t", 30)], registry=reg)
+    assert out.action == "invalid" and isinstance(out.error, InvalidObject)
+    assert out.error.problems == ("spec.size: Input should be less than or equal to 10",)
+    assert seen == [] and out.writes == ()  # not called, and no finalizer added to an object it cannot read
+    assert out.messages == ("Object fails its model; skipped until it changes",)
+    assert "spec.size: Input should be less than or equal to 10" in out.logs[0]
+
+
+def test_an_async_typed_handler_gets_its_model_too() -> None:
+    reg = Registry()
+    seen: list[Any] = []
+
+    @reg.reconciler(Thing)
+    async def athings(request: declop.Request, client: declop.AsyncClient, obj: Thing, **_: Any) -> None:
+        seen.append(obj)
+        await client.patch_status(request, ThingStatus(ready=True))
+
+    out = run_reconcile(athings, "default/a", [thing("a", 1)], registry=reg)
+    assert out.ok and isinstance(seen[0], Thing)
+    assert [w.body for w in out.writes] == [{"status": {"ready": True}}]
+
+
+def test_a_typed_view_leaves_the_fake_cache_intact() -> None:
+    reg = Registry()
+
+    @reg.reconciler(Thing)
+    def mutates(obj: Thing, **_: Any) -> None:
+        obj.spec.config["deep"]["list"].append("x")
+        obj.metadata.labels["changed"] = "yes"
+
+    stored = thing("m", 1)
+    stored["spec"]["config"] = {"deep": {"list": [1]}}
+    out = run_reconcile(mutates, "default/m", [stored], registry=reg)
+    assert out.ok
+    after = out.client.get("things.example.com", "default/m")
+    assert after["spec"]["config"] == {"deep": {"list": [1]}} and "labels" not in after["metadata"]

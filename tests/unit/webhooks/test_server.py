@@ -534,3 +534,48 @@ def test_a_large_request_s_objects_a_handler_kept_are_left_whole():
 
     asyncio.run(go())
     assert kept == [expected_spec, expected_old]
+
+
+# --------------------------------------------------------------------------- typed validators (issue 26)
+
+from pydantic import BaseModel, Field  # noqa: E402 - the typed section's own imports
+
+from declop.errors import RegistrationError  # noqa: E402
+from declop.typed.model import CustomResource  # noqa: E402
+
+
+class WidgetSpec(BaseModel):
+    size: int = Field(1, ge=0, le=5)
+    token: str = ""
+
+
+class TypedWidget(CustomResource, group="example.com", version="v1", kind="Widget"):
+    spec: WidgetSpec
+
+
+def test_a_typed_validator_gets_the_model_and_an_invalid_object_is_denied_by_field():
+    reg = Registry()
+    seen: list[Any] = []
+
+    @declop.validator(TypedWidget, registry=reg)
+    def check(obj: TypedWidget, **_: Any) -> None:
+        seen.append(obj)
+
+    assert reg.webhooks[0].resource == "widgets.v1.example.com"
+    path = f"/validate/{reg.webhooks[0].name}"
+    status, answer = post(reg, path, admission())
+    assert answer["response"]["allowed"] is True and isinstance(seen[0], TypedWidget) and seen[0].spec.size == 3
+
+    status, answer = post(reg, path, admission(obj={**OBJ, "spec": {"size": 9, "token": "s3cr3t"}}))
+    assert answer["response"]["allowed"] is False and len(seen) == 1
+    assert answer["response"]["status"]["code"] == 422
+    assert answer["response"]["status"]["message"] == "spec.size: Input should be less than or equal to 5"
+
+
+def test_a_typed_obj_on_a_mutator_is_refused_at_registration():
+    declop.mutator(TypedWidget, registry=Registry())(lambda obj: None)  # an untyped obj: the dict, as before
+
+    def mutate(obj: TypedWidget) -> None: ...
+
+    with pytest.raises(RegistrationError, match="a typed obj is for reconcilers and validators — a mutator gets the object as a dict"):
+        declop.mutator(TypedWidget, registry=Registry())(mutate)
