@@ -5,6 +5,7 @@ control-plane process behind; a manifest the apiserver refuses exits 1 naming fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -75,15 +76,26 @@ class Dev:
         return code
 
     def kill(self) -> None:
+        """SIGKILL declop dev (a test that failed midway) and the control plane it can no longer
+        stop: its etcd and kube-apiserver would outlive the test and load the machine."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        for pid in self._control_plane_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def api(self) -> kubernetes.client.CustomObjectsApi:
         return kubernetes.client.CustomObjectsApi(kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig)))
 
     def control_plane_processes(self) -> list[str]:
         """Processes whose command line names this control plane's files (etcd, kube-apiserver, …)."""
+        return [cmdline for _, cmdline in self._control_plane()]
+
+    def _control_plane_pids(self) -> list[int]:
+        return [pid for pid, _ in self._control_plane()]
+
+    def _control_plane(self) -> list[tuple[int, str]]:
         found = []
         marker = str(self.workdir / "cp").encode()
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -92,7 +104,7 @@ class Dev:
             except OSError:
                 continue
             if marker in cmdline:
-                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+                found.append((int(pid), cmdline.replace(b"\0", b" ").decode(errors="replace")[:120]))
         return found
 
 
