@@ -65,6 +65,8 @@ from declop.serving.probes import Check, ProbeServer
 from declop.reconcile.registration import Registration
 from declop.registry import Registry, default_registry
 from declop.kube.kubeconfig import pod_namespace
+from declop.kube.access import check_access
+from declop.kube.rbac import Grant, Resolve, group_resource
 from declop.serving.metricsauth import MetricsAuth
 from declop.serving.cert import ServingCert
 from declop.kube.transport import Transport
@@ -138,6 +140,11 @@ class Options:
     #: the operator's namespace: holds the CA Secret, excluded from admission (default: the
     #: Service's, else the Pod's; out of a cluster none is excluded and the Secret goes to "default")
     webhook_namespace: str | None = None
+    #: ask the apiserver (SelfSubjectAccessReview) for every grant the registrations need before
+    #: informers start; a missing one stops the start (docs/rbac.md)
+    check_permissions: bool = True
+    #: the command that prints the RBAC the handlers need, named when a permission is missing
+    rbac_command: str = "declop rbac <your handler files>"
     #: seconds a generated serving certificate is valid; renewed after two thirds of it
     webhook_cert_validity: float = 365 * 86400.0
     #: bytes a webhook request body may have (None: 7 MiB admission, 8 MiB conversion); one
@@ -276,6 +283,8 @@ class Manager:
             info = self._resolve(resource_name)
             self.informers.transforms[info.group_resource] = guarded(fn, info.group_resource)
         await self._check_fields(registrations)
+        if self.options.check_permissions:
+            await self._check_access()
         self.lifecycle = Lifecycle(self.registry.hooks, ctx, self.executor)
         if self.options.leader_elect:
             self.leadership = asyncio.Event()
@@ -393,6 +402,38 @@ class Manager:
                         f"{info.group_resource} ({exc}); select on a field the apiserver supports for it, "
                         "or drop fields= and filter with a predicate"
                     ) from None
+
+    def grants(self, resolve: Resolve | None = None) -> list[Grant]:
+        """The RBAC grants this manager's registrations and options need (:mod:`declop.kube.rbac`)."""
+        o = self.options
+        lease_ns = o.leader_election_namespace or pod_namespace()
+        ca_ns = None
+        if not o.webhook_cert_dir:
+            service_ns = o.webhook_service.partition("/")[0] if o.webhook_service and "/" in o.webhook_service else None
+            ca_ns = o.webhook_namespace or service_ns or pod_namespace(fallback=None) or "default"
+        return self.registry.grants(
+            resolve or group_resource,
+            leader=(lease_ns, o.leader_election_id) if o.leader_elect else None,
+            shards=lease_ns if o.shards else None,
+            webhook_name=o.webhook_name,
+            ca_secret_namespace=ca_ns,
+        )
+
+    async def _check_access(self) -> None:
+        """Review every grant with the apiserver before informers start (:mod:`declop.kube.access`)."""
+        assert self.transport is not None and self.discovery is not None
+        discovery = self.discovery
+
+        def resolve(name: str) -> tuple[str, str]:
+            try:
+                info = discovery.resolve_cached(name)
+            except ConfigError:
+                return group_resource(name)  # not served (yet): the offline reading
+            return info.group, info.plural
+
+        started = asyncio.get_running_loop().time()
+        await check_access(self.transport.request, self.grants(resolve), self.options.namespaces, self.options.rbac_command)
+        log.debug("Checked permissions", extra={"kv": {"seconds": round(asyncio.get_running_loop().time() - started, 4)}})
 
     def _resolve(self, name: str, who: str = "") -> ResourceInfo:
         assert self.discovery is not None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from declop.cache.store import clone
+from declop.kube.rbac import Permission
 from declop.kube.resource import Resource
 from declop.queue.priority import Priority
 from declop.queue.ratelimit import RateLimit
@@ -58,6 +59,8 @@ class Registration:
     fields: str = ""
     #: what a key hashes by in sharded mode (``declop run --shards N``): "uid" or "namespace"
     shard_by: str = "uid"
+    #: writes declop cannot infer, declared with ``permissions=`` (``declop rbac`` grants them)
+    permissions: tuple[Permission, ...] = ()
 
     @property
     def wants_trigger(self) -> bool:
