@@ -66,7 +66,7 @@ from declop.reconcile.registration import Registration
 from declop.registry import Registry, default_registry
 from declop.kube.kubeconfig import pod_namespace
 from declop.kube.access import check_access
-from declop.kube.rbac import Grant, Resolve, group_resource
+from declop.kube.rbac import Grant, Resolve, group_resource, is_cluster_scoped
 from declop.serving.metricsauth import MetricsAuth
 from declop.serving.cert import ServingCert
 from declop.kube.transport import Transport
@@ -431,8 +431,16 @@ class Manager:
                 return group_resource(name)  # not served (yet): the offline reading
             return info.group, info.plural
 
+        scopes = {(r.group, r.plural): r.namespaced for r in discovery.resources()}
+
+        def cluster_scoped(group: str, resource: str) -> bool:
+            namespaced = scopes.get((group, resource.partition("/")[0]))
+            return is_cluster_scoped(group, resource) if namespaced is None else not namespaced
+
         started = asyncio.get_running_loop().time()
-        await check_access(self.transport.request, self.grants(resolve), self.options.namespaces, self.options.rbac_command)
+        await check_access(
+            self.transport.request, self.grants(resolve), self.options.namespaces, self.options.rbac_command, cluster_scoped
+        )
         log.debug("Checked permissions", extra={"kv": {"seconds": round(asyncio.get_running_loop().time() - started, 4)}})
 
     def _resolve(self, name: str, who: str = "") -> ResourceInfo:

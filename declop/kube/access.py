@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from declop.errors import ConfigError
-from declop.kube.rbac import CLUSTER, WATCHED, Grant
+from declop.kube.rbac import CLUSTER, WATCHED, ClusterScoped, Grant, is_cluster_scoped
 
 __all__ = ["Denied", "MissingPermissions", "REVIEW_PATH", "check_access", "review", "review_body", "reviews"]
 
@@ -43,13 +43,14 @@ class Denied:
 
     grant: Grant
     namespace: str
+    cluster_scoped: bool = False
 
     def __str__(self) -> str:
         g = self.grant
         if self.namespace:
             where = f"in namespace {self.namespace}"
         else:
-            where = "cluster-wide" if g.where == CLUSTER else "in all namespaces"
+            where = "in all namespaces" if g.where is WATCHED and not self.cluster_scoped else "cluster-wide"
         return f"missing permission: {g.verb} {g.target} {where}"
 
 
@@ -67,11 +68,16 @@ class MissingPermissions(ConfigError):
         super().__init__("\n".join(lines))
 
 
-def reviews(grants: Sequence[Grant], namespaces: Sequence[str]) -> list[tuple[Grant, str]]:
-    """(grant, namespace) pairs to review: watched grants in each watched namespace (or ``""``)."""
+def reviews(
+    grants: Sequence[Grant], namespaces: Sequence[str], cluster_scoped: ClusterScoped = is_cluster_scoped
+) -> list[tuple[Grant, str]]:
+    """(grant, namespace) pairs to review: watched grants in each watched namespace (or ``""``),
+    cluster-scoped resources (nodes …) cluster-wide."""
     out: list[tuple[Grant, str]] = []
     for g in grants:
-        if g.where is WATCHED:
+        if g.where is WATCHED and cluster_scoped(g.group, g.resource):
+            out.append((g, ""))
+        elif g.where is WATCHED:
             out.extend((g, ns) for ns in (namespaces or ("",)))
         else:
             out.append((g, g.where or ""))
@@ -101,10 +107,16 @@ async def review(request: Request, grant: Grant, namespace: str) -> bool:
     return bool(((answer or {}).get("status") or {}).get("allowed"))
 
 
-async def check_access(request: Request, grants: Sequence[Grant], namespaces: Sequence[str], command: str) -> None:
+async def check_access(
+    request: Request,
+    grants: Sequence[Grant],
+    namespaces: Sequence[str],
+    command: str,
+    cluster_scoped: ClusterScoped = is_cluster_scoped,
+) -> None:
     """Review every grant at once; raise :class:`MissingPermissions` for missing required ones,
     warn for missing optional ones, warn once and return if the reviews cannot be made."""
-    pairs = reviews(grants, namespaces)
+    pairs = reviews(grants, namespaces, cluster_scoped)
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(grant: Grant, namespace: str) -> bool:
@@ -122,7 +134,7 @@ async def check_access(request: Request, grants: Sequence[Grant], namespaces: Se
             extra={"kv": {"error": str(first) or type(first).__name__}},
         )
         return
-    denied = [Denied(g, ns) for (g, ns), allowed in zip(pairs, results) if not allowed]
+    denied = [Denied(g, ns, cluster_scoped(g.group, g.resource)) for (g, ns), allowed in zip(pairs, results) if not allowed]
     for d in denied:
         if not d.grant.required:
             log.warning(f"{d} (a write the handlers may do: {d.grant.why})")

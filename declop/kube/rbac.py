@@ -30,6 +30,7 @@ from declop.errors import RegistrationError
 
 __all__ = [
     "CLUSTER",
+    "ClusterScoped",
     "VERBS",
     "WATCHED",
     "Grant",
@@ -37,6 +38,7 @@ __all__ = [
     "Resolve",
     "Source",
     "group_resource",
+    "is_cluster_scoped",
     "is_custom",
     "manifests",
     "needs",
@@ -87,6 +89,20 @@ _BUILTIN_GROUPS = {
     "apiservices": "apiregistration.k8s.io", "flowschemas": "flowcontrol.apiserver.k8s.io",
     "prioritylevelconfigurations": "flowcontrol.apiserver.k8s.io",
 }  # fmt: skip
+#: built-in cluster-scoped resources, as (group, plural): a Role cannot grant them
+_CLUSTER_SCOPED = frozenset({
+    ("", "nodes"), ("", "namespaces"), ("", "persistentvolumes"), ("", "componentstatuses"),
+    ("storage.k8s.io", "storageclasses"), ("storage.k8s.io", "csidrivers"), ("storage.k8s.io", "csinodes"),
+    ("storage.k8s.io", "volumeattachments"), ("rbac.authorization.k8s.io", "clusterroles"),
+    ("rbac.authorization.k8s.io", "clusterrolebindings"), ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ("scheduling.k8s.io", "priorityclasses"), ("networking.k8s.io", "ingressclasses"), ("node.k8s.io", "runtimeclasses"),
+    ("certificates.k8s.io", "certificatesigningrequests"), ("apiregistration.k8s.io", "apiservices"),
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
+    ("flowcontrol.apiserver.k8s.io", "flowschemas"), ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations"),
+})  # fmt: skip
 #: API groups served by Kubernetes itself: a primary there is not a custom resource
 _BUILTIN = frozenset({"", "events.k8s.io", "autoscaling", *_BUILTIN_GROUPS.values()})
 _VERSION = re.compile(r"v\d+(?:alpha\d+|beta\d+)?")
@@ -112,6 +128,15 @@ def group_resource(name: str) -> tuple[str, str]:
     if _VERSION.fullmatch(version):
         return group, plural + suffix  # plural.version.group, or plural.version for core
     return rest, plural + suffix
+
+
+def is_cluster_scoped(group: str, resource: str) -> bool:
+    """Whether ``resource`` (``plural`` or ``plural/sub``) of ``group`` is a built-in cluster-scoped
+    one (nodes, namespaces …). Custom resources need discovery: the start-up check asks it."""
+    return (group, resource.partition("/")[0]) in _CLUSTER_SCOPED
+
+
+ClusterScoped = Callable[[str, str], bool]
 
 
 def is_custom(group: str) -> bool:
@@ -310,12 +335,14 @@ def manifests(
     name: str = "declop",
     namespaces: Sequence[str] = (),
     service_account: tuple[str, str] | None = None,
+    cluster_scoped: ClusterScoped = is_cluster_scoped,
 ) -> list[dict[str, Any]]:
     """Role/ClusterRole objects (and bindings to ``service_account``, ``(namespace, name)``).
 
     Grants where the operator watches go into the ClusterRole ``name`` — or, with
     ``namespaces``, a Role ``name`` in each; cluster-scoped ones into the ClusterRole
-    ``<name>-cluster``; those of one namespace (Leases, the webhook CA) into a Role
+    ``<name>-cluster`` (with ``namespaces``, so do the watched cluster-scoped resources such as
+    nodes: a Role cannot grant them); those of one namespace (Leases, the webhook CA) into a Role
     ``<name>-operator`` there. Labels none, names fixed: the same input gives the same objects.
     """
     api = "rbac.authorization.k8s.io/v1"
@@ -337,12 +364,15 @@ def manifests(
             })  # fmt: skip
 
     watched = [g for g in grants if g.where is WATCHED]
+    cluster = [g for g in grants if g.where == CLUSTER]
     if namespaces:
+        cluster += [g for g in watched if cluster_scoped(g.group, g.resource)]
+        watched = [g for g in watched if not cluster_scoped(g.group, g.resource)]
         for ns in sorted(set(namespaces)):
             role("Role", name, ns, watched)
     else:
         role("ClusterRole", name, None, watched)
-    role("ClusterRole", f"{name}-cluster", None, [g for g in grants if g.where == CLUSTER])
+    role("ClusterRole", f"{name}-cluster", None, cluster)
     for ns in sorted({g.where for g in grants if g.where}):
         role("Role", f"{name}-operator", ns, [g for g in grants if g.where == ns])
     return docs

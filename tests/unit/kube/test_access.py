@@ -101,3 +101,12 @@ def test_a_review_that_cannot_be_made_is_warned_about_once(caplog: pytest.LogCap
     assert [r.getMessage() for r in caplog.records] == [
         "Could not check this identity's permissions (SelfSubjectAccessReview failed); going on without the check"
     ]
+
+
+def test_a_cluster_scoped_resource_is_reviewed_cluster_wide() -> None:
+    grants = needs([Source("pods", watches=("nodes",))])
+    fake = Reviews(deny={("list", "nodes", "")})
+    with pytest.raises(MissingPermissions, match=r"missing permission: list nodes cluster-wide\n"):
+        asyncio.run(check_access(fake, grants, ("a",), COMMAND))
+    spaces = {(b["spec"]["resourceAttributes"]["resource"], b["spec"]["resourceAttributes"].get("namespace")) for b in fake.sent}
+    assert ("nodes", None) in spaces and ("pods", "a") in spaces and ("nodes", "a") not in spaces

@@ -187,3 +187,13 @@ def test_values_hold_the_watched_rules_and_the_converters_crds() -> None:
     assert out["rbac"]["generated"] == rules(g for g in grants if g.where is WATCHED)
     assert out["webhooks"] == {"enabled": True, "conversionCRDs": ["widgets.example.com"]}
     assert "webhooks" not in values(grants)
+
+
+def test_with_namespaces_a_cluster_scoped_resource_goes_to_the_clusterrole() -> None:
+    grants = needs([Source("pods", watches=("nodes",))])
+    docs = manifests(grants, name="op", namespaces=("a",))
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [("Role", "op"), ("ClusterRole", "op-cluster")]
+    assert [r["resources"] for r in docs[1]["rules"]] == [["nodes"]]
+    assert ["nodes"] not in [r["resources"] for r in docs[0]["rules"]]
+    # all namespaces: one ClusterRole holds both
+    assert [d["kind"] for d in manifests(grants, name="op")] == ["ClusterRole"]
