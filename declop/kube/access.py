@@ -1,7 +1,7 @@
 """Access: the start-up check that this identity holds every grant the registrations need.
 
-One ``SelfSubjectAccessReview`` (``authorization.k8s.io/v1``) per grant and namespace, all sent
-at once, before any informer starts: a missing permission then stops the start with one line
+One ``SelfSubjectAccessReview`` (``authorization.k8s.io/v1``) per grant and namespace, sent
+concurrently (:data:`CONCURRENCY` at a time), before any informer starts: a missing permission then stops the start with one line
 each and the ``declop rbac`` command that prints the fix, instead of a stream of 403s from
 informers and writes later.
 
@@ -31,8 +31,8 @@ __all__ = ["Denied", "MissingPermissions", "REVIEW_PATH", "check_access", "revie
 log = logging.getLogger("declop.access")
 
 REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-#: reviews in flight at once
-CONCURRENCY = 32
+#: reviews in flight at once: more buys nothing, each new connection is a TLS handshake on the loop
+CONCURRENCY = 8
 
 Request = Callable[..., Awaitable[Any]]
 
