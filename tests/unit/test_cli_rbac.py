@@ -36,6 +36,7 @@ def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     fresh = Registry()
     monkeypatch.setattr(registry_module, "default_registry", fresh)
     monkeypatch.setattr(cli, "default_registry", fresh)
+    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)  # leave the root logger alone
     path = tmp_path / "rbac_handlers.py"
     path.write_text(HANDLERS)
     yield path
