@@ -666,6 +666,16 @@ def test_generated_rules_from_declop_rbac_values(tool_env: dict[str, str], tmp_p
     assert "declop: rbac.watch and rbac.generated are both given" in error and "drop rbac.watch" in error
 
 
+def test_the_generated_rbac_ci_scenario_is_what_declop_rbac_writes(tool_env: dict[str, str], tmp_path: Path) -> None:
+    """ci/generated-rbac-values.yaml holds its handlers and their `declop rbac --values` output: in step."""
+    scenario = yaml.safe_load((CHART / "ci" / "generated-rbac-values.yaml").read_text())
+    handlers = tmp_path / "ci_generated_handlers.py"
+    handlers.write_text(scenario["handlers"]["files"]["handlers.py"])
+    values = tmp_path / "rbac-values.yaml"
+    run({**tool_env, "PYTHONPATH": str(ROOT)}, sys.executable, "-m", "declop", "rbac", str(handlers), "--values", str(values))
+    assert yaml.safe_load(values.read_text())["rbac"] == scenario["rbac"]
+
+
 def test_secure_metrics_rbac_and_scraper_role(tool_env: dict[str, str]) -> None:
     """Secure metrics by default: a ClusterRole for the TokenReview/SubjectAccessReview checks
     (cluster-scoped APIs: also with rbac.scope=namespaces), bound to the ServiceAccount, and an
