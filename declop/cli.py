@@ -456,6 +456,7 @@ async def _serve_until_signal(run: Any) -> int:
 @click.option("--webhook-name", default="declop", show_default=True, envvar=_env("WEBHOOK_NAME"), help="Name of the webhook configurations (granted by name) and of the CA Secret NAME-webhook-ca.")
 @click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="Namespace of the webhook CA Secret (default: the service account's, else default).")
 @click.option("--webhook-cert-dir", default=None, envvar=_env("WEBHOOK_CERT_DIR"), help="Webhook certificates are mounted: no CA Secret is granted.")
+@click.option("--metrics-secure", "metrics_secure", is_flag=True, envvar=_env("RBAC_METRICS_SECURE"), help="Grant what secure metrics check callers with (declop run --metrics-port, HTTPS by default): create on tokenreviews and subjectaccessreviews.")
 @click.option("--name", "role_name", default="declop", show_default=True, envvar=_env("RBAC_NAME"), help="Name of the Roles/ClusterRoles (and bindings).")
 @click.option("--service-account", default=None, envvar=_env("RBAC_SERVICE_ACCOUNT"), help="NAMESPACE:NAME of the ServiceAccount to bind the roles to (default: no bindings).")
 @click.option("--values", "values_file", default=None, type=click.Path(), envvar=_env("RBAC_VALUES"), help="Write Helm values for charts/declop (rbac.generated, and webhooks) to this file instead of printing manifests.")
@@ -488,6 +489,7 @@ def rbac(**kw: Any) -> None:
         shards=lease_ns if kw["shards"] else None,
         webhook_name=kw["webhook_name"],
         ca_secret_namespace=None if kw["webhook_cert_dir"] else (kw["webhook_namespace"] or own),
+        metrics_auth=kw["metrics_secure"],
     )
     command = " ".join(["declop", "rbac", *kw["paths"], *(f"-m {m}" for m in kw["modules"])])
     if kw["values_file"]:

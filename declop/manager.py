@@ -417,6 +417,7 @@ class Manager:
             shards=lease_ns if o.shards else None,
             webhook_name=o.webhook_name,
             ca_secret_namespace=ca_ns,
+            metrics_auth=bool(o.metrics_secure and (o.metrics_port or o.debug_reconciles)),
         )
 
     async def _check_access(self) -> None:

@@ -276,6 +276,7 @@ class Registry:
         shards: str | None = None,
         webhook_name: str = "declop",
         ca_secret_namespace: str | None = None,
+        metrics_auth: bool = False,
     ) -> list[Grant]:
         """Every RBAC grant the registrations need (``declop rbac`` prints them, ``declop run``
         checks them at start); the deployment facts as :func:`declop.kube.rbac.needs` takes them."""
@@ -295,6 +296,7 @@ class Registry:
             admission=any(h.kind != "converter" for h in self._webhooks),
             converters=[h.resource for h in self._webhooks if h.kind == "converter"],
             ca_secret_namespace=ca_secret_namespace if self._webhooks else None,
+            metrics_auth=metrics_auth,
             resolve=resolve,
         )
 

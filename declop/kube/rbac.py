@@ -68,6 +68,7 @@ SHARD_VERBS = ("get", "list", "create", "update", "delete")
 WEBHOOK_CONFIGURATION_VERBS = ("patch",)
 CONVERSION_VERBS = ("patch",)
 CA_SECRET_VERBS = ("get", "update")
+METRICS_AUTH_VERBS = ("create",)
 
 #: built-in resources outside the core group, by plural: a bare ``"deployments"`` means apps
 _BUILTIN_GROUPS = {
@@ -235,6 +236,7 @@ def needs(
     admission: bool = False,
     converters: Iterable[str] = (),
     ca_secret_namespace: str | None = None,
+    metrics_auth: bool = False,
     resolve: Resolve = group_resource,
 ) -> list[Grant]:
     """Every grant the registrations need, sorted and without duplicates.
@@ -248,6 +250,9 @@ def needs(
         admission: validators or mutators are registered (the configurations are applied).
         converters: resources with a ``@declop.converter`` (their CRD's ``spec.conversion``).
         ca_secret_namespace: where declop keeps its generated webhook CA (None: mounted certs).
+        metrics_auth: secure metrics (``--metrics-port``, HTTPS by default) check each caller's
+            token and access: ``create`` on TokenReviews and SubjectAccessReviews (optional:
+            without them scrapes are refused, reconciling goes on).
         resolve: name → (apiGroup, plural); the offline :func:`group_resource` by default.
     """
     out: dict[Grant, Grant] = {}
@@ -305,6 +310,9 @@ def needs(
     if webhook_name and ca_secret_namespace is not None:
         add(ca_secret_namespace, "secrets", CA_SECRET_VERBS, "webhooks: the generated CA, shared by the replicas",
             object_name=f"{webhook_name}-webhook-ca")  # fmt: skip
+    if metrics_auth:
+        for review in ("tokenreviews.authentication.k8s.io", "subjectaccessreviews.authorization.k8s.io"):
+            add(CLUSTER, review, METRICS_AUTH_VERBS, "secure metrics: who may scrape /metrics", required=False)
     return sorted(out.values(), key=_order)
 
 

@@ -197,3 +197,11 @@ def test_with_namespaces_a_cluster_scoped_resource_goes_to_the_clusterrole() -> 
     assert ["nodes"] not in [r["resources"] for r in docs[0]["rules"]]
     # all namespaces: one ClusterRole holds both
     assert [d["kind"] for d in manifests(grants, name="op")] == ["ClusterRole"]
+
+
+def test_secure_metrics_add_the_review_creates_the_chart_grants() -> None:
+    grants = needs([Source("pods")], metrics_auth=True)
+    for rule in PERMISSIONS["metricsAuth"]["rules"]:
+        assert verbs(grants, rule["apiGroup"], rule["resource"], where=CLUSTER) == rule["verbs"]
+    assert not any(g.required for g in grants if g.where == CLUSTER)  # scrapes fail, reconciling goes on
+    assert not [g for g in needs([Source("pods")]) if g.where == CLUSTER]
