@@ -46,7 +46,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from declop.cache.store import guarded
 from declop.reconcile.client import AsyncClient, ClientContext
@@ -177,6 +177,8 @@ class Manager:
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        #: reviews the optional grants (warnings only), started with the informers
+        self._review_optional: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.elector: LeaderElector | None = None
         self.shard_leases: ShardLeases | None = None
         #: sharded informer -> the range sets whose held ranges it must cache (their union)
@@ -438,11 +440,17 @@ class Manager:
             namespaced = scopes.get((group, resource.partition("/")[0]))
             return is_cluster_scoped(group, resource) if namespaced is None else not namespaced
 
+        grants = self.grants(resolve)
         started = asyncio.get_running_loop().time()
-        await check_access(
-            self.transport.request, self.grants(resolve), self.options.namespaces, self.options.rbac_command, cluster_scoped
-        )
-        log.debug("Checked permissions", extra={"kv": {"seconds": round(asyncio.get_running_loop().time() - started, 4)}})
+        check = functools.partial(
+            check_access, self.transport.request, namespaces=self.options.namespaces,
+            command=self.options.rbac_command, cluster_scoped=cluster_scoped,
+        )  # fmt: skip
+        await check([g for g in grants if g.required])
+        log.debug("Checked the permissions declop needs", extra={"kv": {"seconds": round(asyncio.get_running_loop().time() - started, 4)}})
+        # the writes a handler may do only warn: reviewed while the caches fill, not before
+        optional = [g for g in grants if not g.required]
+        self._review_optional = (lambda: check(optional)) if optional else None
 
     def _resolve(self, name: str, who: str = "") -> ResourceInfo:
         assert self.discovery is not None
@@ -547,6 +555,8 @@ class Manager:
         self.informers.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
+        if self._review_optional is not None:  # cancelled with the other start tasks on shutdown
+            self._tasks.append(loop.create_task(self._review_optional(), name="permission check (optional writes)"))
         if self.elector is not None:
             self._leading = loop.create_task(self._lead(), name="leader election")
         if self.shard_leases is not None:

@@ -9,7 +9,8 @@ Invariants:
 - a missing *required* grant (declop sends it itself: informers, the finalizer patch, Leases,
   webhooks) raises :class:`MissingPermissions`; a missing grant for a write the handler *may* do
   (``owns=`` children, ``/status``, Events) is logged as a warning, one line each, and the start
-  goes on — declop cannot know that the handler writes at all;
+  goes on — declop cannot know that the handler writes at all (the manager reviews those while
+  the caches fill, so they add nothing to the start);
 - where the operator watches namespaces, each is reviewed in that namespace; otherwise
   cluster-wide (``namespace`` empty). Leases and the webhook CA are reviewed in their namespace;
 - a review that cannot be made (refused, unreachable, an old apiserver) is warned about once and
@@ -110,6 +111,7 @@ async def review(request: Request, grant: Grant, namespace: str) -> bool:
 async def check_access(
     request: Request,
     grants: Sequence[Grant],
+    *,
     namespaces: Sequence[str],
     command: str,
     cluster_scoped: ClusterScoped = is_cluster_scoped,
@@ -135,6 +137,7 @@ async def check_access(
         )
         return
     denied = [Denied(g, ns, cluster_scoped(g.group, g.resource)) for (g, ns), allowed in zip(pairs, results) if not allowed]
+    log.debug("Reviewed permissions", extra={"kv": {"reviews": len(pairs), "missing": len(denied)}})
     for d in denied:
         if not d.grant.required:
             log.warning(f"{d} (a write the handlers may do: {d.grant.why})")

@@ -42,7 +42,7 @@ class Reviews:
 def test_every_grant_is_reviewed_in_each_watched_namespace_concurrently() -> None:
     grants = needs([Source("widgets.example.com", finalizer=True)], leader=("ops", "lease"))
     fake = Reviews()
-    asyncio.run(check_access(fake, grants, ("a", "b"), COMMAND))
+    asyncio.run(check_access(fake, grants, namespaces=("a", "b"), command=COMMAND))
     watched = [g for g in grants if g.where is None]
     assert len(fake.sent) == 2 * len(watched) + 3  # + the Lease's create, get, update in ops
     assert fake.most == CONCURRENCY < len(fake.sent)  # as many at once as allowed
@@ -68,7 +68,7 @@ def test_a_missing_required_grant_stops_with_one_line_each_and_the_fix() -> None
     grants = needs([Source("configmaps", finalizer=True)])
     fake = Reviews(deny={("list", "configmaps", "a"), ("patch", "configmaps", "a")})
     with pytest.raises(MissingPermissions) as refused:
-        asyncio.run(check_access(fake, grants, ("a",), COMMAND))
+        asyncio.run(check_access(fake, grants, namespaces=("a",), command=COMMAND))
     assert str(refused.value).splitlines() == [
         "this identity lacks 2 permissions the handlers need (SelfSubjectAccessReview):",
         "missing permission: list configmaps in namespace a",
@@ -77,14 +77,14 @@ def test_a_missing_required_grant_stops_with_one_line_each_and_the_fix() -> None
     ]
     cluster_wide = Reviews(deny={("watch", "configmaps", "")})
     with pytest.raises(MissingPermissions, match=r"missing permission: watch configmaps in all namespaces"):
-        asyncio.run(check_access(cluster_wide, grants, (), COMMAND))
+        asyncio.run(check_access(cluster_wide, grants, namespaces=(), command=COMMAND))
 
 
 def test_a_missing_optional_grant_is_a_warning_and_the_start_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     grants = needs([Source("widgets.example.com", owns=("configmaps",))])
     fake = Reviews(deny={("create", "configmaps", ""), ("patch", "widgets/status", "")})
     with caplog.at_level(logging.WARNING, logger="declop.access"):
-        asyncio.run(check_access(fake, grants, (), COMMAND))
+        asyncio.run(check_access(fake, grants, namespaces=(), command=COMMAND))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "missing permission: create configmaps in all namespaces (a write the handlers may do: @reconciler: owns= children the handler writes)",
@@ -97,7 +97,7 @@ def test_a_review_that_cannot_be_made_is_warned_about_once(caplog: pytest.LogCap
     grants = needs([Source("configmaps", owns=("secrets",))])
     fake = Reviews(fail=Forbidden("selfsubjectaccessreviews is forbidden"))
     with caplog.at_level(logging.WARNING, logger="declop.access"):
-        asyncio.run(check_access(fake, grants, (), COMMAND))
+        asyncio.run(check_access(fake, grants, namespaces=(), command=COMMAND))
     assert [r.getMessage() for r in caplog.records] == [
         "Could not check this identity's permissions (SelfSubjectAccessReview failed); going on without the check"
     ]
@@ -107,6 +107,6 @@ def test_a_cluster_scoped_resource_is_reviewed_cluster_wide() -> None:
     grants = needs([Source("pods", watches=("nodes",))])
     fake = Reviews(deny={("list", "nodes", "")})
     with pytest.raises(MissingPermissions, match=r"missing permission: list nodes cluster-wide\n"):
-        asyncio.run(check_access(fake, grants, ("a",), COMMAND))
+        asyncio.run(check_access(fake, grants, namespaces=("a",), command=COMMAND))
     spaces = {(b["spec"]["resourceAttributes"]["resource"], b["spec"]["resourceAttributes"].get("namespace")) for b in fake.sent}
     assert ("nodes", None) in spaces and ("pods", "a") in spaces and ("nodes", "a") not in spaces
