@@ -185,14 +185,15 @@ class Permission:
         )
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class Grant:
     """One verb on one resource (``plural`` or ``plural/subresource``) of one API group.
 
     ``where``: :data:`WATCHED` (the namespaces the operator watches), :data:`CLUSTER` (a
     cluster-scoped object) or a namespace name. ``name`` limits it to one object (``""``: any).
-    ``required``: declop itself sends it (start-up stops when it is missing), else it is a
-    write a handler may do (start-up warns). ``why`` says which declaration asks for it.
+    ``required``: declop itself sends it, or ``permissions=`` declares it (start-up stops when it
+    is missing), else it is a write a handler may do (start-up warns). ``why`` says which
+    declaration asks for it. Sort grants with the order :func:`needs` returns, not with ``<``.
     """
 
     where: str | None
@@ -205,7 +206,8 @@ class Grant:
 
     @property
     def target(self) -> str:
-        """``update secrets/declop-webhook-ca``-style text: what kubectl auth can-i takes."""
+        """The resource as ``kubectl auth can-i`` names it (``plural.group/subresource``), then the
+        object when limited to one: ``widgets.example.com/status``, ``secrets 'declop-webhook-ca'``."""
         plural, slash, sub = self.resource.partition("/")
         qualified = f"{plural}.{self.group}" if self.group else plural
         return f"{qualified}{slash}{sub}" + (f" {self.name!r}" if self.name else "")
