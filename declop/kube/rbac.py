@@ -42,6 +42,7 @@ __all__ = [
     "is_custom",
     "manifests",
     "needs",
+    "reasons",
     "rules",
     "to_yaml",
     "values",
@@ -399,9 +400,26 @@ def values(grants: Sequence[Grant], *, webhooks: bool = False) -> dict[str, Any]
     return out
 
 
-def to_yaml(docs: Sequence[dict[str, Any]], *, header: str = "") -> str:
+def reasons(grants: Iterable[Grant]) -> dict[tuple[str, str, str], list[str]]:
+    """Why each rule exists: (group, resource, name) → ``"verbs: declaration"`` lines, one per
+    declaration that asks for verbs of it (``"get, list, watch: @reconciler 'w': owns= informer"``)."""
+    found: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    for g in sorted(grants, key=_order):
+        verbs = found.setdefault((g.group, g.resource, g.name), {}).setdefault(g.why or "declop", [])
+        if g.verb not in verbs:
+            verbs.append(g.verb)
+    return {key: [f"{', '.join(verbs)}: {why}" for why, verbs in whys.items()] for key, whys in found.items()}
+
+
+def to_yaml(
+    docs: Sequence[dict[str, Any]],
+    *,
+    header: str = "",
+    notes: dict[tuple[str, str, str], list[str]] | None = None,
+) -> str:
     """``docs`` as multi-document YAML, keys in the order given, lists of plain values on one
-    line (``verbs: [get, list, watch]``); ``header`` is a comment line on top."""
+    line (``verbs: [get, list, watch]``); ``header`` is a comment line on top, and each rule
+    gets its ``notes`` (from :func:`reasons`) as comment lines above it."""
     import yaml  # type: ignore[import-untyped]
 
     class Dumper(yaml.SafeDumper):  # type: ignore[misc]
@@ -412,5 +430,21 @@ def to_yaml(docs: Sequence[dict[str, Any]], *, header: str = "") -> str:
         return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=plain)
 
     Dumper.add_representer(list, flow)
-    body = yaml.dump_all(list(docs), Dumper=Dumper, sort_keys=False, explicit_start=len(docs) > 1 or bool(header), width=200)
-    return (f"# {header}\n" if header else "") + str(body)
+
+    def dump(data: Any) -> str:
+        return str(yaml.dump(data, Dumper=Dumper, sort_keys=False, width=200))
+
+    parts = []
+    for doc in docs:
+        rules_ = doc.get("rules") if notes is not None else None
+        if not rules_:
+            parts.append(dump(doc))
+            continue
+        text = dump({k: v for k, v in doc.items() if k != "rules"}) + "rules:\n"
+        for rule in rules_:
+            key = (rule["apiGroups"][0], rule["resources"][0], (rule.get("resourceNames") or [""])[0])
+            text += "".join(f"# {why}\n" for why in (notes or {}).get(key, ()))
+            text += dump([rule])
+        parts.append(text)
+    start = "---\n" if len(docs) > 1 or header else ""
+    return (f"# {header}\n" if header else "") + "".join(start + p for p in parts)

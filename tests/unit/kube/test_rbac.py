@@ -21,6 +21,7 @@ from declop.kube.rbac import (
     group_resource,
     manifests,
     needs,
+    reasons,
     rules,
     to_yaml,
     values,
@@ -205,3 +206,15 @@ def test_secure_metrics_add_the_review_creates_the_chart_grants() -> None:
         assert verbs(grants, rule["apiGroup"], rule["resource"], where=CLUSTER) == rule["verbs"]
     assert not any(g.required for g in grants if g.where == CLUSTER)  # scrapes fail, reconciling goes on
     assert not [g for g in needs([Source("pods")]) if g.where == CLUSTER]
+
+
+def test_each_rule_says_why_in_comments_and_still_parses() -> None:
+    grants = needs([Source("widgets.example.com", finalizer=True, name="w")])
+    docs = manifests(grants)
+    text = to_yaml(docs, header="generated", notes=reasons(grants))
+    assert (
+        "# get, list, watch: @reconciler 'w': the primary's informer (get for client.live.get)\n"
+        "# patch: @reconciler 'w': finalizer= (a JSON patch of metadata.finalizers)\n"
+        "- apiGroups: [example.com]\n  resources: [widgets]\n  verbs: [get, list, watch, patch]\n"
+    ) in text
+    assert list(yaml.safe_load_all(text)) == docs
