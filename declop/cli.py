@@ -441,7 +441,7 @@ async def _serve_until_signal(run: Any) -> int:
 @cli.command(
     examples=(
         "declop rbac handlers.py                          # a ClusterRole: watching all namespaces",
-        "declop rbac handlers.py -n team-a --leader-elect # a Role in team-a, and the Lease's Role",
+        "declop rbac handlers.py -n team-a --leader-elect # a Role in team-a, and one for the Lease",
         "declop rbac handlers.py --service-account ops:my-operator | kubectl apply -f -   # with bindings",
         "declop rbac handlers.py --values rbac-values.yaml   # helm install ... -f rbac-values.yaml",
     )

@@ -284,6 +284,7 @@ class Registry:
             Source(
                 r.resource, finalizer=r.finalizer is not None, owns=tuple(o.name for o in r.owns),
                 watches=tuple(w.name for w, _ in r.watches), permissions=r.permissions, name=r.name,
+                namespaces=r.namespaces,
             )
             for r in self.registrations
         ]  # fmt: skip

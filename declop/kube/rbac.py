@@ -204,6 +204,9 @@ class Grant:
     verb: str
     required: bool = field(default=True, compare=False)
     why: str = field(default="", compare=False)
+    #: the handlers ask for it (sources, writes, Events, ``permissions=``) — not declop's own
+    #: machinery (Leases, webhooks, their CA, metrics checks), which the chart grants by itself
+    handlers: bool = field(default=True, compare=False)
 
     @property
     def target(self) -> str:
@@ -224,6 +227,8 @@ class Source:
     watches: tuple[str, ...] = ()
     permissions: tuple[Permission, ...] = ()
     name: str = ""
+    #: the registration's own ``namespaces=`` (None: where the operator watches)
+    namespaces: tuple[str, ...] | None = None
 
 
 Resolve = Callable[[str], "tuple[str, str]"]
@@ -261,61 +266,64 @@ def needs(
     out: dict[Grant, Grant] = {}
 
     def add(where: str | None, name: str, verbs: Iterable[str], why: str, *, required: bool = True,
-            sub: str = "", object_name: str = "") -> None:  # fmt: skip
+            sub: str = "", object_name: str = "", handlers: bool = True) -> None:  # fmt: skip
         base, _, given_sub = name.partition("/")
         group, plural = resolve(base)
         resource = f"{plural}/{sub or given_sub}" if (sub or given_sub) else plural
         for verb in verbs:
-            grant = Grant(where, group, resource, object_name, verb, required, why)
+            grant = Grant(where, group, resource, object_name, verb, required, why, handlers)
             if grant in out and out[grant].required and not required:
                 continue
             out[grant] = grant
 
+    covered: set[tuple[str, str]] = set()
     for src in sources:
         who = f"@reconciler {src.name!r}" if src.name else "@reconciler"
-        add(WATCHED, src.resource, SOURCE_VERBS, f"{who}: the primary's informer (get for client.live.get)")
-        if src.finalizer:
-            add(WATCHED, src.resource, FINALIZER_VERBS, f"{who}: finalizer= (a JSON patch of metadata.finalizers)")
-        group, _plural = resolve(src.resource)
-        if is_custom(group):
-            add(WATCHED, src.resource, STATUS_VERBS, f"{who}: status writes (client.patch_status, update(subresource='status'))",
-                required=False, sub="status")  # fmt: skip
-        for owned in src.owns:
-            add(WATCHED, owned, SOURCE_VERBS, f"{who}: owns= informer")
-            add(WATCHED, owned, OWNED_VERBS, f"{who}: owns= children the handler writes", required=False)
-        if src.owns:
-            add(WATCHED, src.resource, OWNER_FINALIZERS_VERBS,
-                f"{who}: children's ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
-                required=False, sub="finalizers")  # fmt: skip
-        for watched in src.watches:
-            add(WATCHED, watched, SOURCE_VERBS, f"{who}: watches= informer")
-        for p in src.permissions:
-            add(WATCHED, p.resource, (p.verb,), f"{who}: permissions=", object_name=p.name)
+        group, plural = resolve(src.resource)
+        covered.update({(group, plural), *(resolve(o) for o in src.owns), *(resolve(w) for w in src.watches)})
+        for where in ((WATCHED,) if src.namespaces is None else src.namespaces):
+            add(where, src.resource, SOURCE_VERBS, f"{who}: the primary's informer (get for client.live.get)")
+            if src.finalizer:
+                add(where, src.resource, FINALIZER_VERBS, f"{who}: finalizer= (a JSON patch of metadata.finalizers)")
+            if is_custom(group):
+                add(where, src.resource, STATUS_VERBS, f"{who}: status writes (client.patch_status, update(subresource='status'))",
+                    required=False, sub="status")  # fmt: skip
+            for owned in src.owns:
+                add(where, owned, SOURCE_VERBS, f"{who}: owns= informer")
+                add(where, owned, OWNED_VERBS, f"{who}: owns= children the handler writes", required=False)
+            if src.owns:
+                add(where, src.resource, OWNER_FINALIZERS_VERBS,
+                    f"{who}: children's ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
+                    required=False, sub="finalizers")  # fmt: skip
+            for watched in src.watches:
+                add(where, watched, SOURCE_VERBS, f"{who}: watches= informer")
+            for p in src.permissions:
+                add(where, p.resource, (p.verb,), f"{who}: permissions=", object_name=p.name)
+            add(where, "events.events.k8s.io", EVENT_VERBS, "client.event (events.k8s.io/v1; patch folds repeats)", required=False)
     for name in reads:
-        add(WATCHED, name, SOURCE_VERBS, "an index or transform: its informer")
-    if sources:
-        add(WATCHED, "events.events.k8s.io", EVENT_VERBS, "client.event (events.k8s.io/v1; patch folds repeats)", required=False)
+        if resolve(name) not in covered:  # an index on a source is served by the source's informers
+            add(WATCHED, name, SOURCE_VERBS, "an index or transform: its informer")
     if leader is not None:
         namespace, lease = leader
-        add(namespace, "leases.coordination.k8s.io", LEADER_UNNAMED, "leader election: create the Lease")
+        add(namespace, "leases.coordination.k8s.io", LEADER_UNNAMED, "leader election: create the Lease", handlers=False)
         add(namespace, "leases.coordination.k8s.io", LEADER_NAMED, "leader election: read and renew the Lease",
-            object_name=lease)  # fmt: skip
+            object_name=lease, handlers=False)  # fmt: skip
     if shards is not None:
-        add(shards, "leases.coordination.k8s.io", SHARD_VERBS, "sharding: range and member Leases")
+        add(shards, "leases.coordination.k8s.io", SHARD_VERBS, "sharding: range and member Leases", handlers=False)
     if webhook_name and admission:
         for plural in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
             add(CLUSTER, f"{plural}.admissionregistration.k8s.io", WEBHOOK_CONFIGURATION_VERBS,
-                "webhooks: server-side apply of the configuration", object_name=webhook_name)  # fmt: skip
+                "webhooks: server-side apply of the configuration", object_name=webhook_name, handlers=False)  # fmt: skip
     for resource in sorted(set(converters)):
         group, plural = resolve(resource)
         add(CLUSTER, "customresourcedefinitions.apiextensions.k8s.io", CONVERSION_VERBS,
-            "@converter: the CRD's spec.conversion", object_name=f"{plural}.{group}")  # fmt: skip
+            "@converter: the CRD's spec.conversion", object_name=f"{plural}.{group}", handlers=False)  # fmt: skip
     if webhook_name and ca_secret_namespace is not None:
         add(ca_secret_namespace, "secrets", CA_SECRET_VERBS, "webhooks: the generated CA, shared by the replicas",
-            object_name=f"{webhook_name}-webhook-ca")  # fmt: skip
+            object_name=f"{webhook_name}-webhook-ca", handlers=False)  # fmt: skip
     if metrics_auth:
         for review in ("tokenreviews.authentication.k8s.io", "subjectaccessreviews.authorization.k8s.io"):
-            add(CLUSTER, review, METRICS_AUTH_VERBS, "secure metrics: who may scrape /metrics", required=False)
+            add(CLUSTER, review, METRICS_AUTH_VERBS, "secure metrics: who may scrape /metrics", required=False, handlers=False)
     return sorted(out.values(), key=_order)
 
 
@@ -350,11 +358,12 @@ def manifests(
 ) -> list[dict[str, Any]]:
     """Role/ClusterRole objects (and bindings to ``service_account``, ``(namespace, name)``).
 
-    Grants where the operator watches go into the ClusterRole ``name`` — or, with
-    ``namespaces``, a Role ``name`` in each; cluster-scoped ones into the ClusterRole
-    ``<name>-cluster`` (with ``namespaces``, so do the watched cluster-scoped resources such as
-    nodes: a Role cannot grant them); those of one namespace (Leases, the webhook CA) into a Role
-    ``<name>-operator`` there. Labels none, names fixed: the same input gives the same objects.
+    Without ``namespaces``: one ClusterRole ``name`` with the grants where the operator watches
+    and those of cluster-scoped objects. With ``namespaces``: a Role ``name`` in each, and the
+    cluster-scoped ones (webhook configurations, CRDs, and watched resources such as nodes: a Role
+    cannot grant them) in the ClusterRole ``<name>-cluster``. Grants of one namespace (Leases, the
+    webhook CA, a reconciler's own ``namespaces=``) go into the Role ``name`` of that namespace.
+    No labels, fixed names: the same input gives the same objects.
     """
     api = "rbac.authorization.k8s.io/v1"
     docs: list[dict[str, Any]] = []
@@ -376,24 +385,27 @@ def manifests(
 
     watched = [g for g in grants if g.where is WATCHED]
     cluster = [g for g in grants if g.where == CLUSTER]
+    local = {ns: [g for g in grants if g.where == ns] for ns in sorted({g.where for g in grants if g.where})}
     if namespaces:
         cluster += [g for g in watched if cluster_scoped(g.group, g.resource)]
         watched = [g for g in watched if not cluster_scoped(g.group, g.resource)]
-        for ns in sorted(set(namespaces)):
-            role("Role", name, ns, watched)
+        for ns in set(namespaces):
+            local[ns] = watched + local.get(ns, [])
+        role("ClusterRole", f"{name}-cluster", None, cluster)
     else:
-        role("ClusterRole", name, None, watched)
-    role("ClusterRole", f"{name}-cluster", None, cluster)
-    for ns in sorted({g.where for g in grants if g.where}):
-        role("Role", f"{name}-operator", ns, [g for g in grants if g.where == ns])
+        role("ClusterRole", name, None, watched + cluster)
+    for ns in sorted(local):
+        role("Role", name, ns, local[ns])
     return docs
 
 
 def values(grants: Sequence[Grant], *, webhooks: bool = False) -> dict[str, Any]:
-    """The chart's values for ``grants``: ``rbac.generated`` (the rules where the operator
-    watches; the chart renders Leases and webhook RBAC itself, with its release's names) and,
-    when webhooks are registered, ``webhooks.enabled`` and the converters' ``conversionCRDs``."""
-    out: dict[str, Any] = {"rbac": {"generated": rules(g for g in grants if g.where is WATCHED)}}
+    """The chart's values for ``grants``: ``rbac.generated`` (the rules the handlers need — the
+    chart renders Leases, webhook and metrics RBAC itself, with its release's names; a reconciler's
+    own ``namespaces=`` are granted where the chart grants, its ClusterRole or each
+    ``watchNamespaces`` Role) and, when webhooks are registered, ``webhooks.enabled`` and the
+    converters' ``conversionCRDs``."""
+    out: dict[str, Any] = {"rbac": {"generated": rules(g for g in grants if g.handlers)}}
     if webhooks:
         crds = sorted({g.name for g in grants if g.resource == "customresourcedefinitions" and g.where == CLUSTER})
         out["webhooks"] = {"enabled": True, "conversionCRDs": crds}

@@ -164,14 +164,20 @@ def test_manifests_a_role_per_watched_namespace_and_bindings() -> None:
     docs = manifests(grants, name="op", namespaces=("b", "a"), service_account=("ops", "op-sa"))
     kinds = [(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs]
     assert kinds == [
+        ("ClusterRole", "op-cluster", None), ("ClusterRoleBinding", "op-cluster", None),
         ("Role", "op", "a"), ("RoleBinding", "op", "a"),
         ("Role", "op", "b"), ("RoleBinding", "op", "b"),
-        ("ClusterRole", "op-cluster", None), ("ClusterRoleBinding", "op-cluster", None),
-        ("Role", "op-operator", "ops"), ("RoleBinding", "op-operator", "ops"),
+        ("Role", "op", "ops"), ("RoleBinding", "op", "ops"),  # the Lease and the webhook CA
     ]  # fmt: skip
     assert docs[1]["subjects"] == [{"kind": "ServiceAccount", "name": "op-sa", "namespace": "ops"}]
+    # watching all namespaces: the cluster-scoped webhook configurations join the one ClusterRole
     cluster = manifests(grants, name="op")
-    assert [d["kind"] for d in cluster] == ["ClusterRole", "ClusterRole", "Role"]
+    assert [(d["kind"], d["metadata"].get("namespace")) for d in cluster] == [("ClusterRole", None), ("Role", "ops")]
+    assert {r["resources"][0] for r in cluster[0]["rules"]} == {"pods", "events", "validatingwebhookconfigurations", "mutatingwebhookconfigurations"}
+    # a watched namespace that also holds the Lease: one Role there with both
+    merged = manifests(grants, name="op", namespaces=("ops",))
+    assert [(d["kind"], d["metadata"].get("namespace")) for d in merged] == [("ClusterRole", None), ("Role", "ops")]
+    assert {r["resources"][0] for r in merged[1]["rules"]} == {"pods", "events", "leases", "secrets"}
 
 
 def test_to_yaml_writes_verbs_on_one_line_and_parses_back() -> None:
@@ -193,9 +199,9 @@ def test_values_hold_the_watched_rules_and_the_converters_crds() -> None:
 def test_with_namespaces_a_cluster_scoped_resource_goes_to_the_clusterrole() -> None:
     grants = needs([Source("pods", watches=("nodes",))])
     docs = manifests(grants, name="op", namespaces=("a",))
-    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [("Role", "op"), ("ClusterRole", "op-cluster")]
-    assert [r["resources"] for r in docs[1]["rules"]] == [["nodes"]]
-    assert ["nodes"] not in [r["resources"] for r in docs[0]["rules"]]
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [("ClusterRole", "op-cluster"), ("Role", "op")]
+    assert [r["resources"] for r in docs[0]["rules"]] == [["nodes"]]
+    assert ["nodes"] not in [r["resources"] for r in docs[1]["rules"]]
     # all namespaces: one ClusterRole holds both
     assert [d["kind"] for d in manifests(grants, name="op")] == ["ClusterRole"]
 
@@ -218,3 +224,22 @@ def test_each_rule_says_why_in_comments_and_still_parses() -> None:
         "- apiGroups: [example.com]\n  resources: [widgets]\n  verbs: [get, list, watch, patch]\n"
     ) in text
     assert list(yaml.safe_load_all(text)) == docs
+
+
+def test_a_reconcilers_own_namespaces_limit_its_grants_to_them() -> None:
+    grants = needs([Source("configmaps", finalizer=True, namespaces=("a", "b")), Source("secrets")], reads=["configmaps"])
+    assert verbs(grants, "", "configmaps", where="a") == verbs(grants, "", "configmaps", where="b") == ["get", "list", "watch", "patch"]
+    assert verbs(grants, "", "configmaps") == []  # not where the operator watches; the index rides on its informers
+    assert verbs(grants, "events.k8s.io", "events", where="a") == ["create", "patch"]
+    assert verbs(grants, "", "secrets") == ["get", "list", "watch"]
+    docs = manifests(grants, name="op")
+    assert [(d["kind"], d["metadata"].get("namespace")) for d in docs] == [("ClusterRole", None), ("Role", "a"), ("Role", "b")]
+
+
+def test_values_carry_every_grant_the_handlers_ask_for_and_none_of_the_machinery() -> None:
+    grants = needs(
+        [Source("configmaps", namespaces=("a",)), Source("pods")], leader=("ops", "l"), shards=None,
+        webhook_name="w", admission=True, ca_secret_namespace="ops", metrics_auth=True,
+    )  # fmt: skip
+    generated = values(grants)["rbac"]["generated"]
+    assert {r["resources"][0] for r in generated} == {"configmaps", "pods", "events"}
