@@ -101,3 +101,17 @@ def test_a_bad_service_account_is_one_line(handlers: Path, capsys: pytest.Captur
         cli.main(["rbac", str(handlers), "--service-account", "op"])
     assert exited.value.code == 2
     assert capsys.readouterr().err == "declop: error: --service-account must be NAMESPACE:NAME, e.g. ops:my-operator, got 'op'\n"
+
+
+def test_run_passes_the_check_switch_and_the_rbac_command_of_its_own_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(cli, "_run_manager", lambda configuration, options: seen.append(options))
+    monkeypatch.setattr(cli, "load_configuration", lambda *a, **kw: object())
+    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)
+    monkeypatch.setattr(cli, "load", lambda paths, modules: None)
+    monkeypatch.setattr(cli, "_require_registrations", lambda kw: None)
+    args = ["run", "my handlers.py", "-m", "ops.more", "-n", "a", "--leader-elect", "--leader-election-namespace", "ops"]
+    assert CliRunner().invoke(cli.cli, args, catch_exceptions=False).exit_code == 0
+    assert CliRunner().invoke(cli.cli, [*args, "--no-check-permissions"], catch_exceptions=False).exit_code == 0
+    assert [o.check_permissions for o in seen] == [True, False]
+    assert seen[0].rbac_command == "declop rbac 'my handlers.py' -m ops.more -n a --leader-elect --leader-election-namespace ops"
