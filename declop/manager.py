@@ -2,11 +2,12 @@
 
 Start order: connect and discover → freeze the registry and resolve every resource name (and
 check every field selector with the apiserver) → review the permissions declop needs
-(SelfSubjectAccessReview, :mod:`declop.kube.access`; a missing one stops the start here) → build one shared informer per (resource,
-namespace, selectors, metadata only) and one controller per registration → probes → webhook
-server, then its configurations (so nothing is sent to a webhook before it answers) → startup
-hooks → start informers (and review the optional writes meanwhile) → each controller waits for its caches (and, with leader election, for
-the Lease), then starts its workers; background tasks start once every cache synced (leader-only
+(SelfSubjectAccessReview, :mod:`declop.kube.access`; a missing one stops the start here) →
+build one shared informer per (resource, namespace, selectors, metadata only) and one
+controller per registration → probes → webhook server, then its configurations (so nothing is
+sent to a webhook before it answers) → startup hooks → start informers (and review the optional
+writes meanwhile) → each controller waits for its caches (and, with leader election, for the
+Lease), then starts its workers; background tasks start once every cache synced (leader-only
 ones once the Lease is ours too).
 
 Graceful stop (SIGTERM): controllers stop taking keys and drain in-flight reconciles within the
