@@ -25,6 +25,7 @@ import asyncio
 import importlib.util
 import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -140,6 +141,7 @@ def _common_run_options(fn: Any) -> Any:
         click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="The operator's namespace: keeps the CA Secret, excluded from admission (default: the Service's, else the Pod's; out of a cluster none is excluded)."),
         click.option("--webhook-cert-validity", type=float, default=365 * 86400.0, envvar=_env("WEBHOOK_CERT_VALIDITY"), help="Seconds a generated webhook serving certificate is valid; renewed after two thirds."),
         click.option("--webhook-max-body-mib", type=click.FloatRange(min=0.0625, max=64), default=None, envvar=_env("WEBHOOK_MAX_BODY_MIB"), help="MiB a webhook request body may have (default: 7 for admission, 8 for conversion). One such body is decoded at a time and costs about 5x its size in memory: raise the memory limit with it."),
+        click.option("--check-permissions/--no-check-permissions", "check_permissions", default=True, envvar=_env("CHECK_PERMISSIONS"), help="At start, ask the apiserver (SelfSubjectAccessReview) for every permission the handlers need and stop, naming each missing one, before informers start (docs/rbac.md)."),
         click.option("--list-mode", type=click.Choice(["auto", "stream", "paged"]), default="auto", show_default=True, envvar=_env("LIST_MODE"), help="How informers sync: streaming list with fallback to paginated LIST (auto), or force one."),
     ]
     for option in reversed(options):
@@ -227,7 +229,26 @@ def _options(kw: dict[str, Any], *, secure_by_default: bool = True) -> Options:
         webhook_namespace=kw["webhook_namespace"],
         webhook_cert_validity=kw["webhook_cert_validity"],
         webhook_max_body=None if kw["webhook_max_body_mib"] is None else int(kw["webhook_max_body_mib"] * 1024 * 1024),
+        check_permissions=kw.get("check_permissions", True),
+        rbac_command=_rbac_command(kw),
     )
+
+
+def _rbac_command(kw: dict[str, Any]) -> str:
+    """The ``declop rbac`` command printing the RBAC of the handlers and options of this run."""
+    args = ["declop", "rbac", *kw.get("paths", ())]
+    for module in kw.get("modules", ()):
+        args += ["-m", module]
+    if not kw.get("all_namespaces"):
+        for namespace in dict.fromkeys(n for n in kw.get("namespaces", ()) if n):
+            args += ["-n", namespace]
+    if kw.get("leader_elect"):
+        args.append("--leader-elect")
+    if kw.get("shards"):
+        args += ["--shards", str(kw["shards"])]
+    if (kw.get("leader_elect") or kw.get("shards")) and kw.get("leader_election_namespace"):
+        args += ["--leader-election-namespace", kw["leader_election_namespace"]]
+    return shlex.join(args)
 
 
 async def _serve(configuration: Any, options: Options, stop: asyncio.Event | None = None) -> int:
@@ -472,6 +493,75 @@ def crd(paths: tuple[str, ...], modules: tuple[str, ...], output: str | None, we
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
     click.echo(f"Wrote {len(manifests)} CRD{'s' if len(manifests) != 1 else ''} to {output}: {', '.join(m.name for m in manifests)}", err=True)
+
+
+@cli.command(
+    examples=(
+        "declop rbac handlers.py                          # a ClusterRole: watching all namespaces",
+        "declop rbac handlers.py -n team-a --leader-elect # a Role in team-a, and one for the Lease",
+        "declop rbac handlers.py --service-account ops:my-operator | kubectl apply -f -   # with bindings",
+        "declop rbac handlers.py --values rbac-values.yaml   # helm install ... -f rbac-values.yaml",
+    )
+)
+@click.argument("paths", nargs=-1, type=click.Path(), envvar=_env("PATHS"))
+@click.option("-m", "--module", "modules", multiple=True, envvar=_env("MODULES"), help="Import handlers from a module (repeatable).")
+@click.option("-n", "--namespace", "namespaces", multiple=True, envvar=_env("NAMESPACES"), help="The operator watches only this namespace (repeatable): a Role in each instead of a ClusterRole.")
+@click.option("--leader-elect/--no-leader-elect", default=False, envvar=_env("LEADER_ELECT"), help="Grant the leader-election Lease.")
+@click.option("--leader-election-id", default="declop", envvar=_env("LEADER_ELECTION_ID"), show_default=True, help="The Lease name (granted by name).")
+@click.option("--leader-election-namespace", default=None, envvar=_env("LEADER_ELECTION_NAMESPACE"), help="The Leases' namespace (default: the service account's, else default).")
+@click.option("--shards", type=int, default=None, envvar=_env("SHARDS"), help="Grant the sharding Leases (declop run --shards).")
+@click.option("--webhook-name", default="declop", show_default=True, envvar=_env("WEBHOOK_NAME"), help="Name of the webhook configurations (granted by name) and of the CA Secret NAME-webhook-ca.")
+@click.option("--webhook-namespace", default=None, envvar=_env("WEBHOOK_NAMESPACE"), help="Namespace of the webhook CA Secret (default: the service account's, else default).")
+@click.option("--webhook-cert-dir", default=None, envvar=_env("WEBHOOK_CERT_DIR"), help="Webhook certificates are mounted: no CA Secret is granted.")
+@click.option("--metrics-secure", "metrics_secure", is_flag=True, envvar=_env("RBAC_METRICS_SECURE"), help="Grant what secure metrics check callers with (declop run --metrics-port, HTTPS by default): create on tokenreviews and subjectaccessreviews.")
+@click.option("--name", "role_name", default="declop", show_default=True, envvar=_env("RBAC_NAME"), help="Name of the Roles/ClusterRoles (and bindings).")
+@click.option("--service-account", default=None, envvar=_env("RBAC_SERVICE_ACCOUNT"), help="NAMESPACE:NAME of the ServiceAccount to bind the roles to (default: no bindings).")
+@click.option("--values", "values_file", default=None, type=click.Path(), envvar=_env("RBAC_VALUES"), help="Write Helm values for charts/declop (rbac.generated, and webhooks) to this file instead of printing manifests.")
+def rbac(**kw: Any) -> None:
+    """Print the RBAC the handlers need as YAML: exactly the verbs declop sends, per resource.
+
+    Every source (primary, owns=, watches=, indexes) gets get/list/watch; the primary patch with a
+    finalizer and /status patch/update when it is a custom resource; owns= children
+    create/update/patch/delete (and the primary's /finalizers update for blockOwnerDeletion);
+    Events create/patch; Leases, webhook configurations and the CA Secret by name; and each
+    permissions= entry. See docs/rbac.md.
+    """
+    from declop.kube.rbac import manifests, reasons, to_yaml, values
+
+    _setup_logging("plain", 0, True)
+    if not kw["paths"] and not kw["modules"]:
+        raise ConfigError("no handlers: pass handler files (declop rbac handlers.py) or -m module")
+    load(kw["paths"], kw["modules"])
+    _require_registrations(kw)
+    account = None
+    if kw["service_account"]:
+        sa_ns, colon, sa_name = kw["service_account"].partition(":")
+        if not (colon and sa_ns and sa_name):
+            raise _BadOptions(f"--service-account must be NAMESPACE:NAME, e.g. ops:my-operator, got {kw['service_account']!r}")
+        account = (sa_ns, sa_name)
+    own = account[0] if account else "default"
+    lease_ns = kw["leader_election_namespace"] or own
+    grants = default_registry.grants(
+        leader=(lease_ns, kw["leader_election_id"]) if kw["leader_elect"] else None,
+        shards=lease_ns if kw["shards"] else None,
+        webhook_name=kw["webhook_name"],
+        ca_secret_namespace=None if kw["webhook_cert_dir"] else (kw["webhook_namespace"] or own),
+        metrics_auth=kw["metrics_secure"],
+    )
+    command = " ".join(["declop", "rbac", *kw["paths"], *(f"-m {m}" for m in kw["modules"])])
+    if kw["values_file"]:
+        text = to_yaml(
+            [values(grants, webhooks=bool(default_registry.webhooks))],
+            header=f"Generated by `{command} --values`: the RBAC of these handlers for charts/declop (helm install ... -f this file); regenerate it when the handlers change; see docs/rbac.md.",
+        )
+        with open(kw["values_file"], "w") as f:
+            f.write(text)
+        click.echo(f"wrote {kw['values_file']}", err=True)
+        return
+    namespaces = tuple(dict.fromkeys(n for n in kw["namespaces"] if n))
+    docs = manifests(grants, name=kw["role_name"], namespaces=namespaces, service_account=account)
+    header = f"Generated by `{command}`: the RBAC of these handlers; see docs/rbac.md."
+    click.echo(to_yaml(docs, header=header, notes=reasons(grants)), nl=False)
 
 
 @cli.command()

@@ -1,11 +1,13 @@
 """Manager: owns the transport, discovery, the shared informers and every controller of one process.
 
 Start order: connect and discover → freeze the registry and resolve every resource name (and
-check every field selector with the apiserver) → build one shared informer per (resource,
-namespace, selectors, metadata only) and one controller per registration → probes → webhook
-server, then its configurations (so nothing is sent to a webhook before it answers) → startup
-hooks → start informers → each controller waits for its caches (and, with leader election, for
-the Lease), then starts its workers; background tasks start once every cache synced (leader-only
+check every field selector with the apiserver) → review the permissions declop needs
+(SelfSubjectAccessReview, :mod:`declop.kube.access`; a missing one stops the start here) →
+build one shared informer per (resource, namespace, selectors, metadata only) and one
+controller per registration → probes → webhook server, then its configurations (so nothing is
+sent to a webhook before it answers) → startup hooks → start informers (and review the optional
+writes meanwhile) → each controller waits for its caches (and, with leader election, for the
+Lease), then starts its workers; background tasks start once every cache synced (leader-only
 ones once the Lease is ours too).
 
 Graceful stop (SIGTERM): controllers stop taking keys and drain in-flight reconciles within the
@@ -46,7 +48,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from declop.cache.store import guarded
 from declop.reconcile.client import AsyncClient, ClientContext
@@ -65,6 +67,8 @@ from declop.serving.probes import Check, ProbeServer
 from declop.reconcile.registration import Registration
 from declop.registry import Registry, default_registry
 from declop.kube.kubeconfig import pod_namespace
+from declop.kube.access import check_access
+from declop.kube.rbac import Grant, Resolve, group_resource, is_cluster_scoped
 from declop.serving.metricsauth import MetricsAuth
 from declop.serving.cert import ServingCert
 from declop.kube.transport import Transport
@@ -138,6 +142,11 @@ class Options:
     #: the operator's namespace: holds the CA Secret, excluded from admission (default: the
     #: Service's, else the Pod's; out of a cluster none is excluded and the Secret goes to "default")
     webhook_namespace: str | None = None
+    #: ask the apiserver (SelfSubjectAccessReview) for every grant the registrations need before
+    #: informers start; a missing one stops the start (docs/rbac.md)
+    check_permissions: bool = True
+    #: the command that prints the RBAC the handlers need, named when a permission is missing
+    rbac_command: str = "declop rbac <your handler files>"
     #: seconds a generated serving certificate is valid; renewed after two thirds of it
     webhook_cert_validity: float = 365 * 86400.0
     #: bytes a webhook request body may have (None: 7 MiB admission, 8 MiB conversion); one
@@ -170,6 +179,8 @@ class Manager:
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        #: reviews the optional grants (warnings only), started with the informers
+        self._review_optional: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.elector: LeaderElector | None = None
         self.shard_leases: ShardLeases | None = None
         #: sharded informer -> the range sets whose held ranges it must cache (their union)
@@ -276,6 +287,8 @@ class Manager:
             info = self._resolve(resource_name)
             self.informers.transforms[info.group_resource] = guarded(fn, info.group_resource)
         await self._check_fields(registrations)
+        if self.options.check_permissions:
+            await self._check_access()
         self.lifecycle = Lifecycle(self.registry.hooks, ctx, self.executor)
         if self.options.leader_elect:
             self.leadership = asyncio.Event()
@@ -394,6 +407,53 @@ class Manager:
                         "or drop fields= and filter with a predicate"
                     ) from None
 
+    def grants(self, resolve: Resolve | None = None) -> list[Grant]:
+        """The RBAC grants this manager's registrations and options need (:mod:`declop.kube.rbac`)."""
+        o = self.options
+        lease_ns = o.leader_election_namespace or pod_namespace()
+        ca_ns = None
+        if not o.webhook_cert_dir:
+            service_ns = o.webhook_service.partition("/")[0] if o.webhook_service and "/" in o.webhook_service else None
+            ca_ns = o.webhook_namespace or service_ns or pod_namespace(fallback=None) or "default"
+        return self.registry.grants(
+            resolve or group_resource,
+            leader=(lease_ns, o.leader_election_id) if o.leader_elect else None,
+            shards=lease_ns if o.shards else None,
+            webhook_name=o.webhook_name,
+            ca_secret_namespace=ca_ns,
+            metrics_auth=bool(o.metrics_secure and (o.metrics_port or o.debug_reconciles)),
+        )
+
+    async def _check_access(self) -> None:
+        """Review every grant with the apiserver before informers start (:mod:`declop.kube.access`)."""
+        assert self.transport is not None and self.discovery is not None
+        discovery = self.discovery
+
+        def resolve(name: str) -> tuple[str, str]:
+            try:
+                info = discovery.resolve_cached(name)
+            except ConfigError:
+                return group_resource(name)  # not served (yet): the offline reading
+            return info.group, info.plural
+
+        scopes = {(r.group, r.plural): r.namespaced for r in discovery.resources()}
+
+        def cluster_scoped(group: str, resource: str) -> bool:
+            namespaced = scopes.get((group, resource.partition("/")[0]))
+            return is_cluster_scoped(group, resource) if namespaced is None else not namespaced
+
+        grants = self.grants(resolve)
+        started = asyncio.get_running_loop().time()
+        check = functools.partial(
+            check_access, self.transport.request, namespaces=self.options.namespaces,
+            command=self.options.rbac_command, cluster_scoped=cluster_scoped,
+        )  # fmt: skip
+        await check([g for g in grants if g.required])
+        log.debug("Checked the permissions declop needs", extra={"kv": {"seconds": round(asyncio.get_running_loop().time() - started, 4)}})
+        # the writes a handler may do only warn: reviewed while the caches fill, not before
+        optional = [g for g in grants if not g.required]
+        self._review_optional = (lambda: check(optional)) if optional else None
+
     def _resolve(self, name: str, who: str = "") -> ResourceInfo:
         assert self.discovery is not None
         return self.discovery.resolve_cached(name)
@@ -497,6 +557,8 @@ class Manager:
         self.informers.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(c.start(self.leadership), name=f"start {c.name}") for c in self.controllers]
+        if self._review_optional is not None:  # cancelled with the other start tasks on shutdown
+            self._tasks.append(loop.create_task(self._review_optional(), name="permission check (optional writes)"))
         if self.elector is not None:
             self._leading = loop.create_task(self._lead(), name="leader election")
         if self.shard_leases is not None:

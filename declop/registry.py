@@ -61,6 +61,7 @@ from declop.reconcile.predicates import Predicate
 from declop.queue.priority import Priority
 from declop.queue.ratelimit import RateLimit
 from declop.reconcile.registration import INJECTABLE, Registration
+from declop.kube.rbac import Grant, Permission, Resolve, Source, group_resource, needs
 from declop.kube.resource import Resource, resource_name
 from declop.leases.hashing import SHARD_KEYS
 from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
@@ -95,7 +96,7 @@ TYPO_CUTOFF = 0.8
 #: the keyword options of the module-level @reconciler, for "did you mean" on a misspelt one
 RECONCILER_OPTIONS = (
     "name", "finalizer", "namespaces", "labels", "predicates", "owns", "watches", "max_concurrent",
-    "priority", "rate_limit", "timeout", "metadata_only", "fields", "shard_by", "registry",
+    "priority", "rate_limit", "timeout", "metadata_only", "fields", "shard_by", "permissions", "registry",
 )
 _METHOD_OPTIONS = tuple(o for o in RECONCILER_OPTIONS if o != "registry")  # Registry.reconciler
 
@@ -195,6 +196,7 @@ class Registry:
         metadata_only: bool | None = None,
         fields: str | Mapping[str, str] | None = None,
         shard_by: str = "uid",
+        permissions: Sequence[Permission | tuple[str, str] | tuple[str, str, str]] = (),
         **unknown: Never,
     ) -> Callable[[F], F]:
         """Register the decorated function as the reconciler of ``resource``; see design §2.
@@ -235,6 +237,11 @@ class Registry:
         ):
             raise RegistrationError(f"timeout must be a number of seconds > 0, or None for no timeout, got {timeout!r}")
         watched = tuple((Resource.of(r, what="watches="), fn) for r, fn in watches)
+        if isinstance(permissions, str) or (isinstance(permissions, tuple) and permissions and isinstance(permissions[0], str)):
+            raise RegistrationError(
+                f"permissions= is a list of ('verb', 'resource') tuples, e.g. [('create', 'configmaps')], got {permissions!r}"
+            )
+        granted = tuple(Permission.of(p) for p in permissions)
         if shard_by not in SHARD_KEYS:
             raise _BadShardKey(
                 f"shard_by must be 'uid' (the default) or 'namespace', got {shard_by!r}; see docs/sharding.md"
@@ -272,10 +279,44 @@ class Registry:
                 fields=primary.fields,
                 shard_by=shard_by,
                 model=model,
+                permissions=granted,
             )
             return fn
 
         return decorate
+
+    def grants(
+        self,
+        resolve: Resolve = group_resource,
+        *,
+        leader: tuple[str, str] | None = None,
+        shards: str | None = None,
+        webhook_name: str = "declop",
+        ca_secret_namespace: str | None = None,
+        metrics_auth: bool = False,
+    ) -> list[Grant]:
+        """Every RBAC grant the registrations need (``declop rbac`` prints them, ``declop run``
+        checks them at start); the deployment facts as :func:`declop.kube.rbac.needs` takes them."""
+        sources = [
+            Source(
+                r.resource, finalizer=r.finalizer is not None, owns=tuple(o.name for o in r.owns),
+                watches=tuple(w.name for w, _ in r.watches), permissions=r.permissions, name=r.name,
+                namespaces=r.namespaces,
+            )
+            for r in self.registrations
+        ]  # fmt: skip
+        return needs(
+            sources,
+            reads=[*(ix.resource for ix in self._indexes), *self._transforms],
+            leader=leader,
+            shards=shards,
+            webhook_name=webhook_name if self._webhooks else None,
+            admission=any(h.kind != "converter" for h in self._webhooks),
+            converters=[h.resource for h in self._webhooks if h.kind == "converter"],
+            ca_secret_namespace=ca_secret_namespace if self._webhooks else None,
+            metrics_auth=metrics_auth,
+            resolve=resolve,
+        )
 
     def index(self, resource: ResourceLike, name: str, fn: Callable[[Mapping[str, Any]], Iterable[str | None]]) -> None:
         """Add a cache index on ``resource``: ``fn(obj)`` returns the values the object is found under."""
@@ -497,6 +538,7 @@ def reconciler(
     metadata_only: bool | None = None,
     fields: str | Mapping[str, str] | None = None,
     shard_by: str = "uid",
+    permissions: Sequence[Permission | tuple[str, str] | tuple[str, str, str]] = (),
     registry: Registry | None = None,
     **unknown: Never,
 ) -> Callable[[F], F]:
@@ -523,6 +565,11 @@ def reconciler(
     hashes the primary's uid, and an owned child its owner reference's uid; ``"namespace"``
     hashes the namespace, so everything of one namespace lands on one replica.
 
+    ``permissions=[("create", "configmaps"), ("get", "secrets", "my-secret")]`` declares writes
+    declop cannot infer (each a ``(verb, resource[, name])`` tuple or a
+    :class:`~declop.kube.rbac.Permission`): ``declop rbac`` grants them and ``declop run``
+    checks them at start (docs/rbac.md).
+
     ``parts`` and ``unknown`` only catch mistakes: an extra positional argument (Kopf's
     ``"group", "version", "plural"``) or a misspelt option raises
     :class:`~declop.errors.RegistrationError` with the one string or option meant. Type
@@ -545,6 +592,7 @@ def reconciler(
         metadata_only=metadata_only,
         fields=fields,
         shard_by=shard_by,
+        permissions=permissions,
     )
 
 

@@ -57,6 +57,8 @@ ORDER = [
     "kube.kubeconfig",
     "kube.transport",
     "kube.discovery",
+    "kube.rbac",
+    "kube.access",
     "leases",
     "leases.hashing",
     "leases.leader",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from declop.cache.store import clone
+from declop.kube.rbac import Permission
 from declop.kube.resource import Resource
 from declop.queue.priority import Priority
 from declop.queue.ratelimit import RateLimit
@@ -64,6 +65,8 @@ class Registration:
     shard_by: str = "uid"
     #: the CustomResource subclass ``obj`` is annotated with (a typed view); None: a dict
     model: Any = None
+    #: writes declop cannot infer, declared with ``permissions=`` (``declop rbac`` grants them)
+    permissions: tuple[Permission, ...] = ()
 
     @property
     def wants_trigger(self) -> bool:

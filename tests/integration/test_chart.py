@@ -23,6 +23,7 @@ import re
 import shlex
 import socket
 import ssl
+import sys
 import subprocess
 import urllib.error
 import urllib.request
@@ -639,6 +640,40 @@ def test_watch_rules(tool_env: dict[str, str]) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "op-declop", "namespace": "ops"}
     ]
+
+
+def test_generated_rules_from_declop_rbac_values(tool_env: dict[str, str], tmp_path: Path) -> None:
+    """`declop rbac --values` output is rendered as written (with rbac.rules after it), in the
+    ClusterRole or each namespaced Role; given with rbac.watch, the render fails saying which to drop."""
+    handlers = tmp_path / "chart_rbac_handlers.py"
+    handlers.write_text(
+        "import declop\n"
+        "@declop.reconciler('widgets.v1.example.com', finalizer='example.com/x', owns=['configmaps'])\n"
+        "def widget(request):\n    pass\n"
+    )
+    values = tmp_path / "rbac-values.yaml"
+    run({**tool_env, "PYTHONPATH": str(ROOT)}, sys.executable, "-m", "declop", "rbac", str(handlers), "--values", str(values))
+    generated = yaml.safe_load(values.read_text())["rbac"]["generated"]
+    extra = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["x"], "verbs": ["get"]}
+    base = ("--set", "handlers.module=m", "--set", "handlers.example=false", "-f", str(values))
+    docs = render(tool_env, *base, "--set-json", f"rbac.rules=[{json.dumps(extra)}]")
+    assert one(docs, "ClusterRole", "ops-op-declop")["rules"] == [*generated, extra]
+    assert {"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get", "list", "watch", "patch"]} in generated
+    namespaced = render(tool_env, *base, "--set", "rbac.scope=namespaces", "--set-json", 'watchNamespaces=["a","b"]')
+    roles = [d for d in namespaced if d["kind"] == "Role" and d["metadata"]["name"] == "op-declop"]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [("a", generated), ("b", generated)]
+    error = render_error(tool_env, *base, "--set-json", 'rbac.watch=[{"resource":"pods"}]')
+    assert "declop: rbac.watch and rbac.generated are both given" in error and "drop rbac.watch" in error
+
+
+def test_the_generated_rbac_ci_scenario_is_what_declop_rbac_writes(tool_env: dict[str, str], tmp_path: Path) -> None:
+    """ci/generated-rbac-values.yaml holds its handlers and their `declop rbac --values` output: in step."""
+    scenario = yaml.safe_load((CHART / "ci" / "generated-rbac-values.yaml").read_text())
+    handlers = tmp_path / "ci_generated_handlers.py"
+    handlers.write_text(scenario["handlers"]["files"]["handlers.py"])
+    values = tmp_path / "rbac-values.yaml"
+    run({**tool_env, "PYTHONPATH": str(ROOT)}, sys.executable, "-m", "declop", "rbac", str(handlers), "--values", str(values))
+    assert yaml.safe_load(values.read_text())["rbac"] == scenario["rbac"]
 
 
 def test_secure_metrics_rbac_and_scraper_role(tool_env: dict[str, str]) -> None:

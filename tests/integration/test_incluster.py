@@ -1,7 +1,7 @@
 """Least privilege, proven: `helm install` the pods example, then run `declop run` in-cluster style
 (KUBERNETES_SERVICE_HOST/PORT and the service-account files of the chart's ServiceAccount) and play
-the seed scenario under that identity. Without the pods rule the operator says Forbidden, clearly,
-and never becomes ready."""
+the seed scenario under that identity. Without the pods rule the start-up check names it and
+exits 1; with the check off the operator says Forbidden, clearly, and never becomes ready."""
 
 from __future__ import annotations
 
@@ -122,6 +122,16 @@ def test_seed_scenario_as_the_charts_service_account(control_plane, namespace, t
 def test_without_the_pods_rule_it_says_forbidden_and_never_gets_ready(control_plane, namespace, tmp_path):
     helm_install(control_plane, namespace, "nopods")
     args, env, health = in_cluster(control_plane, namespace, "nopods", tmp_path)
+    # At start: the permission check (docs/rbac.md) names what is missing and exits 1
+    with OperatorProcess(args, env=env) as op:
+        wait_for(lambda: op.proc.poll() is not None, 30, what="the start-up check to stop declop")
+        wait_for(lambda: any(line.startswith("print the RBAC") for line in op.stderr), 5, what="the whole message")
+    assert op.proc.returncode == 1
+    assert f"missing permission: list pods in namespace {namespace}" in op.stderr
+    assert not any("Traceback" in x for x in op.lines + op.stderr)
+    # Later (the check off, as when RBAC is taken away from a running operator): the informer
+    # says Forbidden, clearly, and the operator never gets ready
+    env["DECLOP_CHECK_PERMISSIONS"] = "false"
     with OperatorProcess(args, env=env) as op:
         line = op.wait_for_line("Forbidden")[0]
         assert line.startswith("ERROR Forbidden: cannot list/watch pods in namespace " + namespace)

@@ -222,7 +222,9 @@ Every check that is not a schema check. Included by deployment.yaml, so any rend
 {{- end }}
 
 {{/*
-The RBAC rules of the watched resources, the event recorder and rbac.rules, as a YAML list.
+The RBAC rules of the watched resources, the event recorder and rbac.rules, as a YAML list:
+rbac.generated as written by `declop rbac --values` (every rule the handlers need), else the
+hand-typed rbac.watch entries and the event recorder.
 */}}
 {{- define "declop.watch" -}}
 {{- $watch := .Values.rbac.watch }}
@@ -239,6 +241,12 @@ The RBAC rules of the watched resources, the event recorder and rbac.rules, as a
 
 {{- define "declop.rules" -}}
 {{- $perms := include "declop.permissions" . | fromJson }}
+{{- if .Values.rbac.generated }}
+{{- if .Values.rbac.watch }}
+{{- fail "declop: rbac.watch and rbac.generated are both given: rbac.generated (written by `declop rbac handlers.py --values FILE`) already has every rule the handlers need; drop rbac.watch (docs/rbac.md)." }}
+{{- end }}
+{{ toYaml .Values.rbac.generated }}
+{{- else }}
 {{- range (include "declop.watch" . | fromJsonArray) }}
 {{- $verbs := $perms.watch.verbs }}
 {{- if .finalizers }}{{ $verbs = concat $verbs $perms.finalizers.verbs }}{{ end }}
@@ -255,6 +263,7 @@ The RBAC rules of the watched resources, the event recorder and rbac.rules, as a
 - apiGroups: [{{ $perms.events.apiGroup | quote }}]
   resources: [{{ $perms.events.resource | quote }}]
   verbs: {{ toJson $perms.events.verbs }}
+{{- end }}
 {{- with .Values.rbac.rules }}
 {{ toYaml . }}
 {{- end }}
