@@ -90,10 +90,28 @@ def _same_object(ref: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     )
 
 
+def _identity(owner: Any) -> Mapping[str, Any]:
+    """``owner`` as a mapping: a dict stays itself; a typed object (a ``CustomResource`` view,
+    told apart by its ``metadata`` attribute, so pydantic is never imported here) gives the fields
+    an ownerReference names."""
+    if isinstance(owner, Mapping):
+        return owner
+    meta = getattr(owner, "metadata", None)
+    if meta is None:
+        raise TypeError(f"an owner is the object as read (a dict or a typed view), got {type(owner).__name__}")
+    return {
+        "apiVersion": getattr(owner, "apiVersion", ""),
+        "kind": getattr(owner, "kind", ""),
+        "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
+    }
+
+
 def owner_reference(
-    owner: Mapping[str, Any], *, controller: bool = True, block_owner_deletion: bool = True
+    owner: Mapping[str, Any] | Any, *, controller: bool = True, block_owner_deletion: bool = True
 ) -> Obj:
-    """The ownerReference entry that points at ``owner`` (which needs apiVersion, kind, name, uid)."""
+    """The ownerReference entry that points at ``owner`` (which needs apiVersion, kind, name, uid;
+    a dict as read from the cache, or a typed view such as ``obj: Widget``)."""
+    owner = _identity(owner)
     meta = _meta(owner)
     missing = [f for f, v in (("apiVersion", owner.get("apiVersion")), ("kind", owner.get("kind")),
                               ("metadata.name", meta.get("name")), ("metadata.uid", meta.get("uid"))) if not v]
@@ -120,8 +138,10 @@ def controller_of(obj: Mapping[str, Any]) -> Obj | None:
     return None
 
 
-def set_controller_reference(child: MutableMapping[str, Any], owner: Mapping[str, Any]) -> bool:
+def set_controller_reference(child: MutableMapping[str, Any], owner: Mapping[str, Any] | Any) -> bool:
     """Make ``owner`` the controller of ``child`` (in memory); True if ``child`` changed.
+
+    ``owner`` is the object as the handler got it: the dict, or a typed view (``obj: Widget``).
 
     Sets ``controller: true`` and ``blockOwnerDeletion: true``; an existing reference to the same
     owner (group, kind, name) is replaced in place, others are kept.
@@ -132,6 +152,7 @@ def set_controller_reference(child: MutableMapping[str, Any], owner: Mapping[str
             and the child has no namespace (a cluster-scoped child cannot have a namespaced
             owner — set the child's ``metadata.namespace`` first if it is namespaced).
     """
+    owner = _identity(owner)
     ref = owner_reference(owner)
     owner_ns = _meta(owner).get("namespace") or ""
     if owner_ns:

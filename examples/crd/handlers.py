@@ -19,7 +19,9 @@
 * **The CRD is the model.** ``Widget`` (a ``CustomResource``) declares the kind, its printer
   columns and the schema of ``spec`` and ``status`` — bounds, defaults, the conditions list keyed
   by ``type``; ``declop crd`` prints the CRD from it and ``declop dev`` applies it (docs/typed.md).
-  There is no hand-written CRD to keep in step. The handler still reads ``obj`` as a dict.
+  There is no hand-written CRD to keep in step. The handler declares ``obj: Widget | None`` and
+  gets a validated ``Widget`` (``obj.spec.replicas``); ``client.patch_status(request, status)``
+  with the ``WidgetStatus`` model sends only the fields that changed.
 * **Predicates.** ``generation_changed`` drops the Widget's own status-only updates (our writes
   coming back); events on the children are not filtered.
 
@@ -86,25 +88,24 @@ class Widget(
 MANAGED_BY = {"app.kubernetes.io/managed-by": "declop"}
 
 
-def selector(widget):
-    return {"example.com/widget": widget["metadata"]["name"]}
+def selector(widget: Widget):
+    return {"example.com/widget": widget.metadata.name}
 
 
-def skeleton(widget, api_version, kind):
+def skeleton(widget: Widget, api_version, kind):
     """Which object: the child's identity, named after its Widget."""
-    meta = widget["metadata"]
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": meta["name"], "namespace": meta["namespace"]}}
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": widget.metadata.name, "namespace": widget.metadata.namespace}}
 
 
-def desired_deployment(widget):
+def desired_deployment(widget: Widget):
     """A mutate function for the Deployment: sets only the fields this operator owns."""
-    spec = widget.get("spec") or {}
+    spec = widget.spec
 
     def mutate(deployment):
         declop.set_controller_reference(deployment, widget)
         deployment["metadata"].setdefault("labels", {}).update({**MANAGED_BY, **selector(widget)})
         ds = deployment.setdefault("spec", {})
-        ds["replicas"] = spec.get("replicas", 1)
+        ds["replicas"] = spec.replicas
         ds["selector"] = {"matchLabels": selector(widget)}  # immutable: always the same value
         template = ds.setdefault("template", {})
         template.setdefault("metadata", {}).setdefault("labels", {}).update(selector(widget))
@@ -113,14 +114,14 @@ def desired_deployment(widget):
         if web is None:
             web = {"name": "web"}
             containers.append(web)
-        web["image"] = spec.get("image") or "nginx:1.27"
-        web["env"] = [{"name": "MESSAGE", "value": spec.get("message", "")}]
+        web["image"] = spec.image
+        web["env"] = [{"name": "MESSAGE", "value": spec.message}]
         web["ports"] = [{"name": "http", "containerPort": 80, "protocol": "TCP"}]
 
     return mutate
 
 
-def desired_service(widget):
+def desired_service(widget: Widget):
     """A mutate function for the Service (clusterIP and the other defaults stay the server's)."""
 
     def mutate(service):
@@ -133,11 +134,11 @@ def desired_service(widget):
     return mutate
 
 
-def desired_status(widget, deployment):
+def desired_status(widget: Widget, deployment) -> WidgetStatus:
     """The Widget's status given its Deployment as the cache shows it (None: not there yet)."""
-    status = declop.clone(widget.get("status") or {})
-    generation = widget["metadata"].get("generation")
-    want = (widget.get("spec") or {}).get("replicas", 1)
+    status = widget.status.model_copy(deep=True) if widget.status else WidgetStatus()
+    generation = widget.metadata.generation
+    want = widget.spec.replicas
     if deployment is None:
         ready, settled = 0, False
     else:
@@ -145,25 +146,29 @@ def desired_status(widget, deployment):
         ready = ds.get("readyReplicas", 0)
         settled = ds.get("observedGeneration") == deployment["metadata"].get("generation")
     available = settled and ready >= want
-    status["observedGeneration"] = generation
-    status["readyReplicas"] = ready
-    declop.conditions.set(
-        status.setdefault("conditions", []),
+    status.observedGeneration = generation
+    status.readyReplicas = ready
+    # declop.conditions keeps lastTransitionTime when the status does not change; it works on
+    # the JSON form, which the model reads back
+    conditions = [c.model_dump(mode="json", exclude_none=True) for c in status.conditions]
+    if declop.conditions.set(
+        conditions,
         "Ready",
         available,
         reason="Available" if available else "Progressing",
         message=f"{ready}/{want} replicas ready",
         observed_generation=generation,
-    )
+    ):
+        status.conditions = [Condition.model_validate(c) for c in conditions]
     return status
 
 
 @declop.reconciler(
-    "widgets.example.com",
+    Widget,
     owns=["deployments.apps", "services"],
     predicates=[declop.predicates.generation_changed],
 )
-def widget(request, client, logger, obj, **_):
+def widget(request, client, logger, obj: Widget | None, **_):
     if obj is None:
         logger.info("Widget deleted; the garbage collector removes its Deployment and Service")
         return None
@@ -174,15 +179,15 @@ def widget(request, client, logger, obj, **_):
     ):
         operation = declop.create_or_update(client, skeleton(obj, api_version, kind), mutate)
         if operation != "unchanged":
-            logger.info(f"{kind} {operation}", name=obj["metadata"]["name"])
+            logger.info(f"{kind} {operation}", name=obj.metadata.name)
 
     try:
-        deployment = client.get("deployments.apps", obj["metadata"]["name"])
+        deployment = client.get("deployments.apps", obj.metadata.name)
     except declop.NotFound:
         deployment = None  # just created: the cache sees it a moment later, and that wakes us
     status = desired_status(obj, deployment)
-    if status != (obj.get("status") or {}):
-        client.patch_status(request, {"status": status})
-        ready = declop.conditions.get(status["conditions"], "Ready")
-        logger.info("Status updated", ready=ready["status"], reason=ready["reason"])
+    if status != obj.status:
+        client.patch_status(request, status)  # a merge patch of only the fields that differ
+        ready = next(c for c in status.conditions if c.type == "Ready")
+        logger.info("Status updated", ready=ready.status, reason=ready.reason)
     return None

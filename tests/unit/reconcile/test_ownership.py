@@ -67,6 +67,25 @@ def test_set_controller_reference_adds_once() -> None:
     assert controller_of(child) == owner_reference(widget())
 
 
+def test_a_typed_view_is_an_owner_as_its_dict_is() -> None:
+    """``obj: Widget`` handlers pass the model: the reference is the one the dict would give,
+    and a namespaced typed owner still refuses a child in another namespace."""
+    from declop.typed.model import CustomResource
+
+    class Widget(CustomResource, group="example.com", version="v1", kind="Widget"):
+        spec: dict[str, Any] = {}
+
+    typed = Widget.model_validate(widget())
+    assert owner_reference(typed) == owner_reference(widget())
+    child = configmap()
+    assert set_controller_reference(child, typed) is True
+    assert set_controller_reference(child, widget()) is False  # the same owner, however spelled
+    with pytest.raises(ValueError, match="cross-namespace"):
+        set_controller_reference(configmap(namespace="other"), typed)
+    with pytest.raises(TypeError, match="a dict or a typed view"):
+        owner_reference(42)  # type: ignore[arg-type]
+
+
 def test_set_controller_reference_keeps_other_references_and_replaces_its_own() -> None:
     other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u2"}
     stale = {"apiVersion": "example.com/v1beta1", "kind": "Widget", "name": "w", "uid": "old-uid"}
