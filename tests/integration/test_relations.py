@@ -7,6 +7,7 @@ examples/watches.py), copied into a fresh registry with a call counter around ea
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import threading
@@ -89,6 +90,13 @@ def counted(reg: Registration, calls: Calls) -> Callable[..., Any]:
             return reg.fn(**pick(kw))
 
     wrapper.__name__ = reg.name
+    if reg.model is not None:  # obj: Widget — the wrapper declares it too, so it gets the typed view
+        wrapper.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [
+                inspect.Parameter("obj", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=reg.model),
+                inspect.Parameter("kw", inspect.Parameter.VAR_KEYWORD),
+            ]
+        )
     return wrapper
 
 
