@@ -346,6 +346,7 @@ def test_dev_node_finds_everything_it_needs_from_the_install(venv: Path, tmp_pat
         (folder / binary).write_text("#!/bin/sh\n")
         (folder / binary).chmod(0o755)
     node_env = clean_env(venv, XDG_CACHE_HOME=str(cache), DECLOP_NODE_DEB_PACKAGES="bash")
+    node_env.pop("DECLOP_NODE_ASSETS_DIR", None)  # make test sets it: it would name the real node's folder
     shipped = run(["bash", seen["node_build"]], cwd=tmp_path, env=node_env, timeout=120)
     assert (shipped.returncode, shipped.stdout) == (0, f"{folder}\n"), shipped.stderr
     built = run([venv / "bin" / "declop", "assets", "build", "--node"], cwd=tmp_path, env=node_env, timeout=120)
