@@ -2,16 +2,21 @@
 
 ``declop new Widget --group example.com`` writes, into a new folder:
 
-- ``crd.yaml`` — a namespaced CRD with a status subresource, a small spec schema and printer columns;
-- ``handlers.py`` — a reconciler with a finalizer, an owned ConfigMap built from the spec
-  (:func:`declop.create_or_update`, :func:`declop.set_controller_reference`) and a ``Ready``
-  condition (:mod:`declop.conditions`);
+- ``handlers.py`` — the kind as a typed model (``Widget``, a :class:`declop.CustomResource`:
+  spec with a required, bounded ``message`` and a defaulted ``key``; status with
+  ``observedGeneration`` and ``conditions``) and a reconciler taking ``obj: Widget`` with a
+  finalizer, an owned ConfigMap built from the spec (:func:`declop.create_or_update`,
+  :func:`declop.set_controller_reference`) and a ``Ready`` condition written with the typed
+  ``client.patch_status``. There is no CRD file: ``declop crd handlers.py`` prints it from the
+  model and ``declop dev handlers.py`` applies it;
+- ``rbac-values.yaml`` — what ``declop rbac handlers.py --values rbac-values.yaml`` writes, made
+  here by the same code (:func:`rbac_values`) from the handlers just written, so a fresh project's
+  chart installs with exactly the RBAC its handlers need and nothing typed by hand;
 - ``Dockerfile`` (and ``.dockerignore``) — the project's image ``FROM declop:<version>``: what
   ``declop dev --node`` runs as the chart's Pod, and what a cluster runs;
 - ``example.yaml``, ``tests/test_handlers.py`` (unit, fake apiserver),
   ``tests/test_integration.py`` (the pytest plugin's real control plane), ``values.yaml`` (the
-  Helm chart's values with exactly the RBAC the handlers use), ``README.md``, ``pyproject.toml``
-  (pytest settings) and ``.gitignore``.
+  Helm chart's other values), ``README.md``, ``pyproject.toml`` (pytest settings) and ``.gitignore``.
 
 The templates are package data (``declop/dev/templates/operator/*.tmpl``, read through
 :mod:`importlib.resources`, so an installed wheel has them) filled with :class:`string.Template`
@@ -26,24 +31,34 @@ Invariants:
   plural, singular or short name — ``cronjobs``, ``cm``): kubectl would list the built-in one; a
   singular that is such a name is allowed with a warning (:func:`warnings_for`), since the
   project's commands use the plural;
+- the Kind is not a name ``handlers.py`` imports (``BaseModel``, ``Field`` …: the model class
+  would shadow it);
 - the names follow the CRD rules: ``plural``/``singular`` are lowercase DNS labels, the CRD is
-  named ``<plural>.<group>``, the list kind is ``<Kind>List``.
+  named ``<plural>.<group>``, the list kind is ``<Kind>List``;
+- generating ``rbac-values.yaml`` leaves the caller's process as it was: the handlers are executed
+  into a registry of their own, and no module of theirs stays in :data:`sys.modules`.
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+import runpy
 import string
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from declop import registry as registry_module
 from declop.errors import ConfigError
+from declop.kube.rbac import values_yaml
 from declop.version import __version__
 
-__all__ = ["BUILTIN_RESOURCES", "Names", "ScaffoldError", "builtin_named", "create", "names_for", "plural_of", "render", "warnings_for"]
+__all__ = [
+    "BUILTIN_RESOURCES", "Names", "RBAC_VALUES", "ScaffoldError", "builtin_named", "create", "names_for", "plural_of",
+    "rbac_values", "render", "warnings_for",
+]  # fmt: skip
 
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -58,8 +73,14 @@ _PROTECTED = ("k8s.io", "kubernetes.io")
 _RESERVED = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {
     # names the generated modules use at their top level or around the handler's argument
     "declop", "handlers", "yaml", "pytest", "kubernetes", "logging", "crd", "read", "ready",
-    "configmap", "meta", "spec", "status", "mutate",
+    "configmap", "meta", "spec", "status", "mutate", "datetime", "pydantic", "typing", "definitions", "obj",
+    "owner", "generation", "conditions", "request", "client", "logger", "phase",
 }
+#: Kinds that cannot be the model's class name: handlers.py imports these names
+_RESERVED_KINDS = frozenset({"BaseModel", "Field", "Annotated", "Literal", "Column", "ListType"})
+#: the file rbac_values fills, and the command that regenerates it
+RBAC_VALUES = "rbac-values.yaml"
+RBAC_COMMAND = "declop rbac handlers.py"
 #: Kubernetes' built-in resources as kubectl knows them: group-resource → (singular, short names).
 #: kubectl resolves a name to a built-in resource before any custom one, so a custom resource
 #: whose plural is one of these names is out of reach by its short name (``kubectl get cronjobs``
@@ -238,6 +259,8 @@ def check_kind(kind: str) -> str:
         )
     if len(kind) > _LABEL_MAX:
         raise ScaffoldError(f"Kind {kind!r} is {len(kind)} characters long; at most {_LABEL_MAX} fit a resource name")
+    if kind in _RESERVED_KINDS:
+        raise ScaffoldError(f"Kind {kind!r} is a name the generated handlers.py imports (from pydantic or declop); choose another")
     if kind.endswith("List"):
         raise ScaffoldError(f"Kind {kind!r} ends in 'List', which Kubernetes keeps for lists ({kind}List); choose another")
     return kind
@@ -365,4 +388,23 @@ def create(names: Names, directory: str | Path | None = None) -> tuple[Path, lis
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
         written.append(path)
-    return target, written
+    rbac = target / RBAC_VALUES
+    rbac.write_text(rbac_values(target / "handlers.py"), encoding="utf-8")
+    written.append(rbac)
+    return target, sorted(written, key=lambda p: p.relative_to(target).as_posix())
+
+
+def rbac_values(handlers: str | Path) -> str:
+    """What ``declop rbac handlers.py --values rbac-values.yaml`` writes for the file ``handlers``.
+
+    The file is executed (as ``declop rbac`` loads it) with a registry of its own standing in for
+    declop's default one, so its ``@declop.reconciler`` lands there and the caller's registrations
+    are untouched; the grants go through :func:`declop.kube.rbac.values_yaml`, as the command's do.
+    """
+    own = registry_module.Registry()
+    saved, registry_module.default_registry = registry_module.default_registry, own
+    try:
+        runpy.run_path(str(handlers), run_name="declop_scaffold_handlers")
+    finally:
+        registry_module.default_registry = saved
+    return values_yaml(own.grants(), webhooks=bool(own.webhooks), command=RBAC_COMMAND)

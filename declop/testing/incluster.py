@@ -8,6 +8,11 @@ path a user takes on a real cluster (README, "Deploying with Helm"). The Dockerf
 inputs and the chart come from :mod:`declop.assets.files`: a checkout and an installed wheel work
 alike.
 
+The RBAC: a project with a ``rbac-values.yaml`` beside its handlers (what ``declop rbac
+handlers.py --values rbac-values.yaml`` writes; every ``declop new`` project has one) is installed
+with it and nothing else, so the Pod runs with exactly the permissions a cluster would give it;
+without one, the operator gets everything (:data:`DEV_RBAC`).
+
 Invariants: declop's image tarball is reused only while every build input (Dockerfile, setup.cfg,
 pyproject.toml, README.md, the lock files, declop/**) is byte-identical; it is written aside and moved into place,
 so an interrupted build never leaves a tarball that looks finished. A project's image is rebuilt
@@ -32,17 +37,21 @@ from declop.version import __version__
 
 __all__ = [
     "DEV_RBAC",
+    "RBAC_VALUES",
     "DevImages",
     "cached_declop_image",
     "dev_images",
     "handler_files",
     "install_operator",
     "project_folder",
+    "project_rbac",
 ]
 
 #: A local dev cluster grants the operator everything: the handlers may touch any resource, and
 #: nothing the user cares about lives there. Production RBAC comes from the chart's values.
 DEV_RBAC = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+#: the chart values ``declop rbac handlers.py --values`` writes into a project (``declop new`` does)
+RBAC_VALUES = "rbac-values.yaml"
 _INPUTS = (
     "Dockerfile",
     "setup.cfg",
@@ -101,6 +110,17 @@ def project_folder(paths: Iterable[str]) -> Path | None:
     return None
 
 
+def project_rbac(paths: Iterable[str]) -> Path | None:
+    """The ``rbac-values.yaml`` in the folder of the first handler path (or that path, a folder),
+    or None: the RBAC ``declop dev --node`` installs the chart with instead of :data:`DEV_RBAC`."""
+    for raw in paths:
+        path = Path(raw).resolve()
+        folder = path if path.is_dir() else path.parent
+        values = folder / RBAC_VALUES
+        return values if values.is_file() else None
+    return None
+
+
 def _image_name(folder: Path) -> str:
     """``widget-operator`` from a folder's name: lower case, runs of other characters as ``-``."""
     return re.sub(r"[^a-z0-9]+", "-", folder.name.lower()).strip("-") or "operator"
@@ -153,21 +173,25 @@ def install_operator(
     namespace: str = "declop-system",
     extra_args: Sequence[str] = (),
     image: str = f"declop:{__version__}",
+    rbac_values: Path | None = None,
 ) -> None:
     """``helm install --wait`` the chart with ``files`` as handlers and the local ``image``
-    (``repository:tag``, imported into the node)."""
+    (``repository:tag``, imported into the node); its RBAC is the values file ``rbac_values``
+    (``declop rbac --values``) when given, else :data:`DEV_RBAC`."""
     repository, _, tag = image.rpartition(":")
-    values = {
+    values: dict[str, object] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "handlers": {"files": {f.name: f.read_text() for f in files}},
-        "rbac": {"rules": DEV_RBAC},
         "extraArgs": list(extra_args),
     }
+    if rbac_values is None:
+        values["rbac"] = {"rules": DEV_RBAC}
     path = Path(cp.tmp_dir) / "dev-values.json"
     path.write_text(json.dumps(values))
+    rbac = ["-f", str(rbac_values)] if rbac_values is not None else []
     result = subprocess.run(
         ["helm", "install", release, str(chart), "-n", namespace, "--create-namespace",
-         "-f", str(path), "--wait", "--timeout", "180s"],
+         *rbac, "-f", str(path), "--wait", "--timeout", "180s"],
         env=cp.env(), capture_output=True, text=True, check=False,
     )  # fmt: skip
     if result.returncode != 0:

@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from declop import assets
 
@@ -280,7 +281,7 @@ FIND_FROM_INSTALL = '''
 import json, os, sys
 from declop.assets import files
 from declop.testing.image import lock_problems
-from declop.testing.incluster import project_folder
+from declop.testing.incluster import project_folder, project_rbac
 
 with files.image_source() as source:
     staged = {
@@ -297,6 +298,7 @@ print(json.dumps({
     "staged": staged,
     "staged_removed": not os.path.exists(staged["source"]),
     "project": str(project_folder([sys.argv[1]])),
+    "rbac": str(project_rbac([sys.argv[1]])),
 }))
 '''
 
@@ -324,14 +326,28 @@ def test_dev_node_finds_everything_it_needs_from_the_install(venv: Path, tmp_pat
     assert seen["staged"]["inputs"] == {name: (ROOT / name).read_text() for name in IMAGE_INPUTS}
     assert seen["staged"]["lock_problems"] == [] and seen["staged"]["package"] and seen["staged_removed"]
     assert seen["project"] == str(project)
+    assert seen["rbac"] == str(project / "rbac-values.yaml")  # what declop dev --node installs the chart with
+
+    # the project's RBAC values are what the installed `declop rbac --values` writes, and its CRD
+    # comes from the installed `declop crd` (the model in handlers.py; there is no crd.yaml)
+    assert not (project / "crd.yaml").exists()
+    again = run([venv / "bin" / "declop", "rbac", "handlers.py", "--values", tmp_path / "again.yaml"], cwd=project, env=env, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again.yaml").read_text() == (project / "rbac-values.yaml").read_text()
+    crd = run([venv / "bin" / "declop", "crd", "handlers.py"], cwd=project, env=env, timeout=60)
+    assert crd.returncode == 0, crd.stderr
+    assert "name: widgets.example.com" in crd.stdout
 
     chart = run([venv / "bin" / "declop", "assets", "path", "--chart"], cwd=tmp_path, env=env, timeout=60)
     assert (chart.returncode, chart.stdout) == (0, f"{seen['chart']}\n")
     helm = Path(assets.find()) / "helm"
-    rendered = run([helm, "template", "widget", seen["chart"], "-f", project / "values.yaml",
+    rendered = run([helm, "template", "widget", seen["chart"], "-f", project / "values.yaml", "-f", project / "rbac-values.yaml",
                     "--set-file", "handlers.files.handlers\\.py=" + str(project / "handlers.py")], cwd=tmp_path, env=env, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
-    assert "kind: Deployment" in rendered.stdout and "widgets" in rendered.stdout
+    assert "kind: Deployment" in rendered.stdout
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-widget-declop"))
+    assert {"apiGroups": ["example.com"], "resources": ["widgets/status"], "verbs": ["update", "patch"]} in role["rules"]
 
     # the installed node build script finds its shared shell functions and computes the checkout's
     # cache key: a complete folder under that key (stand-in files; nothing is built) is what it prints

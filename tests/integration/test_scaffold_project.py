@@ -5,11 +5,12 @@ and its chart values grant exactly what its handlers send.
    temporary folder; that project's ``pytest`` (its unit tests and its integration test, which
    starts its own control plane through declop's pytest plugin) runs as a subprocess with this
    virtualenv's Python — green.
-2. The generated ``values.yaml`` is rendered by ``helm template`` with the generated
-   ``handlers.py`` (``--set-file``, as its README says); the generated handlers then run under
-   the rendered ServiceAccount and RBAC through the whole life of a resource (create, child
-   repaired, delete with the finalizer): never refused, and nothing granted beyond what the
-   chart's rule shapes force.
+2. The generated ``values.yaml`` and ``rbac-values.yaml`` (what ``declop rbac handlers.py
+   --values`` writes, made by ``declop new``) are rendered by ``helm template`` with the
+   generated ``handlers.py`` (``--set-file``, as its README says), and the CRD is what ``declop
+   crd handlers.py`` prints; the generated handlers then run under the rendered ServiceAccount
+   and RBAC through the whole life of a resource (create, child repaired, delete with the
+   finalizer): never refused, and nothing granted beyond the verbs declop's rules always grant.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def test_the_generated_project_passes_its_own_tests(tmp_path: Path) -> None:
     print(result.stdout[-4000:], result.stderr[-2000:])
     assert result.returncode == 0
     passed = [line for line in result.stdout.splitlines() if line.startswith("PASSED ")]
-    assert len(passed) == 7, result.stdout  # six unit tests, one on the real control plane
+    assert len(passed) == 9, result.stdout  # eight unit tests, one on the real control plane
     assert any("test_integration.py::" in line for line in passed)
-    assert re.search(r"^7 passed in ", result.stdout, re.M), result.stdout  # nothing failed, skipped or errored
+    assert re.search(r"^9 passed in ", result.stdout, re.M), result.stdout  # nothing failed, skipped or errored
 
 
 def sh(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
@@ -90,17 +91,18 @@ def test_the_generated_values_grant_what_the_generated_handlers_use(
     tools = control_plane.env()
     rendered = sh(
         tools, "helm", "template", "op", str(CHART), "-n", namespace,
-        "-f", str(project / "values.yaml"), "--set-file", f"handlers.files.handlers\\.py={project / 'handlers.py'}",
+        "-f", str(project / "values.yaml"), "-f", str(project / "rbac-values.yaml"), "--set-file", f"handlers.files.handlers\\.py={project / 'handlers.py'}",
         "--set", "leaderElection.enabled=false", "--set", "metrics.enabled=false",
     )
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     configmap = next(d for d in docs if d["kind"] == "ConfigMap" and "handlers.py" in d.get("data", {}))
     assert configmap["data"]["handlers.py"] == (project / "handlers.py").read_text()
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
-    ours = {plural, f"{plural}/status", "configmaps"}
+    ours = {plural, f"{plural}/status", f"{plural}/finalizers", "configmaps", "events"}
     allowed = {g for g in granted(rbac) if g[1] in ours}
 
-    sh(tools, "kubectl", "apply", "-f", str(project / "crd.yaml"))
+    crd = sh(tools, sys.executable, "-m", "declop", "crd", str(project / "handlers.py"))
+    sh(tools, "kubectl", "apply", "-f", "-", stdin=crd)
     sh(tools, "kubectl", "wait", "--for=condition=Established", f"crd/{plural}.{group}", "--timeout=30s")
     sh(tools, "kubectl", "apply", "-f", "-", stdin=yaml.safe_dump_all(rbac))
     api = control_plane.api_client()
@@ -151,6 +153,12 @@ def test_the_generated_values_grant_what_the_generated_handlers_use(
         api.close()
     print("sent", sorted(sent), "granted", sorted(allowed), stats)
     assert sent - allowed == set(), "sent without a grant"
-    # the chart's rule shapes: a watched resource also gets `get` (for client.live reads) and its
-    # status `update` as well as `patch`; the generated handlers use neither, nothing else is spare
-    assert allowed - sent == {(group, plural, "get"), (group, f"{plural}/status", "update"), ("", "configmaps", "get")}
+    # what `declop rbac` grants for these declarations beyond what this run sent (docs/rbac.md §1):
+    # `get` on sources (client.live reads), `update` on /status (client.update of the subresource),
+    # patch/delete on the owned ConfigMaps (client.apply, client.delete), Events (client.event),
+    # and /finalizers `update`, which admission checks for blockOwnerDeletion and is never a request
+    assert allowed - sent == {
+        (group, plural, "get"), (group, f"{plural}/status", "update"), (group, f"{plural}/finalizers", "update"),
+        ("", "configmaps", "get"), ("", "configmaps", "patch"), ("", "configmaps", "delete"),
+        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+    }

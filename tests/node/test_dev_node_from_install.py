@@ -6,6 +6,12 @@ the chart's Pod on a real local node, in its own image built from its Dockerfile
 declop image, which is itself built from the installed package: the chart, the Dockerfile and
 the node build all come from the wheel. The handlers print a marker that only the project's
 image sets (an `ENV` added to its Dockerfile), so the Pod is shown to run that image.
+
+Nothing more than what `declop new` wrote is given: no `-f crd.yaml` (the CRD comes from the
+typed model in handlers.py) and no RBAC typed by hand — the chart is installed with the
+project's `rbac-values.yaml` (what `declop rbac handlers.py --values` writes), and the Pod runs
+under exactly those rules: its ClusterRole holds them and nothing else (no `*`), the start-up
+permission check passes, no request is refused (no 403 in its log), and the Widget gets Ready.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from declop.testing import wait_for
 
@@ -67,7 +74,7 @@ def test_a_scaffolded_project_runs_in_its_own_image_from_the_installed_wheel(
     before = host_snapshot()
     out = project / ".declop" / "kubeconfig"
     proc = subprocess.Popen(
-        [venv / "bin" / "declop", "dev", "--node", "handlers.py", "-f", "crd.yaml", "--kubeconfig-out", out],
+        [venv / "bin" / "declop", "dev", "--node", "handlers.py", "--kubeconfig-out", out],
         cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: list[str] = []
@@ -97,16 +104,34 @@ def test_a_scaffolded_project_runs_in_its_own_image_from_the_installed_wheel(
         wait_for(lambda: any(f"image marker: {MARKER}" in l for l in lines), timeout=60,
                  what="the marker only the project's image sets, in the operator's log:\n" + "\n".join(lines[-30:]))  # fmt: skip
 
+        # the chart's RBAC is the generated file's, and only that: no wildcard from the dev path
+        rbac_file = project / "rbac-values.yaml"
+        assert any(f"RBAC from {rbac_file}" in l for l in lines), "\n".join(lines)
+        generated = yaml.safe_load(rbac_file.read_text())["rbac"]["generated"]
+        role = yaml.safe_load(kubectl("get", "clusterrole", "declop-system-declop", "-o", "yaml"))
+        assert role["rules"] == generated
+        sa = "system:serviceaccount:declop-system:declop"
+        assert kubectl("auth", "can-i", "patch", "widgets.example.com/status", "--as", sa).strip() == "yes"
+        denied = run(["kubectl", "auth", "can-i", "get", "secrets", "--as", sa, "-n", "declop-system"], env=kube_env, timeout=120)
+        assert (denied.returncode, denied.stdout.strip()) == (1, "no"), denied.stderr  # can-i exits 1 for "no"
+
         kubectl("apply", "-f", str(project / "example.yaml"))
         ready = 'jsonpath={.status.conditions[?(@.type=="Ready")].status}'
         wait_for(lambda: kubectl("get", "widget", "hello", "-o", ready) == "True", timeout=60, what="the Widget to be Ready")
         assert kubectl("get", "configmap", "hello", "-o", "jsonpath={.data.message}") == "Hello from a Widget"
+        wait_for(lambda: any("ConfigMap created" in l for l in lines), timeout=30, what="the reconcile's log line")
+        refused = [l for l in lines if "forbidden" in l.lower() or "missing permission" in l or " 403" in l]
+        assert refused == [], "\n".join(refused)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(timeout=90) == 0, "\n".join(lines[-30:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # an assertion failed: stop as Ctrl-C does, so the node undoes its host changes
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         reader.join(10)
     assert "Control plane stopped." in lines
     assert host_snapshot() == before

@@ -155,10 +155,11 @@ def test_a_crd_name_over_253_characters_is_refused():
 # -- rendering ------------------------------------------------------------------------------
 
 
-EXPECTED_FILES = {
-    ".dockerignore", ".gitignore", "Dockerfile", "README.md", "crd.yaml", "example.yaml", "handlers.py", "pyproject.toml",
+RENDERED_FILES = {
+    ".dockerignore", ".gitignore", "Dockerfile", "README.md", "example.yaml", "handlers.py", "pyproject.toml",
     "tests/test_handlers.py", "tests/test_integration.py", "values.yaml",
 }
+EXPECTED_FILES = RENDERED_FILES | {"rbac-values.yaml"}  # create() adds what `declop rbac --values` writes
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +168,7 @@ def files():
 
 
 def test_the_project_has_every_file_and_no_placeholder_left(files):
-    assert set(files) == EXPECTED_FILES
+    assert set(files) == RENDERED_FILES  # no crd.yaml: the model in handlers.py is the CRD
     for path, content in files.items():
         assert "${" not in content, path
 
@@ -177,8 +178,33 @@ def test_the_python_files_compile(files, path):
     compile(files[path], path, "exec")
 
 
-def test_the_crd_uses_the_derived_names(files):
-    crd = yaml.safe_load(files["crd.yaml"])
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A project written by create(), its handlers loaded into a registry of the test's own."""
+    target, _ = create(names_for("Policy", "security.example.com", "v1beta1"), tmp_path_factory.mktemp("policy"))
+    return target
+
+
+@pytest.fixture(scope="module")
+def loaded(project):
+    import runpy
+
+    from declop import registry as registry_module
+
+    own = registry_module.Registry()
+    saved, registry_module.default_registry = registry_module.default_registry, own
+    try:
+        module = runpy.run_path(str(project / "handlers.py"), run_name="policy_handlers")
+    finally:
+        registry_module.default_registry = saved
+    return module, own
+
+
+def test_the_crd_is_made_from_the_model_with_the_derived_names(loaded):
+    from declop.typed.crd import definitions
+
+    module, _ = loaded
+    (crd,) = definitions([module["Policy"]])
     assert crd["metadata"]["name"] == "policies.security.example.com"
     assert crd["spec"]["group"] == "security.example.com"
     assert crd["spec"]["names"] == {"kind": "Policy", "listKind": "PolicyList", "plural": "policies", "singular": "policy"}
@@ -188,8 +214,22 @@ def test_the_crd_uses_the_derived_names(files):
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Message", "Ready", "Age"]
     schema = version["schema"]["openAPIV3Schema"]["properties"]
-    assert schema["spec"]["required"] == ["message"]
-    assert schema["status"]["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+    spec = schema["spec"]
+    assert spec["required"] == ["message"]
+    assert (spec["properties"]["message"]["minLength"], spec["properties"]["message"]["maxLength"]) == (1, 1024)
+    assert spec["properties"]["key"]["default"] == "message"
+    status = schema["status"]["properties"]
+    assert status["observedGeneration"]["type"] == "integer"
+    assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_declop_crd_prints_the_models_crd(project):
+    result = subprocess.run(
+        [sys.executable, "-m", "declop", "crd", "handlers.py"], cwd=project, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    (crd,) = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert crd["metadata"]["name"] == "policies.security.example.com"
 
 
 def test_the_example_is_a_resource_of_the_crd(files):
@@ -198,20 +238,59 @@ def test_the_example_is_a_resource_of_the_crd(files):
     assert example["spec"]["message"]
 
 
-def test_the_handler_registers_the_resource_with_its_finalizer(files):
+def test_the_handler_takes_the_typed_model_and_registers_it_with_its_finalizer(files, loaded):
     handlers = files["handlers.py"]
-    assert '@declop.reconciler("policies.security.example.com", finalizer=FINALIZER, owns=["configmaps"])' in handlers
+    assert "@declop.reconciler(Policy, finalizer=FINALIZER, owns=[\"configmaps\"])" in handlers
+    assert "obj: Policy | None" in handlers
     assert 'FINALIZER = "policies.security.example.com/cleanup"' in handlers
     assert "declop.conditions.set(" in handlers and "declop.create_or_update(" in handlers
+    _, registry = loaded
+    (registration,) = registry.registrations
+    assert registration.model.__name__ == "Policy"
+    assert registration.finalizer == "policies.security.example.com/cleanup"
 
 
-def test_the_values_grant_the_resource_and_the_configmaps(files):
+def test_the_rbac_values_are_what_declop_rbac_writes(project):
+    """create() wrote rbac-values.yaml in process; the command writes the same bytes."""
+    out = project.parent / "rbac-from-the-command.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "declop", "rbac", "handlers.py", "--values", str(out)],
+        cwd=project, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (project / "rbac-values.yaml").read_text() == out.read_text()
+
+
+def test_the_rbac_values_grant_the_resource_the_configmaps_and_events(project):
+    values = yaml.safe_load((project / "rbac-values.yaml").read_text())
+    rules = {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in values["rbac"]["generated"]}
+    assert rules == {
+        ("security.example.com", "policies"): ["get", "list", "watch", "patch"],
+        ("security.example.com", "policies/status"): ["update", "patch"],
+        ("security.example.com", "policies/finalizers"): ["update"],
+        ("", "configmaps"): ["get", "list", "watch", "create", "update", "patch", "delete"],
+        ("events.k8s.io", "events"): ["create", "patch"],
+    }
+    assert set(values) == {"rbac"}  # no webhooks
+
+
+def test_generating_the_rbac_values_leaves_the_callers_registry_alone(tmp_path):
+    before = list(declop.registry.default_registry.registrations)
+    create(names_for("Widget", "example.com"), tmp_path)
+    assert (tmp_path / "rbac-values.yaml").is_file()
+    assert declop.registry.default_registry.registrations == before
+    assert not [name for name, m in list(sys.modules.items()) if str(getattr(m, "__file__", None) or "").startswith(str(tmp_path))]
+
+
+def test_a_kind_that_handlers_py_imports_is_refused():
+    with pytest.raises(ScaffoldError, match="Kind 'BaseModel' is a name the generated handlers.py imports"):
+        names_for("BaseModel", "example.com")
+
+
+def test_the_values_leave_the_rbac_to_the_generated_file(files):
     values = yaml.safe_load(files["values.yaml"])
-    assert values["handlers"] == {"example": False}
-    assert values["rbac"]["watch"] == [
-        {"group": "security.example.com", "resource": "policies", "finalizers": True, "status": True},
-        {"group": "", "resource": "configmaps", "verbs": ["create", "update"]},
-    ]
+    assert values == {"handlers": {"example": False}}
+    assert "-f values.yaml -f rbac-values.yaml" in files["values.yaml"]
 
 
 def test_the_values_use_only_keys_the_chart_knows(files):
@@ -220,12 +299,14 @@ def test_the_values_use_only_keys_the_chart_knows(files):
     chart = yaml.safe_load((ROOT / "charts" / "declop" / "values.yaml").read_text())
     assert set(values) <= set(chart)
     assert set(values["handlers"]) <= set(chart["handlers"])
-    assert set(values["rbac"]) <= set(chart["rbac"])
+    assert "rbac" not in values
 
 
 def test_the_readme_tells_the_next_commands(files):
     readme = files["README.md"]
-    assert "declop dev handlers.py -f crd.yaml" in readme
+    assert "declop dev handlers.py " in readme and "crd.yaml" not in readme.replace("-o crd.yaml", "")
+    assert "declop crd handlers.py" in readme
+    assert "declop rbac handlers.py --values rbac-values.yaml" in readme
     assert "\npytest" in readme
     assert "kubectl apply -f example.yaml" in readme
 
@@ -274,7 +355,7 @@ def test_create_refuses_a_file(tmp_path):
 def test_the_default_folder_is_named_after_the_kind(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     target, _ = create(names_for("Widget", "example.com"))
-    assert target == Path("widget-operator") and (tmp_path / "widget-operator" / "crd.yaml").is_file()
+    assert target == Path("widget-operator") and (tmp_path / "widget-operator" / "rbac-values.yaml").is_file()
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -291,7 +372,8 @@ def test_the_command_prints_what_it_wrote_and_what_to_do_next(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Created widgets.example.com (example.com/v1, Kind Widget) in widget-operator/:\n")
     assert "  handlers.py\n" in result.stdout and "  tests/test_integration.py\n" in result.stdout
-    assert result.stdout.endswith("Next:\n  cd widget-operator\n  declop dev handlers.py -f crd.yaml\n  pytest\n")
+    assert "  rbac-values.yaml\n" in result.stdout
+    assert result.stdout.endswith("Next:\n  cd widget-operator\n  declop dev handlers.py\n  pytest\n")
 
 
 @pytest.mark.parametrize(
@@ -322,7 +404,7 @@ def test_the_command_warns_about_a_singular_kubectl_gives_to_a_built_in(tmp_path
         "declop: warning: `kubectl get job` lists the built-in jobs.batch, not your Job: use `kubectl get tasks` "
         "or `kubectl get tasks.example.com` (or give another Kind)\n"
     )
-    assert (tmp_path / "job-operator" / "crd.yaml").exists()
+    assert (tmp_path / "job-operator" / "handlers.py").exists()
 
 
 def test_the_dockerfile_builds_the_operator_from_this_declops_image(files):

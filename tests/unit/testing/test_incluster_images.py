@@ -1,12 +1,13 @@
 """declop.testing.incluster's choice of images for `declop dev --node`: the project's own image
-when a Dockerfile sits beside the handlers (not declop's checkout), else declop's (no build here)."""
+when a Dockerfile sits beside the handlers (not declop's checkout), else declop's (no build here);
+and its RBAC: the project's rbac-values.yaml when there is one."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from declop.testing.buildkit import BuiltImage
-from declop.testing.incluster import DevImages, _image_name, project_folder
+from declop.testing.incluster import DevImages, _image_name, project_folder, project_rbac
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,3 +47,16 @@ def test_the_pod_runs_the_project_image_when_there_is_one() -> None:
     both = DevImages(declop, own)
     assert both.runs == "widget-operator:dev"
     assert both.tars == (Path("/c/declop.tar"), Path("/c/widget.tar"))
+
+
+def test_a_projects_rbac_values_beside_the_handlers_are_its_rbac(tmp_path: Path) -> None:
+    """What `declop dev --node` installs the chart with instead of DEV_RBAC (everything)."""
+    project = tmp_path / "widget-operator"
+    project.mkdir()
+    (project / "handlers.py").write_text("")
+    assert project_rbac([str(project / "handlers.py")]) is None
+    (project / "rbac-values.yaml").write_text("rbac:\n  generated: []\n")
+    assert project_rbac([str(project / "handlers.py")]) == project / "rbac-values.yaml"
+    assert project_rbac([str(project)]) == project / "rbac-values.yaml"  # a folder of handlers
+    assert project_rbac([str(tmp_path / "elsewhere.py"), str(project / "handlers.py")]) is None  # the first path decides
+    assert project_rbac([]) is None
