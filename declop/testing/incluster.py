@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from declop.assets import files as shipped
+from declop.dev import scaffold
 from declop.errors import ConfigError
 from declop.testing.buildkit import BuildKit, BuiltImage, _cache_root, manifest_digest
 from declop.testing.controlplane import ControlPlane
@@ -51,15 +52,7 @@ __all__ = [
 #: nothing the user cares about lives there. Production RBAC comes from the chart's values.
 DEV_RBAC = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
 #: the chart values ``declop rbac handlers.py --values`` writes into a project (``declop new`` does)
-RBAC_VALUES = "rbac-values.yaml"
-_INPUTS = (
-    "Dockerfile",
-    "setup.cfg",
-    "pyproject.toml",
-    "README.md",
-    "requirements/image.lock",
-    "requirements/build.lock",
-)
+RBAC_VALUES = scaffold.RBAC_VALUES
 
 
 def handler_files(paths: Iterable[str]) -> list[Path]:
@@ -87,7 +80,7 @@ def cached_declop_image(source: Path, cache: Path, builder: BuildKit | None = No
     from declop.testing.image import declop_image
 
     digest = hashlib.sha256()
-    inputs = [source / name for name in _INPUTS] + sorted((source / "declop").rglob("*.py"))
+    inputs = [source / name for name in shipped.IMAGE_FILES] + sorted((source / "declop").rglob("*.py"))
     for path in inputs:
         digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes())
     tar = cache / f"declop-{__version__}-{digest.hexdigest()[:12]}.tar"
