@@ -31,19 +31,22 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import click
 
 from declop.version import __version__
 from declop.errors import ConfigError, DeclopError
-from declop.dev.loop import DevLoop, Sources
 from declop.loader import expand, load
-from declop.dev.manifests import from_models, read as read_manifests
 from declop.logs import configure
 from declop.manager import Manager, Options
 from declop.registry import default_registry
 from declop.kube.transport import load_configuration
+
+if TYPE_CHECKING:
+    # `declop run` never needs these: the dev loop and the CRD generator load pydantic and YAML
+    # (~8 MiB of a run's baseline), so the commands that use them import them when they run
+    from declop.dev.loop import Sources
 
 __all__ = ["main"]
 
@@ -342,6 +345,8 @@ def dev(**kw: Any) -> None:
     if not kw["verbose"]:
         logging.getLogger("watchfiles").setLevel(logging.WARNING)  # not a line per saved file
     _check_lease_timings(kw)
+    from declop.dev.loop import DevLoop, Sources
+    from declop.dev.manifests import from_models, read as read_manifests
     from declop.testing.controlplane import ControlPlane
 
     if kw["node"]:
@@ -431,6 +436,8 @@ def _find_module(name: str) -> Any:
 
 def _apply_once(configuration: Any, kw: dict[str, Any], sources: Sources, loaded: Sequence[Any]) -> None:
     """Apply the -f files and the CRDs of the models of the ``loaded`` handler modules."""
+    from declop.dev.loop import DevLoop
+
     devloop = DevLoop(configuration, _options(kw), sources, reload=False, loaded=True, modules=loaded, echo=_echo)
     asyncio.run(devloop.apply_manifests())
 
@@ -474,6 +481,8 @@ def crd(paths: tuple[str, ...], modules: tuple[str, ...], output: str | None, we
     """
     if not paths and not modules:
         raise ConfigError("nothing to read: pass handler files (declop crd handlers.py) or -m module")
+    from declop.dev.manifests import from_models
+
     loaded = load(paths, modules)
     manifests = from_models(loaded, default_registry, webhook_service=webhook_service, webhook_url=webhook_url, webhook_port=webhook_port)
     if not manifests:

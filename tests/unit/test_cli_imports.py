@@ -1,0 +1,27 @@
+"""What ``declop run`` loads: the commands that need pydantic or YAML import them when they run.
+
+A run's baseline memory is what every replica pays (issue 24); the dev loop and the CRD generator
+bring pydantic and PyYAML (~8 MiB), which a run of handlers without typed models never uses.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+RUN_PATH = "import sys, declop.cli, declop.manager, declop.registry, declop.loader"
+
+
+@pytest.mark.parametrize("module", ["pydantic", "yaml", "declop.dev.loop", "declop.typed"])
+def test_the_run_path_does_not_import(module: str) -> None:
+    code = f"{RUN_PATH}; assert {module!r} not in sys.modules, sorted(m for m in sys.modules if m.startswith({module!r}))"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_crd_command_still_finds_its_generator() -> None:
+    """The lazy import is inside the command: ``declop crd`` of a file without models still answers."""
+    out = subprocess.run([sys.executable, "-m", "declop", "crd", "-m", "declop.predicates"], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "no typed model in -m declop.predicates" in out.stderr
