@@ -615,7 +615,7 @@ def assets() -> None:
 @assets.command("build", short_help="Build the binaries once (or find them built); print their folder.")
 @click.option("--node", is_flag=True, help="Build the local node's binaries instead (kubelet, kube-proxy, kube-scheduler, BuildKit, pause; declop dev --node), installing its Debian packages when missing (root).")
 def assets_build(node: bool) -> None:
-    """Build the binaries that are missing (10-20 min the first time, then instant).
+    """Build the binaries that are missing (~15 min the first time on 2 cores, then instant).
 
     Progress goes to stderr; the folder is the last line of stdout. Builds into
     $DECLOP_ASSETS_DIR when set, else ~/.cache/declop/controlplane/<version>-<key>.

@@ -199,7 +199,9 @@ def test_build_runs_the_packaged_script_for_what_is_missing(cache: Path, fake_go
     assert any(c.endswith("k8s.io/kubernetes/cmd/kube-apiserver") for c in calls)
     progress = err.getvalue().splitlines()
     assert progress[0] == f"[controlplane] building kube-apiserver kube-controller-manager helm for Kubernetes {assets.kubernetes_version()} into {folder}"
-    assert progress[-1] == f"[controlplane] done: {folder}"
+    assert re.fullmatch(rf"\[controlplane\] done in \d+ s: {re.escape(str(folder))}", progress[-1])
+    steps = [line.split("] ", 2)[1] for line in progress if line.startswith("[controlplane] [")]
+    assert steps == ["[1/3", "[2/3", "[3/3"]  # every binary says where the build stands
 
 
 def test_build_honours_declop_assets_dir(cache: Path, fake_go: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,7 +228,7 @@ def test_declop_assets_build_prints_the_folder_last_and_progress_on_stderr(cache
     assert out.returncode == 0, out.stderr
     folder = str(assets.cache_folder())
     assert out.stdout.splitlines()[-1] == folder
-    assert out.stderr.splitlines()[-1] == f"[controlplane] done: {folder}"
+    assert re.fullmatch(rf"\[controlplane\] done in \d+ s: {re.escape(folder)}", out.stderr.splitlines()[-1])
     again = run_cli("assets", "build", env=dict(os.environ))
     assert (again.stdout, again.stderr) == (f"{folder}\n", f"[controlplane] up to date: {folder}\n")
 
