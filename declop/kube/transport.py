@@ -18,7 +18,8 @@ Owns:
 - request counters by verb, used by tests and benchmarks to prove "no reads on the hot path";
 - the write fence of a reconcile call (:mod:`declop.kube.fencing`): a request other than a GET
   made for a call whose Lease is not known valid raises :class:`~declop.errors.Fenced` instead
-  of being sent — checked before it is counted and again right before every attempt goes out.
+  of being sent — checked right before every attempt goes out (after the rate-limit wait, after
+  a retry's), once per attempt; a refused request is not counted.
 
 Invariants:
 - no model object is ever built: bodies are decoded to plain dicts/lists (orjson when installed);
@@ -281,9 +282,6 @@ class Transport:
         if data is not None and content_type is None:
             content_type = "application/json"
         fence = current() if method != "GET" else None  # a write of a reconcile call under a Lease
-        if fence is not None:
-            fence.check(method, path)  # fenced already: not even counted
-        self._count(method, path, params)
         bucket = self._buckets[lane]
         if bucket is not None:
             delay = bucket.when(None)
@@ -298,7 +296,9 @@ class Transport:
         for attempt in range(self._retries + 1):
             headers = await self._headers(content_type)
             if fence is not None:
-                fence.check(method, path)  # the last moment before it is sent (after any wait)
+                fence.check(method, path)  # the last moment before it is sent: after every wait
+            if not attempt:
+                self._count(method, path, params)
             if accept:
                 headers["Accept"] = accept
             try:
