@@ -10,9 +10,10 @@ The outcome table (:func:`settle`; the first row that matches):
 ==========================================  ========================================================
 the call…                                   the queue… (the ``result`` label)
 ==========================================  ========================================================
-had a write fenced (``Fenced``: its Lease     ``forget``: not retried here, no backoff — the Lease's new
-is not known valid), whatever the handler     owner reconciles the key; one WARNING naming the Lease
-did with the exception                        and the refused request (``fenced``)
+had a write refused (``Fenced``)            ``forget``: not retried here, no backoff — the Lease's
+                                            new owner reconciles the key; one WARNING naming the
+                                            Lease and the refused request (``fenced``); also when
+                                            the handler caught ``Fenced`` and returned
 failed its typed model (``InvalidObject``)  ``forget``: not retried, the handler was not called; one
                                             WARNING per resourceVersion naming the fields, and a
                                             Warning Event ``InvalidObject`` on the object
