@@ -40,6 +40,7 @@ from declop.version import __version__ as __version__
 from declop import conditions as conditions
 from declop.cache.store import clone as clone
 from declop.errors import Conflict as Conflict
+from declop.errors import Fenced as Fenced
 from declop.errors import NotFound as NotFound
 from declop.errors import TerminalError as TerminalError
 from declop.kube.keys import Request as Request
@@ -75,6 +76,7 @@ __all__ = [
     "Client",
     "Conflict",
     "CustomResource",
+    "Fenced",
     "NotFound",
     "Phase",
     "Rejected",

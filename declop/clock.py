@@ -18,6 +18,7 @@ simulator (:mod:`declop.testing.sim`) can make every clock a replica reads virtu
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -29,12 +30,12 @@ MONOTONIC: Clock = time.monotonic
 WALL_CLOCK: Clock = time.time
 
 
-def _boottime() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-#: monotonic, and counting suspended time where the platform can (see the module docstring)
-LEASE_CLOCK: Clock = _boottime if hasattr(time, "CLOCK_BOOTTIME") else MONOTONIC
+#: monotonic, and counting suspended time where the platform can (see the module docstring);
+#: a partial, not a def: every fenced write reads it (``bench/fence_check.py``), and a Python
+#: wrapper more than doubled the cost of a read
+LEASE_CLOCK: Clock = (
+    functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else MONOTONIC
+)
 
 
 class FakeClock:

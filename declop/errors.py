@@ -12,11 +12,13 @@ Every error declop raises on purpose derives from :class:`DeclopError`::
      ├── CacheNotSyncedError    a read hit a cache that has not listed yet; retried like any failure
      ├── ReconcileTimeout       an async handler passed its timeout=: cancelled, retried (also a TimeoutError)
      ├── InvalidObject          a cached object fails the handler's typed model (``obj: Widget``): skipped
+     ├── Fenced                 a call's write was not sent: its Lease is not known valid; the key is left
      └── TerminalError          raised by a handler: log, count, and do not retry
           └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
 
 Who handles what: handlers raise ``TerminalError`` and may catch ``NotFound``/``Conflict``;
-controllers turn every other exception into a rate-limited retry; only ``cli.py`` maps
+controllers end a call that met ``Fenced`` without a retry (whatever the handler made of it) and
+turn every other exception into a rate-limited retry; only ``cli.py`` maps
 ``ConfigError`` (and unreachable/forbidden apiservers) to exit codes.
 """
 
@@ -28,6 +30,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "DeclopError",
+    "Fenced",
     "Forbidden",
     "InvalidObject",
     "InvalidResult",
@@ -130,3 +133,15 @@ class InvalidObject(DeclopError, ValueError):
         self.problems = problems
         self.report = report
         super().__init__("; ".join(problems) or "invalid object")
+
+
+class Fenced(DeclopError):
+    """A write of a reconcile call was not sent: the Lease that covers the call's key (the leader
+    Lease, or the Lease of the key's hash range) is not known valid on this replica at that instant.
+
+    Raised by every write through declop's client during such a call (and by the finalizer
+    writes and Events made for it), checked just before the request would go out. The call
+    ends: no retry on this replica, no backoff — the Lease's new owner reconciles the key. A
+    handler that catches it changes nothing: its later writes are refused too, and the call is
+    settled as fenced all the same. The message names the request and the Lease.
+    """

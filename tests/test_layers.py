@@ -54,6 +54,7 @@ ORDER = [
     "kube.resource",
     "kube.credentials",
     "kube.proxy",
+    "kube.fencing",
     "kube.kubeconfig",
     "kube.transport",
     "kube.discovery",

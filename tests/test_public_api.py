@@ -21,6 +21,7 @@ EXPECTED = {
     "Client",
     "Conflict",
     "CustomResource",
+    "Fenced",
     "NotFound",
     "Phase",
     "Rejected",
@@ -71,7 +72,9 @@ def test_the_surface_is_locked() -> None:
 
 
 def test_the_front_door_is_small() -> None:
-    assert len(declop.__all__) <= 30
+    # 31, not 30: declop.Fenced (issue 22) is raised by a handler's own writes once its Lease is
+    # gone, so a handler that catches broadly must be able to name it from the front door.
+    assert len(declop.__all__) <= 31
 
 
 def test_star_import_gives_exactly_all() -> None:

@@ -15,7 +15,11 @@ Owns:
   client-go gives each client its own limiter for the same reason. Watches are long-lived and not
   counted. A wait that is cancelled gives its token back;
 - ``request()`` for JSON calls and ``stream()`` for watch lines; 429/503 ``Retry-After`` honoured;
-- request counters by verb, used by tests and benchmarks to prove "no reads on the hot path".
+- request counters by verb, used by tests and benchmarks to prove "no reads on the hot path";
+- the write fence of a reconcile call (:mod:`declop.kube.fencing`): a request other than a GET
+  made for a call whose Lease is not known valid raises :class:`~declop.errors.Fenced` instead
+  of being sent — checked right before every attempt goes out (after the rate-limit wait, after
+  a retry's), once per attempt; a refused request is not counted.
 
 Invariants:
 - no model object is ever built: bodies are decoded to plain dicts/lists (orjson when installed);
@@ -40,6 +44,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 import aiohttp
 
 from declop.errors import ApiError, Conflict, Forbidden, NotFound
+from declop.kube.fencing import current
 from declop.kube.kubeconfig import RestConfig, from_kubernetes
 from declop.kube.proxy import redact_text
 from declop.kube.kubeconfig import load as load_kubeconfig
@@ -276,7 +281,7 @@ class Transport:
         data = None if body is None else (body if isinstance(body, bytes) else dumps(body))
         if data is not None and content_type is None:
             content_type = "application/json"
-        self._count(method, path, params)
+        fence = current() if method != "GET" else None  # a write of a reconcile call under a Lease
         bucket = self._buckets[lane]
         if bucket is not None:
             delay = bucket.when(None)
@@ -290,6 +295,10 @@ class Transport:
         reauthorized = False
         for attempt in range(self._retries + 1):
             headers = await self._headers(content_type)
+            if fence is not None:
+                fence.check(method, path)  # the last moment before it is sent: after every wait
+            if not attempt:
+                self._count(method, path, params)
             if accept:
                 headers["Accept"] = accept
             try:

@@ -1,9 +1,9 @@
 """Call: one reconcile of one key — what the handler gets, how it is called, what came of it.
 
 Owns :class:`Call` (a key's reconcile from the moment a worker takes it until it is settled),
-the handler's calls themselves — :func:`call_with_timeout` for an ``async def`` handler,
-:func:`run_batch` for the plain calls a worker runs in one executor job — and the stall watch of
-such a batch (:class:`Watch`, :func:`watch`): once a call has run for
+the handler's calls themselves — :func:`call_async` (:func:`call_with_timeout` with a timeout)
+for an ``async def`` handler, :func:`run_batch` for the plain calls a worker runs in one executor
+job — and the stall watch of such a batch (:class:`Watch`, :func:`watch`): once a call has run for
 :data:`~declop.queue.batches.STALL_AFTER`, the calls behind it go back to the queue. Also the
 hooks a controller reports to (:class:`ControllerMetrics`) and :class:`ControllerState`, the
 controller as the steps of a key's life (:mod:`declop.reconcile.fence`,
@@ -20,7 +20,10 @@ Invariants:
 - a given-back call keeps its trace (its causes go back ahead of newer ones) and, when we added
   our finalizer for its CREATED call, its key is remembered so the next run still sees CREATED;
 - a handler's own ``TimeoutError`` stays its error; only an expired ``timeout`` becomes
-  :class:`~declop.errors.ReconcileTimeout`.
+  :class:`~declop.errors.ReconcileTimeout`;
+- a handler runs with its call's write fence current (``call.fence``, :mod:`declop.kube.fencing`;
+  in the worker's task, or in the executor thread around each call of a batch), and never with
+  another call's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from declop.errors import ReconcileTimeout
 from declop.kube.discovery import ResourceInfo
+from declop.kube.fencing import WriteFence, enter, leave
 from declop.kube.keys import Request
 from declop.leases.shards import ShardSet
 from declop.logs import ReconcileLogger
@@ -44,7 +48,8 @@ from declop.reconcile.result import Phase
 from declop.reconcile.trigger import Trace, Trigger
 
 __all__ = [
-    "Call", "ControllerMetrics", "ControllerState", "Watch", "call_with_timeout", "held", "run_batch", "watch",
+    "Call", "ControllerMetrics", "ControllerState", "Watch", "call_async", "call_with_timeout", "held", "run_batch",
+    "watch",
 ]
 
 
@@ -84,6 +89,8 @@ class ControllerState(Protocol):
     queue: WorkQueue[Request]
     recent: collections.deque[dict[str, Any]] | None
     reconciles: int
+    fence: Callable[[], bool] | None
+    fence_lease: str
     fenced: int
     shards: ShardSet | None
     unowned: int
@@ -111,7 +118,7 @@ class Call:
 
     __slots__ = (
         "key", "started", "reconcile_id", "logger", "phase", "obj", "kwargs", "add_finalizer", "called",
-        "finished", "held", "outcome", "error", "stale", "trace", "trigger", "ran", "shard",
+        "finished", "held", "outcome", "error", "stale", "trace", "trigger", "ran", "shard", "fence",
     )
 
     def __init__(self, key: Request, started: float, reconcile_id: str) -> None:
@@ -131,6 +138,7 @@ class Call:
         self.trigger: Trigger | None = None  # the frozen trace, when someone reads it
         self.ran = 0.0  # seconds a plain handler ran (measured only with a timeout)
         self.shard = -1  # the key's range in sharded mode
+        self.fence: WriteFence | None = None  # the Lease its writes are checked against (None: no Lease)
 
 
 def held(keys: list[Request], calls: list[Call]) -> list[Request]:
@@ -159,6 +167,22 @@ async def call_with_timeout(c: ControllerState, call: Call, timeout: float) -> N
         call.error = exc
 
 
+async def call_async(c: ControllerState, call: Call) -> None:
+    """Await an ``async def`` handler with its call's write fence current, within the
+    registration's ``timeout`` if it has one (:func:`call_with_timeout`)."""
+    token = enter(call.fence)
+    try:
+        timeout = c.registration.timeout
+        if timeout is None:
+            call.outcome = await c.registration.fn(**call.kwargs)
+        else:
+            await call_with_timeout(c, call, timeout)
+    except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
+        call.error = exc
+    finally:
+        leave(token)
+
+
 def run_batch(
     fn: Callable[..., Any],
     calls: Iterable[Call],
@@ -179,10 +203,13 @@ def run_batch(
             continue
         call.called = True
         began = time.monotonic() if timed else 0.0
+        token = enter(call.fence)  # in this thread: the sync client's requests carry it to the loop
         try:
             call.outcome = fn(**call.kwargs)
         except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
             call.error = exc
+        finally:
+            leave(token)
         if timed:
             call.ran = time.monotonic() - began
         call.finished = True  # last: everything above is final when the loop sees it

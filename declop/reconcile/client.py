@@ -20,6 +20,10 @@ threads) blocks; :class:`AsyncClient` (for ``async def`` handlers) returns corou
   Job deleted without ``propagation="Background"`` orphans its Pods (the apiserver's default for Jobs)
 - ``event(obj, reason, message, type="Normal"|"Warning")`` — a Kubernetes Event; never fails
 
+During a reconcile under a Lease (``--leader-elect``, ``--shards``) every write is checked
+against that Lease just before it is sent and raises :class:`~declop.errors.Fenced`, unsent,
+once it is not known valid (:mod:`declop.kube.fencing`; the transport does the check).
+
 ``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write,
 or for the body of an object whose cache holds metadata only: ``metadata_only=True``).
 A resource cached only as metadata (``PartialObjectMetadata``) is read as metadata from the
@@ -389,7 +393,8 @@ class AsyncClient(_Base):
         people, ``type`` is ``"Normal"`` (the default) or ``"Warning"`` — what ``kubectl get events
         --field-selector type=Warning`` selects. Repeats are folded into one Event with a count,
         bursts are rate-limited, and a failure to record is logged, never raised: an Event never
-        fails the reconcile.
+        fails the reconcile — except :class:`~declop.errors.Fenced`, which ends a call whose
+        Lease is not known valid, as any of its writes does.
         """
         if self._ctx.recorder is not None:
             await self._ctx.recorder.record(obj, reason, message, type, controller=self.controller)
@@ -552,7 +557,8 @@ class Client(_Base):
         people, ``type`` is ``"Normal"`` (the default) or ``"Warning"`` — what ``kubectl get events
         --field-selector type=Warning`` selects. Repeats are folded into one Event with a count,
         bursts are rate-limited, and a failure to record is logged, never raised: an Event never
-        fails the reconcile.
+        fails the reconcile — except :class:`~declop.errors.Fenced`, which ends a call whose
+        Lease is not known valid, as any of its writes does.
         """
         self._run(self._async.event(obj, reason, message, type))
 

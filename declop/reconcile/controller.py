@@ -27,6 +27,8 @@ Invariants:
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
 - a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
 - no reconcile starts unless the fences allow it at that moment (:mod:`declop.reconcile.fence`);
+  once started, none of its writes is sent unless its Lease is known valid at that moment
+  (:mod:`declop.kube.fencing`; a refused one ends the call, settled as fenced: not retried);
 - every key a source adds is noted in that key's :class:`~declop.reconcile.trigger.Trace`; a worker
   takes the trace with the key, so each reconcile knows every cause since its key's previous run
   (``trigger``);
@@ -57,9 +59,9 @@ from declop.queue.priority import NORMAL, PriorityQueue
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
 from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
 from declop.reconcile.call import ControllerMetrics as ControllerMetrics
-from declop.reconcile.call import Call, Watch, call_with_timeout, held, run_batch, watch
+from declop.reconcile.call import Call, Watch, call_async, held, run_batch, watch
 from declop.reconcile.client import ClientContext
-from declop.reconcile.fence import fence_closed, owned, shard_of
+from declop.reconcile.fence import fence_closed, lease_of, owned, shard_of
 from declop.reconcile.filters import finalizer_work, ident, is_our_echo, only_churn
 from declop.reconcile.mapping import KeyMapper
 from declop.reconcile.outcome import complete, finish
@@ -142,6 +144,8 @@ class Controller:
         self.reconciles = 0  # total handler calls, for tests and statistics
         #: may a reconcile start now? (the manager's Lease fence; None: always)
         self.fence = fence
+        #: the Lease behind ``fence``, for the message of a fenced write
+        self.fence_lease = lease_of(fence)
         self.fenced = 0  # keys the fence stopped before their reconcile started
         #: this controller's ranges in sharded mode (None: not sharded)
         self.shards = shards
@@ -388,13 +392,7 @@ class Controller:
                             self.unowned += 1
                             continue  # its range is draining or lost: dropped (done() below)
                         call.called = True
-                        if reg.timeout is None:
-                            try:
-                                call.outcome = await reg.fn(**call.kwargs)
-                            except Exception as exc:  # noqa: BLE001
-                                call.error = exc
-                        else:
-                            await call_with_timeout(self, call, reg.timeout)
+                        await call_async(self, call)  # with its write fence current
                     await finish(self, call)
             else:
                 # Plain handlers: the prepared calls run in one executor job. With more than one

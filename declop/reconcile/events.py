@@ -3,7 +3,9 @@
 ``client.event(obj, "Scaled", "Scaled to 3 replicas")`` records an Event about ``obj``.
 
 Invariants:
-- recording never fails a reconcile: API errors are logged as warnings and dropped;
+- recording never fails a reconcile: API errors are logged as warnings and dropped — except
+  :class:`~declop.errors.Fenced` (the Event was not sent because the call's Lease is not known
+  valid, :mod:`declop.kube.fencing`), which ends the call like any of its writes;
 - a hot loop cannot flood the apiserver: each object has a token bucket (burst 25, one token
   every 5 minutes — client-go's spam filter); past it, Events are dropped and counted;
 - repeats of the same (object, type, reason, note) within 10 minutes update the existing
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from declop.clock import MONOTONIC, Clock
-from declop.errors import NotFound
+from declop.errors import Fenced, NotFound
 
 __all__ = ["EventRecorder"]
 
@@ -77,9 +79,12 @@ class EventRecorder:
     async def record(
         self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal", *, controller: str = ""
     ) -> None:
-        """Record (or count a repeat of) an Event about ``obj``. Never raises."""
+        """Record (or count a repeat of) an Event about ``obj``. Never raises, but
+        :class:`~declop.errors.Fenced` for a call whose Lease is not known valid."""
         try:
             await self._record(obj, reason, message, type, controller)
+        except Fenced:
+            raise  # the call's Lease is gone: the call ends, like any of its writes
         except Exception as exc:  # noqa: BLE001 - events are best effort
             log.warning("Could not record event", extra={"kv": {"reason": reason, "error": str(exc)}})
 

@@ -7,7 +7,8 @@ inside a batch (:func:`~declop.reconcile.call.run_batch`). In sharded mode
 (:mod:`declop.leases.shards`), a key belongs to one hash range, whose Lease must be known valid and
 not draining: :func:`owned` checks it when a worker takes the key, and ``shards.may_start`` again
 just before the handler call. Owns :func:`shard_of` (a key's range), :func:`owned` (a worker's
-keys, sorted) and :func:`fence_closed` (what a closed leader fence does).
+keys, sorted), :func:`fence_closed` (what a closed leader fence does) and :func:`write_fence`
+(the Lease a started call's writes are checked against, :mod:`declop.kube.fencing`).
 
 Invariants:
 - no reconcile starts — neither its finalizer write nor its handler call — unless ``fence()`` is
@@ -19,15 +20,21 @@ Invariants:
 - a key's range comes from the primary's uid (cached, or remembered from its last event) or from
   its namespace, per the registration's ``shard_by``; a key whose uid was never seen is dropped;
 - every reconcile of a range is counted in flight (``shards.begin``) from the moment its key
-  passes :func:`owned` until its batch ends (``shards.end``), so a drain waits for it.
+  passes :func:`owned` until its batch ends (``shards.end``), so a drain waits for it;
+- once started, a call's writes are checked against its Lease alone — the leader Lease, or its
+  range's Lease — and *not* against draining: a draining range lets its calls finish, a lost or
+  expired one refuses their writes (:class:`~declop.errors.Fenced`).
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request
 from declop.reconcile.call import ControllerState
 
-__all__ = ["fence_closed", "owned", "shard_of"]
+__all__ = ["fence_closed", "lease_of", "owned", "shard_of", "write_fence"]
 
 
 def shard_of(c: ControllerState, key: Request) -> int | None:
@@ -71,3 +78,22 @@ def fence_closed(c: ControllerState, keys: int) -> None:
         )
     c.fenced += keys
     c.halt()
+
+
+def lease_of(fence: Callable[[], bool] | None) -> str:
+    """``namespace/name`` of the Lease behind a leader fence (an elector's bound ``valid``)."""
+    elector: Any = getattr(fence, "__self__", None)
+    name, namespace = getattr(elector, "name", None), getattr(elector, "namespace", None)
+    return f"{namespace}/{name}" if name and namespace else "of the leader"
+
+
+def write_fence(c: ControllerState, key: Request, shard: int) -> WriteFence | None:
+    """The fence of a call of ``key`` (in range ``shard`` when sharded): its range's Lease, or the
+    leader Lease; None without either — then nothing is checked."""
+    shards = c.shards
+    if shards is not None:
+        e = shards.electors[shard]
+        return WriteFence(e.valid, f"{e.namespace}/{e.name}", key)
+    if c.fence is None:
+        return None
+    return WriteFence(c.fence, c.fence_lease, key)

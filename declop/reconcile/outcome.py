@@ -10,6 +10,10 @@ The outcome table (:func:`settle`; the first row that matches):
 ==========================================  ========================================================
 the call…                                   the queue… (the ``result`` label)
 ==========================================  ========================================================
+had a write refused (``Fenced``)            ``forget``: not retried here, no backoff — the Lease's
+                                            new owner reconciles the key; one WARNING naming the
+                                            Lease and the refused request (``fenced``); also when
+                                            the handler caught ``Fenced`` and returned
 failed its typed model (``InvalidObject``)  ``forget``: not retried, the handler was not called; one
                                             WARNING per resourceVersion naming the fields, and a
                                             Warning Event ``InvalidObject`` on the object
@@ -31,6 +35,8 @@ Invariants:
 - our finalizer is released only after a ``DELETING`` call succeeded (no error, a valid outcome),
   never for a stale copy; a failed release is the call's error (retried with backoff), and the
   object being deleted is remembered (while cached) so a stale copy of it is not reconciled again;
+- a call with a fenced write (:mod:`declop.kube.fencing`) is settled as fenced — one WARNING,
+  no retry, no finalizer release — even when the handler caught the exception and returned;
 - an invalid outcome is named by its type and the key, never by its contents (it may be a Secret);
 - an object that fails the handler's typed model (``obj: Widget``) is skipped until a new
   resourceVersion: no retry, no backoff. The next event (a fix) validates it again. An object
@@ -46,8 +52,9 @@ import asyncio
 import time
 from typing import Any
 
-from declop.errors import Conflict, InvalidObject, InvalidResult, TerminalError
+from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult, TerminalError
 from declop.hints import returned_dict
+from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.reconcile.call import Call, ControllerState
@@ -55,7 +62,7 @@ from declop.reconcile.filters import ident, own_write
 from declop.reconcile.finalizers import release_finalizer
 from declop.reconcile.result import Phase, Result, describe
 
-__all__ = ["complete", "finish", "invalid_outcome", "settle"]
+__all__ = ["complete", "finish", "invalid_outcome", "settle", "was_fenced"]
 
 
 def settle(
@@ -71,7 +78,11 @@ def settle(
     queue = c.queue
     if error is None:
         error = invalid_outcome(c.name, key, outcome)
-    if isinstance(error, InvalidObject):
+    if isinstance(error, Fenced):
+        logger.warning("Write fenced; the call ended and the key is left to the Lease's new owner", error=str(error))
+        queue.forget(key)
+        result = "fenced"
+    elif isinstance(error, InvalidObject):
         if error.report:
             logger.warning(
                 "Object fails its model; skipped until it changes",
@@ -122,8 +133,19 @@ def invalid_outcome(controller: str, key: Request, outcome: Any) -> InvalidResul
     )
 
 
+def was_fenced(call: Call) -> bool:
+    """A write of ``call`` was refused by its fence: that is its error, whatever the handler
+    raised or returned (it may have caught :class:`~declop.errors.Fenced`)."""
+    fence = call.fence
+    if fence is None or fence.tripped is None:
+        return False
+    call.error = fence.tripped
+    return True
+
+
 def complete(c: ControllerState, call: Call) -> None:
     """Settle the outcome and mark the key done."""
+    was_fenced(call)
     if c._uids is not None and call.obj is None:
         c._uids.pop(call.key, None)  # gone: its next event (a new object) brings a new uid
     bad = call.error if isinstance(call.error, InvalidObject) else None
@@ -193,7 +215,8 @@ async def finish(c: ControllerState, call: Call) -> None:
     """After the handler: release the finalizer after a successful DELETING call, then
     :func:`complete`."""
     if (
-        call.phase is Phase.DELETING
+        not was_fenced(call)
+        and call.phase is Phase.DELETING
         and call.error is None
         and not call.stale
         and c.registration.finalizer is not None
@@ -216,6 +239,10 @@ async def _release(c: ControllerState, call: Call) -> None:
     uid = (call.obj.get("metadata") or {}).get("uid")
     latest = c._lookup(call.key)
     base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
-    await own_write(c, call.key, base, lambda: release_finalizer(c.ctx.transport, c.resource, base, finalizer))
+    token = enter(call.fence)  # the release is a write of this call
+    try:
+        await own_write(c, call.key, base, lambda: release_finalizer(c.ctx.transport, c.resource, base, finalizer))
+    finally:
+        leave(token)
     if uid and c._lookup(call.key) is not None:  # (its deletion event pops it)
         c._released[ident(call.obj)] = uid

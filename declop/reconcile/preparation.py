@@ -24,8 +24,9 @@ Invariants:
   validation never gets it) and again when its view is built; a failure is the call's
   :class:`~declop.errors.InvalidObject`, marked ``report`` only the first time for its
   resourceVersion (``c._invalid``), and the handler is not called;
-- per key: one :class:`~declop.reconcile.call.Call`, one logger, one client, and no await unless
-  our finalizer is added.
+- per key: one :class:`~declop.reconcile.call.Call`, one logger, one client, one write fence
+  under a Lease (:func:`~declop.reconcile.fence.write_fence`; our finalizer patch is checked
+  against it too), and no await unless our finalizer is added.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ import uuid
 from typing import Any
 
 from declop.errors import InvalidObject
+from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.reconcile.call import Call, ControllerState
 from declop.reconcile.client import AsyncClient, Client
+from declop.reconcile.fence import write_fence
 from declop.reconcile.filters import ident, own_write
 from declop.reconcile.finalizers import ensure_finalizer
 from declop.reconcile.result import Phase, phase_of
@@ -69,6 +72,8 @@ def prepare(
     if shards is not None:
         call.shard = ranges[key]
         context["shard"] = f"{call.shard}/{shards.n}"
+    if shards is not None or c.fence is not None:
+        call.fence = write_fence(c, key, call.shard)
     if freeze:
         call.trigger = trace.freeze()
         if log_trigger:
@@ -126,7 +131,11 @@ async def add_finalizer(c: ControllerState, call: Call) -> None:
     try:
         finalizer = reg.finalizer
         assert finalizer is not None
-        obj = await own_write(c, key, obj, lambda: ensure_finalizer(c.ctx.transport, c.resource, obj, finalizer))
+        token = enter(call.fence)  # our finalizer patch is a write of this call
+        try:
+            obj = await own_write(c, key, obj, lambda: ensure_finalizer(c.ctx.transport, c.resource, obj, finalizer))
+        finally:
+            leave(token)
         call.obj = obj  # the patched object; then the arguments, as in prepare()
         call.kwargs = arguments(c, call, obj)
     except InvalidObject as exc:  # changed between the finalizer patch and the view

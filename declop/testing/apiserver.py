@@ -7,7 +7,7 @@ it applies.
 Invariants:
 - every write request is recorded as one :class:`Write`, in order, before it is served (a refused
   one too); a refusal (404, 409, 422 …) raises the :class:`~declop.errors.ApiError` the real
-  transport raises;
+  transport raises; a write under a closed fence (:mod:`declop.kube.fencing`) is not recorded;
 - a request body goes through a JSON round trip, as on the wire: one that is not JSON fails here;
 - objects live in real :class:`~declop.cache.store.Store` objects (so registry indexes work) and
   take their resourceVersion from one counter; a write naming a stale one is a 409 Conflict, a
@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from declop.cache.store import Store, Writer, clone
 from declop.errors import ConfigError
 from declop.kube.discovery import ResourceInfo
+from declop.kube.fencing import check
 from declop.kube.keys import Request, key_of
 from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
 from declop.reconcile.client import ClientContext
@@ -295,6 +296,7 @@ class FakeApiServer:
     async def record(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal", **_: Any) -> None:
         """The event recorder face: ``client.event(...)`` lands in :attr:`events`."""
         meta = obj.get("metadata") or {}
+        check("POST", f"/apis/events.k8s.io/v1/namespaces/{meta.get('namespace') or 'default'}/events")
         self.events.append(
             Write("event", "events", Request(meta.get("namespace") or "", meta.get("name") or ""),
                   {"reason": reason, "message": message, "type": type, "involvedObject": {
@@ -319,6 +321,7 @@ class FakeApiServer:
             if name is None:
                 return self._list(info, namespace, params or {})
             return _copy(self._get(info, namespace, name, method, path))
+        check(method, path)  # the write fence, as the transport: a fenced write is never sent
         body = _wire(body)
         patch_type = next((t for t, ct in PATCH_TYPES.items() if ct == content_type), None) if method == "PATCH" else None
         verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, "patch")

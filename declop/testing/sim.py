@@ -20,7 +20,10 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
   the same fence the controller uses (``elector.valid()``; ``ShardSet.may_start`` at the take and
   again just before the call, ``begin``/``end`` around it). A call lasts a random virtual
   duration, a few of them tens of seconds (a stuck handler); it cannot be cancelled — it ends
-  when it ends or when its process is gone.
+  when it ends or when its process is gone. At its end it writes its key through the write
+  fence the transport applies (:class:`~declop.kube.fencing.WriteFence` over the covering
+  Lease's ``valid()``): refused (``Fenced``, counted) or accepted at that instant — the sim has
+  no delay between the check and the apiserver.
 - **exits**: a replica that lost its leader Lease, or whose ``ShardLeases.run()`` returned
   (a range lost under a running call), is gone :data:`EXIT_BOUND` seconds later — the bound the
   manager claims for its stop after a loss — and restarts with empty memory after a delay.
@@ -33,7 +36,7 @@ Invariants, checked while the run goes (each violation is a :class:`Violation`, 
 time and the replica):
 
 - **I1** no two replicas run a call of the same key at once (except a replica paused during its
-  call: only fenced writes will stop it — contract.md §7);
+  call: nothing stops the call itself; fenced writes stop what it writes — I9);
 - **I2** a call starts only while the apiserver's record of the Lease covering its key names the
   replica and is unexpired (its last write + ``leaseDurationSeconds``; a Lease deleted by an
   administrator keeps its last record until it is created again);
@@ -41,7 +44,9 @@ time and the replica):
   still alive;
 - **I6** no replica releases (or deletes) a Lease while one of its calls under it still runs;
 - **I7** from two lease durations after the last fault (and the last exit or restart) until the
-  end, every Lease (every range) has a live owner whose fence is open.
+  end, every Lease (every range) has a live owner whose fence is open;
+- **I9** a write is accepted only from the replica the apiserver's record of the covering Lease
+  names, unexpired — a paused replica included: no exception.
 
 A run is a pure function of its :class:`Scenario` and seed: a failing one is reproduced by the
 one line :meth:`Result.repro` prints, and :func:`shrink` drops the faults it does not need
@@ -64,7 +69,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from declop.errors import ApiError
+from declop.errors import ApiError, Fenced
+from declop.kube.fencing import WriteFence
 from declop.leases.leader import LeaderElector
 from declop.leases.shards import ShardLeases, ShardSet, lease_name
 from declop.testing.apiserver import FakeApiServer
@@ -151,6 +157,8 @@ class Result:
     violations: list[Violation]
     calls: int = 0
     requests: int = 0
+    writes: int = 0  # accepted by the apiserver
+    fenced: int = 0  # refused by the write fence: never sent
 
     @property
     def ok(self) -> bool:
@@ -162,7 +170,7 @@ class Result:
     def report(self) -> str:
         lines = [f"{'FAIL' if self.violations else 'ok'} {self.repro()}", "faults:"]
         lines += [f"  {f}" for f in self.faults] or ["  (none)"]
-        lines += [f"calls: {self.calls}, Lease requests: {self.requests}"]
+        lines += [f"calls: {self.calls}, writes: {self.writes} (+{self.fenced} fenced), Lease requests: {self.requests}"]
         if self.violations:
             lines += ["first violation:", f"  {self.violations[0]}"]
             if len(self.violations) > 1:
@@ -209,6 +217,8 @@ class _Replica:
     stuck: float = 0.0  # the next call lasts this long
     exiting: bool = False
     fence: Callable[[str], bool] = lambda lease: False
+    #: the covering Lease's ``valid()``, which a call's writes are checked against
+    write_fence: Callable[[str], Callable[[], bool]] = lambda lease: lambda: False
     in_flight: dict[str, int] = field(default_factory=dict)  # lease -> calls running under it
     keys: dict[str, int] = field(default_factory=dict)  # key -> calls running
     since: dict[str, float] = field(default_factory=dict)  # key -> when the first of them started
@@ -220,8 +230,8 @@ class _Replica:
         return f"r{self.index}#{self.gen}"
 
     def was_paused(self, since: float) -> bool:
-        """Paused at some time after ``since``: it could not act on its loss (only fenced writes
-        would stop its calls, so I5 does not hold it to the bound)."""
+        """Paused at some time after ``since``: it could not act on its loss (nothing stops its
+        calls — fenced writes stop their writes, I9 —, so I1 and I5 do not hold it to the bound)."""
         return any(until > since for _, until in self.paused)
 
     @property
@@ -281,6 +291,7 @@ class _Cluster:
         self.replicas = [_Replica(i) for i in range(scenario.replicas)]
         self.requests = 0
         self.calls = 0
+        self.writes = self.fenced = 0
         self.last_change = 0.0  # the last fault, exit or restart
         self.keys = [f"key-{i:04d}" for i in range(scenario.keys)]
         self._neutral = contextvars.Context()
@@ -351,6 +362,20 @@ class _Cluster:
         r.keys[key] = r.keys.get(key, 0) + 1
         r.in_flight[lease] = r.in_flight.get(lease, 0) + 1
 
+    def write(self, r: _Replica, key: str, lease: str) -> None:
+        """A call writes ``key``: the transport's fence check, then (I9) the apiserver's record
+        of ``lease`` must name ``r``, unexpired, when it accepts the write."""
+        try:
+            WriteFence(r.write_fence(lease), lease, key).check("PATCH", key)
+        except Fenced:
+            self.fenced += 1
+            return
+        self.writes += 1
+        rec = self.records.get(lease)
+        if rec is None or not rec.names(r.identity, self.now()):
+            what = "no record" if rec is None else f"holder {rec.holder!r}, written at {rec.written_at:.3f} for {rec.duration:g} s"
+            self.violate("I9", r, f"write of {key} accepted under {lease} ({what})")
+
     def call_ended(self, r: _Replica, key: str, lease: str) -> None:
         for d, k in ((r.keys, key), (r.in_flight, lease)):
             d[k] -= 1
@@ -367,6 +392,7 @@ class _Cluster:
         r.exiting, r.stuck = False, 0.0
         r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
         r.fence, r.owned = (lambda lease: False), (lambda: [])
+        r.write_fence = lambda lease: lambda: False
         self.last_change = self.now()
         transport = SimTransport(self, r)
         s = self.scenario
@@ -380,6 +406,7 @@ class _Cluster:
         assert r.actor is not None
         e = LeaderElector(transport, name=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
         r.fence = lambda lease: e.valid()
+        r.write_fence = lambda lease: e.valid
         r.owned = lambda: [LEASE_ID] if e.valid() else []
         await e.acquire()
         for w in range(2):
@@ -394,6 +421,7 @@ class _Cluster:
         s = sl.add(CONTROLLER, self.scenario.shards, "uid")
         names = [e.name for e in s.electors]
         r.fence = lambda lease: s.may_start(names.index(lease))
+        r.write_fence = lambda lease: s.electors[names.index(lease)].valid  # not draining: it may finish
         r.owned = lambda: [names[i] for i in range(s.n) if s.electors[i].valid()]
         for w in range(2):
             r.actor.spawn(self._worker(r, w, s))
@@ -419,6 +447,7 @@ class _Cluster:
             self.call_started(r, key, lease)
             try:
                 await asyncio.sleep(duration)  # a call cannot be cancelled: it ends, or its process does
+                self.write(r, key, lease)
             finally:
                 if r.actor is actor and r.alive:
                     self.call_ended(r, key, lease)
@@ -526,7 +555,7 @@ def run(scenario: Scenario, seed: int) -> Result:
             task.cancel()
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
-    return Result(scenario, seed, faults, cluster.violations, cluster.calls, cluster.requests)
+    return Result(scenario, seed, faults, cluster.violations, cluster.calls, cluster.requests, cluster.writes, cluster.fenced)
 
 
 def shrink(failed: Result) -> Result:

@@ -64,7 +64,12 @@ def sharded(name, namespace, obj, client, logger, **_):
         time.sleep(SLOW)
     want = (obj.get("data") or {}).get("v")
     if (obj["metadata"].get("annotations") or {}).get("seen") != want:
-        client.patch(obj, {"metadata": {"annotations": {"seen": want}}})
+        try:
+            client.patch(obj, {"metadata": {"annotations": {"seen": want, "by": REPLICA}}})
+        except declop.Fenced:  # not sent: this replica's Lease of the key's range is gone
+            with open(OUT + ".fenced", "a") as f:
+                f.write(json.dumps({"key": name, "replica": REPLICA, "at": time.time()}) + "\\n")
+            raise
     with open(OUT, "a") as f:
         f.write(json.dumps({"key": name, "replica": REPLICA, "start": start, "end": time.time()}) + "\\n")
     if TICK and (obj["metadata"].get("labels") or {}).get("tick") == "yes":
@@ -416,9 +421,10 @@ def test_a_frozen_replica_does_not_reconcile_a_range_it_lost(shards: Shards) -> 
 def test_a_replica_frozen_inside_a_reconcile_exits_1_once_it_runs_again(shards: Shards) -> None:
     """A call cannot be stopped: a replica frozen past its Leases *during* a reconcile resumes
     that call after SIGCONT and exits 1 at once — within 2 s, before starting anything else — as
-    after a lost leader Lease; the call ends with the process if it has not finished by then
-    (its write races the exit: since the round stops at once on a lost range, issue 22 defect
-    1, either outcome is seen). The others hold all the ranges."""
+    after a lost leader Lease. The call's write after the freeze never reaches the apiserver:
+    it is fenced (``declop.Fenced``: the range's Lease is not valid on the replica's clock), or
+    the process is gone before the call gets to it — both are seen; the object only ever shows
+    the new owner's write. The others hold all the ranges."""
     a = shards.start("a", DECLOP_TEST_SLOW="3")
     wait_for(lambda: shards.balanced(["a"]), 60, what="a holds every range")
     shards.core.create_namespaced_config_map(
@@ -433,8 +439,16 @@ def test_a_replica_frozen_inside_a_reconcile_exits_1_once_it_runs_again(shards: 
     assert a.proc.wait(30) == 1
     assert time.monotonic() - resumed < 5, "the replica did not exit within the 2 s (+ slack) after it ran again"
     assert records(a, "A reconcile of a lost shard is still running; exiting so it cannot overlap with the next owner")
-    assert [iv["key"] for iv in shards.intervals() if iv["replica"] == "a"] in ([], ["slow"]), "a started nothing after its call"
+    assert [iv["key"] for iv in shards.intervals() if iv["replica"] == "a"] == [], "a's call never completed its write"
     wait_for(lambda: any(iv["key"] == "slow" for iv in shards.intervals() if iv["replica"] == "b"), 60, what="b reconciled the slow object")
+    annotations = shards.core.read_namespaced_config_map("slow", shards.namespace).metadata.annotations or {}
+    assert annotations.get("by") == "b", f"the frozen replica's write reached the apiserver: {annotations}"
+    refused = shards.tmp / "a.jsonl.fenced"
+    fenced = [json.loads(line)["key"] for line in refused.read_text().splitlines()] if refused.exists() else []
+    assert fenced in ([], ["slow"]), fenced
+    logged = records(a, "Write fenced; the call ended and the key is left to the Lease's new owner")
+    print(f"measured: the resumed call's write was {'fenced' if fenced else 'never attempted (exited first)'}; "
+          f"'Write fenced' logged {len(logged)} time(s)")
     assert b.proc.poll() is None
 
 

@@ -1,6 +1,8 @@
 """declop.reconcile.client: the sync and async clients show the same signatures, ``delete``
-sends DeleteOptions (propagation, grace period) and warns once about a Job's orphaned Pods, and a
-typed ``patch_status`` sends the merge patch of only what changed, and nothing when nothing did.
+sends DeleteOptions (propagation, grace period) and warns once about a Job's orphaned Pods, a
+typed ``patch_status`` sends the merge patch of only what changed, and nothing when nothing did,
+and every write verb of both clients is refused (``declop.Fenced``, nothing sent) under a closed
+write fence — also from a plain handler's thread.
 
 The clients run over the fake apiserver (declop.testing.fake): the transport is the unit
 boundary; what the real apiserver does with the options is tests/integration/test_client_delete.py.
@@ -11,14 +13,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from pydantic import BaseModel
 
+import declop
+from declop.kube import fencing
+from declop.kube.fencing import WriteFence
 from declop.reconcile import client as client_module
-from declop.reconcile.client import AsyncClient, AsyncLiveReader, Client, LiveReader
+from declop.reconcile.client import AsyncClient, AsyncLiveReader, Client, ClientContext, LiveReader
 from declop.kube.keys import Request
+from declop.testing.apiserver import FakeApiServer
 from declop.testing.fake import FakeClient
 from declop.typed.model import CustomResource
 
@@ -179,3 +185,108 @@ def test_a_dict_patch_is_sent_as_it_is() -> None:
     c = client()
     c.patch_status(KEY, {"status": {"level": 2}})
     assert [w.body for w in c.writes] == [{"status": {"level": 2}}]
+
+
+# -- fenced writes (declop.kube.fencing): checked at the transport, for every verb of both clients --
+
+CM_KEY = Request("default", "c")
+
+
+def _cm(name: str = "c") -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"}, "data": {"v": "0"}}
+
+
+#: every write verb, as a handler of configmaps reconciling default/c calls it
+VERBS: dict[str, Callable[[Any], Any]] = {
+    "create": lambda c: c.create(_cm("new")),
+    "update": lambda c: c.update({**_cm(), "data": {"v": "1"}}),
+    "patch": lambda c: c.patch(CM_KEY, {"data": {"v": "1"}}),
+    "patch_status": lambda c: c.patch_status(CM_KEY, {"status": {"x": 1}}),
+    "apply": lambda c: c.apply({**_cm(), "data": {"v": "1"}}),
+    "delete": lambda c: c.delete(CM_KEY),
+    "event": lambda c: c.event(_cm(), "Seen", "seen"),
+}
+
+
+def test_every_write_verb_is_covered() -> None:
+    assert set(VERBS) == set(PUBLIC_WRITES)
+
+
+def _fake() -> FakeClient:
+    return FakeClient([_cm()], primary="configmaps", request=CM_KEY)
+
+
+def _fence(valid: bool) -> WriteFence:
+    return WriteFence(lambda: valid, "default/leader", CM_KEY)
+
+
+def _sync_under(fence: WriteFence | None, write: Callable[[], Any]) -> Any:
+    token = fencing.enter(fence)
+    try:
+        return write()
+    finally:
+        fencing.leave(token)
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_a_write_under_a_closed_fence_raises_fenced_and_sends_nothing(verb: str) -> None:
+    fake = _fake()
+    fence = _fence(False)
+    with pytest.raises(declop.Fenced, match="is left to the Lease's new owner"):
+        _sync_under(fence, lambda: VERBS[verb](fake))
+    assert fake.writes == [] and fake.events == []
+    assert fake.get(CM_KEY)["data"] == {"v": "0"}
+    assert fence.tripped is not None
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_the_async_client_is_fenced_the_same(verb: str) -> None:
+    fake = _fake().aio
+    fence = _fence(False)
+
+    async def write() -> None:
+        token = fencing.enter(fence)
+        try:
+            await VERBS[verb](fake)
+        finally:
+            fencing.leave(token)
+
+    with pytest.raises(declop.Fenced):
+        asyncio.run(write())
+    assert fake.writes == [] and fake.events == []
+
+
+@pytest.mark.parametrize("verb", VERBS)
+@pytest.mark.parametrize("fence", [None, _fence(True)], ids=["outside a call", "open fence"])
+def test_a_write_outside_a_call_or_under_an_open_fence_is_sent(verb: str, fence: WriteFence | None) -> None:
+    fake = _fake()
+    _sync_under(fence, lambda: VERBS[verb](fake))
+    assert len(fake.writes) + len(fake.events) == 1
+
+
+def test_the_sync_client_in_a_worker_thread_carries_the_fence_to_the_loop() -> None:
+    """A plain handler runs in an executor thread and its client sends each request as a
+    coroutine on the manager's loop: the fence set in the thread must be the one checked there."""
+    server = FakeApiServer()
+    server.seed(_cm())
+
+    async def main() -> tuple[BaseException | None, Any]:
+        loop = asyncio.get_running_loop()
+        ctx = ClientContext(server, server.discovery, None, loop, recorder=server)  # type: ignore[arg-type]
+        info = server.discovery.resolve_cached("configmaps")
+        client = Client(ctx, info, CM_KEY)
+
+        def handler(fence: WriteFence | None) -> BaseException | None:
+            try:
+                _sync_under(fence, lambda: client.patch(CM_KEY, {"data": {"v": "1"}}))
+            except declop.Fenced as exc:
+                return exc
+            return None
+
+        closed = await loop.run_in_executor(None, handler, _fence(False))
+        sent = await loop.run_in_executor(None, handler, None)  # the same thread pool, no fence set
+        return closed, sent
+
+    closed, sent = asyncio.run(main())
+    assert isinstance(closed, declop.Fenced) and sent is None
+    assert [(w.verb, w.body) for w in server.writes] == [("patch", {"data": {"v": "1"}})], "only the unfenced one"

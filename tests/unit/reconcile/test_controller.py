@@ -941,6 +941,7 @@ class _Elector:
 
     def __init__(self) -> None:
         self.is_leader, self.open = False, False
+        self.name, self.namespace = "range", "default"
 
     def valid(self) -> bool:
         return self.is_leader and self.open

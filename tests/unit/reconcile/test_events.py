@@ -68,3 +68,35 @@ def test_failures_never_raise() -> None:
     t = Recorder(fail=True)
     record(EventRecorder(t, clock=FakeClock()), 3, message=lambda i: f"m{i}")
     assert len(t.calls) == 3
+
+
+def test_a_fenced_event_ends_the_call_while_other_failures_are_only_logged() -> None:
+    """An Event never fails a reconcile — but a call whose Lease is gone must end: the transport's
+    ``Fenced`` (nothing sent) passes through the recorder, unlike an ApiError."""
+    import pytest
+
+    from declop.errors import Fenced
+    from declop.kube import fencing
+    from declop.kube.fencing import WriteFence
+
+    class FencedTransport(Recorder):
+        async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+            fencing.check(method, path)  # what the real transport does first
+            return await super().request(method, path, body)
+
+    t = FencedTransport()
+    rec = EventRecorder(t, clock=FakeClock())
+
+    async def go() -> None:
+        token = fencing.enter(WriteFence(lambda: False, "ns/leader", "ns/cm"))
+        try:
+            await rec.record(OBJ, "Reason", "x", controller="c")
+        finally:
+            fencing.leave(token)
+
+    with pytest.raises(Fenced):
+        asyncio.run(go())
+    assert t.calls == []
+    failing = Recorder(fail=True)
+    record(EventRecorder(failing, clock=FakeClock()), 1)  # logged and dropped, as before
+    assert len(failing.calls) == 1

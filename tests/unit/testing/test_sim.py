@@ -1,5 +1,6 @@
 """The Lease simulator: deterministic runs, invariants that catch a broken fence, seed sweeps of
-both scenarios, the schedules that proved issue 22's defects 1 and 7, and the command line."""
+both scenarios, the schedules that proved issue 22's defects 1 and 7 and what fenced writes
+change (I9), and the command line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from declop.kube.fencing import WriteFence
 from declop.leases.leader import LeaderElector
 from declop.testing import sim
 from declop.testing.sim import FAULT_KINDS, Fault, Scenario, main, run, shrink
@@ -90,6 +92,32 @@ def test_defect_1_a_range_lost_under_a_running_call_stops_the_round_at_once() ->
         faults = (Fault(t, "stuck", 0, 60.0), Fault(t + 1.0, "hang", 0, 40.0))
         result = run(Scenario(kind="sharded", faults=faults), seed)
         assert result.ok, result.report()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "seed"),
+    [
+        # the leader is paused 16.8 s in the middle of a call; r2 takes the Lease at t=56.073; the
+        # call resumes at t=58.034 and writes key-0021 — accepted under r2's Lease when unfenced
+        (Scenario(kind="leader", kinds=SWEPT, only=(0,)), 25),
+        # r1 is paused 26.5 s in the middle of a call of range 0; r2 takes the range at t=55.797;
+        # r1's call resumes and writes key-0024 at t=56.642 — accepted under r2's Lease when unfenced
+        (Scenario(kind="sharded", kinds=("pause",)), 2),
+    ],
+    ids=["leader", "sharded"],
+)
+def test_fenced_writes_a_call_resumed_after_its_lease_was_taken_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, scenario: Scenario, seed: int
+) -> None:
+    """The call itself cannot be stopped (I1 exempts a paused replica), but its write goes through
+    the transport's write fence, which finds the Lease not valid on the replica's own clock: I9
+    holds. The same schedule without the check (every write accepted) violates I9."""
+    fenced = run(scenario, seed)
+    assert fenced.ok and fenced.fenced >= 1, fenced.report()
+    monkeypatch.setattr(WriteFence, "check", lambda self, method, path: None)
+    unfenced = run(scenario, seed)
+    assert {v.invariant for v in unfenced.violations} == {"I9"}, unfenced.report()
+    assert unfenced.fenced == 0 and unfenced.writes == fenced.writes + fenced.fenced
 
 
 def test_a_failing_schedule_shrinks_to_the_faults_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,91 @@
+"""Fencing of writes: the Lease a reconcile call's writes are checked against, just before each is sent.
+
+While a reconcile call runs under a Lease (leader election, or the Lease of its key's hash range),
+the controller puts the call's :class:`WriteFence` in a context variable (:func:`enter` …
+:func:`leave`) around everything that may write for it: our finalizer patch, the handler call,
+the finalizer release. The transport (:class:`~declop.kube.transport.Transport`, and the fake
+apiserver of :mod:`declop.testing`) asks :func:`current` for it and calls :meth:`WriteFence.check`
+before it sends any request that is not a GET — after its client-side rate-limit wait and again
+before each retry, so the check is the last thing before the bytes leave. A fence that is not
+valid at that instant raises :class:`~declop.errors.Fenced`: nothing is sent.
+
+How the fence reaches every write of a call:
+
+- an ``async def`` handler runs in the worker's task: the variable is set in that task, and
+  tasks it creates copy it;
+- a plain handler runs in an executor thread: :func:`~declop.reconcile.call.run_batch` sets the
+  variable in that thread around each call; the sync :class:`~declop.reconcile.client.Client`
+  sends each request as a coroutine on the manager's loop through ``call_soon_threadsafe``,
+  which runs it in a copy of the calling thread's context — so the coroutine sees the same fence.
+
+Invariants:
+- outside a call (the manager's own requests, Lease traffic, webhooks, background tasks, a
+  client used by hand, informers) no fence is set and nothing is checked; without leader
+  election and sharding no call has one either;
+- a check that fails raises and marks the fence ``tripped`` (the first :class:`Fenced`), so the
+  controller settles the call as fenced — once, whatever the handler did with the exception;
+- a check costs one ``ContextVar.get`` without a fence, and one call of the Lease's ``valid()``
+  (a clock read) with one: ``bench/fence_check.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Callable
+
+from declop.errors import Fenced
+
+__all__ = ["WriteFence", "check", "current", "enter", "leave"]
+
+
+class WriteFence:
+    """The Lease one reconcile call writes under: ``valid()`` is its fence, ``lease`` names it
+    (``namespace/name``) and ``key`` is the call's key, for the message."""
+
+    __slots__ = ("valid", "lease", "key", "tripped")
+
+    def __init__(self, valid: Callable[[], bool], lease: str, key: Any) -> None:
+        self.valid = valid
+        self.lease = lease
+        self.key = key
+        #: the first refusal of this call (None: every write so far was sent)
+        self.tripped: Fenced | None = None
+
+    def check(self, method: str, path: str) -> None:
+        """Raise :class:`~declop.errors.Fenced` unless the Lease is known valid now."""
+        if self.valid():
+            return
+        error = Fenced(
+            f"{method} {path} was not sent: Lease {self.lease} is not known valid on this replica "
+            f"(lost or expired); the call ends and {self.key} is left to the Lease's new owner"
+        )
+        if self.tripped is None:
+            self.tripped = error
+        raise error
+
+    def __repr__(self) -> str:
+        return f"WriteFence(lease={self.lease!r}, key={self.key!r}, tripped={self.tripped is not None})"
+
+
+_CURRENT: contextvars.ContextVar[WriteFence | None] = contextvars.ContextVar("declop_write_fence", default=None)
+
+#: the fence of the call running in this context, or None (the hot path: one ContextVar read)
+current = _CURRENT.get
+
+
+def enter(fence: WriteFence | None) -> contextvars.Token[WriteFence | None] | None:
+    """Make ``fence`` the current one (None: nothing to do); pass the result to :func:`leave`."""
+    return _CURRENT.set(fence) if fence is not None else None
+
+
+def leave(token: contextvars.Token[WriteFence | None] | None) -> None:
+    """Undo :func:`enter`."""
+    if token is not None:
+        _CURRENT.reset(token)
+
+
+def check(method: str, path: str) -> None:
+    """Check the current fence, if any, for a write about to be sent (a fake transport's call)."""
+    fence = _CURRENT.get()
+    if fence is not None:
+        fence.check(method, path)
