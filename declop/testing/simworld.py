@@ -296,20 +296,30 @@ class WorldTransport:
         await asyncio.sleep(w.rng.uniform(0.0005, 0.005))
         if r.net == "fail" or self._gone():
             raise ApiError(0, "Unreachable", f"watch {path}: connection refused")
-        if r.net in ("hang", "cut"):
-            await asyncio.sleep(read_timeout)
+        # a partition stalls the stream; TCP delivers once it heals, unless the read timeout
+        # ends the wait first (no answer yet: Unreachable; an answer had begun: idle)
+        if not await self._healed(read_timeout):
             raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s")
         lines = w.server.watch(path, params)
         try:
             async for line in lines:
-                if r.net in ("fail", "cut"):
+                if r.net == "fail":
                     raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost")
-                if r.net == "hang":
-                    await asyncio.sleep(read_timeout)
+                if not await self._healed(read_timeout):
                     raise StreamIdle(0, "Idle", f"watch {path}: no data for {read_timeout} s")
                 yield line
         finally:
             await lines.aclose()
+
+    async def _healed(self, limit: float) -> bool:
+        """Wait while this replica's network hangs or loses answers, at most ``limit`` seconds."""
+        r = self.replica
+        until = self.world.now() + limit
+        while r.net in ("hang", "cut"):
+            if self.world.now() >= until:
+                return False
+            await asyncio.sleep(min(0.5, until - self.world.now()))
+        return True
 
 
 class InlineExecutor(concurrent.futures.Executor):
