@@ -528,7 +528,7 @@ class Manager:
                 self._sharded.setdefault(informer, []).append(shards)
         return Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
-            recent=self.options.debug_reconciles, shards=shards,
+            recent=self.options.debug_reconciles, shards=shards, **({"clock": self._clocks["clock"]} if "clock" in self._clocks else {}),
         )
 
     def checks(self) -> list[Check]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from declop.cache.informer import Informer
+from declop.clock import MONOTONIC, Clock
 from declop.cache.store import readonly
 from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
@@ -106,6 +107,7 @@ class Controller:
         fence: Callable[[], bool] | None = None,
         recent: int = 0,
         shards: ShardSet | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -116,14 +118,15 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         if rate_limiter is None:
             limit = registration.rate_limit
-            rate_limiter = limit.limiter() if limit is not None else default_controller_rate_limiter()
+            rate_limiter = limit.limiter(clock) if limit is not None else default_controller_rate_limiter(clock=clock)
         queue_metrics = self.metrics.queue(self.name)
         priority = registration.priority
         self.queue: WorkQueue[Request] = (
-            WorkQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics)
+            WorkQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, clock=clock)
             if priority is None
-            else PriorityQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, aging=priority.aging)
+            else PriorityQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, aging=priority.aging, clock=clock)
         )
+        self._clock = clock  # the queue's, the rate limiter's and a batch's (the simulator's is virtual)
         # key -> why it was added since its last run (taken by the worker with the key)
         self._traces: dict[Request, Trace] = {}
         # key -> (source, detail) of its pending delayed add (requeue_after, retry)
@@ -414,7 +417,7 @@ class Controller:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
                         await loop.run_in_executor(self.executor, run_batch, fn, runnable, stopping, fence, timed, shard_fence)
                     else:
-                        batch: Batch[Call] = Batch(runnable)
+                        batch: Batch[Call] = Batch(runnable, self._clock)
                         job = loop.run_in_executor(self.executor, run_batch, fn, batch, stopping, fence, timed, shard_fence)
                         w = Watch(batch, calls, loop.create_future())
                         job.add_done_callback(w.wake)
