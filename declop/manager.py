@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
 
 from declop.cache.store import guarded
-from declop.clock import Clock
+from declop.clock import MONOTONIC, Clock
 from declop.reconcile.client import AsyncClient, ClientContext
 from declop.reconcile.controller import Controller, Source
 from declop.kube.discovery import Discovery, ResourceInfo
@@ -528,7 +528,7 @@ class Manager:
                 self._sharded.setdefault(informer, []).append(shards)
         return Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
-            recent=self.options.debug_reconciles, shards=shards, **({"clock": self._clocks["clock"]} if "clock" in self._clocks else {}),
+            recent=self.options.debug_reconciles, shards=shards, clock=self._clocks.get("clock", MONOTONIC),
         )
 
     def checks(self) -> list[Check]:
