@@ -37,6 +37,7 @@ Invariants:
   on predicates (:mod:`declop.reconcile.filters`).
 """
 
+# size: the sources, the workers and the steps of a reconcile in order — one loop, read together.
 from __future__ import annotations
 
 import asyncio
