@@ -38,9 +38,10 @@ Invariants, checked while the run goes and at its end (each violation is a
 
 - **I1** no two live replicas run a handler call of the same namespace/name at once — across a
   delete + re-create too (a replica paused since its call began is excused: only fenced writes
-  stop it, contract.md §7). The documented exception: sharded by uid *without a finalizer*, the
-  old object's deletion and the new object's call (two uids, so two ranges) may overlap; with
-  ``World(strict=True)`` it is a violation too (that is how defect 5 was shown);
+  stop it, contract.md §7). The documented exception, sharded by uid: when a name is deleted and
+  created again, the old object's ``DELETED`` call (``obj`` is None) may overlap the new
+  object's calls (two uids, so two ranges) — and without a finalizer any call of the old object
+  may; with ``World(strict=True)`` it is a violation too (that is how defect 5 was shown);
 - **I3** from :data:`SETTLE` lease durations after the last fault healed and the workload
   stopped, every object's last spec change has been seen by a handler call (its
   resourceVersion or a later one, of the same uid), and nothing is left being deleted — with a
@@ -121,8 +122,8 @@ class World:
     handlers: str | None = None
     #: the built-in handler uses a finalizer (cleanup on delete)
     finalizer: bool = True
-    #: check I1 without the documented exception for ``shard_by="uid"`` without a finalizer
-    #: (the overlap of a name's deletion and its re-creation, contract.md §7)
+    #: check I1 without the documented exception for ``shard_by="uid"`` (the overlap of a
+    #: name's old object's calls and its new object's, contract.md §7)
     strict: bool = False
 
     def repro(self, seed: int) -> str:
@@ -397,9 +398,12 @@ class _World:
         regs = self.registry.registrations
         self.primary = regs[0].resource
         self.finalizers = {r.finalizer for r in regs if r.finalizer}
-        #: the documented exception to I1 applies: sharded by uid without a finalizer, a name's
-        #: old object (its deletion) and its new one may be reconciled at once by two replicas
-        self.by_uid = world.mode == "sharded" and any(r.shard_by == "uid" and not r.finalizer for r in regs) and not world.strict
+        #: the documented exception to I1 applies (sharded by uid): a name's old object's
+        #: DELETED call (``obj`` None) may overlap its new object's calls; without a finalizer
+        #: any call of the old object may (with one, its cleanup keeps the name taken)
+        by_uid = [r for r in regs if r.shard_by == "uid"] if world.mode == "sharded" and not world.strict else []
+        self.by_uid = bool(by_uid)
+        self.by_uid_bare = any(not r.finalizer for r in by_uid)
         self.excused = 0  # I1 overlaps excused by it
         #: key -> (uid, resourceVersion) of the last spec change the workload made
         self.want: dict[Request, tuple[str, int]] = {}
@@ -531,7 +535,7 @@ class _World:
             running = other.calls.get(key)
             if running is None or running[1] <= now or other.was_paused(running[0]):
                 continue
-            if self.by_uid and (uid is None or running[2] is None or uid != running[2]):
+            if self.by_uid and (uid is None or running[2] is None or (self.by_uid_bare and uid != running[2])):
                 self.excused += 1  # two objects of one name in two ranges (contract.md §7)
                 continue
             self.violate("I1", r, f"a call of {key} started while {other.name} runs one (since t={running[0]:.3f})")
