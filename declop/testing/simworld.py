@@ -50,7 +50,9 @@ Invariants, checked while the run goes and at its end (each violation is a
 - **I4** every deletion of an object a handler saw reaches a handler: when a controller's
   finalizer held the object, its cleanup ran and returned before the object went; otherwise a
   call of that key started after the deletion (an object deleted before any handler saw it —
-  before its finalizer was added — has nothing to clean up, and may go unseen);
+  before its finalizer was added — has nothing to clean up, and may go unseen). The documented
+  exception (contract.md §7), sharded: a deletion without a finalizer made while no running
+  replica owned the object's range is not delivered (``World(strict=True)`` checks it too);
 - **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
   uid, DELETING) returned without an exception.
 """
@@ -417,6 +419,9 @@ class _World:
         #: key -> the sequence numbers (``calls`` when it started) of its calls
         self.started: dict[Request, list[int]] = {}
         self.last_change = 0.0
+        #: unguarded deletions made while no replica owned the object's range (sharded): not
+        #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
+        self.unowned_deletions = 0
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -649,12 +654,29 @@ class _World:
         meta = result["metadata"]
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
-            self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded))
+            if guarded or self.world.strict or self._owned(key, meta["uid"]):
+                self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded))
+            else:
+                self.unowned_deletions += 1  # no owner to deliver it: the documented exception
             if not guarded:
                 self.want.pop(key, None)
         else:
             self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
         return result
+
+    def _owned(self, key: Request, uid: str) -> bool:
+        """Whether a live, running replica may start a reconcile of ``key`` now (its range's
+        fence is open) — always true in leader mode, where standbys queue every event."""
+        if self.world.mode != "sharded":
+            return True
+        for r in self.replicas:
+            m = r.manager
+            if m is None or not r.alive or (r.actor is not None and r.actor.paused) or not m.controllers:
+                continue
+            s = m.controllers[0].shards
+            if s is not None and s.may_start(s.index(key.namespace if s.shard_by == "namespace" else uid)):
+                return True
+        return False
 
     async def workload(self) -> None:
         w = self.world
