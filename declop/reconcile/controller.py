@@ -153,6 +153,8 @@ class Controller:
         # key -> uid of the primary object, from its last event (sharded by uid: a deleted
         # object's key still finds its range)
         self._uids: dict[Request, str] | None = None
+        # range -> keys of deleted objects dropped at the fence (queued when the range is gained)
+        self._tombstones: dict[int, set[Request]] = {}
         if shards is not None:
             if registration.shard_by == "uid":
                 self._uids = {}
@@ -474,7 +476,8 @@ class Controller:
 
     def gained(self, index: int) -> None:
         """Range ``index`` became ours: queue every cached primary object of it (changes made
-        while nobody owned the range are not missed)."""
+        while nobody owned the range are not missed), and the deletions of it this replica
+        dropped at its fence meanwhile (its tombstones)."""
         shards = self.shards
         assert shards is not None
         n = 0
@@ -484,6 +487,10 @@ class Controller:
                     self.queue.add(key)
                     self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}")
                     n += 1
+        for key in sorted(self._tombstones.pop(index, ())):  # deletions missed while it was not ours
+            self.queue.add(key)
+            self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}, deleted")
+            n += 1
         self._log.info("Shard gained; queued its objects", extra={"kv": {"controller": self.name, "shard": f"{index}/{shards.n}", "keys": n}})
 
     def _is_stopping(self) -> bool:

@@ -51,8 +51,10 @@ Invariants, checked while the run goes and at its end (each violation is a
   finalizer held the object, its cleanup ran and returned before the object went; otherwise a
   call of that key started after the deletion (an object deleted before any handler saw it —
   before its finalizer was added — has nothing to clean up, and may go unseen). The documented
-  exception (contract.md §7), sharded: a deletion without a finalizer made while no running
-  replica owned the object's range is not delivered (``World(strict=True)`` checks it too);
+  exception (contract.md §7), sharded: a deletion without a finalizer is owed only by the replica
+  that owned the object's range when it happened and still owns it at the end (same process);
+  one made while nobody owned the range, or whose owner lost the range (a crash, a partition, a
+  pause) is not delivered by the next owner (``World(strict=True)`` checks them all);
 - **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
   uid, DELETING) returned without an exception.
 """
@@ -413,9 +415,9 @@ class _World:
         self.seen: dict[tuple[Request, str], int] = {}
         #: uids whose cleanup (a DELETING call) returned without an exception
         self.cleaned: set[str] = set()
-        #: deletions: key, uid, when, the number of calls started before it, and whether a
-        #: controller's finalizer held the object
-        self.deletions: list[tuple[Request, str, float, int, bool]] = []
+        #: deletions: key, uid, when, the number of calls started before it, whether a
+        #: controller's finalizer held the object, and who owned its range then
+        self.deletions: list[tuple[Request, str, float, int, bool, tuple[_Replica, int, int] | None]] = []
         #: key -> the sequence numbers (``calls`` when it started) of its calls
         self.started: dict[Request, list[int]] = {}
         self.last_change = 0.0
@@ -654,8 +656,9 @@ class _World:
         meta = result["metadata"]
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
-            if guarded or self.world.strict or self._owned(key, meta["uid"]):
-                self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded))
+            owner = self._owner(key, meta["uid"])
+            if guarded or self.world.strict or owner is not None:
+                self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded, owner))
             else:
                 self.unowned_deletions += 1  # no owner to deliver it: the documented exception
             if not guarded:
@@ -664,19 +667,34 @@ class _World:
             self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
         return result
 
-    def _owned(self, key: Request, uid: str) -> bool:
-        """Whether a live, running replica may start a reconcile of ``key`` now (its range's
-        fence is open) — always true in leader mode, where standbys queue every event."""
+    def _owner(self, key: Request, uid: str) -> tuple[_Replica, int, int] | None:
+        """The live, running replica whose fence for ``key``'s range is open now (sharded), with
+        its generation and the range; ``(replica 0, -1, -1)`` in leader mode, where standbys queue
+        every event and any next leader delivers it."""
         if self.world.mode != "sharded":
-            return True
+            return self.replicas[0], -1, -1
         for r in self.replicas:
             m = r.manager
             if m is None or not r.alive or (r.actor is not None and r.actor.paused) or not m.controllers:
                 continue
             s = m.controllers[0].shards
-            if s is not None and s.may_start(s.index(key.namespace if s.shard_by == "namespace" else uid)):
-                return True
-        return False
+            if s is None:
+                continue
+            i = s.index(key.namespace if s.shard_by == "namespace" else uid)
+            if s.may_start(i):
+                return r, r.gen, i
+        return None
+
+    def _kept(self, owner: tuple[_Replica, int, int] | None) -> bool:
+        """Whether the owner at a deletion still owns that range now, in the same process."""
+        if owner is None:
+            return False
+        r, gen, i = owner
+        if gen < 0:
+            return True
+        m = r.manager
+        s = m.controllers[0].shards if m is not None and m.controllers else None
+        return r.alive and r.gen == gen and s is not None and s.electors[i].valid()
 
     async def workload(self) -> None:
         w = self.world
@@ -722,13 +740,15 @@ class _World:
             if obj["metadata"].get("deletionTimestamp"):
                 self.violate("I4", "-", f"{obj['metadata']['namespace']}/{obj['metadata']['name']} is still being deleted {self.now() - settled_at:.3f} s after the faults healed")
         seen_uids = {uid for _key, uid in self.seen}
-        for key, uid, at, before, guarded in self.deletions:
+        for key, uid, at, before, guarded, owner in self.deletions:
             now_there = store.get(key)
             if now_there is not None and now_there["metadata"].get("uid") == uid:
                 continue  # still there (reported above)
             if guarded:
                 if uid not in self.cleaned:
                     self.violate("I4", "-", f"{key} (uid {uid[:8]}) deleted at t={at:.3f} went without its cleanup")
+            elif not self.world.strict and not self._kept(owner):
+                self.unowned_deletions += 1  # its range's owner lost it meanwhile: the exception
             elif uid in seen_uids and not any(n > before for n in self.started.get(key, ())):
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
                 # there is nothing of it to clean up)
