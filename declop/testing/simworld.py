@@ -89,7 +89,7 @@ from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation
 from declop.testing.simloop import Actor, VirtualLoop, actor
 
-__all__ = ["SETTLE", "WORLD_FAULTS", "InlineExecutor", "World", "WorldResult", "WorldTransport", "builtin_registry", "main", "run", "shrink"]
+__all__ = ["SETTLE", "WORLD_FAULTS", "InlineExecutor", "World", "WorldResult", "WorldTransport", "builtin_registry", "main", "run", "run_seeds", "shrink"]
 
 #: what a seed may draw
 WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
