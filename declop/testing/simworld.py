@@ -36,6 +36,10 @@ controllers, finalizers, the fences, leader election or shard Leases — on one
 Invariants, checked while the run goes and at its end (each violation is a
 :class:`~declop.testing.sim.Violation`):
 
+- **I2** a handler call starts only while the apiserver's record of the Lease covering its key
+  (the leader Lease, or the key's range Lease) names the replica and is unexpired (its last
+  write + ``leaseDurationSeconds``);
+
 - **I1** no two live replicas run a handler call of the same namespace/name at once — across a
   delete + re-create too (a replica paused since its call began is excused: only fenced writes
   stop it, contract.md §7). The documented exception, sharded by uid: when a name is deleted and
@@ -421,6 +425,9 @@ class _World:
         #: key -> the sequence numbers (``calls`` when it started) of its calls
         self.started: dict[Request, list[int]] = {}
         self.last_change = 0.0
+        #: Lease name -> (holder, when the apiserver applied its last write, its duration): the
+        #: apiserver's record (a deleted Lease keeps its last one, as in declop.testing.sim)
+        self.leases: dict[str, tuple[str, float, float]] = {}
         #: unguarded deletions made while no replica owned the object's range (sharded): not
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
@@ -450,6 +457,9 @@ class _World:
         if method in ("PUT", "PATCH", "DELETE") and self.finalizers:
             before = self._stored(path)
         result = await self.server.request(method, path, params=params, body=body, content_type=content_type)
+        if "/leases" in path and method in ("PUT", "POST") and isinstance(result, dict):
+            spec = result.get("spec") or {}
+            self.leases[result["metadata"]["name"]] = (spec.get("holderIdentity") or "", self.now(), float(spec.get("leaseDurationSeconds") or 0))
         if before is not None:
             meta = before["metadata"]
             uid = meta.get("uid")
@@ -494,7 +504,7 @@ class _World:
 
         if reg.is_async:
             async def handler(**kw: Any) -> Any:
-                r, key, started = self.call_started(kw)
+                r, key, started = self.call_started(kw, None, reg.name)
                 try:
                     await asyncio.sleep(duration())
                     out = await fn(**pick(kw))
@@ -510,7 +520,7 @@ class _World:
                 d = duration()
                 if inline is not None:
                     inline.owed += d
-                r, key, started = self.call_started(kw, d)
+                r, key, started = self.call_started(kw, d, reg.name)
                 self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
                 out = fn(**pick(kw))
                 self.call_returned(kw)
@@ -520,7 +530,7 @@ class _World:
         functools.update_wrapper(wrapped, fn)
         return dataclasses.replace(reg, fn=wrapped, wants=None)
 
-    def call_started(self, kw: dict[str, Any], lasts: float | None = None) -> tuple[_Replica | None, Request, float]:
+    def call_started(self, kw: dict[str, Any], lasts: float | None = None, controller: str = "") -> tuple[_Replica | None, Request, float]:
         who = actor()
         r = self.by_actor.get(who) if who is not None else None
         key: Request = kw["request"]
@@ -546,8 +556,31 @@ class _World:
                 self.excused += 1  # two objects of one name in two ranges (contract.md §7)
                 continue
             self.violate("I1", r, f"a call of {key} started while {other.name} runs one (since t={running[0]:.3f})")
+        self._check_lease(r, key, uid, controller)
         r.calls[key] = (now, now + lasts if lasts is not None else float("inf"), uid)
         return r, key, now
+
+    def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str) -> None:
+        """I2: the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
+        m = r.manager
+        if m is None:
+            return
+        if m.elector is not None:
+            name, identity = m.elector.name, m.elector.identity
+        else:
+            c = next((c for c in m.controllers if c.name == controller), None)
+            s = c.shards if c is not None else None
+            if c is None or s is None:
+                return
+            value = key.namespace if s.shard_by == "namespace" else (uid or (c._uids or {}).get(key))
+            if not value:
+                return
+            e = s.electors[s.index(value)]
+            name, identity = e.name, e.identity
+        rec = self.leases.get(name)
+        if rec is None or rec[0] != identity or self.now() >= rec[1] + rec[2]:
+            what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
+            self.violate("I2", r, f"a call of {key} started under Lease {name} ({what})")
 
     def call_returned(self, kw: dict[str, Any]) -> None:
         obj = _plain(kw.get("obj"))

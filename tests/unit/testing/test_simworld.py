@@ -210,3 +210,21 @@ def test_a_range_lost_and_retaken_delivers_the_deletions_it_dropped_at_its_fence
     # and r0 takes the range back at t=64 — listing it, the object is gone: never delivered.
     result = run(World(mode="sharded", finalizer=False), seed=307)
     assert result.ok, result.report()
+
+
+def test_i2_holds_a_call_to_the_apiservers_record_of_its_lease(monkeypatch: "object") -> None:
+    from declop.testing import simworld
+
+    world = World(mode="sharded", objects=30, duration=10.0, faults=NO_FAULTS)
+    assert run(world, seed=1).ok
+    serve = simworld._World.serve
+
+    async def foreign(self: "simworld._World", *args: "object") -> "object":  # every record names someone else
+        out = await serve(self, *args)  # type: ignore[arg-type]
+        for name in list(self.leases):
+            self.leases[name] = ("someone-else", 0.0, 1e9)
+        return out
+
+    monkeypatch.setattr(simworld._World, "serve", foreign)  # type: ignore[attr-defined]
+    result = run(world, seed=1)
+    assert result.violations and result.violations[0].invariant == "I2", result.report()
