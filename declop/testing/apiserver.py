@@ -32,6 +32,7 @@ import bisect
 import datetime
 import itertools
 import random
+import re
 import string
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from declop.errors import ConfigError
 from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request, key_of
 from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
+from declop.leases.hashing import fnv1a64
 from declop.reconcile.client import ClientContext
 from declop.registry import Registry
 from declop.testing.resources import FakeDiscovery
@@ -113,6 +115,23 @@ def _fail(status: int, reason: str, message: str, method: str, path: str, causes
 def _sort_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+_SHARD_RANGE = re.compile(r"shardRange\(object\.metadata\.(uid|namespace),\s*'0x([0-9a-fA-F]+)',\s*'0x([0-9a-fA-F]+)'\)")
+
+
+def _shard_match(selector: str | None) -> Callable[[Mapping[str, Any]], bool] | None:
+    """The objects a ``shardSelector`` selects (``shardRange(object.metadata.uid, '0x…', '0x…')``
+    terms joined by ``||``), hashed with FNV-1a 64 like the apiserver; None: no selector."""
+    if not selector:
+        return None
+    terms = [(field, int(lo, 16), int(hi, 16)) for field, lo, hi in _SHARD_RANGE.findall(selector)]
+
+    def match(obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        return any(lo <= fnv1a64(meta.get(field) or "") < hi for field, lo, hi in terms)
+
+    return match
 
 
 def _labels_match(obj: Mapping[str, Any], selector: str) -> bool:
@@ -253,6 +272,10 @@ class FakeApiServer:
         self._changed: asyncio.Event | None = None  # set (and replaced) at every change
         #: seconds of quiet after which a watch sends a BOOKMARK (the apiserver's is ~1 minute)
         self.bookmark_interval = 30.0
+        #: serve ``shardSelector`` on LIST and watch, as an apiserver with the ShardedListAndWatch
+        #: gate (v1.36+) does: filtered answers, and ``metadata.shardInfo`` on a LIST; False: the
+        #: parameter is ignored, as before the gate (a sharded informer then filters client-side)
+        self.shard_selectors = False
 
     def _next_rv(self) -> str:
         self._last_rv = str(next(self._counter))
@@ -425,6 +448,9 @@ class FakeApiServer:
         the list's resourceVersion replays what changed meanwhile, so an informer ends up right.
         A token older than the history is a 410."""
         items = self.store(info).list(namespace=namespace or None, selector=params.get("labelSelector") or None)
+        shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
+        if shard is not None:
+            items = [o for o in items if shard(o)]
         rv = self._last_rv
         token = params.get("continue")
         if token:
@@ -435,6 +461,8 @@ class FakeApiServer:
             items = [o for o in items if _sort_key(o) > tuple(after.split("/", 1))]
         items = sorted(items, key=_sort_key)
         meta: Obj = {"resourceVersion": rv}
+        if shard is not None:
+            meta["shardInfo"] = {"selector": params.get("shardSelector")}
         limit = int(params.get("limit") or 0)
         if limit and len(items) > limit:
             items = items[:limit]
@@ -454,6 +482,7 @@ class FakeApiServer:
         selector = params.get("labelSelector") or None
         bookmarks = str(params.get("allowWatchBookmarks")).lower() == "true"
         gr = info.group_resource
+        shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
 
         def line(etype: str, obj: Obj) -> bytes:
             return dumps({"type": etype, "object": obj})
@@ -467,7 +496,8 @@ class FakeApiServer:
         if str(params.get("sendInitialEvents")).lower() == "true":
             last = int(self._last_rv)
             for obj in sorted(self.store(info).list(namespace=namespace or None, selector=selector), key=_sort_key):
-                yield line("ADDED", obj)
+                if shard is None or shard(obj):
+                    yield line("ADDED", obj)
             yield bookmark(str(last), initial_end=True)
         else:
             last = int(params.get("resourceVersion") or self._last_rv)
@@ -488,6 +518,8 @@ class FakeApiServer:
                     if namespace and meta.get("namespace") != namespace:
                         continue
                     if selector and not _labels_match(obj, selector):
+                        continue
+                    if shard is not None and not shard(obj):
                         continue
                     yield line(etype, obj)
                 continue

@@ -130,6 +130,8 @@ class World:
     handlers: str | None = None
     #: the built-in handler uses a finalizer (cleanup on delete)
     finalizer: bool = True
+    #: the apiserver serves ``shardSelector`` (sharded informers filter server-side)
+    server_filter: bool = False
     #: check I1 without the documented exception for ``shard_by="uid"`` (the overlap of a
     #: name's old object's calls and its new object's, contract.md §7)
     strict: bool = False
@@ -151,6 +153,8 @@ class World:
                 line += " --no-finalizer"
             if self.strict:
                 line += " --strict"
+            if self.server_filter:
+                line += " --server-filter"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
         if self.only is not None:
@@ -392,6 +396,7 @@ class _World:
         self.rng = random.Random(f"net-{seed}")
         self.durations = random.Random(f"durations-{seed}")
         self.server = FakeApiServer()
+        self.server.shard_selectors = world.server_filter
         for crd in crds:
             self.server.seed(crd)
         self.violations: list[Violation] = []
@@ -881,6 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=World.duration)
     p.add_argument("--no-finalizer", action="store_true", help="the built-in handler without a finalizer")
     p.add_argument("--strict", action="store_true", help="I1 without the exception for shard_by='uid' without a finalizer")
+    p.add_argument("--server-filter", action="store_true", help="the apiserver serves shardSelector (server-side filtering)")
     p.add_argument("--only", default=None)
     p.add_argument("--faults", default=",".join(WORLD_FAULTS))
     p.add_argument("-v", "--verbose", action="store_true")
@@ -894,7 +900,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_FAULTS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
-                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict)  # fmt: skip
+                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())

@@ -228,3 +228,27 @@ def test_i2_holds_a_call_to_the_apiservers_record_of_its_lease(monkeypatch: "obj
     monkeypatch.setattr(simworld._World, "serve", foreign)  # type: ignore[attr-defined]
     result = run(world, seed=1)
     assert result.violations and result.violations[0].invariant == "I2", result.report()
+
+
+def test_the_fake_apiserver_serves_shard_selectors_when_asked() -> None:
+    from declop.leases.hashing import ShardFilter, split
+
+    async def main() -> None:
+        server = FakeApiServer()
+        for n in "abcdefgh":
+            server.seed(_cm(n))
+        half = ShardFilter("uid", (split(2)[0],))
+        params = {"shardSelector": half.selector}
+        everything = await server.request("GET", "/api/v1/namespaces/ns/configmaps", params=params)
+        assert len(everything["items"]) == 8 and "shardInfo" not in everything["metadata"]  # the gate off
+        server.shard_selectors = True
+        page = await server.request("GET", "/api/v1/namespaces/ns/configmaps", params=params)
+        assert page["metadata"]["shardInfo"] == {"selector": half.selector}
+        assert page["items"] and all(half.matches(o) for o in page["items"]) and len(page["items"]) < 8
+
+    asyncio.run(main())
+
+
+def test_sharded_managers_converge_with_server_side_shard_filtering() -> None:
+    result = run(World(mode="sharded", objects=60, duration=20.0, server_filter=True), seed=2)
+    assert result.ok, result.report()
