@@ -4,6 +4,7 @@ time (declop.testing.simworld), and the watch side of the fake apiserver it runs
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import logging
@@ -144,15 +145,20 @@ def _sim(*args: str) -> "object":
     from declop.loader import unload
     from declop.registry import default_registry
 
-    default_registry.clear()  # the loader registers into the default registry
+    # the loader registers into the default registry: run on an empty one, then put back what
+    # other tests' imports registered there (examples/test_widget_unit.py's handlers)
+    fields = ("_registrations", "_indexes", "_transforms", "_hooks", "_webhooks", "_frozen")
+    saved = {f: copy.copy(getattr(default_registry, f)) for f in fields}  # clear() empties them in place
+    default_registry.clear()
     logger = logging.getLogger("declop")
     level = logger.level  # declop sim silences declop's log (the faults make errors on purpose)
     try:
         return CliRunner().invoke(cli.cli, ["sim", *args], catch_exceptions=False)
     finally:
         logger.setLevel(level)
-        default_registry.clear()
         unload()  # the next load executes the handler file afresh
+        for f, v in saved.items():
+            setattr(default_registry, f, v)
 
 
 def test_declop_sim_runs_the_pods_example_and_prints_the_rate() -> None:
