@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
 
 from declop.cache.store import guarded
+from declop.clock import MONOTONIC, Clock
 from declop.reconcile.client import AsyncClient, ClientContext
 from declop.reconcile.controller import Controller, Source
 from declop.kube.discovery import Discovery, ResourceInfo
@@ -165,8 +166,19 @@ class Manager:
         options: Options | None = None,
         *,
         metrics: Metrics | None = None,
+        transport: Any = None,
+        discovery: Any = None,
+        executor: concurrent.futures.Executor | None = None,
+        clock: Clock | None = None,
+        wall_clock: Clock | None = None,
     ) -> None:
+        """``transport``, ``discovery``, ``executor`` (plain handlers) and the Lease clocks are
+        built from ``configuration`` unless given: the simulator (:mod:`declop.testing.simworld`)
+        gives its own, so that several managers run in one process on virtual time."""
         self.configuration = configuration
+        self._given = (transport, discovery, executor)
+        #: the Lease clocks (``clock``, ``wall_clock``) when given: passed to the electors
+        self._clocks: dict[str, Clock] = {k: v for k, v in (("clock", clock), ("wall_clock", wall_clock)) if v is not None}
         self.registry = registry if registry is not None else default_registry
         self.options = options or Options()
         self.metrics = metrics or Metrics()
@@ -176,7 +188,7 @@ class Manager:
         self.discovery: Discovery | None = None
         self.informers: InformerPool | None = None
         self.controllers: list[Controller] = []
-        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.executor: concurrent.futures.Executor | None = None
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         #: reviews the optional grants (warnings only), started with the informers
@@ -246,18 +258,19 @@ class Manager:
                 "no reconciler is registered; decorate a function with @declop.reconciler(\"pods\") "
                 "in the files or modules you pass to 'declop run'"
             )
-        self.transport = Transport(
+        given_transport, given_discovery, given_executor = self._given
+        self.transport = given_transport or Transport(
             self.configuration, user_agent=self.options.user_agent, qps=self.options.qps, burst=self.options.burst
         )
         self.transport.observer = self.metrics.request
-        self.discovery = await self._discover()
+        self.discovery = given_discovery or await self._discover()
         self.informers = InformerPool(
             self.transport, namespaces=self.options.namespaces, list_mode=self.options.list_mode  # type: ignore[arg-type]
         )
         self.metrics.watch_informers(lambda: self.informers or ())
         loop = asyncio.get_running_loop()
         sync_workers = sum(r.max_concurrent for r in registrations if not r.is_async)
-        self.executor = concurrent.futures.ThreadPoolExecutor(
+        self.executor = given_executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=self.options.handler_threads or max(sync_workers, 1) + 2,
             thread_name_prefix="declop-handler",
         )
@@ -299,6 +312,7 @@ class Manager:
                 lease_duration=self.options.lease_duration,
                 renew_deadline=self.options.renew_deadline,
                 retry_period=self.options.retry_period,
+                **self._clocks,  # type: ignore[arg-type]
                 on_change=lambda leading: self.metrics.leader.labels(self.options.leader_election_id).set(int(leading)),
             )
             self.metrics.leader.labels(self.options.leader_election_id).set(0)
@@ -314,6 +328,7 @@ class Manager:
                 retry_period=self.options.retry_period,
                 metrics=self.metrics,
                 on_round=self._want_reshard,
+                **self._clocks,  # type: ignore[arg-type]
             )
         self.controllers = [self._build(reg, ctx) for reg in registrations]
         for c in self.controllers:
@@ -513,7 +528,7 @@ class Manager:
                 self._sharded.setdefault(informer, []).append(shards)
         return Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
-            recent=self.options.debug_reconciles, shards=shards,
+            recent=self.options.debug_reconciles, shards=shards, clock=self._clocks.get("clock", MONOTONIC),
         )
 
     def checks(self) -> list[Check]:
@@ -596,6 +611,7 @@ class Manager:
             e = self.background_elector = LeaderElector(
                 self.transport, name=o.leader_election_id, namespace=o.leader_election_namespace or pod_namespace(),
                 lease_duration=o.lease_duration, renew_deadline=o.renew_deadline, retry_period=o.retry_period,
+                **self._clocks,  # type: ignore[arg-type]
             )  # fmt: skip
             await e.acquire()
             if self._stopping or not e.valid():

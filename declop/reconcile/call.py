@@ -99,6 +99,7 @@ class ControllerState(Protocol):
     _delayed: dict[Request, tuple[str, str | None]]
     _created: set[Request]
     _uids: dict[Request, str] | None
+    _tombstones: dict[int, set[Request]]
     _own_writes: dict[tuple[str | None, str], str]
     _writing: dict[tuple[str | None, str], list[str]]
     _released: dict[tuple[str | None, str], str]

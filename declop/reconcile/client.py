@@ -97,6 +97,10 @@ class ClientContext:
         self.field_manager = field_manager
         self.sync_timeout = sync_timeout
         self.recorder = recorder
+        #: runs a blocking client's coroutine to completion when a plain handler is called on the
+        #: loop's own thread — only the simulator does that (:mod:`declop.testing.simworld`, so a
+        #: run stays deterministic); None: such a call is a mistake and raises
+        self.inline: Callable[[Coroutine[Any, Any, Any]], Any] | None = None
 
     def resolve(self, target: str | ResourceInfo) -> ResourceInfo:
         return target if isinstance(target, ResourceInfo) else self.discovery.resolve_cached(target)
@@ -459,6 +463,8 @@ class Client(_Base):
         except RuntimeError:
             running = None
         if running is loop:
+            if self._ctx.inline is not None:
+                return self._ctx.inline(coro)  # type: ignore[no-any-return]
             coro.close()
             raise RuntimeError("declop.Client blocks; in async def handlers use the AsyncClient you are given")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()

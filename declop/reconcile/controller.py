@@ -39,6 +39,7 @@ Invariants:
   on predicates (:mod:`declop.reconcile.filters`).
 """
 
+# size: the sources, the workers and the steps of a reconcile in order — one loop, read together.
 from __future__ import annotations
 
 import asyncio
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from declop.cache.informer import Informer
+from declop.clock import MONOTONIC, Clock
 from declop.cache.store import readonly
 from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
@@ -108,6 +110,7 @@ class Controller:
         fence: Callable[[], bool] | None = None,
         recent: int = 0,
         shards: ShardSet | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.registration = registration
         self.name = registration.name
@@ -118,14 +121,15 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         if rate_limiter is None:
             limit = registration.rate_limit
-            rate_limiter = limit.limiter() if limit is not None else default_controller_rate_limiter()
+            rate_limiter = limit.limiter(clock) if limit is not None else default_controller_rate_limiter(clock=clock)
         queue_metrics = self.metrics.queue(self.name)
         priority = registration.priority
         self.queue: WorkQueue[Request] = (
-            WorkQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics)
+            WorkQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, clock=clock)
             if priority is None
-            else PriorityQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, aging=priority.aging)
+            else PriorityQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, aging=priority.aging, clock=clock)
         )
+        self._clock = clock  # the queue's, the rate limiter's and a batch's (the simulator's is virtual)
         # key -> why it was added since its last run (taken by the worker with the key)
         self._traces: dict[Request, Trace] = {}
         # key -> (source, detail) of its pending delayed add (requeue_after, retry)
@@ -153,6 +157,8 @@ class Controller:
         # key -> uid of the primary object, from its last event (sharded by uid: a deleted
         # object's key still finds its range)
         self._uids: dict[Request, str] | None = None
+        # range -> keys of deleted objects dropped at the fence (queued when the range is gained)
+        self._tombstones: dict[int, set[Request]] = {}
         if shards is not None:
             if registration.shard_by == "uid":
                 self._uids = {}
@@ -412,7 +418,7 @@ class Controller:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
                         await loop.run_in_executor(self.executor, run_batch, fn, runnable, stopping, fence, timed, shard_fence)
                     else:
-                        batch: Batch[Call] = Batch(runnable)
+                        batch: Batch[Call] = Batch(runnable, self._clock)
                         job = loop.run_in_executor(self.executor, run_batch, fn, batch, stopping, fence, timed, shard_fence)
                         w = Watch(batch, calls, loop.create_future())
                         job.add_done_callback(w.wake)
@@ -468,7 +474,8 @@ class Controller:
 
     def gained(self, index: int) -> None:
         """Range ``index`` became ours: queue every cached primary object of it (changes made
-        while nobody owned the range are not missed)."""
+        while nobody owned the range are not missed), and the deletions of it this replica
+        dropped at its fence meanwhile (its tombstones)."""
         shards = self.shards
         assert shards is not None
         n = 0
@@ -478,6 +485,10 @@ class Controller:
                     self.queue.add(key)
                     self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}")
                     n += 1
+        for key in sorted(self._tombstones.pop(index, ())):  # deletions missed while it was not ours
+            self.queue.add(key)
+            self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}, deleted")
+            n += 1
         self._log.info("Shard gained; queued its objects", extra={"kv": {"controller": self.name, "shard": f"{index}/{shards.n}", "keys": n}})
 
     def _is_stopping(self) -> bool:

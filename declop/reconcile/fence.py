@@ -16,7 +16,10 @@ Invariants:
 - a closed leader fence is final (it closes only when leadership is over): the controller halts,
   and the keys it held are dropped (done(), not retried) — the next leader lists every object;
 - keys of other ranges are dropped (done(), not retried: their owner reconciles them), and so is
-  their trace and pending delayed add;
+  their trace and pending delayed add — but a dropped key whose object is gone from the cache (a
+  deletion this replica could not deliver: its range was lost, draining, or not yet retaken) is
+  kept as a *tombstone* of its range and queued again when that range is gained again
+  (``Controller.gained``): a range lost and retaken does not lose the deletions it missed;
 - a key's range comes from the primary's uid (cached, or remembered from its last event) or from
   its namespace, per the registration's ``shard_by``; a key whose uid was never seen is dropped;
 - every reconcile of a range is counted in flight (``shards.begin``) from the moment its key
@@ -58,6 +61,8 @@ def owned(c: ControllerState, keys: list[Request], ranges: dict[Request, int]) -
     for key in keys:
         r = shard_of(c, key)
         if r is None or not shards.may_start(r):
+            if r is not None and c._lookup(key) is None:
+                c._tombstones.setdefault(r, set()).add(key)  # a deletion: owed if r is ours again
             c.unowned += 1
             c._traces.pop(key, None)
             c._delayed.pop(key, None)

@@ -14,18 +14,29 @@ Invariants:
   write that changes nothing keeps it;
 - deleting an object with finalizers only sets its ``deletionTimestamp``; it goes once the last
   finalizer is removed;
-- nothing ever waits: every call completes at once.
+- nothing ever waits: every call completes at once — except :meth:`FakeApiServer.watch`, a watch
+  stream, which waits for changes;
+- every change (an object added, modified or deleted — a deletion takes a new resourceVersion)
+  is appended to a bounded history before any watch sees it; a watch from a resourceVersion
+  older than the history (:meth:`FakeApiServer.compact`, or more than ``history`` changes ago)
+  ends with an in-stream 410 ERROR event, and a LIST continue token that old is a 410 too.
 """
+
+# size: the whole fake apiserver — objects, patches, lists and watches with their history — in one
+# module, as the one thing both the fake clients and the simulator talk to.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import datetime
 import itertools
 import random
+import re
 import string
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncGenerator, Callable, Iterable, Mapping, Sequence
 
 from declop.cache.store import Store, Writer, clone
 from declop.errors import ConfigError
@@ -33,6 +44,7 @@ from declop.kube.discovery import ResourceInfo
 from declop.kube.fencing import check
 from declop.kube.keys import Request, key_of
 from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
+from declop.leases.hashing import fnv1a64
 from declop.reconcile.client import ClientContext
 from declop.registry import Registry
 from declop.testing.resources import FakeDiscovery
@@ -99,6 +111,38 @@ def _fail(status: int, reason: str, message: str, method: str, path: str, causes
     if causes:
         status_obj["details"] = {"causes": causes}
     return error_from(status, reason, dumps(status_obj), method, path)
+
+
+def _sort_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+_SHARD_RANGE = re.compile(r"shardRange\(object\.metadata\.(uid|namespace),\s*'0x([0-9a-fA-F]+)',\s*'0x([0-9a-fA-F]+)'\)")
+
+
+def _shard_match(selector: str | None) -> Callable[[Mapping[str, Any]], bool] | None:
+    """The objects a ``shardSelector`` selects (``shardRange(object.metadata.uid, '0x…', '0x…')``
+    terms joined by ``||``), hashed with FNV-1a 64 like the apiserver; None: no selector."""
+    if not selector:
+        return None
+    terms = [(field, int(lo, 16), int(hi, 16)) for field, lo, hi in _SHARD_RANGE.findall(selector)]
+
+    def match(obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        return any(lo <= fnv1a64(meta.get(field) or "") < hi for field, lo, hi in terms)
+
+    return match
+
+
+def _labels_match(obj: Mapping[str, Any], selector: str) -> bool:
+    """An equality-only label selector (``a=b,c=d``); anything else matches everything."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in selector.split(","):
+        k, eq, v = term.partition("=")
+        if eq and labels.get(k.strip()) != v.strip().lstrip("="):
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- patches
@@ -211,7 +255,7 @@ class FakeApiServer:
     fake clients; you rarely use it directly: ``FakeClient(objects).server``.
     """
 
-    def __init__(self, resources: Iterable[ResourceInfo | Mapping[str, Any]] = ()) -> None:
+    def __init__(self, resources: Iterable[ResourceInfo | Mapping[str, Any]] = (), *, history: int = 10_000) -> None:
         self.discovery = FakeDiscovery(resources)
         self.context = _Context(self)
         self.writes: list[Write] = []
@@ -220,10 +264,46 @@ class FakeApiServer:
         self._indexes: list[tuple[str, str, Callable[[Mapping[str, Any]], Iterable[str | None]]]] = []
         self._counter = itertools.count(1)
         self._last_rv = "0"
+        #: how many changes the watch history keeps (older resourceVersions are "too old": 410)
+        self.history = history
+        # the changes, oldest first: (resourceVersion, group_resource, event type, object)
+        self._changes: list[tuple[int, str, str, Obj]] = []
+        self._change_rvs: list[int] = []
+        self._compacted = 0  # resourceVersions up to this one are gone from the history
+        self._changed: asyncio.Event | None = None  # set (and replaced) at every change
+        #: seconds of quiet after which a watch sends a BOOKMARK (the apiserver's is ~1 minute)
+        self.bookmark_interval = 30.0
+        #: serve ``shardSelector`` on LIST and watch, as an apiserver with the ShardedListAndWatch
+        #: gate (v1.36+) does: filtered answers, and ``metadata.shardInfo`` on a LIST; False: the
+        #: parameter is ignored, as before the gate (a sharded informer then filters client-side)
+        self.shard_selectors = False
 
     def _next_rv(self) -> str:
         self._last_rv = str(next(self._counter))
         return self._last_rv
+
+    def _record_change(self, info: ResourceInfo, etype: str, obj: Obj) -> None:
+        """Append one change to the watch history (bounded) and wake the watches."""
+        rv = int(obj["metadata"]["resourceVersion"])
+        self._changes.append((rv, info.group_resource, etype, _copy(obj)))
+        self._change_rvs.append(rv)
+        if len(self._changes) > self.history:
+            drop = len(self._changes) - self.history // 2
+            self._compacted = self._change_rvs[drop - 1]
+            del self._changes[:drop], self._change_rvs[:drop]
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def compact(self) -> None:
+        """Forget the whole history (etcd compaction): watches and continue tokens from any
+        resourceVersion before now get 410."""
+        self._compacted = int(self._last_rv)
+        self._changes.clear()
+        self._change_rvs.clear()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     # -- stores and indexes ---------------------------------------------------------------------
     def store(self, resource: ResourceInfo | str) -> Store:
@@ -290,6 +370,7 @@ class FakeApiServer:
         if info.group_resource in self.discovery.generation:
             meta.setdefault("generation", 1)
         self._store(info)[1].upsert(obj)
+        self._record_change(info, "ADDED", obj)
         return _copy(obj)
 
     # -- the transport face -----------------------------------------------------------------------
@@ -365,13 +446,96 @@ class FakeApiServer:
         return obj
 
     def _list(self, info: ResourceInfo, namespace: str, params: Mapping[str, Any]) -> Obj:
+        """Every object, or a page of ``limit`` with a ``continue`` token. A later page lists the
+        objects after the token's key as they are *now* (not as of the first page): a watch from
+        the list's resourceVersion replays what changed meanwhile, so an informer ends up right.
+        A token older than the history is a 410."""
         items = self.store(info).list(namespace=namespace or None, selector=params.get("labelSelector") or None)
-        return {
-            "apiVersion": info.api_version,
-            "kind": f"{info.kind}List",
-            "metadata": {"resourceVersion": self._last_rv},
-            "items": [clone(o) for o in items],
-        }
+        shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
+        if shard is not None:
+            items = [o for o in items if shard(o)]
+        rv = self._last_rv
+        token = params.get("continue")
+        if token:
+            rv, _, after = str(token).partition("|")
+            if int(rv) < self._compacted:
+                path = info.path(namespace=namespace or None)
+                raise _fail(410, "Expired", "The provided continue parameter is too old to display a consistent list result.", "GET", path)
+            items = [o for o in items if _sort_key(o) > tuple(after.split("/", 1))]
+        items = sorted(items, key=_sort_key)
+        meta: Obj = {"resourceVersion": rv}
+        if shard is not None:
+            meta["shardInfo"] = {"selector": params.get("shardSelector")}
+        limit = int(params.get("limit") or 0)
+        if limit and len(items) > limit:
+            items = items[:limit]
+            meta["continue"] = f"{rv}|{'/'.join(_sort_key(items[-1]))}"
+        return {"apiVersion": info.api_version, "kind": f"{info.kind}List", "metadata": meta, "items": [clone(o) for o in items]}
+
+    # -- watches ----------------------------------------------------------------------------------
+    async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
+        """A watch stream, as JSON lines: from ``resourceVersion`` (the history after it, then live
+        changes), or with ``sendInitialEvents=true`` an ADDED per object and the BOOKMARK
+        annotated ``k8s.io/initial-events-end`` first; BOOKMARKs after
+        :attr:`bookmark_interval` of quiet (``allowWatchBookmarks``); an in-stream 410 ERROR when
+        the resourceVersion is older than the history. Ends after ``timeoutSeconds``."""
+        info, namespace, _name, _sub = self._route("GET", path)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + float(params.get("timeoutSeconds") or 1800)
+        selector = params.get("labelSelector") or None
+        bookmarks = str(params.get("allowWatchBookmarks")).lower() == "true"
+        gr = info.group_resource
+        shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
+
+        def line(etype: str, obj: Obj) -> bytes:
+            return dumps({"type": etype, "object": obj})
+
+        def bookmark(rv: str, initial_end: bool = False) -> bytes:
+            meta: Obj = {"resourceVersion": rv}
+            if initial_end:
+                meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+            return line("BOOKMARK", {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta})
+
+        if str(params.get("sendInitialEvents")).lower() == "true":
+            last = int(self._last_rv)
+            for obj in sorted(self.store(info).list(namespace=namespace or None, selector=selector), key=_sort_key):
+                if shard is None or shard(obj):
+                    yield line("ADDED", obj)
+            yield bookmark(str(last), initial_end=True)
+        else:
+            last = int(params.get("resourceVersion") or self._last_rv)
+        while True:
+            if last < self._compacted:
+                status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                          "message": f"too old resource version: {last} ({self._compacted})"}
+                yield line("ERROR", status)
+                return
+            at = bisect.bisect_right(self._change_rvs, last)
+            pending = self._changes[at:]
+            if pending:
+                for rv, res, etype, obj in pending:
+                    last = rv
+                    if res != gr:
+                        continue
+                    meta = obj["metadata"]
+                    if namespace and meta.get("namespace") != namespace:
+                        continue
+                    if selector and not _labels_match(obj, selector):
+                        continue
+                    if shard is not None and not shard(obj):
+                        continue
+                    yield line(etype, obj)
+                continue
+            now = loop.time()
+            if now >= ends:
+                return
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(ends - now, self.bookmark_interval))
+            except asyncio.TimeoutError:
+                if bookmarks and loop.time() < ends:
+                    yield bookmark(str(max(last, self._compacted)))
 
     def _create(self, info: ResourceInfo, namespace: str, body: Any, method: str, path: str) -> Obj:
         if not isinstance(body, dict):
@@ -405,6 +569,7 @@ class FakeApiServer:
         if "status" in info.subresources:
             obj.pop("status", None)
         writer.upsert(obj)
+        self._record_change(info, "ADDED", obj)
         return _copy(obj)
 
     def _keep_server_fields(self, info: ResourceInfo, stored: Obj, new: Obj, sub: str | None) -> Obj:
@@ -449,8 +614,10 @@ class FakeApiServer:
         writer = self._store(info)[1]
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             writer.delete(key_of(new))
+            self._record_change(info, "DELETED", new)
         else:
             writer.upsert(new)
+            self._record_change(info, "MODIFIED", new)
         return _copy(new)
 
     def _update(self, info: ResourceInfo, namespace: str, name: str, body: Any, sub: str | None, method: str, path: str) -> Obj:
@@ -497,4 +664,7 @@ class FakeApiServer:
             new["metadata"]["deletionGracePeriodSeconds"] = options.get("gracePeriodSeconds") or 0
             return self._commit(info, stored, new, method, path)
         writer.delete(Request(namespace, name))
+        gone = _copy(stored)
+        gone["metadata"]["resourceVersion"] = self._next_rv()  # a deletion is a change: a new RV
+        self._record_change(info, "DELETED", gone)
         return _copy(stored)

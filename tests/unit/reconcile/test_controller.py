@@ -1016,6 +1016,29 @@ def test_a_deleted_objects_key_keeps_its_range_from_its_last_event() -> None:
     assert called == [None] and KEY not in c._uids  # type: ignore[operator]
 
 
+def test_a_deletion_dropped_at_the_fence_is_delivered_when_the_range_is_gained_again() -> None:
+    # defect 3 (simworld seed 307): the range was lost when the deletion arrived; taken back, the
+    # replica's list no longer has the object, so only the tombstone can bring the key back
+    called: list[Any] = []
+    c, informer, shards = sharded(lambda obj, **_: called.append(obj))
+    on_event = c._subscriber(c.sources[0])
+    on_event(cm("a", uid=uid_in(shards, 2)), None)  # deleted while range 2 is not ours
+    run(c._process([KEY]))
+    assert called == [] and c.unowned == 1 and c._tombstones == {2: {KEY}}
+    own(shards, 2)
+    c.gained(2)
+    assert queued(c) == [KEY] and c._tombstones == {}
+    run(c._process([KEY]))
+    assert called == [None]  # delivered: the handler sees the object gone
+
+
+def test_a_key_of_a_cached_object_dropped_at_the_fence_leaves_no_tombstone() -> None:
+    c, informer, shards = sharded(lambda **_: None)
+    informer.writer.upsert(cm("a", uid=uid_in(shards, 1)))
+    run(c._process([KEY]))
+    assert c.unowned == 1 and c._tombstones == {}  # its next owner lists it
+
+
 def test_a_gained_range_queues_every_cached_object_of_it(caplog: pytest.LogCaptureFixture) -> None:
     c, informer, shards = sharded(lambda **_: None)
     inside = [f"in-{i}" for i in range(3)]

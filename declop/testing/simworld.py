@@ -1,0 +1,917 @@
+"""The simulated world: real managers of several replicas in one process, on virtual time, under faults.
+
+    python -m declop.testing.simworld --mode sharded --seed 7
+    declop sim handlers.py --replicas 3 --seeds 1000
+
+Where :mod:`declop.testing.sim` runs only the Lease code with fake calls, a world run (:func:`run`)
+starts N real :class:`~declop.manager.Manager` objects — informers, the shared cache, workqueues,
+controllers, finalizers, the fences, leader election or shard Leases — on one
+:class:`~declop.testing.simloop.VirtualLoop`, each replica's tasks under its own
+:class:`~declop.testing.simloop.Actor`:
+
+- **the apiserver** is :class:`~declop.testing.apiserver.FakeApiServer`: paged LISTs with continue
+  tokens, watches (with bookmarks, the streaming list and its initial-events-end bookmark, an
+  in-stream 410 once the resourceVersion is older than the bounded history), deletionTimestamp
+  and finalizers, Leases with resourceVersion-checked updates. Each replica reaches it through a
+  :class:`WorldTransport` — ``request(...)`` and ``stream(...)``, the two seams of
+  :class:`~declop.kube.transport.Transport` — with its network faults; a manager is given the
+  transport, the discovery, the Lease clocks (the loop's time, a virtual wall clock) and the
+  executor of plain handlers (``Manager(transport=, discovery=, clock=, wall_clock=, executor=)``).
+  No socket, no thread: uuids and every random stream come from the seed, so a run is a pure
+  function of its :class:`World` and seed.
+- **handlers**: ``async def`` handlers run on the loop after a virtual duration drawn from the
+  seed; plain ``def`` handlers run *inline* on the loop's thread (:class:`InlineExecutor`: the
+  executor job runs at once, its blocking client's requests complete without waiting —
+  ``ClientContext.inline``) and their job ends a drawn virtual duration later. The built-in
+  handler (no handlers file) reconciles ``widgets.example.com``: it writes its own status and a
+  child ConfigMap, fails now and then, sometimes runs long, and owns a finalizer whose cleanup
+  deletes the child.
+- **the workload**, from the seed: creates, spec updates, deletes, and deletes followed by a
+  re-create of the same name, by an administrator (straight to the apiserver).
+- **faults**, from the seed, per replica (:data:`WORLD_FAULTS`): partitions (requests hang, fail,
+  or lose their answers; watches stall or break), slow requests, pause and resume, crash and
+  restart with empty memory, and ``compact`` (the apiserver forgets its watch history: watches
+  and continue tokens get 410).
+
+Invariants, checked while the run goes and at its end (each violation is a
+:class:`~declop.testing.sim.Violation`):
+
+- **I2** a handler call starts only while the apiserver's record of the Lease covering its key
+  (the leader Lease, or the key's range Lease) names the replica and is unexpired (its last
+  write + ``leaseDurationSeconds``);
+
+- **I1** no two live replicas run a handler call of the same namespace/name at once — across a
+  delete + re-create too (a replica paused since its call began is excused: only fenced writes
+  stop it, contract.md §7). The documented exception, sharded by uid: when a name is deleted and
+  created again, the old object's ``DELETED`` call (``obj`` is None) may overlap the new
+  object's calls (two uids, so two ranges) — and without a finalizer any call of the old object
+  may; with ``World(strict=True)`` it is a violation too (that is how defect 5 was shown);
+- **I3** from :data:`SETTLE` lease durations after the last fault healed and the workload
+  stopped, every object's last spec change has been seen by a handler call (its
+  resourceVersion or a later one, of the same uid), and nothing is left being deleted — with a
+  handlers file, whose predicates may drop the workload's updates (annotations), every object
+  (uid) has been seen by a call at least once;
+- **I4** every deletion of an object a handler saw reaches a handler: when a controller's
+  finalizer held the object, its cleanup ran and returned before the object went; otherwise a
+  call of that key started after the deletion (an object deleted before any handler saw it —
+  before its finalizer was added — has nothing to clean up, and may go unseen). The documented
+  exception (contract.md §7), sharded: a deletion without a finalizer is owed only by the replica
+  that owned the object's range when it happened and still owns it at the end (same process);
+  one made while nobody owned the range, or whose owner lost the range (a crash, a partition, a
+  pause) is not delivered by the next owner (``World(strict=True)`` checks them all);
+- **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
+  uid, DELETING) returned without an exception.
+"""
+
+# size: the world — its transport, executor, replicas, workload, faults, invariants and command
+# line — in one module, read top to bottom like declop.testing.sim.
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextvars
+import dataclasses
+import functools
+import logging
+import random
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
+
+from declop.errors import ApiError, NotFound
+from declop.kube.keys import Request
+from declop.kube.transport import StreamIdle, StreamInterrupted
+from declop.manager import Manager, Options
+from declop.reconcile.registration import Registration
+from declop.reconcile.result import Phase
+from declop.registry import Registry
+from declop.testing.apiserver import FakeApiServer
+from declop.testing.sim import Fault, Violation
+from declop.testing.simloop import Actor, VirtualLoop, actor
+
+__all__ = ["SETTLE", "WORLD_FAULTS", "InlineExecutor", "World", "WorldResult", "WorldTransport", "builtin_registry", "main", "run", "run_seeds", "shrink"]
+
+#: what a seed may draw
+WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
+#: the I3 bound: lease durations after the last fault healed (and the workload stopped)
+SETTLE = 4
+RESOURCE = "widgets.example.com"
+FINALIZER = "sim.example.com/cleanup"
+NAMESPACES = ("ns-a", "ns-b", "ns-c", "ns-d", "ns-e", "ns-f", "ns-g", "ns-h")
+LEASE_NAMESPACE = "sim"
+_EPOCH = 1_800_000_000.0
+#: the executor running a plain handler's job inline, while it runs (its client's requests then
+#: complete without waiting)
+_INLINE: contextvars.ContextVar[InlineExecutor | None] = contextvars.ContextVar("declop_sim_inline", default=None)
+
+
+@dataclass(frozen=True)
+class World:
+    """What one world run simulates."""
+
+    mode: str = "leader"  # "leader" or "sharded"
+    shard_by: str = "uid"  # the built-in handler's (a handlers file's registrations say theirs)
+    replicas: int = 3
+    shards: int = 4
+    objects: int = 200
+    duration: float = 60.0
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    max_faults: int = 4
+    kinds: tuple[str, ...] = WORLD_FAULTS
+    faults: tuple[Fault, ...] | None = None
+    only: tuple[int, ...] | None = None
+    #: a handlers file (``declop sim``); None: the built-in widgets handler
+    handlers: str | None = None
+    #: the built-in handler uses a finalizer (cleanup on delete)
+    finalizer: bool = True
+    #: the apiserver serves ``shardSelector`` (sharded informers filter server-side)
+    server_filter: bool = False
+    #: check I1 without the documented exception for ``shard_by="uid"`` (the overlap of a
+    #: name's old object's calls and its new object's, contract.md §7)
+    strict: bool = False
+
+    def repro(self, seed: int) -> str:
+        default = World()
+        if self.handlers is not None:
+            line = f"declop sim {self.handlers} --seed {seed}"
+            for f in ("mode", "replicas", "shards", "objects", "duration"):
+                if getattr(self, f) != getattr(default, f):
+                    line += f" --{f} {getattr(self, f):g}" if not isinstance(getattr(self, f), str) else f" --{f} {getattr(self, f)}"
+        else:
+            line = f"python -m declop.testing.simworld --seed {seed}"
+            for f in ("mode", "shard_by", "replicas", "shards", "objects", "duration"):
+                v = getattr(self, f)
+                if v != getattr(default, f):
+                    line += f" --{f.replace('_', '-')} {v if isinstance(v, str) else format(v, 'g')}"
+            if not self.finalizer:
+                line += " --no-finalizer"
+            if self.strict:
+                line += " --strict"
+            if self.server_filter:
+                line += " --server-filter"
+        if self.kinds != default.kinds:
+            line += f" --faults {','.join(self.kinds)}"
+        if self.only is not None:
+            line += f" --only {','.join(map(str, self.only))}"
+        return line
+
+
+@dataclass
+class WorldResult:
+    world: World
+    seed: int
+    faults: list[Fault]
+    violations: list[Violation]
+    calls: int = 0
+    requests: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def repro(self) -> str:
+        return self.world.repro(self.seed)
+
+    def report(self) -> str:
+        lines = [f"{'FAIL' if self.violations else 'ok'} {self.repro()}", "faults:"]
+        lines += [f"  {f}" for f in self.faults] or ["  (none)"]
+        lines += [f"handler calls: {self.calls}, requests: {self.requests}"]
+        if self.violations:
+            lines += ["first violation:", f"  {self.violations[0]}"]
+            if len(self.violations) > 1:
+                lines += [f"  (and {len(self.violations) - 1} more)"]
+        return "\n".join(lines)
+
+
+def schedule(world: World, rng: random.Random) -> list[Fault]:
+    """The faults of one run, drawn from ``rng`` (sorted by time)."""
+    faults = []
+    for _ in range(rng.randint(0, world.max_faults)):
+        kind = rng.choice(world.kinds)
+        at = round(rng.uniform(0, world.duration), 3)
+        length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * world.lease_duration))), 3)
+        faults.append(Fault(at, kind, rng.randrange(world.replicas), 0.0 if kind == "compact" else length))
+    return sorted(faults, key=lambda f: (f.at, f.kind, f.replica))
+
+
+# --------------------------------------------------------------------------- the built-in handler
+
+
+def builtin_registry(world: World) -> Registry:
+    """The built-in workload's handler: writes its status and a child ConfigMap; fails 1 call in
+    10; with ``world.finalizer`` its cleanup deletes the child."""
+    registry = Registry()
+
+    @registry.reconciler(RESOURCE, finalizer=FINALIZER if world.finalizer else None, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
+    async def widgets(request: Request, client: Any, obj: Any, phase: Phase) -> None:
+        rng = random.Random(f"{request}-{(obj or {}).get('metadata', {}).get('resourceVersion')}-{asyncio.get_running_loop().time()}")
+        if rng.random() < 0.1:
+            raise RuntimeError("the handler failed (simulated)")
+        child = f"{request.name}-child"
+        if obj is None or phase is Phase.DELETING:
+            await client.delete("configmaps", Request(request.namespace, child))
+            return
+        value = str((obj.get("spec") or {}).get("value"))
+        await client.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": child, "namespace": request.namespace}, "data": {"value": value}})
+        if (obj.get("status") or {}).get("value") != value:
+            await client.patch_status(request, {"status": {"value": value}})
+
+    return registry
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+@dataclass
+class _Replica:
+    index: int
+    gen: int = 0
+    actor: Actor | None = None
+    manager: Manager | None = None
+    net: str = "ok"  # "ok", "hang", "fail", "cut"
+    slow: float = 0.0
+    #: key -> when its running call started, when it ends (inf: not known yet), the uid it has
+    calls: dict[Request, tuple[float, float, str | None]] = field(default_factory=dict)
+    paused: list[list[float]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"r{self.index}#{self.gen}"
+
+    @property
+    def alive(self) -> bool:
+        return self.actor is not None and not self.actor.dead
+
+    def was_paused(self, since: float) -> bool:
+        return any(until > since for _, until in self.paused)
+
+
+class WorldTransport:
+    """One replica's way to the simulated apiserver (``request`` and ``stream``, like
+    :class:`~declop.kube.transport.Transport`), with its network faults."""
+
+    host = "https://apiserver.sim"
+    observer: Callable[[str, int], None] | None = None
+
+    def __init__(self, world: _World, replica: _Replica) -> None:
+        self.world, self.replica = world, replica
+        self.actor = replica.actor
+
+    async def close(self) -> None:
+        return None
+
+    def _gone(self) -> bool:
+        return self.replica.actor is not self.actor or not self.replica.alive
+
+    async def request(
+        self, method: str, path: str, *, params: Any = None, body: Any = None, content_type: str | None = None,
+        accept: str | None = None, timeout: float = 30.0, lane: str = "handler",
+    ) -> Any:  # fmt: skip
+        w, r = self.world, self.replica
+        w.requests += 1
+        if _INLINE.get() is not None:  # a plain handler's request: no latency, no waiting
+            if r.net != "ok" or self._gone():
+                raise ApiError(0, "Unreachable", f"{method} {path}: connection refused")
+            return await w.serve(method, path, params, body, content_type)
+        answer: asyncio.Future[Any] = w.loop.create_future()
+        w.spawn(self._wire(answer, method, path, params, body, content_type))
+        try:
+            return await asyncio.wait_for(answer, timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(0, "Timeout", f"{method} {path} timed out after {timeout} s") from None
+
+    async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, params: Any, body: Any, content_type: str | None) -> None:
+        w, r = self.world, self.replica
+        latency = w.rng.uniform(0.0005, 0.005) + (w.rng.uniform(0, r.slow) if r.slow else 0.0)
+        if self._gone() or r.net == "hang":
+            return
+        if r.net == "fail":
+            await asyncio.sleep(latency / 4)
+            if not answer.done():
+                answer.set_exception(ApiError(0, "Unreachable", f"{method} {path}: connection refused"))
+            return
+        await asyncio.sleep(latency / 2)
+        if self._gone() or r.net == "hang":
+            return
+        error: BaseException | None = None
+        try:
+            result = await w.serve(method, path, params, body, content_type)
+        except ApiError as exc:
+            error = exc
+        await asyncio.sleep(latency / 2)
+        if r.net in ("hang", "cut") or answer.done():
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)
+
+    async def stream(
+        self, path: str, params: Any, *, read_timeout: float = 90.0, total_timeout: float | None = None, accept: str | None = None
+    ) -> AsyncIterator[bytes]:
+        w, r = self.world, self.replica
+        w.requests += 1
+        await asyncio.sleep(w.rng.uniform(0.0005, 0.005))
+        if r.net == "fail" or self._gone():
+            raise ApiError(0, "Unreachable", f"watch {path}: connection refused")
+        # a partition stalls the stream; TCP delivers once it heals, unless the read timeout
+        # ends the wait first (no answer yet: Unreachable; an answer had begun: idle)
+        if not await self._healed(read_timeout):
+            raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s")
+        lines = w.server.watch(path, params)
+        try:
+            async for line in lines:
+                if r.net == "fail":
+                    raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost")
+                if not await self._healed(read_timeout):
+                    raise StreamIdle(0, "Idle", f"watch {path}: no data for {read_timeout} s")
+                yield line
+        finally:
+            await lines.aclose()
+
+    async def _healed(self, limit: float) -> bool:
+        """Wait while this replica's network hangs or loses answers, at most ``limit`` seconds."""
+        r = self.replica
+        until = self.world.now() + limit
+        while r.net in ("hang", "cut"):
+            if self.world.now() >= until:
+                return False
+            await asyncio.sleep(min(0.5, until - self.world.now()))
+        return True
+
+
+class InlineExecutor(concurrent.futures.Executor):
+    """Runs a plain handler's executor job at once on the loop's thread (no thread: a run stays
+    deterministic); the job's future completes after the virtual durations its handler calls
+    drew (:attr:`owed`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.owed = 0.0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.owed = 0.0
+        token = _INLINE.set(self)
+        try:
+            result: Any = fn(*args, **kwargs)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting worker, as a thread would
+            error = exc
+        finally:
+            _INLINE.reset(token)
+
+        def done() -> None:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self.loop.call_later(self.owed, done)
+        return future
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a plain handler's client request to completion at once (``ClientContext.inline``)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise ApiError(0, "Timeout", "the request would have to wait (a plain handler's request in the simulator)")
+
+
+# --------------------------------------------------------------------------- the world
+
+
+class _World:
+    def __init__(self, world: World, seed: int, loop: VirtualLoop, registry: Registry, crds: Sequence[Any] = ()) -> None:
+        self.world, self.seed, self.loop = world, seed, loop
+        self.rng = random.Random(f"net-{seed}")
+        self.durations = random.Random(f"durations-{seed}")
+        self.server = FakeApiServer()
+        self.server.shard_selectors = world.server_filter
+        for crd in crds:
+            self.server.seed(crd)
+        self.violations: list[Violation] = []
+        self.replicas = [_Replica(i) for i in range(world.replicas)]
+        self.by_actor: dict[Actor, _Replica] = {}
+        self.requests = 0
+        self.calls = 0
+        self._neutral = contextvars.Context()
+        self.registry = self._instrument(registry)
+        #: a handlers file runs (``declop sim``): its predicates may drop the workload's updates
+        self.user = world.handlers is not None
+        regs = self.registry.registrations
+        self.primary = regs[0].resource
+        self.finalizers = {r.finalizer for r in regs if r.finalizer}
+        #: the documented exception to I1 applies (sharded by uid): a name's old object's
+        #: DELETED call (``obj`` None) may overlap its new object's calls; without a finalizer
+        #: any call of the old object may (with one, its cleanup keeps the name taken)
+        by_uid = [r for r in regs if r.shard_by == "uid"] if world.mode == "sharded" and not world.strict else []
+        self.by_uid = bool(by_uid)
+        self.by_uid_bare = any(not r.finalizer for r in by_uid)
+        self.excused = 0  # I1 overlaps excused by it
+        #: key -> (uid, resourceVersion) of the last spec change the workload made
+        self.want: dict[Request, tuple[str, int]] = {}
+        #: (key, uid) -> the highest resourceVersion a handler call was given
+        self.seen: dict[tuple[Request, str], int] = {}
+        #: uids whose cleanup (a DELETING call) returned without an exception
+        self.cleaned: set[str] = set()
+        #: deletions: key, uid, when, the number of calls started before it, whether a
+        #: controller's finalizer held the object, and who owned its range then
+        self.deletions: list[tuple[Request, str, float, int, bool, tuple[_Replica, int, int] | None]] = []
+        #: key -> the sequence numbers (``calls`` when it started) of its calls
+        self.started: dict[Request, list[int]] = {}
+        self.last_change = 0.0
+        #: Lease name -> (holder, when the apiserver applied its last write, its duration): the
+        #: apiserver's record (a deleted Lease keeps its last one, as in declop.testing.sim)
+        self.leases: dict[str, tuple[str, float, float]] = {}
+        #: unguarded deletions made while no replica owned the object's range (sharded): not
+        #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
+        self.unowned_deletions = 0
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        return self.loop.create_task(coro, context=self._neutral)
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def wall(self) -> float:
+        return _EPOCH + self.loop.time()
+
+    def violate(self, invariant: str, who: _Replica | str, detail: str) -> None:
+        name = who if isinstance(who, str) else who.name
+        self.violations.append(Violation(self.now(), invariant, name, detail))
+
+    def info(self) -> Any:
+        return self.server.discovery.resolve_cached(self.primary)
+
+    # -- the apiserver, as every replica reaches it --------------------------------------------------
+    async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None) -> Any:
+        """One request, served; a write that takes a controller's finalizer off an object is
+        checked against I8."""
+        before = None
+        if method in ("PUT", "PATCH", "DELETE") and self.finalizers:
+            before = self._stored(path)
+        result = await self.server.request(method, path, params=params, body=body, content_type=content_type)
+        if "/leases" in path and method in ("PUT", "POST") and isinstance(result, dict):
+            spec = result.get("spec") or {}
+            self.leases[result["metadata"]["name"]] = (spec.get("holderIdentity") or "", self.now(), float(spec.get("leaseDurationSeconds") or 0))
+        if before is not None:
+            meta = before["metadata"]
+            uid = meta.get("uid")
+            after = self._stored(path)
+            left = set(meta.get("finalizers") or ()) - set(((after or {}).get("metadata") or {}).get("finalizers") or ())
+            if after is not None and (after.get("metadata") or {}).get("uid") != uid:
+                left = set()
+            if left & self.finalizers and uid not in self.cleaned:
+                self.violate("I8", "-", f"finalizer {sorted(left & self.finalizers)} left {meta.get('namespace')}/{meta.get('name')} (uid {uid[:8]}) before any cleanup of it returned")
+        return result
+
+    def _stored(self, path: str) -> Any:
+        try:
+            info, namespace, name, _sub = self.server._route("GET", path)
+        except ApiError:
+            return None
+        if name is None or info.group_resource != self.info().group_resource:
+            return None
+        return self.server.store(info).get(Request(namespace, name))
+
+    # -- handler calls ----------------------------------------------------------------------------
+    def _instrument(self, registry: Registry) -> Registry:
+        """A copy of ``registry`` whose handlers report their calls (and take a virtual duration)."""
+        out = Registry()
+        out._registrations = {name: self._wrap(reg) for name, reg in registry._registrations.items()}
+        out._indexes = list(registry._indexes)
+        out._transforms = dict(registry._transforms)
+        out._hooks = list(registry._hooks)
+        return out
+
+    def _wrap(self, reg: Registration) -> Registration:
+        fn, wants = reg.fn, reg.wants
+
+        def pick(kw: dict[str, Any]) -> dict[str, Any]:
+            return kw if wants is None else {k: v for k, v in kw.items() if k in wants}
+
+        def duration() -> float:
+            d = self.durations
+            if d.random() < 0.02:
+                return d.uniform(0.5, 5.0)  # a long call
+            return d.uniform(0.001, 0.02) if d.random() < 0.8 else d.uniform(0.02, 0.2)
+
+        if reg.is_async:
+            async def handler(**kw: Any) -> Any:
+                r, key, started = self.call_started(kw, None, reg.name)
+                try:
+                    await asyncio.sleep(duration())
+                    out = await fn(**pick(kw))
+                    self.call_returned(kw)
+                    return out
+                finally:
+                    self.call_ended(r, key, started)
+
+            wrapped: Callable[..., Any] = handler
+        else:
+            def plain(**kw: Any) -> Any:
+                inline = _INLINE.get()
+                d = duration()
+                if inline is not None:
+                    inline.owed += d
+                r, key, started = self.call_started(kw, d, reg.name)
+                self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
+                out = fn(**pick(kw))
+                self.call_returned(kw)
+                return out
+
+            wrapped = plain
+        functools.update_wrapper(wrapped, fn)
+        return dataclasses.replace(reg, fn=wrapped, wants=None)
+
+    def call_started(self, kw: dict[str, Any], lasts: float | None = None, controller: str = "") -> tuple[_Replica | None, Request, float]:
+        who = actor()
+        r = self.by_actor.get(who) if who is not None else None
+        key: Request = kw["request"]
+        obj = _plain(kw.get("obj"))
+        now = self.now()
+        self.calls += 1
+        self.started.setdefault(key, []).append(self.calls)
+        uid = None
+        if obj is not None:
+            meta = obj.get("metadata") or {}
+            uid = meta.get("uid") or ""
+            k = (key, uid)
+            self.seen[k] = max(self.seen.get(k, 0), int(meta.get("resourceVersion") or 0))
+        if r is None:
+            return None, key, now
+        for other in self.replicas:
+            if other is r or not other.alive:
+                continue
+            running = other.calls.get(key)
+            if running is None or running[1] <= now or other.was_paused(running[0]):
+                continue
+            if self.by_uid and (uid is None or running[2] is None or (self.by_uid_bare and uid != running[2])):
+                self.excused += 1  # two objects of one name in two ranges (contract.md §7)
+                continue
+            self.violate("I1", r, f"a call of {key} started while {other.name} runs one (since t={running[0]:.3f})")
+        self._check_lease(r, key, uid, controller)
+        r.calls[key] = (now, now + lasts if lasts is not None else float("inf"), uid)
+        return r, key, now
+
+    def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str) -> None:
+        """I2: the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
+        m = r.manager
+        if m is None:
+            return
+        if m.elector is not None:
+            name, identity = m.elector.name, m.elector.identity
+        else:
+            c = next((c for c in m.controllers if c.name == controller), None)
+            s = c.shards if c is not None else None
+            if c is None or s is None:
+                return
+            value = key.namespace if s.shard_by == "namespace" else (uid or (c._uids or {}).get(key))
+            if not value:
+                return
+            e = s.electors[s.index(value)]
+            name, identity = e.name, e.identity
+        rec = self.leases.get(name)
+        if rec is None or rec[0] != identity or self.now() >= rec[1] + rec[2]:
+            what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
+            self.violate("I2", r, f"a call of {key} started under Lease {name} ({what})")
+
+    def call_returned(self, kw: dict[str, Any]) -> None:
+        obj = _plain(kw.get("obj"))
+        if obj is not None and kw.get("phase") is Phase.DELETING:
+            self.cleaned.add((obj.get("metadata") or {}).get("uid") or "")
+
+    def call_ended(self, r: _Replica | None, key: Request, started: float) -> None:
+        if r is not None and r.calls.get(key, (None,))[0] == started:
+            del r.calls[key]
+
+    # -- replicas -------------------------------------------------------------------------------
+    def start(self, r: _Replica) -> None:
+        r.gen += 1
+        r.actor = Actor(self.loop, f"r{r.index}")
+        self.by_actor[r.actor] = r
+        r.calls, r.paused = {}, []
+        self.last_change = self.now()
+        r.actor.spawn(self._run(r))
+
+    async def _run(self, r: _Replica) -> None:
+        w = self.world
+        options = Options(
+            leader_elect=w.mode == "leader", shards=w.shards if w.mode == "sharded" else 0,
+            leader_election_id="sim", leader_election_namespace=LEASE_NAMESPACE,
+            lease_duration=w.lease_duration, renew_deadline=w.renew_deadline, retry_period=w.retry_period,
+            switch_interval=None, check_permissions=False, grace_period=5.0,
+        )  # fmt: skip
+        m = r.manager = Manager(
+            None, self.registry, options, transport=WorldTransport(self, r), discovery=self.server.discovery,
+            executor=InlineExecutor(self.loop), clock=self.loop.time, wall_clock=self.wall,
+        )  # fmt: skip
+        await m.setup()
+        m.context.inline = _drive
+        await m.run(asyncio.Event())  # returns after a lost Lease (exit 1)
+        self.exit(r)
+
+    def exit(self, r: _Replica) -> None:
+        """The process exited: gone now, restarted by the kubelet a few seconds later."""
+        a = r.actor
+
+        async def restart() -> None:
+            await asyncio.sleep(1.0 + self.rng.uniform(0, 5))
+            if r.actor is a:
+                self.start(r)
+
+        self.kill(r)
+        self.spawn(restart())
+
+    def kill(self, r: _Replica) -> None:
+        assert r.actor is not None
+        r.actor.kill()
+        r.calls = {}
+        self.last_change = self.now()
+
+    # -- faults -------------------------------------------------------------------------------
+    async def inject(self, f: Fault) -> None:
+        await asyncio.sleep(f.at)
+        r = self.replicas[f.replica]
+        self.last_change = max(self.last_change, f.at + f.length)
+        if f.kind == "compact":
+            self.server.compact()
+            return
+        if f.kind == "crash":
+            if r.alive:
+                a = r.actor
+                self.kill(r)
+                await asyncio.sleep(f.length)
+                if r.actor is a:
+                    self.start(r)
+            return
+        if f.kind == "pause":
+            a = r.actor
+            if a is None or a.dead:
+                return
+            a.pause()
+            span = [f.at, float("inf")]
+            r.paused.append(span)
+            await asyncio.sleep(f.length)
+            span[1] = self.now()
+            a.resume()
+            return
+        if f.kind == "slow":
+            r.slow = f.length / 4
+        else:
+            r.net = f.kind
+        await asyncio.sleep(f.length)
+        r.net, r.slow = "ok", 0.0
+
+    # -- the workload -------------------------------------------------------------------------
+    def _new(self, key: Request, value: int) -> dict[str, Any]:
+        info = self.info()
+        obj = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
+        obj["spec"] = {} if self.user else {"value": value}  # a handlers file's model gets its defaults
+        return obj
+
+    def _change(self, value: int) -> dict[str, Any]:
+        """The workload's update: the built-in spec's value; an annotation of a handlers file's object."""
+        if self.user:
+            return {"metadata": {"annotations": {"sim.declop.dev/value": str(value)}}}
+        return {"spec": {"value": value}}
+
+    async def _admin(self, method: str, key: Request, body: Any = None) -> Any:
+        info = self.info()
+        path = info.path(namespace=key.namespace, name=None if method == "POST" else key.name)
+        result = await self.server.request(method, path, body=body, content_type="application/merge-patch+json" if method == "PATCH" else None)
+        meta = result["metadata"]
+        if method == "DELETE":
+            guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
+            owner = self._owner(key, meta["uid"])
+            if guarded or self.world.strict or owner is not None:
+                self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded, owner))
+            else:
+                self.unowned_deletions += 1  # no owner to deliver it: the documented exception
+            if not guarded:
+                self.want.pop(key, None)
+        else:
+            self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
+        return result
+
+    def _owner(self, key: Request, uid: str) -> tuple[_Replica, int, int] | None:
+        """The live, running replica whose fence for ``key``'s range is open now (sharded), with
+        its generation and the range; ``(replica 0, -1, -1)`` in leader mode, where standbys queue
+        every event and any next leader delivers it."""
+        if self.world.mode != "sharded":
+            return self.replicas[0], -1, -1
+        for r in self.replicas:
+            m = r.manager
+            if m is None or not r.alive or (r.actor is not None and r.actor.paused) or not m.controllers:
+                continue
+            s = m.controllers[0].shards
+            if s is None:
+                continue
+            i = s.index(key.namespace if s.shard_by == "namespace" else uid)
+            if s.may_start(i):
+                return r, r.gen, i
+        return None
+
+    def _kept(self, owner: tuple[_Replica, int, int] | None) -> bool:
+        """Whether the owner at a deletion still owns that range now, in the same process."""
+        if owner is None:
+            return False
+        r, gen, i = owner
+        if gen < 0:
+            return True
+        m = r.manager
+        s = m.controllers[0].shards if m is not None and m.controllers else None
+        return r.alive and r.gen == gen and s is not None and s.electors[i].valid()
+
+    async def workload(self) -> None:
+        w = self.world
+        rng = random.Random(f"work-{self.seed}")
+        keys = [Request(NAMESPACES[i % len(NAMESPACES)], f"w{i:03d}") for i in range(w.objects)]
+        value = 0
+        for key in keys[: w.objects // 2]:
+            value += 1
+            await self._admin("POST", key, self._new(key, value))
+        rate = max(w.objects / w.duration, 1.0)
+        while True:
+            await asyncio.sleep(rng.expovariate(rate))
+            if self.now() >= w.duration:
+                return
+            key = rng.choice(keys)
+            value += 1
+            stored = self.server.store(self.info()).get(key)
+            op = rng.random()
+            try:
+                if stored is None:
+                    await self._admin("POST", key, self._new(key, value))
+                elif stored["metadata"].get("deletionTimestamp"):
+                    continue
+                elif op < 0.6:
+                    await self._admin("PATCH", key, self._change(value))
+                else:
+                    await self._admin("DELETE", key)
+                    if op > 0.85:  # and at once again, same name (a new uid)
+                        await self._admin("POST", key, self._new(key, value))
+            except ApiError:
+                pass  # still being deleted (finalizer): AlreadyExists
+
+    # -- the end: I3 and I4 -------------------------------------------------------------------------
+    def check_end(self, settled_at: float) -> None:
+        store = self.server.store(self.info())
+        for key, (uid, rv) in sorted(self.want.items()):
+            got = self.seen.get((key, uid), 0)
+            if self.user:
+                rv = 1  # a handlers file's predicates may drop updates: its object must be seen once
+            if got < rv:
+                self.violate("I3", "-", f"{key} (uid {uid[:8]}) changed at resourceVersion {rv}, not reconciled since (last seen {got or 'never'}) {self.now() - settled_at:.3f} s after the faults healed")
+        for obj in store:
+            if obj["metadata"].get("deletionTimestamp"):
+                self.violate("I4", "-", f"{obj['metadata']['namespace']}/{obj['metadata']['name']} is still being deleted {self.now() - settled_at:.3f} s after the faults healed")
+        seen_uids = {uid for _key, uid in self.seen}
+        for key, uid, at, before, guarded, owner in self.deletions:
+            now_there = store.get(key)
+            if now_there is not None and now_there["metadata"].get("uid") == uid:
+                continue  # still there (reported above)
+            if guarded:
+                if uid not in self.cleaned:
+                    self.violate("I4", "-", f"{key} (uid {uid[:8]}) deleted at t={at:.3f} went without its cleanup")
+            elif not self.world.strict and not self._kept(owner):
+                self.unowned_deletions += 1  # its range's owner lost it meanwhile: the exception
+            elif uid in seen_uids and not any(n > before for n in self.started.get(key, ())):
+                # a handler saw the object, so it must see it go (one it never saw may go unseen:
+                # there is nothing of it to clean up)
+                self.violate("I4", "-", f"the deletion of {key} (uid {uid[:8]}) at t={at:.3f} never reached a handler")
+
+
+def _plain(obj: Any) -> Any:
+    """A typed view's dict (or the dict itself)."""
+    if obj is None or isinstance(obj, dict):
+        return obj
+    dump = getattr(obj, "model_dump", None)
+    return dump(by_alias=True) if dump is not None else None
+
+
+def run(world: World, seed: int, registry: Registry | None = None, crds: Sequence[Any] = ()) -> WorldResult:
+    """Simulate one schedule (a pure function of ``world`` and ``seed``)."""
+    rng = random.Random(seed)
+    faults = list(world.faults) if world.faults is not None else schedule(world, rng)
+    if world.only is not None:
+        faults = [faults[i] for i in world.only if i < len(faults)]
+    loop = VirtualLoop()
+    ids = random.Random(f"uids-{seed}")
+    saved_random, saved_uuid4 = random.getstate(), uuid.uuid4
+    random.seed(f"jitter-{seed}")
+    uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
+    w = _World(world, seed, loop, registry if registry is not None else builtin_registry(world), crds)
+    try:
+        loop.run_until_complete(_main(w, faults))
+    finally:
+        uuid.uuid4 = saved_uuid4
+        random.setstate(saved_random)
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # their clean-up (a manager's shutdown) is bounded: 60 virtual seconds at most
+            loop.run_until_complete(asyncio.wait(tasks, timeout=60))
+        loop.close()
+    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests)
+
+
+async def _main(w: _World, faults: list[Fault]) -> None:
+    s = w.world
+    for r in w.replicas:
+        w.start(r)
+    for f in faults:
+        w.spawn(w.inject(f))
+    await w.workload()
+    end_of_faults = max([s.duration] + [f.at + f.length for f in faults])
+    await asyncio.sleep(max(0.0, end_of_faults - w.now()))
+    await asyncio.sleep(SETTLE * s.lease_duration)
+    w.check_end(end_of_faults)
+    for r in w.replicas:
+        if r.actor is not None:
+            r.actor.kill()
+    await asyncio.sleep(0)
+
+
+def shrink(failed: WorldResult, registry: Registry | None = None) -> WorldResult:
+    """The fewest of ``failed``'s faults that still fail (greedy, as :func:`declop.testing.sim.shrink`)."""
+    if failed.ok or failed.world.faults is not None:
+        return failed
+    kept = list(failed.world.only if failed.world.only is not None else range(len(failed.faults)))
+    best = failed
+    for index in list(kept):
+        trial = [i for i in kept if i != index]
+        result = run(dataclasses.replace(failed.world, only=tuple(trial)), failed.seed, registry)
+        if not result.ok:
+            kept, best = trial, result
+    return best
+
+
+def run_seeds(world: World, seeds: Sequence[int], registry: Registry | None = None, out: Any = None, crds: Sequence[Any] = ()) -> int:
+    """Run ``seeds``; print each failure's repro line and the schedules per second; return how
+    many failed."""
+    out = out or sys.stdout
+    began, failed = time.perf_counter(), 0
+    for seed in seeds:
+        result = run(world, seed, registry, crds)
+        if not result.ok:
+            failed += 1
+            print(f"FAIL {result.repro()}  # {result.violations[0]}", file=out, flush=True)
+    took = max(time.perf_counter() - began, 1e-9)
+    print(f"{len(seeds)} seeds, {failed} failed, {took:.1f} s: {len(seeds) / took:.2f} schedules/s", file=out)
+    return failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m declop.testing.simworld", description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=("leader", "sharded"), default=World.mode)
+    p.add_argument("--shard-by", choices=("uid", "namespace"), default=World.shard_by)
+    p.add_argument("--seed", type=int, help="run this one seed and print its schedule")
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--replicas", type=int, default=World.replicas)
+    p.add_argument("--shards", type=int, default=World.shards)
+    p.add_argument("--objects", type=int, default=World.objects)
+    p.add_argument("--duration", type=float, default=World.duration)
+    p.add_argument("--no-finalizer", action="store_true", help="the built-in handler without a finalizer")
+    p.add_argument("--strict", action="store_true", help="I1 without the exception for shard_by='uid' without a finalizer")
+    p.add_argument("--server-filter", action="store_true", help="the apiserver serves shardSelector (server-side filtering)")
+    p.add_argument("--only", default=None)
+    p.add_argument("--faults", default=",".join(WORLD_FAULTS))
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
+    if args.verbose:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(kinds) - set(WORLD_FAULTS))
+    if unknown:
+        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_FAULTS)}")
+    only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
+    world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
+                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter)  # fmt: skip
+    if args.seed is not None:
+        result = run(world, args.seed)
+        print(result.report())
+        if not result.ok:
+            shrunk = shrink(result)
+            if len(shrunk.faults) < len(result.faults):
+                print(f"shrunk to {len(shrunk.faults)} fault(s):")
+                print(shrunk.report())
+        return 0 if result.ok else 1
+    return 1 if run_seeds(world, range(args.start, args.start + args.seeds)) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
