@@ -532,6 +532,7 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     released only after a successful cleanup). Prints each failing seed's repro line and the
     schedules per second; exit 1 if any failed. See docs/simulation.md.
     """
+    from declop.dev.manifests import from_models
     from declop.testing import simworld
 
     if not paths and not modules:
