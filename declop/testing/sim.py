@@ -460,7 +460,7 @@ class _Cluster:
     async def _sharded(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
         assert r.actor is not None
         sl = ShardLeases(transport, lease_id=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
-        sl.member = sl._elector(f"{sl.member_prefix}r{r.index}-{r.gen}", exclusive=False)  # deterministic name
+        sl.suffix = f"r{r.index}-{r.gen}"  # deterministic member Lease names
         s = sl.add(r.controller, r.shards, "namespace" if self.scenario.kind == "sharded-namespace" else "uid")
         s.synced = lambda: r.synced  # the manager: the controller's caches synced
         names = [e.name for e in s.electors]
