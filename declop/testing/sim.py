@@ -71,7 +71,7 @@ from declop.leases.shards import ShardLeases, ShardSet, lease_name
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.simloop import Actor, VirtualLoop
 
-__all__ = ["EXIT_BOUND", "FAULT_KINDS", "SCENARIOS", "SHARD_FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink"]
+__all__ = ["EXIT_BOUND", "FAULT_KINDS", "SCENARIOS", "SHARD_FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink", "sweep"]
 
 #: seconds from a loss (hold() returned, or ShardLeases.run() returned) to the process being gone
 EXIT_BOUND = 2.0
@@ -274,33 +274,42 @@ class SimTransport:
         self.actor = replica.actor
 
     async def request(self, method: str, path: str, *, body: Any = None, timeout: float = 30.0, **kw: Any) -> Any:
-        loop = self.cluster.loop
-        answer: asyncio.Future[Any] = loop.create_future()
-        self.cluster.spawn(self._wire(answer, method, path, body, kw.get("params")))
-        return await answer
-
-    async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, body: Any, params: Any) -> None:
+        # the network leg is two timers of the cluster (not of the replica: a request sent
+        # before a pause still arrives), not a task: a task per request was most of a run's cost
         c, r = self.cluster, self.replica
+        answer: asyncio.Future[Any] = c.loop.create_future()
         c.requests += 1
         latency = c.rng.uniform(0.0005, 0.005) + (c.rng.uniform(0, r.slow) if r.slow else 0.0)
         if r.actor is not self.actor or r.net == "hang":
-            return  # black-holed: no answer ever (the caller's timeout ends the wait)
-        if r.net == "fail":
-            await asyncio.sleep(latency / 4)
-            if not answer.done():
-                answer.set_exception(ApiError(0, "Unreachable", f"{method} {path}: connection refused"))
-            return
-        await asyncio.sleep(latency / 2)
+            pass  # black-holed: no answer ever (the caller's timeout ends the wait)
+        elif r.net == "fail":
+            error = ApiError(0, "Unreachable", f"{method} {path}: connection refused")
+            c.loop.call_later(latency / 4, self._answer, answer, None, error, False, context=c._neutral)
+        else:
+            c.loop.call_later(latency / 2, self._arrive, answer, method, path, body, kw.get("params"), latency, context=c._neutral)
+        return await answer
+
+    def _arrive(self, answer: asyncio.Future[Any], method: str, path: str, body: Any, params: Any, latency: float) -> None:
+        c, r = self.cluster, self.replica
         if r.actor is not self.actor or r.net == "hang":
             return
+        result: Any = None
+        error: BaseException | None = None
+        serving = c.server.request(method, path, body=body, params=params, lane="leader")
         try:
-            result: Any = await c.server.request(method, path, body=body, params=params, lane="leader")
+            serving.send(None)  # the fake apiserver answers without awaiting anything
+        except StopIteration as done:
+            result = done.value
             c.served(r, method, path, result)
-            error: BaseException | None = None
         except ApiError as exc:
             error = exc
-        await asyncio.sleep(latency / 2)
-        if r.net in ("hang", "cut") or answer.done():
+        else:
+            serving.close()
+            raise RuntimeError("the fake apiserver awaited inside a request")
+        c.loop.call_later(latency / 2, self._answer, answer, result, error, True, context=c._neutral)
+
+    def _answer(self, answer: asyncio.Future[Any], result: Any, error: BaseException | None, lossy: bool) -> None:
+        if answer.done() or (lossy and self.replica.net in ("hang", "cut")):
             return  # the answer is lost
         if error is not None:
             answer.set_exception(error)
@@ -617,9 +626,13 @@ def run(scenario: Scenario, seed: int) -> Result:
         loop.run_until_complete(_main(cluster, faults))
     finally:
         random.setstate(saved)
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
+        for _ in range(3):  # a cancelled task may await another's cancellation (a gather)
+            tasks = asyncio.all_tasks(loop)
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
         loop.close()
     return Result(scenario, seed, faults, cluster.violations, cluster.calls, cluster.requests)
 
@@ -674,6 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="keep only these faults of the seed's schedule (indices, comma-separated)")
     p.add_argument("--no-shrink", action="store_true", help="do not shrink a failing --seed run")
     p.add_argument("--faults", default="", help="the fault kinds to draw from (comma-separated; default: all the family's)")
+    p.add_argument("--jobs", type=int, default=1, help="run --seeds in this many processes (one per core)")
     p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
@@ -694,15 +708,49 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"shrunk to {len(shrunk.faults)} fault(s):")
                 print(shrunk.report())
         return 0 if result.ok else 1
-    began, failed = time.perf_counter(), 0
-    for seed in range(args.start, args.start + args.seeds):
-        result = run(scenario, seed)
-        if not result.ok:
-            failed += 1
-            print(f"FAIL {result.repro()}  # {result.violations[0]}", flush=True)
+    began = time.perf_counter()
+    failures = sweep(scenario, range(args.start, args.start + args.seeds), jobs=args.jobs, echo=True)
     took = time.perf_counter() - began
-    print(f"{args.seeds} seeds, {failed} failed, {took:.1f} s: {args.seeds / took * 60:.0f} schedules per minute")
-    return 1 if failed else 0
+    print(
+        f"{args.seeds} seeds, {len(failures)} failed, {took:.1f} s: {args.seeds / took * 60:.0f} schedules per minute"
+        + (f" ({args.jobs} processes)" if args.jobs > 1 else "")
+    )
+    return 1 if failures else 0
+
+
+def _failures(scenario: Scenario, seeds: Sequence[int]) -> list[str]:
+    """One line per failing seed of ``seeds`` (a process of :func:`sweep`)."""
+    logging.getLogger("declop").setLevel(logging.CRITICAL + 1)
+    return [f"FAIL {r.repro()}  # {r.violations[0]}" for r in (run(scenario, seed) for seed in seeds) if not r.ok]
+
+
+def sweep(scenario: Scenario, seeds: Sequence[int], *, jobs: int = 1, echo: bool = False) -> list[str]:
+    """Run every seed of ``seeds``; one line per failing one (in seed order). ``jobs`` > 1 runs
+    them in that many processes (each seed's run is the same wherever it runs)."""
+    seeds = list(seeds)
+    if jobs <= 1:
+        lines = []
+        for seed in seeds:
+            result = run(scenario, seed)
+            if not result.ok:
+                lines.append(f"FAIL {result.repro()}  # {result.violations[0]}")
+                if echo:
+                    print(lines[-1], flush=True)
+        return lines
+    import concurrent.futures
+    import multiprocessing
+
+    chunk = max(1, min(50, len(seeds) // (jobs * 4) or 1))
+    parts = [seeds[i : i + chunk] for i in range(0, len(seeds), chunk)]
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    lines = []
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for part in pool.map(_failures, [scenario] * len(parts), parts):
+            lines += part
+            if echo:
+                for line in part:
+                    print(line, flush=True)
+    return lines
 
 
 if __name__ == "__main__":
