@@ -13,8 +13,11 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
   request sent before a pause still arrives, its answer waits for the resume.
 - **the replicas** run declop's real :class:`~declop.leases.leader.LeaderElector` (scenario
   ``leader``: acquire, hold, exit on loss, as the manager does) or
-  :class:`~declop.leases.shards.ShardLeases` (scenario ``sharded``: ``run()``, exit once it
-  returns, as the manager's ``_shard`` does), with every clock they read virtual: the Lease
+  :class:`~declop.leases.shards.ShardLeases` (the sharded families — ``sharded-uid`` (or
+  ``sharded``), ``sharded-namespace``, ``rolling`` (a rollout of another ``--shards``) and
+  ``shared-id`` (a second operator under the same election id), :data:`SCENARIOS` —:
+  ``run()``, exit once it returns, as the manager's ``_shard`` does; its caches sync a moment
+  after the start, told through ``ShardSet.synced``), with every clock they read virtual: the Lease
   clock is the loop's time, ``renewTime`` comes from a virtual wall clock, jitter from a seeded
   ``random``. Each replica has two workers that start simulated calls on random keys through
   the same fence the controller uses (``elector.valid()``; ``ShardSet.may_start`` at the take and
@@ -27,7 +30,8 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
 - **faults** (:class:`Fault`) are drawn from the seed, per replica: partitions (requests hang;
   requests fail at once; requests arrive but their answers are lost), slow requests, pause and
   resume (SIGSTOP/SIGCONT: the replica's tasks stop advancing, its clock does not), crash and
-  restart with empty memory, a stuck call, and an administrator deleting a Lease.
+  restart with empty memory, a stuck call, an administrator deleting a Lease, and (sharded) a
+  restart with caches that never sync.
 
 Invariants, checked while the run goes (each violation is a :class:`Violation`, with the virtual
 time and the replica):
@@ -41,7 +45,8 @@ time and the replica):
   still alive;
 - **I6** no replica releases (or deletes) a Lease while one of its calls under it still runs;
 - **I7** from two lease durations after the last fault (and the last exit or restart) until the
-  end, every Lease (every range) has a live owner whose fence is open.
+  end, the leader Lease — sharded: every key of every controller, under its replica's
+  ``--shards`` — has a live, synced owner whose fence is open.
 
 A run is a pure function of its :class:`Scenario` and seed: a failing one is reproduced by the
 one line :meth:`Result.repro` prints, and :func:`shrink` drops the faults it does not need
