@@ -85,6 +85,7 @@ log = logging.getLogger("declop.shardlease")
 
 #: a member Lease unrenewed for this many of its durations is deleted by the other replicas
 FORGET_AFTER = 10
+_RANGE = re.compile(r"-shard-\d+-of-\d+$")  # the end of a range Lease's name
 
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "x"
@@ -506,8 +507,8 @@ class ShardLeases:
         ours = {s.member.name for s in self.sets.values() if s.member is not None}
         holders: set[Any] = {self.identity}
         for name, spec in leases.items():
-            if not name.startswith(self.members_prefix) or "-member-" not in name or name in ours:
-                continue
+            if not name.startswith(self.members_prefix) or "-member-" not in name or name in ours or _RANGE.search(name):
+                continue  # not a member Lease (a controller's name may hold "-member-")
             seen.add(name)
             record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
             old = self._members.get(name)

@@ -366,3 +366,15 @@ def test_renewals_go_on_while_every_request_is_slow() -> None:
         loop.run_until_complete(go())
     finally:
         loop.close()
+
+
+def test_a_controller_named_like_a_member_lease_is_not_counted_as_one() -> None:
+    clock, store = FakeClock(), Leases()
+    reps = []
+    for x in "ab":
+        r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, identity=x)
+        r.add("team-member-sync", 4, "uid")
+        reps.append(r)
+    rounds(clock, reps, 8)
+    assert all(r.live == 2 for r in reps) and sorted(len(r.sets["team-member-sync"].held()) for r in reps) == [2, 2]
+    assert not reps[0]._foreign
