@@ -526,10 +526,13 @@ class Manager:
         if shards is not None:
             for informer in sharded:
                 self._sharded.setdefault(informer, []).append(shards)
-        return Controller(
+        controller = Controller(
             reg, primary, sources, ctx, executor=self.executor, metrics=self.metrics, fence=fence,
             recent=self.options.debug_reconciles, shards=shards, clock=self._clocks.get("clock", MONOTONIC),
         )
+        if shards is not None:  # join and take ranges only once this controller's caches synced
+            shards.synced = controller.synced.is_set
+        return controller
 
     def checks(self) -> list[Check]:
         """Readiness: one check per controller, failing until its caches synced; with leader
@@ -547,8 +550,8 @@ class Manager:
             elector = self.elector
             checks.append(("leader-election", lambda: elector.problem))
         if self.shard_leases is not None:
-            member = self.shard_leases.member  # refused (401/403): it can never own a range
-            checks.append(("sharding", lambda: member.problem))
+            shard_leases = self.shard_leases  # a member Lease refused (401/403): it can never own a range
+            checks.append(("sharding", shard_leases.problem))
         if self.webhook_endpoint is not None:
             endpoint = self.webhook_endpoint
             checks.append(("webhooks", lambda: "" if endpoint.registered else "webhook server not started"))

@@ -12,20 +12,30 @@ while the Lease of the key's range is *known valid on our own monotonic clock*
 request was sent); another replica takes a range only after it saw the range's record unchanged
 for ``leaseDurationSeconds`` > ``renew_deadline``.
 
-Membership: every replica also holds one Lease of its own, ``<id>-member-<suffix>``, renewed
-with the ranges. Live replicas are the members whose record changed within its
-``leaseDurationSeconds`` as observed on our clock (plus ourselves). Members are needed because a
-replica holding no range yet is invisible in the range Leases: without its member Lease nobody
-would make room for it. One LIST of the namespace's Leases per retry period serves both the
-member count and the observations of the ranges we do not hold.
+Membership: every replica also holds one Lease of its own per controller,
+``<id>-<controller>-of-<n>-member-<suffix>`` — created only once that controller's caches
+synced (:attr:`ShardSet.synced`: a replica whose informers never sync, e.g. refused with 403,
+joins nothing and takes no range, so the others keep its share). Live replicas of a controller
+are the members of the same controller *and* the same ``n`` whose record changed within its
+``leaseDurationSeconds`` as observed on our clock (plus ourselves): another operator sharing
+``--leader-election-id``, or a replica with another ``--shards`` during a rolling change, is not
+counted (it would shrink our share and leave ranges to nobody) — its member Leases are logged
+once per kind. Members are needed because a replica holding no range yet is invisible in the
+range Leases: without its member Lease nobody would make room for it. One LIST of the
+namespace's Leases per retry period serves both the member count and the observations of the
+ranges we do not hold.
 
-Balancing, every ``retry_period``: each replica aims at ``ceil(N / live)`` ranges. Under its
-share it tries ranges that are free (released, or never created) or whose holder is not a live
-member (the elector takes one only once its record is expired). Over its share it **drains**
+Renewal runs on its own, every ``retry_period`` (:meth:`ShardLeases.renew`): every held range
+and member Lease at once, each bounded by ``renew_deadline / 2`` — never behind the round's
+LIST, tries or member deletions.
+
+Balancing, every ``retry_period`` (:meth:`ShardLeases.balance`): each replica aims at
+``ceil(N / live)`` ranges. Under its share it tries ranges that are free (released, or never
+created) or whose holder is not a live member (the elector takes one only once its record is expired). Over its share it **drains**
 the excess ranges (highest index first): no new reconcile starts for their keys, in-flight ones
 finish, and only then is the Lease released — so the next owner never overlaps with us. A
 graceful stop drains every range the same way (the manager stops the controllers first), then
-releases the range Leases and deletes the member Lease.
+releases the range Leases and deletes the member Leases.
 
 Loss (no successful renewal for ``renew_deadline``, another holder seen — e.g. after a
 SIGSTOP —, or the Lease deleted): the range's fence closes at once and its keys are dropped. A lost range whose record
@@ -42,9 +52,16 @@ Invariants:
   is not draining; a closed fence of a range reopens only after a *new* acquisition;
 - a range is released only when no reconcile of it is in flight;
 - Lease traffic uses the transport's ``"leader"`` lane, like leader election;
+- a range Lease is never renewed and released at once (one lock per Lease);
+- another ``--shards`` of the same controller (range Leases ``-of-<m>`` held by a live replica):
+  no range is taken while one is held; if both splits hold ranges, the one with more ranges
+  drains all of its own (so a rolling change ends with every range of one split owned);
 - timings are validated like leader election's: ``lease_duration > renew_deadline > 1.2 ×
   retry_period > 0``.
 """
+
+# size: one protocol — members, renewals, balancing, drains, losses — whose invariants refer to
+# each other; the pure parts (hashing, the plan) are already apart.
 
 from __future__ import annotations
 
@@ -62,12 +79,13 @@ from declop.errors import ApiError, ConfigError, NotFound
 from declop.leases.leader import LeaderElector
 from declop.leases.hashing import ShardRange, fnv1a64, range_index, split
 
-__all__ = ["ShardLeases", "ShardSet", "lease_name", "plan"]
+__all__ = ["ShardLeases", "ShardSet", "lease_name", "member_prefix", "plan"]
 
 log = logging.getLogger("declop.shardlease")
 
 #: a member Lease unrenewed for this many of its durations is deleted by the other replicas
 FORGET_AFTER = 10
+_RANGE = re.compile(r"-shard-\d+-of-\d+$")  # the end of a range Lease's name
 
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "x"
@@ -76,6 +94,13 @@ def _dns(text: str) -> str:
 def lease_name(lease_id: str, controller: str, index: int, n: int) -> str:
     """The range Lease's name: ``<id>-<controller>-shard-<i>-of-<n>`` (DNS-safe)."""
     return f"{_dns(lease_id)}-{_dns(controller)}-shard-{index}-of-{n}"
+
+
+def member_prefix(controller_prefix: str, n: int) -> str:
+    """``<id>-<controller>-of-<n>-member-``: replicas count only the members of their own
+    controller and ``n`` (another operator under the same id, or a replica with another
+    ``--shards``, is not one that makes room or takes a share)."""
+    return f"{controller_prefix}-of-{n}-member-"
 
 
 def plan(held: Iterable[int], draining: Iterable[int], candidates: Iterable[int], live: int, n: int) -> tuple[list[int], list[int]]:
@@ -99,9 +124,15 @@ class ShardSet:
     The controller calls :meth:`range_of`, :meth:`may_start`, :meth:`begin` and :meth:`end`;
     :class:`ShardLeases` drives the Leases."""
 
-    def __init__(self, controller: str, n: int, shard_by: str, electors: list[LeaderElector]) -> None:
+    def __init__(self, controller: str, n: int, shard_by: str, electors: list[LeaderElector], member: LeaderElector | None = None) -> None:
         self.controller, self.n, self.shard_by = controller, n, shard_by
         self.electors = electors
+        #: this replica's member Lease for this controller and this ``n``; held only once
+        #: :attr:`synced` says so (others count it then, and make room for it)
+        self.member = member
+        #: have this controller's caches synced? (the manager: the controller's sync gate)
+        #: until then the replica joins nothing and takes no range: it could not reconcile them
+        self.synced: Callable[[], bool] = lambda: True
         #: the ranges, by index (:func:`declop.leases.hashing.split`)
         self.ranges: tuple[ShardRange, ...] = split(n)
         #: ranges being drained: no reconcile starts for their keys; released once idle
@@ -113,6 +144,11 @@ class ShardSet:
         #: called with a range index once it is not ours any more (released or lost)
         self.on_dropped: Callable[[int], None] | None = None
         self.warned = False  # logged that another split of the hash space is in use
+
+    @property
+    def member_prefix(self) -> str:
+        """The name prefix of every replica's member Lease of this controller and this ``n``."""
+        return member_prefix(self.electors[0].name.split("-shard-")[0], self.n) if self.electors else ""
 
     def index(self, value: str) -> int:
         """The range ``value`` (a uid or a namespace) hashes into."""
@@ -168,17 +204,20 @@ class ShardLeases:
         #: called after every round (the manager moves the informers' shard filters in a task
         #: of its own: a re-list never delays a renewal)
         self.on_round = on_round
-        self.member_prefix = f"{_dns(lease_id)}-member-"
-        # only this replica ever holds its member Lease: deleted, it is created again at once
-        self.member = self._elector(f"{self.member_prefix}{suffix}", exclusive=False)
+        #: the end of this replica's member Lease names (one per controller)
+        self.suffix = suffix
+        #: every member Lease under our id starts with this (any controller, any ``n``)
+        self.members_prefix = f"{_dns(lease_id)}-"
         self.sets: dict[str, ShardSet] = {}
         #: set when a range was lost while a reconcile of it ran: the manager exits non-zero
         self.failed = asyncio.Event()
         self.stopping = False
-        #: live replicas as last counted (ourselves included)
+        #: live replicas as last counted (ourselves included; of the controller with the most)
         self.live = 1
         self._members: dict[str, tuple[Any, float]] = {}  # member Lease -> (record, first seen)
         self._live_names: set[str] = set()
+        self._foreign: set[str] = set()  # member prefixes of other controllers / splits, logged
+        self._locks: dict[str, asyncio.Lock] = {}  # Lease name -> held while renewed / released
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
     def _elector(self, name: str, exclusive: bool = True) -> LeaderElector:
@@ -190,8 +229,27 @@ class ShardLeases:
         """The ranges of ``controller`` (``n`` of them, keys hashed by ``shard_by``)."""
         electors = [self._elector(lease_name(self.lease_id, controller, i, n)) for i in range(n)]
         s = self.sets[controller] = ShardSet(controller, n, shard_by, electors)
+        # only this replica ever holds its member Lease: deleted, it is created again at once
+        s.member = self._elector(f"{s.member_prefix}{self.suffix}", exclusive=False)
         self._gauge(s)
         return s
+
+    @property
+    def member(self) -> LeaderElector:
+        """The member Lease of the first controller (all of them are renewed alike)."""
+        s = next(iter(self.sets.values()))
+        assert s.member is not None
+        return s.member
+
+    def problem(self) -> str:
+        """Why a member Lease was refused (401/403: this replica can never own a range), or ""."""
+        return next((s.member.problem for s in self.sets.values() if s.member is not None and s.member.problem), "")
+
+    def _lock(self, e: LeaderElector) -> asyncio.Lock:
+        lock = self._locks.get(e.name)
+        if lock is None:
+            lock = self._locks[e.name] = asyncio.Lock()
+        return lock
 
     # -- metrics --------------------------------------------------------------------------------
     def _gauge(self, s: ShardSet) -> None:
@@ -211,52 +269,72 @@ class ShardLeases:
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Renew, count members, balance — every ``retry_period`` until cancelled or failed."""
+        """Renew every held Lease every ``retry_period`` (:meth:`renew`) and, beside it, count
+        members and balance every ``retry_period`` (:meth:`balance`) — until cancelled or failed.
+
+        The two loops are independent: a round's LIST, tries and collect (each may wait
+        ``renew_deadline / 2``) never delay a renewal, which starts every ``retry_period`` (or
+        as soon as the previous one, bounded by ``renew_deadline / 2``, ended)."""
         log.info(
             "Sharding: joining",
             extra={"kv": {"identity": self.identity, "namespace": self.namespace, "controllers": {k: s.n for k, s in self.sets.items()}}},
         )
-        first = True
-        while not self.failed.is_set():
-            began = self.clock()
-            # the round races the failure: once a range is lost under a running call, the
-            # process must be gone before another replica can take the range, so the rest of
-            # the round (LIST, tries, collect — each may wait renew_deadline / 2) and the sleep
-            # after it are abandoned and the manager's halt starts at once
-            round_ = asyncio.ensure_future(self.step(balance=not first))
-            if not await self._unless_failed(round_):
-                return
-            try:
-                round_.result()
-            except (ApiError, asyncio.TimeoutError) as exc:
-                log.warning("Shard lease round failed", extra={"kv": {"error": str(exc) or type(exc).__name__}})
-            first = False  # one round to see the other members before taking a share
-            # a fixed cadence: a slow round does not stretch the time between renewals
-            pause = asyncio.ensure_future(asyncio.sleep(max(0.0, began + self.retry_period - self.clock())))
-            await self._unless_failed(pause)
-
-    async def _unless_failed(self, task: asyncio.Future[Any]) -> bool:
-        """Wait for ``task``; False (``task`` cancelled) if :attr:`failed` is set first."""
+        # the loops race the failure: once a range is lost under a running call, the process
+        # must be gone before another replica can take the range, so both loops are abandoned
+        # and the manager's halt starts at once
+        loops = [asyncio.ensure_future(self._every_period(self.renew)), asyncio.ensure_future(self._balancing())]
         failed = asyncio.ensure_future(self.failed.wait())
         try:
-            await asyncio.wait((task, failed), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*loops, failed], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            failed.cancel()
-            if not task.done():  # failed, or we were cancelled (a graceful stop)
+            for task in (*loops, failed):
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        return not task.cancelled()
+            await asyncio.gather(*loops, failed, return_exceptions=True)
+        for task in loops:
+            if task in done and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]  # a bug: the manager logs it and exits
+
+    async def _every_period(self, step: Callable[[], Any]) -> None:
+        """``await step()`` every ``retry_period`` on a fixed cadence (a slow one does not
+        stretch the time between the next ones), logging what fails."""
+        while not self.failed.is_set():
+            began = self.clock()
+            try:
+                await step()
+            except (ApiError, asyncio.TimeoutError) as exc:
+                log.warning("Shard lease round failed", extra={"kv": {"error": str(exc) or type(exc).__name__}})
+            await asyncio.sleep(max(0.0, began + self.retry_period - self.clock()))
+
+    async def _balancing(self) -> None:
+        first = [True]
+
+        async def one() -> None:
+            balance, first[0] = not first[0], False  # one round to see the members before taking
+            await self.balance(balance)
+
+        await self._every_period(one)
 
     async def step(self, balance: bool = True) -> None:
-        """One round: renew the member Lease and every held range, read every Lease once, then
-        release drained ranges and take or drain toward the share."""
-        await self._renew(self.member, None)
+        """One renewal and one balancing round, one after the other (tests drive replicas so)."""
+        await self.renew()
+        await self.balance(balance)
+
+    async def renew(self) -> None:
+        """Renew every held range Lease and the member Lease of every synced controller, all at
+        once; a Lease being released (or renewed still) is left alone."""
+        todo: list[Any] = []
         for s in self.sets.values():
-            await asyncio.gather(*(self._renew(s.electors[i], s) for i in s.held()))
+            if s.member is not None and (s.member.is_leader or s.synced()):
+                todo.append(self._renew(s.member, None))
+            todo += [self._renew(s.electors[i], s) for i in s.held()]
+        await asyncio.gather(*todo)
+
+    async def balance(self, balance: bool = True) -> None:
+        """One round: read every Lease once, count the members, then release drained ranges and
+        take or drain toward the share."""
         leases = await self._list()
-        self.live = self._count_members(leases)
-        live_holders = {spec.get("holderIdentity") for name, spec in leases.items() if name in self._live_names}
-        live_holders.add(self.identity)
+        live_holders = self._count_members(leases)
+        self.live = max((self._live(s) for s in self.sets.values()), default=1)
         for s in self.sets.values():
             for i, e in enumerate(s.electors):
                 spec = leases.get(e.name)
@@ -267,8 +345,9 @@ class ShardLeases:
                 if not s.in_flight[i]:
                     await self._release(s, i)
                     released.add(i)
-            if not balance or self.stopping or self.failed.is_set():
+            if not balance or self.stopping or self.failed.is_set() or not s.synced():
                 continue  # a failed replica is exiting: it takes nothing, not even its own again
+            live = self._live(s)
             candidates, ours = [], []
             for i, e in enumerate(s.electors):
                 spec = leases.get(e.name)
@@ -280,20 +359,23 @@ class ShardLeases:
                     ours.append(i)
                 elif not holder or holder not in live_holders:
                     candidates.append(i)
-            drain, tries = plan(s.held(), s.draining, candidates, self.live, s.n)
+            drain, tries = plan(s.held(), s.draining, candidates, live, s.n)
             tries = ours + tries  # candidates never include ours
-            other = self._other_split(s, leases, live_holders)
+            other, their_n = self._other_split(s, leases, live_holders)
             if other:
                 if not s.warned:
                     s.warned = True
                     log.warning(
-                        "Another replica holds ranges of a different --shards; taking no range until it is gone",
-                        extra={"kv": {"controller": s.controller, "shards": s.n, "lease": other}},
+                        "Replicas disagree on --shards (a rolling change, or another operator with the same "
+                        "--leader-election-id): the larger number of ranges gives way; taking no range while the other split holds one",
+                        extra={"kv": {"controller": s.controller, "shards": s.n, "otherShards": their_n, "lease": other}},
                     )
                 tries = []
+                if s.n > their_n:  # both splits hold ranges (they started together): ours give way
+                    drain = [i for i in s.held() if i not in s.draining]
             for i in drain:
                 s.draining.add(i)
-                log.info("Draining shard", extra={"kv": {"controller": s.controller, "shard": f"{i}/{s.n}", "replicas": self.live}})
+                log.info("Draining shard", extra={"kv": {"controller": s.controller, "shard": f"{i}/{s.n}", "replicas": live}})
                 if s.on_dropped is not None:
                     s.on_dropped(i)
             await asyncio.gather(*(self._try(s, i) for i in tries))
@@ -301,15 +383,17 @@ class ShardLeases:
             self.on_round()
         await self._collect(leases)
 
-    def _other_split(self, s: ShardSet, leases: dict[str, dict[str, Any]], live: set[Any]) -> str:
+    def _other_split(self, s: ShardSet, leases: dict[str, dict[str, Any]], live: set[Any]) -> tuple[str, int]:
         """A range Lease of this controller for another number of ranges, held by a live
-        replica ("" if none): its ranges overlap ours, so we must not take any (a rolling
-        change of ``--shards``: the new replicas wait for the old ones to stop)."""
+        replica, and that number (``("", 0)`` if none): its ranges overlap ours, so we must not
+        take any (a rolling change of ``--shards``: the new replicas wait for the old ones to
+        stop; two splits that both hold ranges: the larger gives way)."""
         prefix, own = s.electors[0].name.split("-shard-")[0] + "-shard-", f"-of-{s.n}"
         for name, spec in leases.items():
             if name.startswith(prefix) and not name.endswith(own) and spec.get("holderIdentity") in live:
-                return name
-        return ""
+                n = name.rsplit("-of-", 1)[1]
+                return name, int(n) if n.isdigit() else 0
+        return "", 0
 
     async def _try(self, s: ShardSet, i: int) -> None:
         """One attempt to take range ``i`` (the elector takes it only if free or expired)."""
@@ -325,7 +409,7 @@ class ShardLeases:
             return
         e.won()
         s.draining.discard(i)
-        self._handover(s, "acquired", i, replicas=self.live)
+        self._handover(s, "acquired", i, replicas=self._live(s))
         if s.on_gained is not None:
             s.on_gained(i)
 
@@ -345,6 +429,13 @@ class ShardLeases:
                 pass  # someone else did, or will
 
     async def _renew(self, e: LeaderElector, s: ShardSet | None) -> None:
+        lock = self._lock(e)
+        if lock.locked():
+            return  # being released, or its last renewal is still out (bounded by its timeout)
+        async with lock:
+            await self._renew_locked(e, s)
+
+    async def _renew_locked(self, e: LeaderElector, s: ShardSet | None) -> None:
         if not e.is_leader:
             if s is None:  # the member Lease: (re)join
                 try:
@@ -389,7 +480,10 @@ class ShardLeases:
 
     async def _release(self, s: ShardSet, i: int) -> None:
         s.draining.discard(i)
-        await s.electors[i].release()
+        async with self._lock(s.electors[i]):  # not while a renewal of it is out
+            if not s.electors[i].is_leader:
+                return  # lost meanwhile
+            await s.electors[i].release()
         self._handover(s, "released", i)
 
     async def _request(self, method: str, path: str) -> Any:
@@ -403,13 +497,18 @@ class ShardLeases:
             for item in (answer or {}).get("items") or ()
         }
 
-    def _count_members(self, leases: dict[str, dict[str, Any]]) -> int:
+    def _count_members(self, leases: dict[str, dict[str, Any]]) -> set[Any]:
+        """Note every member Lease under our id (any controller, any ``n``); the live ones are
+        those whose record changed within its ``leaseDurationSeconds`` on our clock. Returns the
+        identities of the live members (ourselves included): a range they hold is not free."""
         now = self.clock()
         live: set[str] = set()
         seen = set()
+        ours = {s.member.name for s in self.sets.values() if s.member is not None}
+        holders: set[Any] = {self.identity}
         for name, spec in leases.items():
-            if not name.startswith(self.member_prefix) or name == self.member.name:
-                continue
+            if not name.startswith(self.members_prefix) or "-member-" not in name or name in ours or _RANGE.search(name):
+                continue  # not a member Lease (a controller's name may hold "-member-")
             seen.add(name)
             record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
             old = self._members.get(name)
@@ -418,10 +517,33 @@ class ShardLeases:
             duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
             if record[0] and now < old[1] + duration:
                 live.add(name)
+                holders.add(record[0])
         for name in set(self._members) - seen:
             del self._members[name]
         self._live_names = live
-        return 1 + len(live)
+        self._note_foreign(live)
+        return holders
+
+    def _live(self, s: ShardSet) -> int:
+        """Live replicas of ``s``'s controller with ``s``'s ``n`` (ourselves included)."""
+        prefix = s.member_prefix
+        return 1 + sum(1 for name in self._live_names if name.startswith(prefix))
+
+    def _note_foreign(self, live: set[str]) -> None:
+        """Log once per kind of member Lease under our id that is not of our controllers and
+        ``n``: another operator shares ``--leader-election-id``, or replicas disagree on
+        ``--shards`` (each side then counts only its own kind)."""
+        own = {s.member_prefix for s in self.sets.values()}
+        for name in live:
+            prefix = name.rsplit("-member-", 1)[0] + "-member-"
+            if prefix in own or prefix in self._foreign:
+                continue
+            self._foreign.add(prefix)
+            log.warning(
+                "Another operator, or a replica with another --shards, shares this --leader-election-id; "
+                "counting only the replicas of the same controller and --shards",
+                extra={"kv": {"theirs": prefix.removeprefix(self.members_prefix)[: -len("-member-")], "ours": sorted(f"{c}-of-{s.n}" for c, s in self.sets.items())}},
+            )
 
     # -- stop -----------------------------------------------------------------------------------
     async def release_all(self) -> None:
@@ -432,8 +554,11 @@ class ShardLeases:
                 if s.in_flight[i]:
                     continue  # left to expire: a reconcile of it may still run
                 await self._release(s, i)
-        try:
-            await self._request("DELETE", f"{self._path}/{self.member.name}")
-        except (ApiError, asyncio.TimeoutError) as exc:
-            if not isinstance(exc, NotFound):
-                log.warning("Could not delete member lease", extra={"kv": {"error": str(exc)}})
+        for s in self.sets.values():
+            if s.member is None or not (s.member.is_leader or s.member.renewed_at is not None):
+                continue  # never joined (its caches never synced)
+            try:
+                await self._request("DELETE", f"{self._path}/{s.member.name}")
+            except (ApiError, asyncio.TimeoutError) as exc:
+                if not isinstance(exc, NotFound):
+                    log.warning("Could not delete member lease", extra={"kv": {"error": str(exc)}})

@@ -13,8 +13,11 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
   request sent before a pause still arrives, its answer waits for the resume.
 - **the replicas** run declop's real :class:`~declop.leases.leader.LeaderElector` (scenario
   ``leader``: acquire, hold, exit on loss, as the manager does) or
-  :class:`~declop.leases.shards.ShardLeases` (scenario ``sharded``: ``run()``, exit once it
-  returns, as the manager's ``_shard`` does), with every clock they read virtual: the Lease
+  :class:`~declop.leases.shards.ShardLeases` (the sharded families — ``sharded-uid`` (or
+  ``sharded``), ``sharded-namespace``, ``rolling`` (a rollout of another ``--shards``) and
+  ``shared-id`` (a second operator under the same election id), :data:`SCENARIOS` —:
+  ``run()``, exit once it returns, as the manager's ``_shard`` does; its caches sync a moment
+  after the start, told through ``ShardSet.synced``), with every clock they read virtual: the Lease
   clock is the loop's time, ``renewTime`` comes from a virtual wall clock, jitter from a seeded
   ``random``. Each replica has two workers that start simulated calls on random keys through
   the same fence the controller uses (``elector.valid()``; ``ShardSet.may_start`` at the take and
@@ -30,7 +33,8 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
 - **faults** (:class:`Fault`) are drawn from the seed, per replica: partitions (requests hang;
   requests fail at once; requests arrive but their answers are lost), slow requests, pause and
   resume (SIGSTOP/SIGCONT: the replica's tasks stop advancing, its clock does not), crash and
-  restart with empty memory, a stuck call, and an administrator deleting a Lease.
+  restart with empty memory, a stuck call, an administrator deleting a Lease, and (sharded) a
+  restart with caches that never sync.
 
 Invariants, checked while the run goes (each violation is a :class:`Violation`, with the virtual
 time and the replica):
@@ -44,7 +48,8 @@ time and the replica):
   still alive;
 - **I6** no replica releases (or deletes) a Lease while one of its calls under it still runs;
 - **I7** from two lease durations after the last fault (and the last exit or restart) until the
-  end, every Lease (every range) has a live owner whose fence is open;
+  end, the leader Lease — sharded: every key of every controller, under its replica's
+  ``--shards`` — has a live, synced owner whose fence is open;
 - **I9** a write is accepted only from the replica the apiserver's record of the covering Lease
   names, unexpired — a paused replica included: no exception.
 
@@ -66,6 +71,7 @@ import logging
 import random
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -76,23 +82,31 @@ from declop.leases.shards import ShardLeases, ShardSet, lease_name
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.simloop import Actor, VirtualLoop
 
-__all__ = ["EXIT_BOUND", "FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink"]
+__all__ = ["EXIT_BOUND", "FAULT_KINDS", "SCENARIOS", "SHARD_FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink", "sweep"]
 
 #: seconds from a loss (hold() returned, or ShardLeases.run() returned) to the process being gone
 EXIT_BOUND = 2.0
 #: what a seed may draw (``delete`` is an administrator's, the others hit one replica)
 FAULT_KINDS = ("hang", "fail", "cut", "slow", "pause", "crash", "stuck", "delete")
+#: what a seed of a sharded family draws besides: ``unsynced`` restarts a replica whose caches
+#: never sync (a 403 on a watched resource) for the rest of that incarnation
+SHARD_FAULT_KINDS = FAULT_KINDS + ("unsynced",)
+#: the scenario families (``sharded`` is ``sharded-uid``, its old name); docs/simulation.md
+SCENARIOS = ("leader", "sharded", "sharded-uid", "sharded-namespace", "rolling", "shared-id")
+#: the second operator of ``shared-id``: another controller, another number of ranges
+OTHER_CONTROLLER, OTHER_SHARDS, OTHER_REPLICAS = "gadgets", 3, 2
 NAMESPACE = "sim"
 LEASE_ID = "sim"
 CONTROLLER = "widgets"
 _EPOCH = 1_800_000_000.0  # the virtual wall clock at virtual time 0
+_NAMESPACES = ("default", "payments", "search", "checkout", "auth", "billing", "mail", "web", "data", "ops")
 
 
 @dataclass(frozen=True)
 class Scenario:
     """What one run simulates; everything but ``faults`` has defaults matching a small cluster."""
 
-    kind: str = "leader"  # "leader" or "sharded"
+    kind: str = "leader"  # one of SCENARIOS
     replicas: int = 3
     shards: int = 4
     keys: int = 200
@@ -101,12 +115,23 @@ class Scenario:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     max_faults: int = 6
-    #: the fault kinds a seed draws from (:data:`FAULT_KINDS`)
-    kinds: tuple[str, ...] = FAULT_KINDS
+    #: the fault kinds a seed draws from (:data:`FAULT_KINDS`; empty: the family's default,
+    #: :data:`SHARD_FAULT_KINDS` for the sharded families)
+    kinds: tuple[str, ...] = ()
+    #: ``rolling``: the ``--shards`` the replicas are restarted with, one by one
+    to_shards: int = 6
     #: fixed faults instead of the seed's (a hand-built schedule); the seed still drives the rest
     faults: tuple[Fault, ...] | None = None
     #: keep only these faults (indices) of the seed's schedule — what :func:`shrink` finds
     only: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.kinds:
+            object.__setattr__(self, "kinds", FAULT_KINDS if self.kind == "leader" else SHARD_FAULT_KINDS)
+
+    @property
+    def sharded(self) -> bool:
+        return self.kind != "leader"
 
     def repro(self, seed: int) -> str:
         line = f"python -m declop.testing.sim --scenario {self.kind} --seed {seed}"
@@ -135,6 +160,10 @@ class Fault:
     def __str__(self) -> str:
         if self.kind == "delete":
             return f"t={self.at:.3f} delete: an administrator deletes a held Lease"
+        if self.kind == "roll":
+            return f"t={self.at:.3f} roll r{self.replica}: restarted with --shards {self.length:g}"
+        if self.kind == "unsynced":
+            return f"t={self.at:.3f} unsynced r{self.replica}: restarted with caches that never sync"
         return f"t={self.at:.3f} {self.kind} r{self.replica} for {self.length:.3f} s"
 
 
@@ -188,6 +217,15 @@ def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:
         if kind == "stuck":
             length = round(rng.uniform(scenario.lease_duration, 3 * scenario.lease_duration), 3)
         faults.append(Fault(at, kind, rng.randrange(scenario.replicas), 0.0 if kind == "delete" else length))
+    if scenario.kind == "rolling":  # a rollout of another --shards: one replica after the other
+        roll = random.Random(f"roll-{rng.random()}")
+        at = roll.uniform(5.0, scenario.duration / 2)
+        # half of the rollouts stop part-way (a new pod that cannot be scheduled): the replicas
+        # disagree on --shards from then on
+        count = scenario.replicas if roll.random() < 0.5 else roll.randint(1, max(1, scenario.replicas - 1))
+        for replica in range(count):
+            faults.append(Fault(round(at, 3), "roll", replica, float(scenario.to_shards)))
+            at += roll.uniform(3.0, 20.0)
     return sorted(faults, key=lambda f: (f.at, f.kind, f.replica))
 
 
@@ -224,6 +262,10 @@ class _Replica:
     since: dict[str, float] = field(default_factory=dict)  # key -> when the first of them started
     owned: Callable[[], list[str]] = lambda: []
     paused: list[list[float]] = field(default_factory=list)  # [from, until] of each pause
+    controller: str = CONTROLLER
+    shards: int = 0  # its --shards (sharded families)
+    synced: bool = False  # its caches synced (the controller starts its workers then)
+    never_sync: bool = False  # this incarnation's caches never sync
 
     @property
     def name(self) -> str:
@@ -247,33 +289,42 @@ class SimTransport:
         self.actor = replica.actor
 
     async def request(self, method: str, path: str, *, body: Any = None, timeout: float = 30.0, **kw: Any) -> Any:
-        loop = self.cluster.loop
-        answer: asyncio.Future[Any] = loop.create_future()
-        self.cluster.spawn(self._wire(answer, method, path, body, kw.get("params")))
-        return await answer
-
-    async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, body: Any, params: Any) -> None:
+        # the network leg is two timers of the cluster (not of the replica: a request sent
+        # before a pause still arrives), not a task: a task per request was most of a run's cost
         c, r = self.cluster, self.replica
+        answer: asyncio.Future[Any] = c.loop.create_future()
         c.requests += 1
         latency = c.rng.uniform(0.0005, 0.005) + (c.rng.uniform(0, r.slow) if r.slow else 0.0)
         if r.actor is not self.actor or r.net == "hang":
-            return  # black-holed: no answer ever (the caller's timeout ends the wait)
-        if r.net == "fail":
-            await asyncio.sleep(latency / 4)
-            if not answer.done():
-                answer.set_exception(ApiError(0, "Unreachable", f"{method} {path}: connection refused"))
-            return
-        await asyncio.sleep(latency / 2)
+            pass  # black-holed: no answer ever (the caller's timeout ends the wait)
+        elif r.net == "fail":
+            error = ApiError(0, "Unreachable", f"{method} {path}: connection refused")
+            c.loop.call_later(latency / 4, self._answer, answer, None, error, False, context=c._neutral)
+        else:
+            c.loop.call_later(latency / 2, self._arrive, answer, method, path, body, kw.get("params"), latency, context=c._neutral)
+        return await answer
+
+    def _arrive(self, answer: asyncio.Future[Any], method: str, path: str, body: Any, params: Any, latency: float) -> None:
+        c, r = self.cluster, self.replica
         if r.actor is not self.actor or r.net == "hang":
             return
+        result: Any = None
+        error: BaseException | None = None
+        serving = c.server.request(method, path, body=body, params=params, lane="leader")
         try:
-            result: Any = await c.server.request(method, path, body=body, params=params, lane="leader")
+            serving.send(None)  # the fake apiserver answers without awaiting anything
+        except StopIteration as done:
+            result = done.value
             c.served(r, method, path, result)
-            error: BaseException | None = None
         except ApiError as exc:
             error = exc
-        await asyncio.sleep(latency / 2)
-        if r.net in ("hang", "cut") or answer.done():
+        else:
+            serving.close()
+            raise RuntimeError("the fake apiserver awaited inside a request")
+        c.loop.call_later(latency / 2, self._answer, answer, result, error, True, context=c._neutral)
+
+    def _answer(self, answer: asyncio.Future[Any], result: Any, error: BaseException | None, lossy: bool) -> None:
+        if answer.done() or (lossy and self.replica.net in ("hang", "cut")):
             return  # the answer is lost
         if error is not None:
             answer.set_exception(error)
@@ -293,11 +344,35 @@ class _Cluster:
         self.calls = 0
         self.writes = self.fenced = 0
         self.last_change = 0.0  # the last fault, exit or restart
-        self.keys = [f"key-{i:04d}" for i in range(scenario.keys)]
         self._neutral = contextvars.Context()
-        ranges = ShardSet(CONTROLLER, scenario.shards, "uid", [])  # only for index()
-        #: key -> (the Lease covering it, its range)
-        self.cover = {k: self._cover(k, ranges.index(k)) for k in self.keys}
+        if scenario.kind == "shared-id":
+            for i in range(OTHER_REPLICAS):
+                self.replicas.append(_Replica(scenario.replicas + i, controller=OTHER_CONTROLLER))
+        for r in self.replicas:
+            r.shards = OTHER_SHARDS if r.controller == OTHER_CONTROLLER else scenario.shards
+        if scenario.kind == "sharded-namespace":  # ten namespaces: ranges are lumpy, some empty
+            self.keys = {CONTROLLER: [f"{_NAMESPACES[i % 10]}/key-{i:04d}" for i in range(scenario.keys)]}
+        else:
+            self.keys = {CONTROLLER: [f"key-{i:04d}" for i in range(scenario.keys)]}
+        if scenario.kind == "shared-id":
+            self.keys[OTHER_CONTROLLER] = [f"gadget-{i:04d}" for i in range(scenario.keys // 2)]
+        #: key -> what its range is chosen by: its namespace, or its object's uid (random, as
+        #: the apiserver's; a name would not do: FNV-1a's top bits hardly see a last character)
+        self.hashed = {
+            k: k.split("/")[0] if scenario.kind == "sharded-namespace" else str(uuid.UUID(int=random.Random(f"uid-{k}").getrandbits(128)))
+            for keys in self.keys.values()
+            for k in keys
+        }
+        #: (controller, --shards) -> key -> (the Lease covering it, its range)
+        self.covers: dict[tuple[str, int], dict[str, tuple[str, int]]] = {}
+
+    def cover(self, r: _Replica) -> dict[str, tuple[str, int]]:
+        """The Lease and the range covering each key of ``r``'s controller, for its --shards."""
+        split = (r.controller, r.shards)
+        if split not in self.covers:
+            ranges = ShardSet(r.controller, r.shards or 1, "uid", [])  # only for index()
+            self.covers[split] = {k: self._cover(r.controller, r.shards, ranges.index(self.hashed[k])) for k in self.keys[r.controller]}
+        return self.covers[split]
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -313,10 +388,10 @@ class _Cluster:
         who = replica if isinstance(replica, str) else replica.name
         self.violations.append(Violation(round(self.now(), 6), invariant, who, detail))
 
-    def _cover(self, key: str, index: int) -> tuple[str, int]:
+    def _cover(self, controller: str, n: int, index: int) -> tuple[str, int]:
         if self.scenario.kind == "leader":
             return LEASE_ID, 0
-        return lease_name(LEASE_ID, CONTROLLER, index, self.scenario.shards), index
+        return lease_name(LEASE_ID, controller, index, n), index
 
     # -- what the apiserver saw -----------------------------------------------------------------
     def served(self, r: _Replica, method: str, path: str, result: Any) -> None:
@@ -356,7 +431,7 @@ class _Cluster:
             what = "no record" if rec is None else f"holder {rec.holder!r}, written at {rec.written_at:.3f} for {rec.duration:g} s"
             self.violate("I2", r, f"call of {key} started under {lease} ({what})")
         for other in self.replicas:
-            if other is not r and other.alive and other.keys.get(key) and not other.was_paused(other.since[key]):
+            if other is not r and other.controller == r.controller and other.alive and other.keys.get(key) and not other.was_paused(other.since[key]):
                 self.violate("I1", r, f"call of {key} started while {other.name} runs one")
         r.since.setdefault(key, self.now())
         r.keys[key] = r.keys.get(key, 0) + 1
@@ -393,14 +468,23 @@ class _Cluster:
         r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
         r.fence, r.owned = (lambda lease: False), (lambda: [])
         r.write_fence = lambda lease: lambda: False
+        r.synced = False
         self.last_change = self.now()
         transport = SimTransport(self, r)
         s = self.scenario
         timings = dict(lease_duration=s.lease_duration, renew_deadline=s.renew_deadline, retry_period=s.retry_period)
         if s.kind == "leader":
+            r.synced = True
             r.actor.spawn(self._leader(r, transport, timings))
         else:
+            if not r.never_sync:
+                r.actor.spawn(self._sync(r))
             r.actor.spawn(self._sharded(r, transport, timings))
+
+    async def _sync(self, r: _Replica) -> None:
+        """The replica's caches sync 0.05-1.5 s after its start (its informers' first LISTs)."""
+        await asyncio.sleep(random.Random(f"sync-{self.seed}-{r.index}-{r.gen}").uniform(0.05, 1.5))
+        r.synced = True
 
     async def _leader(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
         assert r.actor is not None
@@ -417,12 +501,13 @@ class _Cluster:
     async def _sharded(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
         assert r.actor is not None
         sl = ShardLeases(transport, lease_id=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
-        sl.member = sl._elector(f"{sl.member_prefix}r{r.index}-{r.gen}", exclusive=False)  # deterministic name
-        s = sl.add(CONTROLLER, self.scenario.shards, "uid")
+        sl.suffix = f"r{r.index}-{r.gen}"  # deterministic member Lease names
+        s = sl.add(r.controller, r.shards, "namespace" if self.scenario.kind == "sharded-namespace" else "uid")
+        s.synced = lambda: r.synced  # the manager: the controller's caches synced
         names = [e.name for e in s.electors]
-        r.fence = lambda lease: s.may_start(names.index(lease))
+        r.fence = lambda lease: r.synced and s.may_start(names.index(lease))
         r.write_fence = lambda lease: s.electors[names.index(lease)].valid  # not draining: it may finish
-        r.owned = lambda: [names[i] for i in range(s.n) if s.electors[i].valid()]
+        r.owned = lambda: [names[i] for i in range(s.n) if s.electors[i].valid()] if r.synced else []
         for w in range(2):
             r.actor.spawn(self._worker(r, w, s))
         await sl.run()
@@ -431,10 +516,13 @@ class _Cluster:
     async def _worker(self, r: _Replica, w: int, s: ShardSet | None = None) -> None:
         rng = random.Random(f"work-{self.seed}-{r.index}-{r.gen}-{w}")
         actor = r.actor
+        keys, cover = self.keys[r.controller], self.cover(r)
         while not r.exiting:
             await asyncio.sleep(rng.expovariate(2.0))
-            key = rng.choice(self.keys)
-            lease, i = self.cover[key]
+            if r.actor is not actor:
+                return  # killed while asleep (a task of a dead replica may run once more)
+            key = rng.choice(keys)
+            lease, i = cover[key]
             if r.exiting or not r.fence(lease):
                 continue
             if s is not None:  # the worker's take (fence.owned) counts it in flight for its range
@@ -477,13 +565,15 @@ class _Cluster:
         r.actor.kill()
         r.in_flight, r.keys, r.since = {}, {}, {}
         r.fence = lambda lease: False
+        r.never_sync = False  # a later start syncs (unless an unsynced fault says otherwise)
         self.last_change = self.now()
 
     # -- faults ---------------------------------------------------------------------------------
     async def inject(self, f: Fault) -> None:
         await asyncio.sleep(f.at)
         r = self.replicas[f.replica]
-        self.last_change = max(self.last_change, f.at + f.length)
+        if f.kind not in ("roll", "unsynced"):
+            self.last_change = max(self.last_change, f.at + f.length)
         if f.kind == "delete":
             held = sorted(n for n, rec in self.records.items() if rec.holder and not rec.deleted)
             if held:
@@ -496,6 +586,15 @@ class _Cluster:
             return
         if f.kind == "stuck":
             r.stuck = f.length
+            return
+        if f.kind in ("roll", "unsynced"):  # a restart: a new --shards, or caches that never sync
+            if r.alive:
+                self.kill(r)
+            await asyncio.sleep(1.0)
+            if f.kind == "roll":
+                r.shards = int(f.length)
+            r.never_sync = f.kind == "unsynced"
+            self.start(r)
             return
         if f.kind == "crash":
             if r.alive:
@@ -521,15 +620,25 @@ class _Cluster:
         r.net, r.slow = "ok", 0.0
 
     async def watch_owners(self, settle_from: float, until: float) -> None:
-        """I7: from two lease durations after the last change, every Lease has a live owner."""
+        """I7: from two lease durations after the last change, every key of every controller is
+        covered by a range (of its replica's --shards) with a live owner — every range, when all
+        replicas of a controller agree on --shards and the keys fill the ranges."""
         s = self.scenario
-        wanted = [LEASE_ID] if s.kind == "leader" else [lease_name(LEASE_ID, CONTROLLER, i, s.shards) for i in range(s.shards)]
         while self.now() < until:
             await asyncio.sleep(s.retry_period)
             if self.now() < max(settle_from, self.last_change) + 2 * s.lease_duration:
                 continue
-            owned = {lease for r in self.replicas if r.alive and not r.exiting and not (r.actor and r.actor.paused) for lease in r.owned()}
-            missing = [lease for lease in wanted if lease not in owned]
+            live = [r for r in self.replicas if r.alive and not r.exiting and not (r.actor and r.actor.paused)]
+            owned = {lease for r in live for lease in r.owned()}
+            if s.kind == "leader":
+                missing = [] if LEASE_ID in owned else [LEASE_ID]
+            else:
+                splits = {(r.controller, r.shards): r for r in self.replicas}
+                missing = []
+                for controller, keys in self.keys.items():
+                    covers = [self.cover(r) for (c, _), r in sorted(splits.items()) if c == controller]
+                    lacking = {covers[0][k][0] for k in keys if not any(cover[k][0] in owned for cover in covers)}
+                    missing += sorted(lacking)
             if missing:
                 since = max(settle_from, self.last_change)
                 self.violate("I7", "-", f"no live owner of {', '.join(missing)} {self.now() - since:.3f} s after the last change")
@@ -551,9 +660,13 @@ def run(scenario: Scenario, seed: int) -> Result:
         loop.run_until_complete(_main(cluster, faults))
     finally:
         random.setstate(saved)
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
+        for _ in range(3):  # a cancelled task may await another's cancellation (a gather)
+            tasks = asyncio.all_tasks(loop)
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
         loop.close()
     return Result(scenario, seed, faults, cluster.violations, cluster.calls, cluster.requests, cluster.writes, cluster.fenced)
 
@@ -597,7 +710,7 @@ async def _main(c: _Cluster, faults: list[Fault]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m declop.testing.sim", description=__doc__.split("\n")[0])
-    p.add_argument("--scenario", choices=("leader", "sharded"), default="leader")
+    p.add_argument("--scenario", choices=SCENARIOS, default="leader")
     p.add_argument("--seed", type=int, help="run this one seed and print its schedule")
     p.add_argument("--seeds", type=int, default=100, help="run this many seeds (from --start)")
     p.add_argument("--start", type=int, default=0)
@@ -607,16 +720,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=Scenario.duration)
     p.add_argument("--only", default=None, help="keep only these faults of the seed's schedule (indices, comma-separated)")
     p.add_argument("--no-shrink", action="store_true", help="do not shrink a failing --seed run")
-    p.add_argument("--faults", default=",".join(FAULT_KINDS), help="the fault kinds to draw from (comma-separated)")
+    p.add_argument("--faults", default="", help="the fault kinds to draw from (comma-separated; default: all the family's)")
+    p.add_argument("--jobs", type=int, default=1, help="run --seeds in this many processes (one per core)")
     p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
     kinds = tuple(k for k in args.faults.split(",") if k)
-    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    unknown = sorted(set(kinds) - set(SHARD_FAULT_KINDS))
     if unknown:
-        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
+        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(SHARD_FAULT_KINDS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only)
     if args.seed is not None:
@@ -628,15 +742,49 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"shrunk to {len(shrunk.faults)} fault(s):")
                 print(shrunk.report())
         return 0 if result.ok else 1
-    began, failed = time.perf_counter(), 0
-    for seed in range(args.start, args.start + args.seeds):
-        result = run(scenario, seed)
-        if not result.ok:
-            failed += 1
-            print(f"FAIL {result.repro()}  # {result.violations[0]}", flush=True)
+    began = time.perf_counter()
+    failures = sweep(scenario, range(args.start, args.start + args.seeds), jobs=args.jobs, echo=True)
     took = time.perf_counter() - began
-    print(f"{args.seeds} seeds, {failed} failed, {took:.1f} s: {args.seeds / took * 60:.0f} schedules per minute")
-    return 1 if failed else 0
+    print(
+        f"{args.seeds} seeds, {len(failures)} failed, {took:.1f} s: {args.seeds / took * 60:.0f} schedules per minute"
+        + (f" ({args.jobs} processes)" if args.jobs > 1 else "")
+    )
+    return 1 if failures else 0
+
+
+def _failures(scenario: Scenario, seeds: Sequence[int]) -> list[str]:
+    """One line per failing seed of ``seeds`` (a process of :func:`sweep`)."""
+    logging.getLogger("declop").setLevel(logging.CRITICAL + 1)
+    return [f"FAIL {r.repro()}  # {r.violations[0]}" for r in (run(scenario, seed) for seed in seeds) if not r.ok]
+
+
+def sweep(scenario: Scenario, seeds: Sequence[int], *, jobs: int = 1, echo: bool = False) -> list[str]:
+    """Run every seed of ``seeds``; one line per failing one (in seed order). ``jobs`` > 1 runs
+    them in that many processes (each seed's run is the same wherever it runs)."""
+    seeds = list(seeds)
+    if jobs <= 1:
+        lines = []
+        for seed in seeds:
+            result = run(scenario, seed)
+            if not result.ok:
+                lines.append(f"FAIL {result.repro()}  # {result.violations[0]}")
+                if echo:
+                    print(lines[-1], flush=True)
+        return lines
+    import concurrent.futures
+    import multiprocessing
+
+    chunk = max(1, min(50, len(seeds) // (jobs * 4) or 1))
+    parts = [seeds[i : i + chunk] for i in range(0, len(seeds), chunk)]
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    lines = []
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for part in pool.map(_failures, [scenario] * len(parts), parts):
+            lines += part
+            if echo:
+                for line in part:
+                    print(line, flush=True)
+    return lines
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from declop.errors import ApiError, ConfigError, Conflict, NotFound
 from declop.serving.metrics import Metrics
 from declop.leases.hashing import fnv1a64, range_index, split
 from declop.leases.shards import ShardLeases, ShardSet, lease_name, plan
+from declop.testing.simloop import VirtualLoop
 
 
 class Leases:
@@ -260,3 +261,120 @@ def test_a_deleted_member_lease_is_created_again_at_once() -> None:
     del store.items[member]
     rounds(clock, [a], 1, store)
     assert member in store.items and a.member.is_leader and a.member.valid()
+
+
+def test_another_operator_under_the_same_id_is_not_counted_and_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 4: two replicas of controller ``c`` and two of another operator's
+    controller ``d`` share the id. Each side counts only its own members, so each owns all of
+    its ranges (before, each counted four replicas and took a share of 3 of 12: half unowned)."""
+    clock, store = FakeClock(), Leases()
+    ours = [replica(store, clock, x) for x in "ab"]
+    theirs = []
+    for x in "xy":
+        r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, identity=x)
+        r.add("d", 5, "uid")
+        theirs.append(r)
+    with caplog.at_level("WARNING", logger="declop.shardlease"):
+        rounds(clock, ours + theirs, 8)
+    check_exclusive(ours)
+    assert {x: list(store.holders().values()).count(x) for x in "ab"} == {"a": 6, "b": 6}
+    d = {i: (store.items.get(lease_name("t", "d", i, 5)) or {}).get("spec", {}).get("holderIdentity") for i in range(5)}
+    assert sorted(d.values()) == ["x", "x", "x", "y", "y"]
+    assert all(r.live == 2 for r in ours + theirs)
+    shared = [r for r in caplog.records if r.getMessage().startswith("Another operator, or a replica with another --shards")]
+    assert len(shared) == 4, "one line per replica, not one per round"
+    assert shared[0].kv["theirs"] in ("d-of-5", "c-of-12")
+
+
+def test_replicas_with_another_shards_do_not_shrink_the_old_ones_share() -> None:
+    """Defect 4, a rolling change stopped part-way: one old replica (12 ranges) and two new
+    ones (16). The new ones wait; the old one must own all 12 (before, it counted three
+    replicas, kept 4 and left 8 to nobody, for ever)."""
+    clock, store = FakeClock(), Leases()
+    old = replica(store, clock, "old", n=12)
+    new = [replica(store, clock, x, n=16) for x in ("new1", "new2")]
+    rounds(clock, [old, *new], 10, store)
+    assert old.sets["c"].held() == list(range(12)) and old.live == 1
+    assert [r.sets["c"].held() for r in new] == [[], []]
+
+
+def test_two_splits_that_both_took_ranges_the_larger_gives_way() -> None:
+    clock, store = FakeClock(), Leases()
+    small, large = replica(store, clock, "small", n=12), replica(store, clock, "large", n=16)
+
+    async def both_take_at_once() -> None:
+        for r in (small, large):
+            await r.renew()
+        for r in (small, large):
+            await r.balance(False)  # both see the other's member, nobody holds a range yet
+        clock.advance(0.5)
+        await asyncio.gather(small.balance(), large.balance())
+
+    asyncio.run(both_take_at_once())
+    assert small.sets["c"].held() and large.sets["c"].held()
+    rounds(clock, [small, large], 6)
+    assert large.sets["c"].held() == [] and small.sets["c"].held() == list(range(12))
+
+
+def test_a_replica_whose_caches_never_synced_joins_nothing_and_takes_nothing() -> None:
+    """Defect 6: its member Lease is not even created, so the others keep its share."""
+    clock, store = FakeClock(), Leases()
+    a, stuck = replica(store, clock, "a"), replica(store, clock, "stuck")
+    stuck.sets["c"].synced = lambda: False
+    rounds(clock, [a, stuck], 6, store)
+    assert a.sets["c"].held() == list(range(12)) and a.live == 1
+    assert stuck.sets["c"].held() == [] and stuck.member.name not in store.items
+    stuck.sets["c"].synced = lambda: True  # synced at last: it joins and gets its share
+    rounds(clock, [a, stuck], 8, store)
+    assert {x: list(store.holders().values()).count(x) for x in ("a", "stuck")} == {"a": 6, "stuck": 6}
+
+
+def test_renewals_go_on_while_every_request_is_slow() -> None:
+    """Defect 9: every request answers, but only after 1.4 s (its timeout is 1.5 s). The
+    renewal of the held ranges must not wait for the rest of the round. Before, a round made
+    three such requests one after the other (member, ranges, LIST), renewals came 4.2 s apart
+    and every range was lost at its 3-s renew deadline. On virtual time."""
+    loop = VirtualLoop()
+
+    async def go() -> None:
+        store = Leases()
+        a = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, identity="a", clock=loop.time)
+        a.add("c", 12, "uid")
+        running = asyncio.ensure_future(a.run())
+        while len(a.sets["c"].held()) < 12:
+            await asyncio.sleep(0.05)
+        real = store.request
+
+        async def slow(method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            await asyncio.sleep(1.4)
+            return await real(method, path, body, **kw)
+
+        store.request = slow  # type: ignore[method-assign]
+        renewed = {i: e.renewed_at for i, e in enumerate(a.sets["c"].electors)}
+        until = loop.time() + 8.0  # > renew_deadline: every range would have been lost
+        try:
+            while loop.time() < until:
+                await asyncio.sleep(0.1)
+                assert all(a.sets["c"].may_start(i) for i in range(12)), "a range was lost"
+            assert all(e.renewed_at is not None and e.renewed_at > (renewed[i] or 0) + 3.0 for i, e in enumerate(a.sets["c"].electors))
+            assert not a.failed.is_set()
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+    try:
+        loop.run_until_complete(go())
+    finally:
+        loop.close()
+
+
+def test_a_controller_named_like_a_member_lease_is_not_counted_as_one() -> None:
+    clock, store = FakeClock(), Leases()
+    reps = []
+    for x in "ab":
+        r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, identity=x)
+        r.add("team-member-sync", 4, "uid")
+        reps.append(r)
+    rounds(clock, reps, 8)
+    assert all(r.live == 2 for r in reps) and sorted(len(r.sets["team-member-sync"].held()) for r in reps) == [2, 2]
+    assert not reps[0]._foreign
