@@ -63,6 +63,7 @@ ORDER = [
     "leases.hashing",
     "leases.leader",
     "leases.shards",
+    "leases.watchdog",
     "cache",
     "cache.store",
     "cache.backoff",

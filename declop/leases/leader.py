@@ -20,7 +20,10 @@ Protocol (client-go ``tools/leaderelection``):
    it never learnt of the deletion. A candidate that never saw the Lease (the first start of an
    operator) creates it at once.
 4. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
-   takes over within one retry period instead of waiting for expiry.
+   takes over within one retry period instead of waiting for expiry — unless a call under it
+   still runs (:attr:`LeaderElector.running`: a plain handler's thread outlived the grace period):
+   then the Lease is left to expire (one log line says so), and the process exits; a standby
+   takes over a lease duration later.
 
 Fencing (beyond client-go): :meth:`LeaderElector.valid` is True only while we hold the Lease and
 ``clock() < renewed_at + renew_deadline``, where ``renewed_at`` is the monotonic time at which the
@@ -35,6 +38,7 @@ a machine suspended and resumed sees its Lease expired, as a stopped process doe
 Invariants:
 
 - ``is_leader`` is True only between a successful acquire and the loss or the release;
+- the Lease is never released while ``running()`` counts a call under it (issue 22, I6);
 - ``valid()`` implies ``is_leader``, and turns False by itself when the clock passes
   ``renewed_at + renew_deadline`` — no renewal attempt needs to fail first;
 - Lease traffic uses the transport's ``"leader"`` lane: it never waits behind handler writes or
@@ -119,6 +123,9 @@ class LeaderElector:
         #: False for a Lease nobody else ever takes (a replica's member Lease): when deleted, it is
         #: created again at once, since no other holder's fence can be open
         self.exclusive = exclusive
+        #: calls under this Lease still running (the manager's count); :meth:`release` leaves the
+        #: Lease to expire instead of releasing it while it is not 0
+        self.running: Callable[[], int] | None = None
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._what = f'leases.coordination.k8s.io "{name}" in namespace "{namespace}"'
 
@@ -340,10 +347,19 @@ class LeaderElector:
             log.error("Leader election lost", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "reason": why}})
 
     async def release(self) -> None:
-        """Give the Lease up (if we hold it) so a standby takes over at once."""
+        """Give the Lease up (if we hold it) so a standby takes over at once — unless a call
+        under it still runs (:attr:`running`): then it is left to expire."""
         if not self.is_leader:
             return
         self._set_leader(False)
+        busy = self.running() if self.running is not None else 0
+        if busy:
+            self._lease = None
+            log.warning(
+                "Leaving the Lease to expire: calls under it still run",
+                extra={"kv": {"lease": f"{self.namespace}/{self.name}", "running": busy, "expiresIn": self.lease_duration}},
+            )
+            return
         try:
             lease = self._lease
             if lease is None:

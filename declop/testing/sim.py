@@ -22,12 +22,18 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
   duration, a few of them tens of seconds (a stuck handler); it cannot be cancelled — it ends
   when it ends or when its process is gone.
 - **exits**: a replica that lost its leader Lease, or whose ``ShardLeases.run()`` returned
-  (a range lost under a running call), is gone :data:`EXIT_BOUND` seconds later — the bound the
-  manager claims for its stop after a loss — and restarts with empty memory after a delay.
+  (a range lost under a running call), stops starting calls and arms the real
+  :class:`~declop.leases.watchdog.Watchdog` on virtual time, as ``declop run`` does: it is gone
+  :data:`EXIT_BOUND` seconds later — the bound the manager guarantees after a loss — and
+  restarts with empty memory after a delay.
 - **faults** (:class:`Fault`) are drawn from the seed, per replica: partitions (requests hang;
   requests fail at once; requests arrive but their answers are lost), slow requests, pause and
   resume (SIGSTOP/SIGCONT: the replica's tasks stop advancing, its clock does not), crash and
-  restart with empty memory, a stuck call, and an administrator deleting a Lease.
+  restart with empty memory, a stuck call, an administrator deleting a Lease, and a graceful
+  stop (``term``: SIGTERM with a grace period, as the manager's shutdown — no new call, the
+  running ones get the grace period, then the workers are cancelled while a call may still run
+  in its thread, then the real ``LeaderElector.release()`` / ``ShardLeases.release_all()``
+  with the calls still running counted, and the process exits).
 
 Invariants, checked while the run goes (each violation is a :class:`Violation`, with the virtual
 time and the replica):
@@ -67,15 +73,16 @@ from typing import Any, Callable, Sequence
 from declop.errors import ApiError
 from declop.leases.leader import LeaderElector
 from declop.leases.shards import ShardLeases, ShardSet, lease_name
+from declop.leases.watchdog import EXIT_BOUND, MARGIN, Watchdog
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.simloop import Actor, VirtualLoop
 
 __all__ = ["EXIT_BOUND", "FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink"]
 
-#: seconds from a loss (hold() returned, or ShardLeases.run() returned) to the process being gone
-EXIT_BOUND = 2.0
-#: what a seed may draw (``delete`` is an administrator's, the others hit one replica)
-FAULT_KINDS = ("hang", "fail", "cut", "slow", "pause", "crash", "stuck", "delete")
+#: what a seed may draw (``delete`` is an administrator's, the others hit one replica). ``term``
+#: is drawn apart from the others (at most one per schedule, after them), so that adding it left
+#: every other seed's schedule as it was
+FAULT_KINDS = ("hang", "fail", "cut", "slow", "pause", "crash", "stuck", "delete", "term")
 NAMESPACE = "sim"
 LEASE_ID = "sim"
 CONTROLLER = "widgets"
@@ -129,6 +136,8 @@ class Fault:
     def __str__(self) -> str:
         if self.kind == "delete":
             return f"t={self.at:.3f} delete: an administrator deletes a held Lease"
+        if self.kind == "term":
+            return f"t={self.at:.3f} term r{self.replica}: SIGTERM with a grace period of {self.length:.3f} s"
         return f"t={self.at:.3f} {self.kind} r{self.replica} for {self.length:.3f} s"
 
 
@@ -173,13 +182,17 @@ class Result:
 def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:
     """The faults of one run, drawn from ``rng`` (sorted by time)."""
     faults = []
-    for _ in range(rng.randint(0, scenario.max_faults)):
-        kind = rng.choice(scenario.kinds)
+    kinds = tuple(k for k in scenario.kinds if k != "term")
+    for _ in range(rng.randint(0, scenario.max_faults) if kinds else 0):
+        kind = rng.choice(kinds)
         at = round(rng.uniform(0, scenario.duration), 3)
         length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * scenario.lease_duration))), 3)
         if kind == "stuck":
             length = round(rng.uniform(scenario.lease_duration, 3 * scenario.lease_duration), 3)
         faults.append(Fault(at, kind, rng.randrange(scenario.replicas), 0.0 if kind == "delete" else length))
+    if "term" in scenario.kinds and rng.random() < 0.5:
+        at, replica = round(rng.uniform(0, scenario.duration), 3), rng.randrange(scenario.replicas)
+        faults.append(Fault(at, "term", replica, round(rng.uniform(0.1, 10.0), 3)))
     return sorted(faults, key=lambda f: (f.at, f.kind, f.replica))
 
 
@@ -208,6 +221,11 @@ class _Replica:
     slow: float = 0.0
     stuck: float = 0.0  # the next call lasts this long
     exiting: bool = False
+    stopping: bool = False  # a graceful stop began: no new call
+    main: asyncio.Task[None] | None = None  # the Lease loop (hold, or ShardLeases.run)
+    workers: list[asyncio.Task[None]] = field(default_factory=list)
+    elector: LeaderElector | None = None
+    shard_leases: ShardLeases | None = None
     fence: Callable[[str], bool] = lambda lease: False
     in_flight: dict[str, int] = field(default_factory=dict)  # lease -> calls running under it
     keys: dict[str, int] = field(default_factory=dict)  # key -> calls running
@@ -364,7 +382,8 @@ class _Cluster:
         r.gen += 1
         r.actor = Actor(self.loop, f"r{r.index}")
         r.identity = r.name
-        r.exiting, r.stuck = False, 0.0
+        r.exiting, r.stopping, r.stuck, r.workers = False, False, 0.0, []
+        r.elector, r.shard_leases = None, None
         r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
         r.fence, r.owned = (lambda lease: False), (lambda: [])
         self.last_change = self.now()
@@ -372,18 +391,20 @@ class _Cluster:
         s = self.scenario
         timings = dict(lease_duration=s.lease_duration, renew_deadline=s.renew_deadline, retry_period=s.retry_period)
         if s.kind == "leader":
-            r.actor.spawn(self._leader(r, transport, timings))
+            r.main = r.actor.spawn(self._leader(r, transport, timings))
         else:
-            r.actor.spawn(self._sharded(r, transport, timings))
+            r.main = r.actor.spawn(self._sharded(r, transport, timings))
 
     async def _leader(self, r: _Replica, transport: SimTransport, timings: dict[str, float]) -> None:
         assert r.actor is not None
         e = LeaderElector(transport, name=LEASE_ID, namespace=NAMESPACE, identity=r.identity, clock=self.loop.time, wall_clock=self.wall, **timings)  # type: ignore[arg-type]
         r.fence = lambda lease: e.valid()
         r.owned = lambda: [LEASE_ID] if e.valid() else []
+        r.elector = e
+        e.running = lambda: sum(r.in_flight.values())  # the manager's count: calls whose thread still runs
         await e.acquire()
         for w in range(2):
-            r.actor.spawn(self._worker(r, w))
+            r.workers.append(r.actor.spawn(self._worker(r, w)))
         await e.hold()
         self.exit(r)  # the manager: a lost Lease halts the workers and exits 1
 
@@ -395,53 +416,106 @@ class _Cluster:
         names = [e.name for e in s.electors]
         r.fence = lambda lease: s.may_start(names.index(lease))
         r.owned = lambda: [names[i] for i in range(s.n) if s.electors[i].valid()]
+        r.shard_leases = sl
         for w in range(2):
-            r.actor.spawn(self._worker(r, w, s))
+            r.workers.append(r.actor.spawn(self._worker(r, w, s)))
         await sl.run()
         self.exit(r)  # the manager's _shard: halt the controllers, exit 1
 
     async def _worker(self, r: _Replica, w: int, s: ShardSet | None = None) -> None:
         rng = random.Random(f"work-{self.seed}-{r.index}-{r.gen}-{w}")
         actor = r.actor
-        while not r.exiting:
+        while not r.exiting and not r.stopping:
             await asyncio.sleep(rng.expovariate(2.0))
             key = rng.choice(self.keys)
             lease, i = self.cover[key]
-            if r.exiting or not r.fence(lease):
+            if r.exiting or r.stopping or not r.fence(lease):
                 continue
             if s is not None:  # the worker's take (fence.owned) counts it in flight for its range
                 s.begin(i)
                 await asyncio.sleep(0.001)  # preparation (cache read, finalizer)
-                if r.exiting or not r.fence(lease):
+                if r.exiting or r.stopping or not r.fence(lease):
                     s.end(i)
                     continue
             duration, r.stuck = (r.stuck or rng.choice((rng.uniform(0.005, 0.3), rng.uniform(0.005, 0.3), rng.uniform(0.3, 4.0)))), 0.0
             self.call_started(r, key, lease)
+            ends_at, handed = self.now() + duration, False
             try:
                 await asyncio.sleep(duration)  # a call cannot be cancelled: it ends, or its process does
+            except asyncio.CancelledError:
+                # the worker was cancelled (the grace period is over), not the process: the call
+                # runs on in its thread, and stays in flight — as the controller counts it — until it ends
+                if actor is not None and r.actor is actor and r.alive and self.now() < ends_at:
+                    handed = True
+                    actor.spawn(self._rest_of_call(r, key, lease, s, i, ends_at))
+                raise
             finally:
-                if r.actor is actor and r.alive:
-                    self.call_ended(r, key, lease)
-                if s is not None:
-                    s.end(i)
+                if not handed:
+                    if r.actor is actor and r.alive:
+                        self.call_ended(r, key, lease)
+                    if s is not None:
+                        s.end(i)
+
+    async def _rest_of_call(self, r: _Replica, key: str, lease: str, s: ShardSet | None, i: int, ends_at: float) -> None:
+        """The rest of a call whose worker was cancelled: a plain handler's thread."""
+        actor = r.actor
+        try:
+            await asyncio.sleep(ends_at - self.now())
+        finally:
+            if r.actor is actor and r.alive:
+                self.call_ended(r, key, lease)
+            if s is not None:
+                s.end(i)
+
+    async def _term(self, r: _Replica, grace: float) -> None:
+        """A graceful stop, in the manager's order: no new call (or range); the running calls
+        get ``grace`` seconds while the Leases are still renewed; the workers are cancelled (a
+        call in a thread runs on); renewing stops; the real release of the Leases — which must
+        leave a Lease with a call under it to expire — and the process exits."""
+        actor = r.actor
+        r.stopping = True
+        if r.shard_leases is not None:
+            r.shard_leases.stopping = True
+        until = self.now() + grace
+        while r.in_flight and self.now() < until:
+            await asyncio.sleep(min(0.05, until - self.now()))
+        for task in r.workers:
+            task.cancel()
+        await asyncio.sleep(0)  # the workers take their cancellation
+        if r.main is not None:
+            r.main.cancel()
+        if r.elector is not None:
+            await r.elector.release()
+        elif r.shard_leases is not None:
+            await r.shard_leases.release_all()
+        self.last_change = self.now()
+        self.spawn(self._gone(r, actor))
 
     def exit(self, r: _Replica) -> None:
-        """The replica stops starting calls now and is gone :data:`EXIT_BOUND` later."""
+        """The replica stops starting calls now and arms the watchdog, as ``declop run`` does:
+        the watchdog's timer fires ``EXIT_BOUND - MARGIN`` later and the exit itself is given
+        the margin, so the process is gone :data:`EXIT_BOUND` after the loss."""
         if r.exiting:
             return
         r.exiting = True
         actor = r.actor
         self.last_change = self.now()
 
-        async def gone() -> None:
-            await asyncio.sleep(EXIT_BOUND)
-            if r.actor is actor:
-                self.kill(r)
-                await asyncio.sleep(1.0 + self.rng.uniform(0, 5))  # the kubelet restarts it
-                if r.actor is actor:
-                    self.start(r)
+        def timer(seconds: float, fire: Callable[[], None]) -> None:
+            self.loop.call_later(seconds + MARGIN, fire, context=self._neutral)
 
-        self.spawn(gone())
+        def fire() -> None:
+            self.spawn(self._gone(r, actor))
+
+        Watchdog(EXIT_BOUND, fire=fire, timer=timer).arm()
+
+    async def _gone(self, r: _Replica, actor: Actor | None) -> None:
+        """The process ``actor`` is gone now; the kubelet restarts it after a delay."""
+        if r.actor is actor:
+            self.kill(r)
+            await asyncio.sleep(1.0 + self.rng.uniform(0, 5))
+            if r.actor is actor:
+                self.start(r)
 
     def kill(self, r: _Replica) -> None:
         assert r.actor is not None
@@ -454,7 +528,7 @@ class _Cluster:
     async def inject(self, f: Fault) -> None:
         await asyncio.sleep(f.at)
         r = self.replicas[f.replica]
-        self.last_change = max(self.last_change, f.at + f.length)
+        self.last_change = max(self.last_change, f.at + (0.0 if f.kind == "term" else f.length))
         if f.kind == "delete":
             held = sorted(n for n, rec in self.records.items() if rec.holder and not rec.deleted)
             if held:
@@ -467,6 +541,10 @@ class _Cluster:
             return
         if f.kind == "stuck":
             r.stuck = f.length
+            return
+        if f.kind == "term":
+            if r.alive and not r.exiting and not r.stopping and r.actor is not None:
+                r.actor.spawn(self._term(r, f.length))
             return
         if f.kind == "crash":
             if r.alive:

@@ -504,3 +504,30 @@ def test_a_candidate_that_never_saw_the_lease_creates_it_at_once_but_one_that_lo
         assert not await c.try_acquire_or_renew() and c.gone  # so a deletion makes it wait
 
     asyncio.run(main())
+
+
+def test_release_leaves_the_lease_to_expire_while_a_call_under_it_runs(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 2 (invariant I6): a graceful stop whose grace period ended with a plain
+    handler still in its thread does not release the Lease: the fence closes, one line says so,
+    and the record keeps naming us until it expires; with nothing running, it is released."""
+    clock, server = FakeClock(), LeaseServer()
+    a = elector(server, "a", clock)
+    running = [1]
+    a.running = lambda: running[0]
+
+    async def main() -> None:
+        assert await a.try_acquire_or_renew()
+        a.won()
+        with caplog.at_level(logging.WARNING, logger="declop.leader"):
+            await a.release()
+        assert not a.valid() and not a.is_leader
+        assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "a"
+        (line,) = [r for r in caplog.records if r.getMessage() == "Leaving the Lease to expire: calls under it still run"]
+        assert line.kv == {"lease": "ns/lock", "running": 1, "expiresIn": 15.0}  # type: ignore[attr-defined]
+        running[0] = 0
+        assert await a.try_acquire_or_renew()
+        a.won()
+        await a.release()
+        assert server.lease["spec"]["holderIdentity"] == ""
+
+    asyncio.run(main())

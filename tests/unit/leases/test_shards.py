@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -260,3 +261,20 @@ def test_a_deleted_member_lease_is_created_again_at_once() -> None:
     del store.items[member]
     rounds(clock, [a], 1, store)
     assert member in store.items and a.member.is_leader and a.member.valid()
+
+
+def test_release_all_leaves_a_range_with_a_reconcile_in_flight_to_expire_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 2: a range whose reconcile still runs (a plain handler's thread outlived
+    the grace period) is not released; its fence closes, one line names it, the rest go."""
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a", n=4)
+    rounds(clock, [a], 3)
+    s = a.sets["c"]
+    assert s.held() == [0, 1, 2, 3]
+    s.begin(2)
+    with caplog.at_level(logging.WARNING, logger="declop.shardlease"):
+        asyncio.run(a.release_all())
+    assert store.holders(4) == {0: "", 1: "", 2: "a", 3: ""}
+    assert not s.may_start(2) and s.held() == []
+    (line,) = [r for r in caplog.records if r.getMessage() == "Leaving shard leases to expire: reconciles of them still run"]
+    assert line.kv["shards"] == ["2/4"]  # type: ignore[attr-defined]
