@@ -852,5 +852,5 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 
 #: seconds the clean-up after a lost Lease may take in all (the process must be gone within
-#: :data:`~declop.leases.watchdog.EXIT_BOUND`, 2 s; the watchdog fires at 1.9 s)
+#: :data:`~declop.leases.watchdog.EXIT_BOUND`, 2 s; the watchdog fires at 1.75 s)
 LOST_CLEANUP_SECONDS = 1.5

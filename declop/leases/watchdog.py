@@ -30,7 +30,7 @@ __all__ = ["EXIT_BOUND", "MARGIN", "Watchdog"]
 #: seconds from a detected loss to the process being gone, at most
 EXIT_BOUND = 2.0
 #: seconds kept for the exit itself (one write, ``os._exit``)
-MARGIN = 0.1
+MARGIN = 0.25
 
 
 def _thread_timer(seconds: float, fn: Callable[[], None]) -> Any:

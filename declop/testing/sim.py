@@ -108,6 +108,10 @@ class Scenario:
     faults: tuple[Fault, ...] | None = None
     #: keep only these faults (indices) of the seed's schedule — what :func:`shrink` finds
     only: tuple[int, ...] | None = None
+    #: a cluster where the Leases never existed (the first start of an operator: a missing
+    #: Lease is created a lease duration after it was found missing); by default the Leases
+    #: exist, free, as an earlier run's graceful stop left them
+    fresh: bool = False
 
     def repro(self, seed: int) -> str:
         line = f"python -m declop.testing.sim --scenario {self.kind} --seed {seed}"
@@ -117,6 +121,8 @@ class Scenario:
                 line += f" --{f} {getattr(self, f):g}"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
+        if self.fresh:
+            line += " --fresh"
         if self.only is not None:
             line += f" --only {','.join(map(str, self.only))}"
         if self.faults is not None:
@@ -626,6 +632,11 @@ def shrink(failed: Result) -> Result:
 
 async def _main(c: _Cluster, faults: list[Fault]) -> None:
     s = c.scenario
+    if not s.fresh:
+        names = [LEASE_ID] if s.kind == "leader" else [lease_name(LEASE_ID, CONTROLLER, i, s.shards) for i in range(s.shards)]
+        for name in names:  # free, as an earlier run's graceful stop left them
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {}}
+            await c.server.request("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", body=body)
     for r in c.replicas:
         c.start(r)
     for f in faults:
@@ -656,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=Scenario.duration)
     p.add_argument("--only", default=None, help="keep only these faults of the seed's schedule (indices, comma-separated)")
     p.add_argument("--no-shrink", action="store_true", help="do not shrink a failing --seed run")
+    p.add_argument("--fresh", action="store_true", help="start in a cluster where the Leases never existed (the first start of an operator)")
     p.add_argument("--faults", default=",".join(FAULT_KINDS), help="the fault kinds to draw from (comma-separated)")
     p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
     args = p.parse_args(argv)
@@ -667,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
-    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only)
+    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only, fresh=args.fresh)
     if args.seed is not None:
         result = run(scenario, args.seed)
         print(result.report())

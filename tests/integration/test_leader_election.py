@@ -55,6 +55,20 @@ def ha(name, logger, **_):
     if REQUEUE:
         return declop.Result(requeue_after=REQUEUE)
     return None
+
+if os.environ.get("DECLOP_TEST_STUCK_HOOKS") == "1":
+    @declop.on_shutdown
+    def stuck_hook(**_):
+        threading.Event().wait()                                 # never returns
+
+    @declop.background
+    async def deaf(**_):
+        import asyncio
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:                       # ignores its cancellation
+                pass
 """
 
 
@@ -241,21 +255,23 @@ def test_a_frozen_leader_starts_no_reconcile_after_sigcont(cluster: Cluster) -> 
 
 
 def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Cluster, tmp_path: Path) -> None:
-    """A plain handler blocks for ever in its thread; the Lease is lost (black hole). The process
-    still exits 1 within 2 s of the loss (os._exit), /healthz answers until then, and no
-    credential file was ever written for the kubeconfig's embedded certificates."""
+    """A plain handler blocks for ever in its thread, a shutdown hook blocks for ever in its
+    thread and a background task ignores its cancellation; the Lease is lost (black hole). The
+    process still exits 1 within 2 s of the loss (issue 22, defect 8), /healthz answers until
+    then, and no credential file was ever written for the kubeconfig's embedded certificates."""
     health = free_port()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     with TcpProxy(cluster.control_plane.host) as proxy:
         kubeconfig = proxy.kubeconfig(cluster.control_plane.kubeconfig_path, tmp_path / "a.kubeconfig")
         a = cluster.process("a", "--kubeconfig", kubeconfig, "--health-port", str(health),
-                            DECLOP_TEST_STUCK="1", TMPDIR=str(scratch))
+                            DECLOP_TEST_STUCK="1", DECLOP_TEST_STUCK_HOOKS="1", TMPDIR=str(scratch))
         a.start()
         try:
             a.wait_for_line("Successfully acquired lease")
             cluster.configmap("stuck")
             a.wait_for_line('"reconcile start"')
+            a.wait_for_line("Starting background task")
             assert list(scratch.iterdir()) == [], "the embedded certificates stay in memory"
             exits: list[float] = []
             waiter = threading.Thread(target=lambda: (a.proc.wait(), exits.append(time.time())), daemon=True)

@@ -56,6 +56,11 @@ class Leases:
 
 
 def replica(store: Leases, clock: FakeClock, name: str, n: int = 12) -> ShardLeases:
+    """A replica of controller "c" in ``n`` ranges, whose range Leases exist, free, as an earlier
+    run left them (a missing one is created only a lease duration after it was found missing)."""
+    for i in range(n):
+        free = {"metadata": {"name": lease_name("t", "c", i, n), "namespace": "ns", "resourceVersion": "0"}, "spec": {}}
+        store.items.setdefault(lease_name("t", "c", i, n), free)
     r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, metrics=Metrics(), identity=name)
     r.add("c", n, "uid")
     return r

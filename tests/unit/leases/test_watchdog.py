@@ -18,7 +18,7 @@ def test_it_fires_once_bound_minus_the_margin_after_the_first_arm() -> None:
     assert not w.armed
     w.arm()
     w.arm()  # the bound counts from the first loss
-    assert [s for s, _ in timers] == [EXIT_BOUND - MARGIN] == [1.9]
+    assert [s for s, _ in timers] == [EXIT_BOUND - MARGIN] == [1.75]
     timers[0][1]()
     timers[0][1]()
     assert fired == [1] and w.fired

@@ -69,9 +69,9 @@ def test_the_exit_after_a_loss_is_the_real_watchdog_armed_on_virtual_time(monkey
     assert armed and set(armed) == {2.0}
 
 
-@pytest.mark.parametrize(("kind", "seeds"), [("leader", 100), ("sharded", 20)])
+@pytest.mark.parametrize(("kind", "seeds"), [("leader", 60), ("sharded", 12)])
 def test_random_schedules_with_graceful_stops_keep_every_invariant(kind: str, seeds: int) -> None:
-    scenario = Scenario(kind=kind, kinds=tuple(k for k in FAULT_KINDS if k != "delete"))
+    scenario = Scenario(kind=kind)  # every fault kind, term and delete included
     results: list[Any] = [run(scenario, seed) for seed in range(seeds)]
     assert sum(any(f.kind == "term" for f in r.faults) for r in results) >= seeds // 4
     failed = [r.report() for r in results if not r.ok]
