@@ -301,6 +301,12 @@ class LeaderElector:
         if not self.is_leader:
             self._observe(spec)
 
+    def missing(self) -> None:
+        """Note that a read elsewhere (a LIST of every Lease) found this Lease missing: the wait
+        before creating it counts from then, as after a 404 (a leader learns it from its renewal)."""
+        if not self.is_leader:
+            self._gone()
+
     def _observe(self, spec: dict[str, Any]) -> None:
         self._gone_at, self._seen = None, True
         self.holder = spec.get("holderIdentity") or ""

@@ -262,6 +262,8 @@ class ShardLeases:
                 spec = leases.get(e.name)
                 if spec is not None and not e.is_leader:
                     e.observe(spec)
+                elif spec is None:  # every missing range's wait starts now, tried or not
+                    e.missing()
             released = set()
             for i in sorted(s.draining):
                 if not s.in_flight[i]:

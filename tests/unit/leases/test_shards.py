@@ -283,3 +283,20 @@ def test_release_all_leaves_a_range_with_a_reconcile_in_flight_to_expire_and_say
     assert not s.may_start(2) and s.held() == []
     (line,) = [r for r in caplog.records if r.getMessage() == "Leaving shard leases to expire: reconciles of them still run"]
     assert line.kv["shards"] == ["2/4"]  # type: ignore[attr-defined]
+
+
+def test_in_a_fresh_namespace_every_range_is_owned_about_one_lease_duration_later() -> None:
+    """No range Lease exists yet (the first start): none is created before a lease duration (4 s
+    here) has passed since it was found missing — and that wait starts for every range at the
+    first LIST, tried or not, so the whole split is owned soon after, not one lease duration per
+    batch of tries (before the LIST counted, 12 ranges on 3 replicas took three)."""
+    clock, store = FakeClock(), Leases()
+    replicas = []
+    for name in "abc":
+        r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, metrics=Metrics(), identity=name)
+        r.add("c", 12, "uid")
+        replicas.append(r)
+    rounds(clock, replicas, 7, store)  # 3.5 s
+    assert set(store.holders().values()) == {""} and not [n for n in store.items if "-shard-" in n]
+    rounds(clock, replicas, 9, store)  # 8 s
+    assert "" not in store.holders().values(), store.holders()
