@@ -7,7 +7,10 @@ This is the only module that configures logging and turns errors into exit codes
   contradictory options, a malformed kubeconfig); ``-v`` adds the traceback;
 - SIGTERM/SIGINT stop intake, let in-flight reconciles finish within ``--grace-period`` (the
   leader Lease is renewed meanwhile and released after) and exit 0;
-- a lost leader Lease exits 1 within 2 s, even with a plain handler stuck in its thread;
+- a lost leader Lease (or a range lost under a running reconcile) exits 1 within 2 s, even with
+  a plain handler stuck in its thread, a stuck shutdown hook or a background task that ignores
+  its cancellation: the manager's clean-up is bounded, and a :class:`~declop.leases.watchdog.Watchdog`
+  armed at the loss ends the process with ``os._exit`` if anything still holds it;
 - every exit goes through :func:`_exit`: flush the logs, then exit (``os._exit`` when stuck
   handler threads would block it). No credential file exists to be left behind: declop reads
   the kubeconfig itself and keeps certificates in memory (:mod:`declop.kube.kubeconfig`).
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import click
 
 from declop.version import __version__
+from declop.leases.watchdog import EXIT_BOUND, Watchdog
 from declop.errors import ConfigError, DeclopError
 from declop.loader import expand, load
 from declop.logs import configure
@@ -260,6 +264,7 @@ async def _serve(configuration: Any, options: Options, stop: asyncio.Event | Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     manager = Manager(configuration, default_registry, options)
+    manager.on_lost = Watchdog(EXIT_BOUND).arm  # gone within 2 s of a loss, whatever still runs
     await manager.run(stop)
     return manager.exit_code
 

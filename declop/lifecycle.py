@@ -12,7 +12,8 @@ When each runs (docs/lifecycle.md):
    leader election; in sharded mode, while it holds the ``--leader-election-id`` Lease), with
    ``every_replica=True`` on every replica. They are cancelled on
    shutdown (the ``stop`` event is set first and they get the drain's grace period to return)
-   and, for leader-only tasks, **at once** when the Lease is lost. A task that raises is logged
+   and, for leader-only tasks, **at once** when the Lease is lost; a task that ignores the
+   cancellation is waited for a bounded time only, then left to the process exit. A task that raises is logged
    with its traceback and restarted after a backoff (0.8 s doubling to 30 s, reset after 2 quiet
    minutes); one that returns is done and not restarted.
 3. **shutdown** hooks, in registration order, after the controllers drained and the background
@@ -237,10 +238,13 @@ class Lifecycle:
             log.info("Background task finished", extra={"kv": kv})
             return
 
-    async def stop_background(self, *, grace: float, leader_only: bool = False) -> None:
+    async def stop_background(self, *, grace: float, leader_only: bool = False, settle: float = 1.0) -> list[str]:
         """Set the stop event of the background tasks (only leader-only ones with ``leader_only``),
-        give them ``grace`` seconds to return, then cancel the rest and wait for them. With
-        ``grace <= 0`` they are cancelled first, then the event is set."""
+        give them ``grace`` seconds to return, then cancel the rest and wait ``settle`` seconds
+        more for them. With ``grace <= 0`` they are cancelled first, then the event is set.
+
+        Returns the names of the tasks still running (they ignored the cancellation: left to
+        the process exit, logged once, and never started a second time)."""
         chosen = [t for t in self._tasks if not (leader_only and t.hook.every_replica)]
         tasks = [t.task for t in chosen if not t.task.done()]
         if grace <= 0:  # cancelled at once (leadership lost): before the event, so no race lets one go on
@@ -254,8 +258,12 @@ class Lifecycle:
             if not task.done():
                 task.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait(tasks, timeout=max(settle, 0.001))
         for t in chosen:
             if not t.task.cancelled() and t.task.done() and t.task.exception() is not None:
                 log.error("Background task ended with an error", extra={"kv": {"hook": t.hook.name}})
-        self._tasks = [t for t in self._tasks if t not in chosen]
+        left = [t.hook.name for t in chosen if not t.task.done()]
+        if left:
+            log.warning("Background tasks still run after being cancelled; left to the process exit", extra={"kv": {"hooks": left}})
+        self._tasks = [t for t in self._tasks if t not in chosen or not t.task.done()]
+        return left

@@ -12,13 +12,18 @@ ones once the Lease is ours too).
 
 Graceful stop (SIGTERM): controllers stop taking keys and drain in-flight reconciles within the
 grace period, background tasks are told to stop within it too, **while the Lease keeps being
-renewed** → shutdown hooks → only then is the Lease released (a standby may start at once:
-nothing of ours runs any more, or the stuck rest dies with the process right after) → informers
-stop → the transport closes → probes stop last.
+renewed** → shutdown hooks → only then is the Lease released (a standby may start at once) —
+unless a call under it still runs (a plain handler's thread outlived the grace period, a
+shutdown hook or background task that would not stop): then it is left to expire, with one log
+line, and the stuck rest dies with the process right after → informers stop → the transport
+closes → probes stop last.
 
 Lease lost: intake stops at once (queues shut down, workers and leader-only background tasks
 cancelled, the fence is closed), no drain — another replica may already reconcile — and the
-process exits non-zero; ``/healthz`` answers until the probes stop, right before the exit.
+process exits non-zero within :data:`~declop.leases.watchdog.EXIT_BOUND` (2 s) of the loss: every
+step after it shares one budget (:data:`LOST_CLEANUP_SECONDS`), and :attr:`Manager.on_lost`
+(the CLI arms its :class:`~declop.leases.watchdog.Watchdog` there) ends the process if something still
+holds it; ``/healthz`` answers until the probes stop, right before the exit.
 
 Invariants:
 - everything runs on the one event loop that called :meth:`Manager.run`; plain handlers run in
@@ -28,6 +33,8 @@ Invariants:
   :class:`~declop.errors.ConfigError` before any controller starts;
 - with leader election every controller gets the elector's :meth:`~declop.leases.leader.LeaderElector.valid`
   as its fence: no reconcile starts unless the Lease is known valid on the monotonic clock;
+- no Lease is released while a call under it still runs (:meth:`Manager.running`; issue 22, I6);
+- after a loss no step waits past :data:`LOST_CLEANUP_SECONDS` from the loss;
 - with sharding (``shards`` > 0; never together with leader election) every controller gets a
   :class:`~declop.leases.shards.ShardSet`: it reconciles only keys of the ranges whose Leases this
   replica holds and knows valid. On a graceful stop the controllers drain first, then the range
@@ -48,7 +55,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 from declop.cache.store import guarded
 from declop.clock import MONOTONIC, Clock
@@ -80,6 +87,8 @@ from declop.webhooks.server import WebhookServer
 __all__ = ["Manager", "Options"]
 
 log = logging.getLogger("declop.manager")
+
+T = TypeVar("T")
 
 
 class _BadShardKey(ConfigError):
@@ -214,6 +223,14 @@ class Manager:
         self._stopping = False
         #: the webhook certificate, server and configurations (None: no webhook is registered)
         self.webhook_endpoint: WebhookEndpoint | None = None
+        #: called (synchronously, once) the moment a Lease is lost: ``declop run`` arms its
+        #: :class:`~declop.leases.watchdog.Watchdog` here, so the process is gone within 2 s
+        self.on_lost: Callable[[], None] | None = None
+        #: loop time by which the clean-up after a loss must be over (None: no loss)
+        self._lost_by: float | None = None
+        self._lost_event = asyncio.Event()
+        #: shutdown hooks and background tasks a stop gave up on (they still run)
+        self._left_running = 0
 
     @property
     def webhooks(self) -> WebhookServer | None:
@@ -623,7 +640,10 @@ class Manager:
             self.lifecycle.start_background(every_replica=False)
             await e.hold()
             log.warning("Background lease lost; leader-only background tasks stopped", extra={"kv": {"lease": f"{e.namespace}/{e.name}"}})
-            await self.lifecycle.stop_background(grace=0, leader_only=True)
+            left = await self.lifecycle.stop_background(grace=0, leader_only=True)
+            if left:  # a task that would not stop must not run twice: no new candidacy
+                self._left_running += len(left)
+                return
 
     async def _lead(self) -> None:
         """Acquire the lease, let the workers start, hold it; on loss stop reconciling at once."""
@@ -636,17 +656,39 @@ class Manager:
             log.exception("Leader election failed; stopping", extra={"kv": {"lease": self.options.leader_election_id}})
             self.elector.lose("leader election failed")
         # lost: no drain (another replica may already be reconciling), and exit non-zero
-        self.exit_code = 1
+        self._lost()
         for c in self.controllers:
             c.halt()  # intake stops now, before any await
         if self._background is not None:
             self._background.cancel()
-        stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(0) for c in self.controllers]
+        stopping: list[Coroutine[Any, Any, Any]] = [c.stop(0) for c in self.controllers]
         if self.lifecycle is not None:
-            stopping.append(self.lifecycle.stop_background(grace=0, leader_only=True))
-        await asyncio.gather(*stopping)
+            stopping.append(self.lifecycle.stop_background(grace=0, leader_only=True, settle=min(0.5, self._left())))
+        await self._bounded(asyncio.gather(*stopping), LOST_CLEANUP_SECONDS, "stopping the workers after the loss")
         if self._stop is not None:
             self._stop.set()
+
+    def _lost(self) -> None:
+        """A Lease was lost under a running call: exit 1, and from now on every step shares the
+        clean-up budget; :attr:`on_lost` is called (once)."""
+        self.exit_code = 1
+        if self._lost_by is not None:
+            return
+        self._lost_by = asyncio.get_running_loop().time() + LOST_CLEANUP_SECONDS
+        self._lost_event.set()
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def _left(self) -> float:
+        """Seconds left of the clean-up budget after a loss (0 when used up)."""
+        assert self._lost_by is not None
+        return max(0.0, self._lost_by - asyncio.get_running_loop().time())
+
+    def running(self) -> int:
+        """Calls, shutdown hooks and background tasks still running although the stop gave up
+        on them. The leader Lease is not released while this is not 0 (invariant I6); range
+        Leases count their own (:attr:`~declop.leases.shards.ShardSet.in_flight`)."""
+        return sum(c.running() for c in self.controllers) + self._left_running
 
     def _want_reshard(self) -> None:
         """Move the informers' shard filters, in a task of its own (at most one at a time; a
@@ -692,10 +734,10 @@ class Manager:
             await self.shard_leases.run()
         except Exception:  # a bug in the Lease loop must not leave ranges held without renewals
             log.exception("Shard leases failed; stopping")
-        self.exit_code = 1
+        self._lost()
         for c in self.controllers:
             c.halt()
-        await asyncio.gather(*(c.stop(0) for c in self.controllers))
+        await self._bounded(asyncio.gather(*(c.stop(0) for c in self.controllers)), LOST_CLEANUP_SECONDS, "stopping the workers after the loss")
         if self._stop is not None:
             self._stop.set()
 
@@ -721,10 +763,13 @@ class Manager:
 
     async def shutdown(self) -> bool:
         """Stop intake and drain in-flight reconciles within the grace period while the Lease is
-        still renewed; then release the Lease and close watches, transport and probes.
+        still renewed; then release the Lease (unless a call under it still runs) and close
+        watches, transport and probes.
 
-        After a lost Lease (``exit_code`` 1) there is no drain and every step is bounded, so the
-        process can exit within 2 s even with a handler stuck in a thread."""
+        After a lost Lease (before or during this stop) there is no drain and every step shares
+        :data:`LOST_CLEANUP_SECONDS` from the loss, so the process can exit within 2 s even with
+        a handler stuck in a thread, a shutdown hook stuck, or a background task that ignores
+        its cancellation."""
         self._stopping = True
         for task in self._tasks:
             task.cancel()
@@ -732,72 +777,99 @@ class Manager:
             self._background.cancel()
         if self.shard_leases is not None:
             self.shard_leases.stopping = True  # renew only: take no range while draining
-        grace = 0.0 if self.exit_code else self.options.grace_period
-        stopping: list[Coroutine[Any, Any, bool | None]] = [c.stop(grace) for c in self.controllers]
+        grace = 0.0 if self._lost_by is not None else self.options.grace_period
+        stopping: list[Coroutine[Any, Any, Any]] = [c.stop(grace) for c in self.controllers]
         if self.lifecycle is not None:
-            stopping.append(self.lifecycle.stop_background(grace=grace))
-        results = await asyncio.gather(*stopping)
-        clean = all(r is not False for r in results)
-        lost = self.exit_code != 0  # also when the Lease was lost during the drain
+            stopping.append(self.lifecycle.stop_background(grace=grace, settle=min(0.5, self._left()) if self._lost_by else 1.0))
+        results = await self._bounded(asyncio.gather(*stopping), grace + 2.0, "draining")
+        clean = results is not None and all(r is not False for r in results[: len(self.controllers)])
+        if results is not None and self.lifecycle is not None:
+            self._left_running += len(results[-1])
+        lost = self._lost_by is not None  # also when the Lease was lost during the drain
         if not clean and not lost:
             log.warning("Grace period over; some reconciles did not finish", extra={"kv": {"gracePeriod": self.options.grace_period}})
         if self.lifecycle is not None and self._started_up:
             # after the drain, while the Lease is held and the client works; bounded after a loss
-            ok = await _bounded(self.lifecycle.shutdown(), 1.0 if lost else self.options.grace_period, "running the shutdown hooks")
+            ok = await self._bounded(self.lifecycle.shutdown(), 1.0 if lost else self.options.grace_period, "running the shutdown hooks")
+            if ok is None:
+                self._left_running += 1  # a hook still runs (in its thread): the Lease stays
             if ok is not True:
                 self.exit_code = 1
         if self._leading is not None:  # renewing stops only now that no worker runs
             self._leading.cancel()
-            await asyncio.gather(self._leading, return_exceptions=True)
+            await self._bounded(asyncio.gather(self._leading, return_exceptions=True), 1.0, "stopping leader election")
             self._leading = None
         if self.elector is not None:
-            await _bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
+            self.elector.running = self.running
+            await self._bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
         if self._singleton is not None:  # renewed while the background tasks stopped
             self._singleton.cancel()
-            await asyncio.gather(self._singleton, return_exceptions=True)
+            await self._bounded(asyncio.gather(self._singleton, return_exceptions=True), 1.0, "stopping the background lease")
             self._singleton = None
         if self.background_elector is not None and not lost:
-            await _bounded(self.background_elector.release(), self.options.renew_deadline, "releasing the background Lease")
+            self.background_elector.running = lambda: self._left_running
+            await self._bounded(self.background_elector.release(), self.options.renew_deadline, "releasing the background Lease")
         if self._resharding is not None:
             self._resharding.cancel()
         if self._sharding is not None:  # renewed through the drain; released now that no worker runs
             self._sharding.cancel()
-            await asyncio.gather(self._sharding, return_exceptions=True)
+            await self._bounded(asyncio.gather(self._sharding, return_exceptions=True), 1.0, "stopping the shard leases")
             self._sharding = None
-        if self.shard_leases is not None and not lost:
-            await _bounded(self.shard_leases.release_all(), self.options.renew_deadline, "releasing the shard Leases")
+        if self.shard_leases is not None and not self._lost_by:
+            await self._bounded(self.shard_leases.release_all(), self.options.renew_deadline, "releasing the shard Leases")
         # after a loss every remaining step shares one budget, so the exit comes within 2 s
-        loop = asyncio.get_running_loop()
-        until = loop.time() + (LOST_CLEANUP_SECONDS if lost else 30.0)
         if self.webhooks is not None:  # served through the drain: another replica may not be up yet
-            await _bounded(self.webhooks.stop(), until - loop.time(), "stopping the webhook server")
+            await self._bounded(self.webhooks.stop(), 30.0, "stopping the webhook server")
         if self.webhook_cert is not None:
-            await _bounded(self.webhook_cert.stop(), until - loop.time(), "stopping certificate renewal")
+            await self._bounded(self.webhook_cert.stop(), 30.0, "stopping certificate renewal")
         if self.webhook_endpoint is not None:
             self.webhook_endpoint.close()
         if self.informers is not None:
-            await _bounded(self.informers.stop(), until - loop.time(), "stopping the informers")
+            await self._bounded(self.informers.stop(), 30.0, "stopping the informers")
         if self.transport is not None:
-            await _bounded(self.transport.close(), until - loop.time(), "closing the connections")
+            await self._bounded(self.transport.close(), 30.0, "closing the connections")
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
-        await self.loop_lag.stop()
+        await self._bounded(self.loop_lag.stop(), 1.0, "stopping the loop lag probe")
         if self.probes is not None:  # last: /healthz answers until the process goes
-            await _bounded(self.probes.stop(), until - loop.time(), "stopping the probe server")
+            await self._bounded(self.probes.stop(), 30.0, "stopping the probe server")
         return clean
 
+    async def _bounded(self, step: Awaitable[T], seconds: float, what: str) -> T | None:
+        """Await one shutdown step for at most ``seconds`` (at least 50 ms) — and, once a Lease is
+        lost (before or during the step), no later than the clean-up budget's end; return its
+        result, or log and return None if it takes longer (the step is cancelled, and not
+        waited for: it may ignore the cancellation)."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(step)
+        end = loop.time() + max(seconds, 0.05)
+        lost = None if self._lost_by is not None else asyncio.ensure_future(self._lost_event.wait())
+        try:
+            while not task.done():
+                if self._lost_by is not None:
+                    end = min(end, self._lost_by)
+                left = end - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait([task] if lost is None or lost.done() else [task, lost], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if lost is not None:
+                lost.cancel()
+            if not task.done():
+                task.cancel()
+                task.add_done_callback(_retrieve)
+        if not task.done() or task.cancelled():
+            log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(max(seconds, 0.05), 3)}})
+            return None
+        return task.result()
 
-#: seconds the clean-up after a lost Lease may take in all (the process must be gone within 2 s)
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """A step given up on: its end is nobody's business any more (no "never retrieved" line)."""
+    if not task.cancelled():
+        task.exception()
+
+
+#: seconds the clean-up after a lost Lease may take in all (the process must be gone within
+#: :data:`~declop.leases.watchdog.EXIT_BOUND`, 2 s; the watchdog fires at 1.75 s)
 LOST_CLEANUP_SECONDS = 1.5
-
-
-async def _bounded(step: Any, seconds: float, what: str) -> Any:
-    """Await one shutdown step for at most ``seconds`` (at least 50 ms) and return its result;
-    log and go on (returning None) if it takes longer."""
-    seconds = max(seconds, 0.05)
-    try:
-        return await asyncio.wait_for(step, seconds)
-    except asyncio.TimeoutError:
-        log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(seconds, 3)}})
-        return None
-

@@ -64,6 +64,7 @@ ORDER = [
     "leases.hashing",
     "leases.leader",
     "leases.shards",
+    "leases.watchdog",
     "cache",
     "cache.store",
     "cache.backoff",

@@ -13,14 +13,21 @@ Protocol (client-go ``tools/leaderelection``):
    :meth:`LeaderElector.hold` returns (leadership lost) no later than that. Every Lease request
    has its own timeout of ``renew_deadline / 2`` (controller-runtime's rule, so one hung request
    cannot use up the deadline), cut shorter when the round's deadline comes first.
-3. A Lease deleted under its holder (an administrator, a cleanup script) is *not* re-created at
-   once: the holder's next renewal finds it gone (404), its fence closes for good and leadership
-   is lost; a candidate that had seen the Lease before creates it again only a lease duration
-   after it first found it gone — by then the old holder's fence closed on its own clock even if
-   it never learnt of the deletion. A candidate that never saw the Lease (the first start of an
-   operator) creates it at once.
+3. A missing Lease is *not* created at once: a candidate creates it only a lease duration after
+   it first found it missing (404) — whether it had seen the Lease before or not. A Lease deleted
+   under its holder (an administrator, a cleanup script, a namespace re-created) may still have
+   a holder inside its fence: the holder's next renewal finds it gone, its fence closes for good
+   and leadership is lost, and by the time a candidate creates it again the old holder's fence
+   closed on its own clock even if it never learnt of the deletion. A candidate cannot tell a
+   deleted Lease from one that never existed (a replica restarted just after the deletion never
+   saw it), so the very first start of an operator in a namespace waits one lease duration too
+   (client-go creates it at once; docs/contract.md §7). A Lease nobody else ever takes
+   (``exclusive=False``: a replica's member Lease) is created at once.
 4. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
-   takes over within one retry period instead of waiting for expiry.
+   takes over within one retry period instead of waiting for expiry — unless a call under it
+   still runs (:attr:`LeaderElector.running`: a plain handler's thread outlived the grace period):
+   then the Lease is left to expire (one log line says so), and the process exits; a standby
+   takes over a lease duration later.
 
 Fencing (beyond client-go): :meth:`LeaderElector.valid` is True only while we hold the Lease and
 ``clock() < renewed_at + renew_deadline``, where ``renewed_at`` is the monotonic time at which the
@@ -35,6 +42,7 @@ a machine suspended and resumed sees its Lease expired, as a stopped process doe
 Invariants:
 
 - ``is_leader`` is True only between a successful acquire and the loss or the release;
+- the Lease is never released while ``running()`` counts a call under it (issue 22, I6);
 - ``valid()`` implies ``is_leader``, and turns False by itself when the clock passes
   ``renewed_at + renew_deadline`` — no renewal attempt needs to fail first;
 - Lease traffic uses the transport's ``"leader"`` lane: it never waits behind handler writes or
@@ -115,10 +123,14 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._gone_at: float | None = None  # clock() when we first found the Lease deleted
+        self._gone_last = 0.0  # clock() when we last found it missing
         self._seen = False  # we know the Lease existed (read it, wrote it, or lost its creation)
         #: False for a Lease nobody else ever takes (a replica's member Lease): when deleted, it is
         #: created again at once, since no other holder's fence can be open
         self.exclusive = exclusive
+        #: calls under this Lease still running (the manager's count); :meth:`release` leaves the
+        #: Lease to expire instead of releasing it while it is not 0
+        self.running: Callable[[], int] | None = None
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._what = f'leases.coordination.k8s.io "{name}" in namespace "{namespace}"'
 
@@ -201,6 +213,8 @@ class LeaderElector:
         except ApiError as exc:
             if exc.status in (401, 403):
                 self.problem = str(exc)
+            if not self.is_leader:
+                self._gone_at = None  # no answer: whether the Lease is still missing is unknown
             raise
         self.problem = ""
         if ok:
@@ -224,10 +238,11 @@ class LeaderElector:
         try:
             lease = await self._request("GET", f"{self._path}/{self.name}", deadline=deadline)
         except NotFound:
-            if self.exclusive and (self.is_leader or self._seen):
-                # it existed and someone deleted it: whoever held it may still be inside its
-                # fence, which stays open until its next renewal finds it gone — take it only
-                # once a lease duration has passed since we first saw it gone
+            if self.exclusive:
+                # if it existed and someone deleted it, whoever held it may still be inside its
+                # fence, which stays open until its next renewal finds it gone — and we cannot
+                # tell (we may have started after the deletion): create it only once a lease
+                # duration has passed since we first saw it missing
                 self._gone()
                 assert self._gone_at is not None
                 if self.clock() < self._gone_at + self.lease_duration:
@@ -241,7 +256,7 @@ class LeaderElector:
             try:
                 self._wrote(await self._request("POST", self._path, body, deadline), body)
             except Conflict:
-                self._seen = True
+                self._seen, self._gone_at = True, None  # it exists again: a later 404 starts a new wait
                 return False  # someone else created it first
             return True
         spec = lease.get("spec") or {}
@@ -267,8 +282,12 @@ class LeaderElector:
         reports the loss); and the time we first saw it gone is noted. Returns False."""
         if self.is_leader:
             self._expired = True
-        if self._gone_at is None:
-            self._gone_at = self.clock()
+        now = self.clock()
+        if self._gone_at is None or now - self._gone_last > self.renew_deadline:
+            # a new wait: after a gap without answers (a partition, a pause) the Lease may have
+            # been created and deleted again meanwhile, by a holder whose fence is still open
+            self._gone_at = now
+        self._gone_last = now
         return False
 
     def _wrote(self, answer: Any, sent: dict[str, Any]) -> None:
@@ -281,6 +300,12 @@ class LeaderElector:
         ``leaseDurationSeconds`` counts from the first time we saw that very record, whoever read it."""
         if not self.is_leader:
             self._observe(spec)
+
+    def missing(self) -> None:
+        """Note that a read elsewhere (a LIST of every Lease) found this Lease missing: the wait
+        before creating it counts from then, as after a 404 (a leader learns it from its renewal)."""
+        if not self.is_leader:
+            self._gone()
 
     def _observe(self, spec: dict[str, Any]) -> None:
         self._gone_at, self._seen = None, True
@@ -340,10 +365,19 @@ class LeaderElector:
             log.error("Leader election lost", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "reason": why}})
 
     async def release(self) -> None:
-        """Give the Lease up (if we hold it) so a standby takes over at once."""
+        """Give the Lease up (if we hold it) so a standby takes over at once — unless a call
+        under it still runs (:attr:`running`): then it is left to expire."""
         if not self.is_leader:
             return
         self._set_leader(False)
+        busy = self.running() if self.running is not None else 0
+        if busy:
+            self._lease = None
+            log.warning(
+                "Leaving the Lease to expire: calls under it still run",
+                extra={"kv": {"lease": f"{self.namespace}/{self.name}", "running": busy, "expiresIn": self.lease_duration}},
+            )
+            return
         try:
             lease = self._lease
             if lease is None:

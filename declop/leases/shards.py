@@ -340,6 +340,8 @@ class ShardLeases:
                 spec = leases.get(e.name)
                 if spec is not None and not e.is_leader:
                     e.observe(spec)
+                elif spec is None:  # every missing range's wait starts now, tried or not
+                    e.missing()
             released = set()
             for i in sorted(s.draining):
                 if not s.in_flight[i]:
@@ -547,12 +549,20 @@ class ShardLeases:
 
     # -- stop -----------------------------------------------------------------------------------
     async def release_all(self) -> None:
-        """Release every idle range Lease we hold and delete our member Lease."""
+        """Release every idle range Lease we hold and delete our member Lease. A range with a
+        reconcile still in flight (a plain handler's thread outlived the grace period) is left
+        to expire, with one log line (invariant I6)."""
         self.stopping = True
         for s in self.sets.values():
+            busy = [i for i in s.held() if s.in_flight[i]]
+            if busy:
+                for i in busy:
+                    s.electors[i].lose("a reconcile of it still runs", quiet=True)  # the fence closes
+                log.warning(
+                    "Leaving shard leases to expire: reconciles of them still run",
+                    extra={"kv": {"controller": s.controller, "shards": [f"{i}/{s.n}" for i in busy], "expiresIn": self.lease_duration}},
+                )
             for i in s.held():
-                if s.in_flight[i]:
-                    continue  # left to expire: a reconcile of it may still run
                 await self._release(s, i)
         for s in self.sets.values():
             if s.member is None or not (s.member.is_leader or s.member.renewed_at is not None):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 from typing import Any, Callable, Iterable, Protocol
 
@@ -48,7 +49,7 @@ from declop.reconcile.result import Phase
 from declop.reconcile.trigger import Trace, Trigger
 
 __all__ = [
-    "Call", "ControllerMetrics", "ControllerState", "Watch", "call_async", "call_with_timeout", "held", "run_batch",
+    "Call", "ControllerMetrics", "ControllerState", "Job", "Watch", "call_async", "call_with_timeout", "held", "run_batch",
     "watch",
 ]
 
@@ -184,6 +185,38 @@ async def call_async(c: ControllerState, call: Call) -> None:
         leave(token)
 
 
+class Job:
+    """A batch of plain calls handed to a worker thread, as the thread and the loop both see it.
+
+    The thread calls :meth:`end` last. The loop may leave a callback with :meth:`then` for that
+    moment: a worker cancelled while its thread runs (the grace period is over, or the Lease was
+    lost) cannot stop the thread, so until :meth:`end` the batch's calls still run — and the
+    Leases they run under must not be released (issue 22, invariant I6)."""
+
+    __slots__ = ("_lock", "ended", "_then")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ended = False
+        self._then: Callable[[], None] | None = None
+
+    def end(self) -> None:
+        """In the thread, once the batch returned (or raised)."""
+        with self._lock:
+            self.ended, then = True, self._then
+        if then is not None:
+            then()
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        """Call ``fn`` (in the thread) when the batch ends; False, and ``fn`` is never called,
+        if it has ended already."""
+        with self._lock:
+            if self.ended:
+                return False
+            self._then = fn
+            return True
+
+
 def run_batch(
     fn: Callable[..., Any],
     calls: Iterable[Call],
@@ -191,12 +224,29 @@ def run_batch(
     fence: Callable[[], bool] | None = None,
     timed: bool = False,
     shard_fence: Callable[[int], bool] | None = None,
+    job: Job | None = None,
 ) -> None:
     """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
     :class:`~declop.queue.batches.Batch` the loop may take calls back from; stop early at shutdown (the
     first call always runs: it was taken before the stop) and as soon as ``fence()`` is False
     (checked just before *every* call, the first one included). A call whose range
-    ``shard_fence`` refuses is skipped (not called: its key is done() by the worker)."""
+    ``shard_fence`` refuses is skipped (not called: its key is done() by the worker). ``job``
+    is ended last, whatever happened."""
+    try:
+        _run_batch(fn, calls, stopping, fence, timed, shard_fence)
+    finally:
+        if job is not None:
+            job.end()
+
+
+def _run_batch(
+    fn: Callable[..., Any],
+    calls: Iterable[Call],
+    stopping: Callable[[], bool],
+    fence: Callable[[], bool] | None,
+    timed: bool,
+    shard_fence: Callable[[int], bool] | None,
+) -> None:
     for i, call in enumerate(calls):
         if (i and stopping()) or (fence is not None and not fence()):
             return

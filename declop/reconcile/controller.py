@@ -39,7 +39,10 @@ Invariants:
   on predicates (:mod:`declop.reconcile.filters`).
 """
 
-# size: the sources, the workers and the steps of a reconcile in order — one loop, read together.
+# size: the worker loop and _process keep the steps of a key's life in one readable order; the
+# steps themselves live in fence, preparation, call and outcome. Past 500 lines by the
+# bookkeeping of calls a stop abandons (running, _job_ended), which must sit beside the workers.
+
 from __future__ import annotations
 
 import asyncio
@@ -61,7 +64,7 @@ from declop.queue.priority import NORMAL, PriorityQueue
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
 from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
 from declop.reconcile.call import ControllerMetrics as ControllerMetrics
-from declop.reconcile.call import Call, Watch, call_async, held, run_batch, watch
+from declop.reconcile.call import Call, Job, Watch, call_async, held, run_batch, watch
 from declop.reconcile.client import ClientContext
 from declop.reconcile.fence import fence_closed, lease_of, owned, shard_of
 from declop.reconcile.filters import finalizer_work, ident, is_our_echo, only_churn
@@ -141,6 +144,11 @@ class Controller:
         self._primary = [i for s in self.sources if s.primary for i in s.informers]
         self._log = logging.getLogger(f"declop.controller.{self.name}")
         self._workers: list[asyncio.Task[None]] = []
+        #: workers :meth:`stop` cancelled that have not returned yet (a handler ignoring cancellation)
+        self._cancelled: list[asyncio.Task[None]] = []
+        #: batches of plain calls whose worker was cancelled while their thread runs -> the ranges
+        #: they keep in flight (sharded mode) until the thread returns
+        self._abandoned: dict[Job, list[int]] = {}
         self._stopping = False
         # keys whose finalizer we added for a CREATED call that was given back before it ran
         self._created: set[Request] = set()
@@ -301,11 +309,13 @@ class Controller:
         self._stopping = True
         self.queue.shutdown()
 
-    async def stop(self, grace: float = 30.0) -> bool:
-        """Stop taking keys, let in-flight reconciles finish within ``grace`` seconds.
+    async def stop(self, grace: float = 30.0, settle: float = 0.1) -> bool:
+        """Stop taking keys, let in-flight reconciles finish within ``grace`` seconds, then cancel
+        the workers and give them ``settle`` seconds to return.
 
         Keys still queued are dropped: the next start's initial list brings them back.
-        Returns True when everything finished in time.
+        Returns True when everything finished in time; :meth:`running` then tells whether calls
+        still run (a plain handler's thread, a handler that ignores cancellation).
         """
         self._stopping = True
         self.queue.shutdown()
@@ -315,7 +325,25 @@ class Controller:
         for task in pending:
             task.cancel()
         self._workers = []
+        if pending:
+            await asyncio.wait(pending, timeout=max(settle, 0.001))
+            self._cancelled = [t for t in pending if not t.done()]
         return not pending
+
+    def running(self) -> int:
+        """Batches of calls still running although :meth:`stop` gave up on them: plain-handler
+        batches whose thread has not returned (a thread cannot be stopped) and cancelled workers
+        that have not returned. While it is not 0 the Leases these calls run under must not be
+        released (invariant I6): the manager leaves them to expire."""
+        self._cancelled = [t for t in self._cancelled if not t.done()]
+        return len(self._abandoned) + len(self._cancelled)
+
+    def _job_ended(self, job: Job) -> None:
+        """On the loop, once the thread of an abandoned batch returned: its ranges are free."""
+        ranges = self._abandoned.pop(job, [])
+        if self.shards is not None:
+            for r in ranges:
+                self.shards.end(r)
 
     # -- the worker loop -----------------------------------------------------------------------
     async def _worker(self) -> None:
@@ -369,6 +397,7 @@ class Controller:
         reg = self.registration
         calls: list[Call] = []  # every call is "held" until its key is done() or given back
         shards = self.shards
+        job: Job | None = None  # the batch's thread, for plain handlers
         ranges: dict[Request, int] = {}
         if shards is not None:
             keys = owned(self, keys, ranges)
@@ -414,24 +443,25 @@ class Controller:
                     fn, stopping = reg.fn, self._is_stopping
                     timed = reg.timeout is not None
                     shard_fence = shards.may_start if shards is not None else None
+                    job = Job()
                     if len(runnable) == 1 or reg.max_concurrent == 1:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        await loop.run_in_executor(self.executor, run_batch, fn, runnable, stopping, fence, timed, shard_fence)
+                        await loop.run_in_executor(self.executor, run_batch, fn, runnable, stopping, fence, timed, shard_fence, job)
                     else:
                         batch: Batch[Call] = Batch(runnable, self._clock)
-                        job = loop.run_in_executor(self.executor, run_batch, fn, batch, stopping, fence, timed, shard_fence)
+                        thread = loop.run_in_executor(self.executor, run_batch, fn, batch, stopping, fence, timed, shard_fence, job)
                         w = Watch(batch, calls, loop.create_future())
-                        job.add_done_callback(w.wake)
+                        thread.add_done_callback(w.wake)
                         w.timer = loop.call_later(STALL_AFTER, watch, self, w)
                         try:
                             await w.woken
                         finally:
                             w.timer.cancel()
-                        if not job.done():  # stalled: settle what finished before the slow call
+                        if not thread.done():  # stalled: settle what finished before the slow call
                             for call in calls:
                                 if call.finished and call.held:
                                     await finish(self, call)
-                        await job
+                        await thread
                 if fence is not None and runnable and not runnable[-1].called and not self._stopping and not fence():
                     fence_closed(self, sum(not c.called for c in runnable))
                 deleting = reg.finalizer is not None
@@ -455,7 +485,11 @@ class Controller:
         finally:
             for k in held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
-            if shards is not None:
+            if job is not None and job.then(_on_loop(asyncio.get_running_loop(), self._job_ended, job)):
+                # cancelled while the thread runs: its calls go on, and so do their ranges'
+                # in-flight counts (a range is released only once idle) until it returns
+                self._abandoned[job] = list(ranges.values())
+            elif shards is not None:
                 for r in ranges.values():
                     shards.end(r)
 
@@ -507,3 +541,16 @@ class Controller:
         if newer is not None:
             trace.merge(newer)
         self._traces[key] = trace
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Job], None], job: Job) -> Callable[[], None]:
+    """A callback for a thread that runs ``fn(job)`` on ``loop`` (nothing if the loop is closed:
+    the process is exiting)."""
+
+    def later() -> None:
+        try:
+            loop.call_soon_threadsafe(fn, job)
+        except RuntimeError:
+            pass
+
+    return later

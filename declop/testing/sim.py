@@ -28,13 +28,19 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
   Lease's ``valid()``): refused (``Fenced``, counted) or accepted at that instant — the sim has
   no delay between the check and the apiserver.
 - **exits**: a replica that lost its leader Lease, or whose ``ShardLeases.run()`` returned
-  (a range lost under a running call), is gone :data:`EXIT_BOUND` seconds later — the bound the
-  manager claims for its stop after a loss — and restarts with empty memory after a delay.
+  (a range lost under a running call), stops starting calls and arms the real
+  :class:`~declop.leases.watchdog.Watchdog` on virtual time, as ``declop run`` does: it is gone
+  :data:`EXIT_BOUND` seconds later — the bound the manager guarantees after a loss — and
+  restarts with empty memory after a delay.
 - **faults** (:class:`Fault`) are drawn from the seed, per replica: partitions (requests hang;
   requests fail at once; requests arrive but their answers are lost), slow requests, pause and
   resume (SIGSTOP/SIGCONT: the replica's tasks stop advancing, its clock does not), crash and
-  restart with empty memory, a stuck call, an administrator deleting a Lease, and (sharded) a
-  restart with caches that never sync.
+  restart with empty memory, a stuck call, an administrator deleting a Lease, (sharded) a
+  restart with caches that never sync, and a graceful
+  stop (``term``: SIGTERM with a grace period, as the manager's shutdown — no new call, the
+  running ones get the grace period, then the workers are cancelled while a call may still run
+  in its thread, then the real ``LeaderElector.release()`` / ``ShardLeases.release_all()``
+  with the calls still running counted, and the process exits).
 
 Invariants, checked while the run goes (each violation is a :class:`Violation`, with the virtual
 time and the replica):
@@ -79,15 +85,16 @@ from declop.errors import ApiError, Fenced
 from declop.kube.fencing import WriteFence
 from declop.leases.leader import LeaderElector
 from declop.leases.shards import ShardLeases, ShardSet, lease_name
+from declop.leases.watchdog import EXIT_BOUND, MARGIN, Watchdog
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.simloop import Actor, VirtualLoop
 
 __all__ = ["EXIT_BOUND", "FAULT_KINDS", "SCENARIOS", "SHARD_FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink", "sweep"]
 
-#: seconds from a loss (hold() returned, or ShardLeases.run() returned) to the process being gone
-EXIT_BOUND = 2.0
-#: what a seed may draw (``delete`` is an administrator's, the others hit one replica)
-FAULT_KINDS = ("hang", "fail", "cut", "slow", "pause", "crash", "stuck", "delete")
+#: what a seed may draw (``delete`` is an administrator's, the others hit one replica). ``term``
+#: is drawn apart from the others (at most one per schedule, after them), so that adding it left
+#: every other seed's schedule as it was
+FAULT_KINDS = ("hang", "fail", "cut", "slow", "pause", "crash", "stuck", "delete", "term")
 #: what a seed of a sharded family draws besides: ``unsynced`` restarts a replica whose caches
 #: never sync (a 403 on a watched resource) for the rest of that incarnation
 SHARD_FAULT_KINDS = FAULT_KINDS + ("unsynced",)
@@ -124,6 +131,10 @@ class Scenario:
     faults: tuple[Fault, ...] | None = None
     #: keep only these faults (indices) of the seed's schedule — what :func:`shrink` finds
     only: tuple[int, ...] | None = None
+    #: a cluster where the Leases never existed (the first start of an operator: a missing
+    #: Lease is created a lease duration after it was found missing); by default the Leases
+    #: exist, free, as an earlier run's graceful stop left them
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         if not self.kinds:
@@ -141,6 +152,8 @@ class Scenario:
                 line += f" --{f} {getattr(self, f):g}"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
+        if self.fresh:
+            line += " --fresh"
         if self.only is not None:
             line += f" --only {','.join(map(str, self.only))}"
         if self.faults is not None:
@@ -164,6 +177,8 @@ class Fault:
             return f"t={self.at:.3f} roll r{self.replica}: restarted with --shards {self.length:g}"
         if self.kind == "unsynced":
             return f"t={self.at:.3f} unsynced r{self.replica}: restarted with caches that never sync"
+        if self.kind == "term":
+            return f"t={self.at:.3f} term r{self.replica}: SIGTERM with a grace period of {self.length:.3f} s"
         return f"t={self.at:.3f} {self.kind} r{self.replica} for {self.length:.3f} s"
 
 
@@ -210,8 +225,9 @@ class Result:
 def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:
     """The faults of one run, drawn from ``rng`` (sorted by time)."""
     faults = []
-    for _ in range(rng.randint(0, scenario.max_faults)):
-        kind = rng.choice(scenario.kinds)
+    kinds = tuple(k for k in scenario.kinds if k != "term")
+    for _ in range(rng.randint(0, scenario.max_faults) if kinds else 0):
+        kind = rng.choice(kinds)
         at = round(rng.uniform(0, scenario.duration), 3)
         length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * scenario.lease_duration))), 3)
         if kind == "stuck":
@@ -226,6 +242,9 @@ def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:
         for replica in range(count):
             faults.append(Fault(round(at, 3), "roll", replica, float(scenario.to_shards)))
             at += roll.uniform(3.0, 20.0)
+    if "term" in scenario.kinds and rng.random() < 0.5:
+        at, replica = round(rng.uniform(0, scenario.duration), 3), rng.randrange(scenario.replicas)
+        faults.append(Fault(at, "term", replica, round(rng.uniform(0.1, 10.0), 3)))
     return sorted(faults, key=lambda f: (f.at, f.kind, f.replica))
 
 
@@ -254,6 +273,11 @@ class _Replica:
     slow: float = 0.0
     stuck: float = 0.0  # the next call lasts this long
     exiting: bool = False
+    stopping: bool = False  # a graceful stop began: no new call
+    main: asyncio.Task[None] | None = None  # the Lease loop (hold, or ShardLeases.run)
+    workers: list[asyncio.Task[None]] = field(default_factory=list)
+    elector: LeaderElector | None = None
+    shard_leases: ShardLeases | None = None
     fence: Callable[[str], bool] = lambda lease: False
     #: the covering Lease's ``valid()``, which a call's writes are checked against
     write_fence: Callable[[str], Callable[[], bool]] = lambda lease: lambda: False
@@ -464,7 +488,8 @@ class _Cluster:
         r.gen += 1
         r.actor = Actor(self.loop, f"r{r.index}")
         r.identity = r.name
-        r.exiting, r.stuck = False, 0.0
+        r.exiting, r.stopping, r.stuck, r.workers = False, False, 0.0, []
+        r.elector, r.shard_leases = None, None
         r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
         r.fence, r.owned = (lambda lease: False), (lambda: [])
         r.write_fence = lambda lease: lambda: False
@@ -475,11 +500,11 @@ class _Cluster:
         timings = dict(lease_duration=s.lease_duration, renew_deadline=s.renew_deadline, retry_period=s.retry_period)
         if s.kind == "leader":
             r.synced = True
-            r.actor.spawn(self._leader(r, transport, timings))
+            r.main = r.actor.spawn(self._leader(r, transport, timings))
         else:
             if not r.never_sync:
                 r.actor.spawn(self._sync(r))
-            r.actor.spawn(self._sharded(r, transport, timings))
+            r.main = r.actor.spawn(self._sharded(r, transport, timings))
 
     async def _sync(self, r: _Replica) -> None:
         """The replica's caches sync 0.05-1.5 s after its start (its informers' first LISTs)."""
@@ -492,9 +517,11 @@ class _Cluster:
         r.fence = lambda lease: e.valid()
         r.write_fence = lambda lease: e.valid
         r.owned = lambda: [LEASE_ID] if e.valid() else []
+        r.elector = e
+        e.running = lambda: sum(r.in_flight.values())  # the manager's count: calls whose thread still runs
         await e.acquire()
         for w in range(2):
-            r.actor.spawn(self._worker(r, w))
+            r.workers.append(r.actor.spawn(self._worker(r, w)))
         await e.hold()
         self.exit(r)  # the manager: a lost Lease halts the workers and exits 1
 
@@ -508,8 +535,9 @@ class _Cluster:
         r.fence = lambda lease: r.synced and s.may_start(names.index(lease))
         r.write_fence = lambda lease: s.electors[names.index(lease)].valid  # not draining: it may finish
         r.owned = lambda: [names[i] for i in range(s.n) if s.electors[i].valid()] if r.synced else []
+        r.shard_leases = sl
         for w in range(2):
-            r.actor.spawn(self._worker(r, w, s))
+            r.workers.append(r.actor.spawn(self._worker(r, w, s)))
         await sl.run()
         self.exit(r)  # the manager's _shard: halt the controllers, exit 1
 
@@ -517,48 +545,102 @@ class _Cluster:
         rng = random.Random(f"work-{self.seed}-{r.index}-{r.gen}-{w}")
         actor = r.actor
         keys, cover = self.keys[r.controller], self.cover(r)
-        while not r.exiting:
+        while not r.exiting and not r.stopping:
             await asyncio.sleep(rng.expovariate(2.0))
             if r.actor is not actor:
                 return  # killed while asleep (a task of a dead replica may run once more)
             key = rng.choice(keys)
             lease, i = cover[key]
-            if r.exiting or not r.fence(lease):
+            if r.exiting or r.stopping or not r.fence(lease):
                 continue
             if s is not None:  # the worker's take (fence.owned) counts it in flight for its range
                 s.begin(i)
                 await asyncio.sleep(0.001)  # preparation (cache read, finalizer)
-                if r.exiting or not r.fence(lease):
+                if r.exiting or r.stopping or not r.fence(lease):
                     s.end(i)
                     continue
             duration, r.stuck = (r.stuck or rng.choice((rng.uniform(0.005, 0.3), rng.uniform(0.005, 0.3), rng.uniform(0.3, 4.0)))), 0.0
             self.call_started(r, key, lease)
+            ends_at, handed = self.now() + duration, False
             try:
                 await asyncio.sleep(duration)  # a call cannot be cancelled: it ends, or its process does
                 self.write(r, key, lease)
+            except asyncio.CancelledError:
+                # the worker was cancelled (the grace period is over), not the process: the call
+                # runs on in its thread, and stays in flight — as the controller counts it — until it ends
+                if actor is not None and r.actor is actor and r.alive and self.now() < ends_at:
+                    handed = True
+                    actor.spawn(self._rest_of_call(r, key, lease, s, i, ends_at))
+                raise
             finally:
-                if r.actor is actor and r.alive:
-                    self.call_ended(r, key, lease)
-                if s is not None:
-                    s.end(i)
+                if not handed:
+                    if r.actor is actor and r.alive:
+                        self.call_ended(r, key, lease)
+                    if s is not None:
+                        s.end(i)
+
+    async def _rest_of_call(self, r: _Replica, key: str, lease: str, s: ShardSet | None, i: int, ends_at: float) -> None:
+        """The rest of a call whose worker was cancelled: a plain handler's thread."""
+        actor = r.actor
+        try:
+            await asyncio.sleep(ends_at - self.now())
+            if r.actor is actor and r.alive:
+                self.write(r, key, lease)  # its write at its end, through the same fence
+        finally:
+            if r.actor is actor and r.alive:
+                self.call_ended(r, key, lease)
+            if s is not None:
+                s.end(i)
+
+    async def _term(self, r: _Replica, grace: float) -> None:
+        """A graceful stop, in the manager's order: no new call (or range); the running calls
+        get ``grace`` seconds while the Leases are still renewed; the workers are cancelled (a
+        call in a thread runs on); renewing stops; the real release of the Leases — which must
+        leave a Lease with a call under it to expire — and the process exits."""
+        actor = r.actor
+        r.stopping = True
+        if r.shard_leases is not None:
+            r.shard_leases.stopping = True
+        until = self.now() + grace
+        while r.in_flight and self.now() < until:
+            await asyncio.sleep(min(0.05, until - self.now()))
+        for task in r.workers:
+            task.cancel()
+        await asyncio.sleep(0)  # the workers take their cancellation
+        if r.main is not None:
+            r.main.cancel()
+        if r.elector is not None:
+            await r.elector.release()
+        elif r.shard_leases is not None:
+            await r.shard_leases.release_all()
+        self.last_change = self.now()
+        self.spawn(self._gone(r, actor))
 
     def exit(self, r: _Replica) -> None:
-        """The replica stops starting calls now and is gone :data:`EXIT_BOUND` later."""
+        """The replica stops starting calls now and arms the watchdog, as ``declop run`` does:
+        the watchdog's timer fires ``EXIT_BOUND - MARGIN`` later and the exit itself is given
+        the margin, so the process is gone :data:`EXIT_BOUND` after the loss."""
         if r.exiting:
             return
         r.exiting = True
         actor = r.actor
         self.last_change = self.now()
 
-        async def gone() -> None:
-            await asyncio.sleep(EXIT_BOUND)
-            if r.actor is actor:
-                self.kill(r)
-                await asyncio.sleep(1.0 + self.rng.uniform(0, 5))  # the kubelet restarts it
-                if r.actor is actor:
-                    self.start(r)
+        def timer(seconds: float, fire: Callable[[], None]) -> None:
+            self.loop.call_later(seconds + MARGIN, fire, context=self._neutral)
 
-        self.spawn(gone())
+        def fire() -> None:
+            self.spawn(self._gone(r, actor))
+
+        Watchdog(EXIT_BOUND, fire=fire, timer=timer).arm()
+
+    async def _gone(self, r: _Replica, actor: Actor | None) -> None:
+        """The process ``actor`` is gone now; the kubelet restarts it after a delay."""
+        if r.actor is actor:
+            self.kill(r)
+            await asyncio.sleep(1.0 + self.rng.uniform(0, 5))
+            if r.actor is actor:
+                self.start(r)
 
     def kill(self, r: _Replica) -> None:
         assert r.actor is not None
@@ -573,7 +655,7 @@ class _Cluster:
         await asyncio.sleep(f.at)
         r = self.replicas[f.replica]
         if f.kind not in ("roll", "unsynced"):
-            self.last_change = max(self.last_change, f.at + f.length)
+            self.last_change = max(self.last_change, f.at + (0.0 if f.kind == "term" else f.length))
         if f.kind == "delete":
             held = sorted(n for n, rec in self.records.items() if rec.holder and not rec.deleted)
             if held:
@@ -595,6 +677,10 @@ class _Cluster:
                 r.shards = int(f.length)
             r.never_sync = f.kind == "unsynced"
             self.start(r)
+            return
+        if f.kind == "term":
+            if r.alive and not r.exiting and not r.stopping and r.actor is not None:
+                r.actor.spawn(self._term(r, f.length))
             return
         if f.kind == "crash":
             if r.alive:
@@ -690,6 +776,11 @@ def shrink(failed: Result) -> Result:
 
 async def _main(c: _Cluster, faults: list[Fault]) -> None:
     s = c.scenario
+    if not s.fresh:
+        names = [LEASE_ID] if s.kind == "leader" else [lease_name(LEASE_ID, CONTROLLER, i, s.shards) for i in range(s.shards)]
+        for name in names:  # free, as an earlier run's graceful stop left them
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {}}
+            await c.server.request("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", body=body)
     for r in c.replicas:
         c.start(r)
     for f in faults:
@@ -722,6 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-shrink", action="store_true", help="do not shrink a failing --seed run")
     p.add_argument("--faults", default="", help="the fault kinds to draw from (comma-separated; default: all the family's)")
     p.add_argument("--jobs", type=int, default=1, help="run --seeds in this many processes (one per core)")
+    p.add_argument("--fresh", action="store_true", help="start in a cluster where the Leases never existed (the first start of an operator)")
     p.add_argument("-v", "--verbose", action="store_true", help="print declop's log lines (stderr)")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
@@ -732,7 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(SHARD_FAULT_KINDS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
-    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only)
+    scenario = Scenario(kind=args.scenario, replicas=args.replicas, shards=args.shards, keys=args.keys, duration=args.duration, kinds=kinds, only=only, fresh=args.fresh)
     if args.seed is not None:
         result = run(scenario, args.seed)
         print(result.report())

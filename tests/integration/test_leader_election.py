@@ -55,6 +55,20 @@ def ha(name, logger, **_):
     if REQUEUE:
         return declop.Result(requeue_after=REQUEUE)
     return None
+
+if os.environ.get("DECLOP_TEST_STUCK_HOOKS") == "1":
+    @declop.on_shutdown
+    def stuck_hook(**_):
+        threading.Event().wait()                                 # never returns
+
+    @declop.background
+    async def deaf(**_):
+        import asyncio
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:                       # ignores its cancellation
+                pass
 """
 
 
@@ -157,6 +171,36 @@ def test_rollout_renews_during_the_drain_and_the_standby_starts_after_the_last_r
         b.stop()
 
 
+def test_a_graceful_stop_leaves_the_lease_to_expire_while_a_handler_thread_runs(cluster: Cluster) -> None:
+    """Issue 22, defect 2: SIGTERM with --grace-period 1 while a plain handler blocks in its
+    thread. The Lease is not released under the running call — one line says so, its record still
+    names the old leader — and the process exits; the standby takes over once it expired, after
+    the old process (and its thread) is gone."""
+    a = cluster.process("a", "--grace-period", "1", DECLOP_TEST_STUCK="1")
+    b = cluster.process("b")
+    a.start()
+    try:
+        a.wait_for_line("Successfully acquired lease")
+        b.start()
+        b.wait_for_line("Attempting to acquire leader lease")
+        cluster.configmap("stuck")
+        a.wait_for_line('"reconcile start"')
+        a.proc.send_signal(signal.SIGTERM)
+        a.proc.wait(30)
+        exited = time.time()
+        assert records(a, "Leaving the Lease to expire: calls under it still run"), a.lines[-20:]
+        assert not records(a, "Released leader lease")
+        holder = cluster.lease().spec.holder_identity
+        assert holder and holder != "", "the record still names the old leader"
+        b.wait_for_line("Successfully acquired lease", timeout=LEASE_DURATION + 15)
+        acquired = ts(records(b, "Successfully acquired lease")[0])
+        print(f"measured: b acquired {acquired - exited:.3f} s after a exited")
+        assert acquired > exited
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_a_black_holed_leader_stops_reconciling_within_the_renew_deadline(cluster: Cluster, tmp_path: Path) -> None:
     """Between the leader and the apiserver a proxy stops forwarding: requests hang, nothing errors.
     The leader keeps reconciling from its queue (requeue_after needs no network) until
@@ -241,21 +285,23 @@ def test_a_frozen_leader_starts_no_reconcile_after_sigcont(cluster: Cluster) -> 
 
 
 def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Cluster, tmp_path: Path) -> None:
-    """A plain handler blocks for ever in its thread; the Lease is lost (black hole). The process
-    still exits 1 within 2 s of the loss (os._exit), /healthz answers until then, and no
-    credential file was ever written for the kubeconfig's embedded certificates."""
+    """A plain handler blocks for ever in its thread, a shutdown hook blocks for ever in its
+    thread and a background task ignores its cancellation; the Lease is lost (black hole). The
+    process still exits 1 within 2 s of the loss (issue 22, defect 8), /healthz answers until
+    then, and no credential file was ever written for the kubeconfig's embedded certificates."""
     health = free_port()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     with TcpProxy(cluster.control_plane.host) as proxy:
         kubeconfig = proxy.kubeconfig(cluster.control_plane.kubeconfig_path, tmp_path / "a.kubeconfig")
         a = cluster.process("a", "--kubeconfig", kubeconfig, "--health-port", str(health),
-                            DECLOP_TEST_STUCK="1", TMPDIR=str(scratch))
+                            DECLOP_TEST_STUCK="1", DECLOP_TEST_STUCK_HOOKS="1", TMPDIR=str(scratch))
         a.start()
         try:
             a.wait_for_line("Successfully acquired lease")
             cluster.configmap("stuck")
             a.wait_for_line('"reconcile start"')
+            a.wait_for_line("Starting background task")
             assert list(scratch.iterdir()) == [], "the embedded certificates stay in memory"
             exits: list[float] = []
             waiter = threading.Thread(target=lambda: (a.proc.wait(), exits.append(time.time())), daemon=True)

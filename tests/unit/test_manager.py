@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 import pytest
@@ -35,3 +36,179 @@ def test_start_sets_the_interpreter_switch_interval(monkeypatch: pytest.MonkeyPa
 
 def test_the_default_is_one_millisecond() -> None:
     assert Options().switch_interval == 0.001
+
+
+# -- issue 22: a stop never releases a Lease under a running call (I6); the exit after a loss is bounded
+import concurrent.futures  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
+
+import declop  # noqa: E402
+from declop.cache.store import Store, Writer  # noqa: E402
+from declop.kube.discovery import ResourceInfo  # noqa: E402
+from declop.kube.keys import Request  # noqa: E402
+from declop.leases.leader import LeaderElector  # noqa: E402
+from declop.lifecycle import Lifecycle, make_hook  # noqa: E402
+from declop.manager import LOST_CLEANUP_SECONDS  # noqa: E402
+from declop.reconcile.controller import Controller, Source  # noqa: E402
+from declop.reconcile.mapping import enqueue_self  # noqa: E402
+from declop.testing.apiserver import FakeApiServer  # noqa: E402
+
+CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+
+
+class _Informer:
+    def __init__(self) -> None:
+        self.store = Store("configmaps")
+        Writer(self.store).upsert({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "1", "uid": "u1"}})
+        self.namespace, self.name, self.resource = "", "configmaps", CM
+        self.synced = asyncio.Event()
+        self.synced.set()
+        self.last_error, self.syncing, self.lists = "", False, 1
+
+    def subscribe(self, handler: Any) -> None:
+        pass
+
+
+class _Context:
+    transport = None
+    recorder = None
+
+
+class _Stuck:
+    """A plain handler, a plain shutdown hook and a background task that never end by
+    themselves (until :meth:`free`), the last one ignoring its cancellation."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.released = threading.Event()
+
+    def handler(self, **_: Any) -> None:
+        self.called.set()
+        self.released.wait()
+
+    def shutdown_hook(self, **_: Any) -> None:
+        self.released.wait()
+
+    async def background(self, **_: Any) -> None:
+        while not self.released.is_set():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # ignores its cancellation
+
+    def free(self) -> None:
+        self.released.set()
+
+
+def _manager(stuck: _Stuck, elector: Any, grace: float) -> tuple[Manager, Controller]:
+    registry = declop.registry.Registry()
+    registry.reconciler("configmaps")(stuck.handler)
+    m = Manager(None, registry, Options(grace_period=grace, renew_deadline=3.0, lease_duration=4.0, retry_period=0.5))
+    m.executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="declop-handler")
+    c = Controller(registry.registrations[0], CM, [Source((_Informer(),), enqueue_self, primary=True)], _Context(), executor=m.executor)  # type: ignore[arg-type]
+    m.controllers = [c]
+    hooks = [make_hook(stuck.shutdown_hook, "shutdown"), make_hook(stuck.background, "background")]
+    m.lifecycle = Lifecycle(hooks, _Context(), m.executor)  # type: ignore[arg-type]
+    m._started_up = True
+    m.elector, m.leadership = elector, asyncio.Event()
+    return m, c
+
+
+async def _start(m: Manager, c: Controller, stuck: _Stuck) -> asyncio.Event:
+    stop = asyncio.Event()
+    m._stop = stop
+    loop = asyncio.get_running_loop()
+    m._leading = loop.create_task(m._lead())
+    await m.leadership.wait()  # type: ignore[union-attr]
+    loop.create_task(c.start(m.leadership))
+    assert m.lifecycle is not None
+    m.lifecycle.start_background(every_replica=False)
+    c.queue.add(Request("ns", "a"))
+    assert await asyncio.to_thread(stuck.called.wait, 10), "the handler runs"
+    return stop
+
+
+async def _cleanup(m: Manager, stuck: _Stuck) -> None:
+    stuck.free()
+    assert m.lifecycle is not None
+    for t in m.lifecycle._tasks:
+        t.task.cancel()
+    await asyncio.gather(*(t.task for t in m.lifecycle._tasks), return_exceptions=True)
+    assert m.executor is not None
+    await asyncio.to_thread(m.executor.shutdown, True)
+
+
+def test_after_a_loss_the_clean_up_ends_within_its_budget_whatever_is_stuck() -> None:
+    """Issue 22, defect 8: a plain handler stuck in its thread, a plain shutdown hook stuck in
+    its thread and a background task that ignores its cancellation. The Lease is lost: the
+    manager's whole stop takes at most LOST_CLEANUP_SECONDS (1.5 s) from the loss, and
+    ``on_lost`` — where ``declop run`` arms the 2 s watchdog — is called once, at the loss.
+    Before, stop_background waited for the background task for ever."""
+
+    class Elector:
+        def __init__(self) -> None:
+            self.lost = asyncio.Event()
+            self.released = False
+
+        async def acquire(self) -> None:
+            pass
+
+        async def hold(self) -> None:
+            await self.lost.wait()
+
+        def lose(self, why: str) -> None:
+            pass
+
+        def valid(self) -> bool:
+            return not self.lost.is_set()
+
+        async def release(self) -> None:
+            self.released = True
+
+    async def main() -> None:
+        stuck, elector = _Stuck(), Elector()
+        m, c = _manager(stuck, elector, grace=30.0)
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        m.on_lost = lambda: armed.append(loop.time())
+        stop = await _start(m, c, stuck)
+        elector.lost.set()
+        try:
+            await asyncio.wait_for(stop.wait(), 5)
+            await asyncio.wait_for(m.shutdown(), 5)
+            took = loop.time() - armed[0]
+            assert len(armed) == 1 and m.exit_code == 1
+            assert took <= LOST_CLEANUP_SECONDS + 0.1, f"the clean-up took {took:.3f} s after the loss"
+            assert c.running() == 1, "the handler's thread still runs (the process exit ends it)"
+            assert m.lifecycle is not None and m.lifecycle.running == ["background"]
+        finally:
+            await _cleanup(m, stuck)
+
+    asyncio.run(main())
+
+
+def test_a_graceful_stop_leaves_the_lease_to_expire_while_a_handler_thread_runs(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 2: SIGTERM with a grace period; a plain handler outlives it in its thread.
+    The real LeaderElector, on a fake apiserver, keeps its record naming us — left to expire,
+    with one log line — instead of releasing it under the running call. Before, it was released."""
+
+    async def main() -> None:
+        server = FakeApiServer()
+        elector = LeaderElector(server, name="lock", namespace="ns", identity="me", lease_duration=4.0, renew_deadline=3.0, retry_period=0.5)
+        stuck = _Stuck()
+        m, c = _manager(stuck, elector, grace=0.2)
+        stop = await _start(m, c, stuck)
+        stop.set()
+        try:
+            await asyncio.wait_for(m.shutdown(), 10)
+            lease = await server.request("GET", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lock")
+            assert lease["spec"]["holderIdentity"] == "me", "not released: it expires"
+            assert not elector.valid() and m.running() >= 1
+            lines = [r for r in caplog.records if r.getMessage() == "Leaving the Lease to expire: calls under it still run"]
+            assert len(lines) == 1 and lines[0].kv["running"] >= 1  # type: ignore[attr-defined]
+        finally:
+            await _cleanup(m, stuck)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(main())

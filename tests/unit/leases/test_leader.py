@@ -66,10 +66,15 @@ def run_virtual(clock: FakeClock, main: Callable[[], Coroutine[Any, Any, T]]) ->
 
 
 class LeaseServer:
-    """Just enough of the coordination.k8s.io Lease API: GET, POST, PUT with resourceVersion checks."""
+    """Just enough of the coordination.k8s.io Lease API: GET, POST, PUT with resourceVersion checks.
 
-    def __init__(self) -> None:
+    The Lease exists, free (as a graceful stop leaves it), unless ``existing=False``: a missing
+    Lease is created only a lease duration after a candidate first found it missing."""
+
+    def __init__(self, existing: bool = True) -> None:
         self.lease: dict[str, Any] | None = None
+        if existing:
+            self.lease = {"metadata": {"name": "lock", "namespace": "ns", "resourceVersion": "0"}, "spec": {}}
         self.rv = 0
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
@@ -99,12 +104,40 @@ def elector(server: LeaseServer, identity: str, clock: FakeClock) -> LeaderElect
     return LeaderElector(server, name="lock", namespace="ns", identity=identity, clock=clock)
 
 
-def test_first_candidate_creates_the_lease() -> None:
+def test_first_candidate_takes_a_free_lease_at_once_and_creates_a_missing_one_a_lease_duration_later() -> None:
     server, clock = LeaseServer(), FakeClock()
     a = elector(server, "a", clock)
     assert asyncio.run(a.try_acquire_or_renew())
     assert server.lease["spec"]["holderIdentity"] == "a"
     assert server.lease["spec"]["leaseDurationSeconds"] == 15
+    server, clock = LeaseServer(existing=False), FakeClock()
+    a = elector(server, "a", clock)
+    assert not asyncio.run(a.try_acquire_or_renew()) and a.gone and server.lease is None
+    asyncio.run(polled(a, clock, 14.9))
+    clock.advance(0.2)
+    assert asyncio.run(a.try_acquire_or_renew())
+    assert server.lease["spec"]["holderIdentity"] == "a"
+
+
+def test_the_wait_for_a_missing_lease_starts_again_after_a_gap_without_answers() -> None:
+    """A partition or a pause longer than the renew deadline: the Lease may have been created and
+    deleted again meanwhile (by a holder whose fence is open), so the wait starts over."""
+    server, clock = LeaseServer(existing=False), FakeClock()
+    a = elector(server, "a", clock)
+    assert not asyncio.run(a.try_acquire_or_renew())
+    clock.advance(10.5)  # no read for longer than the renew deadline
+    assert not asyncio.run(a.try_acquire_or_renew())
+    asyncio.run(polled(a, clock, 14.9))
+    clock.advance(0.2)
+    assert asyncio.run(a.try_acquire_or_renew())
+
+
+async def polled(e: LeaderElector, clock: FakeClock, seconds: float) -> None:
+    """``e`` reads the missing Lease every 2 s for ``seconds`` (clock time), and never creates it."""
+    end = clock() + seconds
+    while clock() < end:
+        clock.advance(min(2.0, end - clock()))
+        assert not await e.try_acquire_or_renew() and e.gone
 
 
 def test_a_held_lease_is_not_taken_until_it_expires_on_our_clock() -> None:
@@ -473,8 +506,8 @@ def test_a_deleted_lease_closes_the_holders_fence_and_is_created_again_only_a_le
         clock.advance(2)
         assert not await a.try_acquire_or_renew()  # ... until its renewal finds it gone
         assert not a.valid() and a.gone
-        clock.advance(12.9)  # 14.9 s after b first found it gone
-        assert not await b.try_acquire_or_renew() and server.lease is None
+        await polled(b, clock, 12.9)  # 14.9 s after b first found it gone
+        assert server.lease is None
         clock.advance(0.2)
         assert await b.try_acquire_or_renew() and not b.gone
         assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "b"
@@ -482,25 +515,83 @@ def test_a_deleted_lease_closes_the_holders_fence_and_is_created_again_only_a_le
     asyncio.run(main())
 
 
-def test_a_candidate_that_never_saw_the_lease_creates_it_at_once_but_one_that_lost_the_race_waits() -> None:
+def test_a_candidate_that_never_saw_the_lease_waits_a_lease_duration_too() -> None:
+    """Issue 22, defect 7 (the part left open): a replica started just after an administrator
+    deleted the Lease never saw it; before, it created it at once while the holder's fence was
+    still open. It cannot tell a deleted Lease from one never created: it waits a lease duration."""
     clock, server = FakeClock(), LeaseServer()
-    b, c = elector(server, "b", clock), elector(server, "c", clock)
+    a = elector(server, "a", clock)
+
+    async def main() -> None:
+        assert await a.try_acquire_or_renew()
+        a.won()
+        server.lease = None  # an administrator deletes it
+        c = elector(server, "c", clock)  # a replica (re)started just now
+        assert not await c.try_acquire_or_renew() and c.gone and server.lease is None
+        assert a.valid()  # the holder's fence is still open ...
+        clock.advance(2)
+        assert not await a.try_acquire_or_renew() and not a.valid()  # ... until its renewal finds it gone
+        await polled(c, clock, 12.9)  # 14.9 s after c first found it missing
+        assert server.lease is None
+        clock.advance(0.2)
+        assert await c.try_acquire_or_renew()
+        assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "c"
+
+    asyncio.run(main())
+
+
+def test_release_leaves_the_lease_to_expire_while_a_call_under_it_runs(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 2 (invariant I6): a graceful stop whose grace period ended with a plain
+    handler still in its thread does not release the Lease: the fence closes, one line says so,
+    and the record keeps naming us until it expires; with nothing running, it is released."""
+    clock, server = FakeClock(), LeaseServer()
+    a = elector(server, "a", clock)
+    running = [1]
+    a.running = lambda: running[0]
+
+    async def main() -> None:
+        assert await a.try_acquire_or_renew()
+        a.won()
+        with caplog.at_level(logging.WARNING, logger="declop.leader"):
+            await a.release()
+        assert not a.valid() and not a.is_leader
+        assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "a"
+        (line,) = [r for r in caplog.records if r.getMessage() == "Leaving the Lease to expire: calls under it still run"]
+        assert line.kv == {"lease": "ns/lock", "running": 1, "expiresIn": 15.0}  # type: ignore[attr-defined]
+        running[0] = 0
+        assert await a.try_acquire_or_renew()
+        a.won()
+        await a.release()
+        assert server.lease["spec"]["holderIdentity"] == ""
+
+    asyncio.run(main())
+
+
+def test_a_lost_race_to_create_it_ends_the_wait() -> None:
+    """Another replica created it between our read and our create (409): it exists again, so a
+    later 404 (deleted once more) starts a new wait — seed 749's first form in the simulator."""
+    server, clock = LeaseServer(existing=False), FakeClock()
+    c = elector(server, "c", clock)
     rival = {"metadata": {"name": "lock"}, "spec": {"holderIdentity": "x", "leaseDurationSeconds": 15}}
 
     async def main() -> None:
-        assert await b.try_acquire_or_renew()  # b never saw it (a first start): no wait
-        server.lease = None
+        assert not await c.try_acquire_or_renew()
+        await polled(c, clock, 14.9)
+        clock.advance(0.2)
         real = server.request
 
         async def racing(method: str, path: str, body: Any = None, **kw: Any) -> Any:
-            if method == "POST":  # someone creates it between c's GET and c's POST
+            if method == "POST":  # someone creates it between our GET and our POST
                 await real("POST", path, rival)
             return await real(method, path, body, **kw)
 
         server.request = racing  # type: ignore[method-assign]
-        assert not await c.try_acquire_or_renew()  # c lost the race: now it knows the Lease exists
+        assert not await c.try_acquire_or_renew() and not c.gone
         server.request = real  # type: ignore[method-assign]
-        server.lease = None
-        assert not await c.try_acquire_or_renew() and c.gone  # so a deletion makes it wait
+        server.lease = None  # deleted once more
+        clock.advance(2)
+        assert not await c.try_acquire_or_renew() and c.gone
+        await polled(c, clock, 12.9)
+        assert server.lease is None
 
     asyncio.run(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -55,7 +56,17 @@ class Leases:
         }
 
 
+def free_leases(store: Leases, controller: str, n: int) -> None:
+    """The ``n`` range Leases of ``controller`` exist, free, as an earlier run left them (a
+    missing one is created only a lease duration after it was found missing)."""
+    for i in range(n):
+        free = {"metadata": {"name": lease_name("t", controller, i, n), "namespace": "ns", "resourceVersion": "0"}, "spec": {}}
+        store.items.setdefault(lease_name("t", controller, i, n), free)
+
+
 def replica(store: Leases, clock: FakeClock, name: str, n: int = 12) -> ShardLeases:
+    """A replica of controller "c" in ``n`` ranges, whose range Leases exist, free."""
+    free_leases(store, "c", n)
     r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, metrics=Metrics(), identity=name)
     r.add("c", n, "uid")
     return r
@@ -270,6 +281,7 @@ def test_another_operator_under_the_same_id_is_not_counted_and_is_logged_once(ca
     clock, store = FakeClock(), Leases()
     ours = [replica(store, clock, x) for x in "ab"]
     theirs = []
+    free_leases(store, "d", 5)
     for x in "xy":
         r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, identity=x)
         r.add("d", 5, "uid")
@@ -371,6 +383,7 @@ def test_renewals_go_on_while_every_request_is_slow() -> None:
 def test_a_controller_named_like_a_member_lease_is_not_counted_as_one() -> None:
     clock, store = FakeClock(), Leases()
     reps = []
+    free_leases(store, "team-member-sync", 4)
     for x in "ab":
         r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, identity=x)
         r.add("team-member-sync", 4, "uid")
@@ -378,3 +391,37 @@ def test_a_controller_named_like_a_member_lease_is_not_counted_as_one() -> None:
     rounds(clock, reps, 8)
     assert all(r.live == 2 for r in reps) and sorted(len(r.sets["team-member-sync"].held()) for r in reps) == [2, 2]
     assert not reps[0]._foreign
+
+
+def test_release_all_leaves_a_range_with_a_reconcile_in_flight_to_expire_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 2: a range whose reconcile still runs (a plain handler's thread outlived
+    the grace period) is not released; its fence closes, one line names it, the rest go."""
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a", n=4)
+    rounds(clock, [a], 3)
+    s = a.sets["c"]
+    assert s.held() == [0, 1, 2, 3]
+    s.begin(2)
+    with caplog.at_level(logging.WARNING, logger="declop.shardlease"):
+        asyncio.run(a.release_all())
+    assert store.holders(4) == {0: "", 1: "", 2: "a", 3: ""}
+    assert not s.may_start(2) and s.held() == []
+    (line,) = [r for r in caplog.records if r.getMessage() == "Leaving shard leases to expire: reconciles of them still run"]
+    assert line.kv["shards"] == ["2/4"]  # type: ignore[attr-defined]
+
+
+def test_in_a_fresh_namespace_every_range_is_owned_about_one_lease_duration_later() -> None:
+    """No range Lease exists yet (the first start): none is created before a lease duration (4 s
+    here) has passed since it was found missing — and that wait starts for every range at the
+    first LIST, tried or not, so the whole split is owned soon after, not one lease duration per
+    batch of tries (before the LIST counted, 12 ranges on 3 replicas took three)."""
+    clock, store = FakeClock(), Leases()
+    replicas = []
+    for name in "abc":
+        r = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, clock=clock, metrics=Metrics(), identity=name)
+        r.add("c", 12, "uid")
+        replicas.append(r)
+    rounds(clock, replicas, 7, store)  # 3.5 s
+    assert set(store.holders().values()) == {""} and not [n for n in store.items if "-shard-" in n]
+    rounds(clock, replicas, 9, store)  # 8 s
+    assert "" not in store.holders().values(), store.holders()

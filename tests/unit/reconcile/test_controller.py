@@ -1154,3 +1154,36 @@ def test_an_invalid_object_being_deleted_keeps_our_finalizer_and_says_how_to_unb
     assert seen == [] and c.ctx.transport.calls == []  # type: ignore[attr-defined]
     waits = [r.__dict__["kv"] for r in caplog.records if r.getMessage().startswith("Deletion waits")]
     assert [(w["finalizer"], w["command"]) for w in waits] == [("x.io/f", "kubectl edit configmaps a -n ns")]
+
+
+def test_a_plain_call_abandoned_by_a_stop_keeps_its_range_in_flight_until_its_thread_returns() -> None:
+    """Issue 22, defect 2 (sharded): the grace period ends with a plain handler still running in
+    its thread; the worker is cancelled, but the thread is not. Its range stays in flight — so
+    ShardLeases.release_all() leaves its Lease to expire — until the thread returns; before, the
+    cancelled worker ended the count at once and the range was released under the running call."""
+    import concurrent.futures
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    c, informer, shards = sharded(lambda **_: (started.set(), release.wait()))
+    c.executor = concurrent.futures.ThreadPoolExecutor(2)
+    own(shards, 3)
+    informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
+
+    async def main() -> None:
+        informer.synced.set()
+        await c.start()
+        c.queue.add(KEY)
+        assert await asyncio.to_thread(started.wait, 10)
+        assert not await c.stop(0.05), "the grace period ended with the call running"
+        assert shards.in_flight == {3: 1} and c.running() == 1
+        release.set()
+        while c.running():  # the thread returns, then its end is noted on the loop
+            await asyncio.sleep(0.01)
+        assert shards.in_flight == {}
+
+    try:
+        run(main())
+    finally:
+        release.set()
+        c.executor.shutdown(wait=True)  # type: ignore[union-attr]
