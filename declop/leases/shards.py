@@ -481,11 +481,17 @@ class ShardLeases:
             self.failed.set()
 
     async def _release(self, s: ShardSet, i: int) -> None:
-        s.draining.discard(i)
+        """Release a drained range. It stays draining (its fence shut to new calls) until the
+        Lease is released: waiting for the lock (a renewal of it is out) must not reopen it, or
+        a call could start in that window and run under a released Lease (I6)."""
         async with self._lock(s.electors[i]):  # not while a renewal of it is out
             if not s.electors[i].is_leader:
+                s.draining.discard(i)
                 return  # lost meanwhile
+            if s.in_flight[i]:
+                return  # still draining: released by a later round, once its calls ended
             await s.electors[i].release()
+        s.draining.discard(i)
         self._handover(s, "released", i)
 
     async def _request(self, method: str, path: str) -> Any:
