@@ -89,7 +89,7 @@ from declop.leases.watchdog import EXIT_BOUND, MARGIN, Watchdog
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.simloop import Actor, VirtualLoop
 
-__all__ = ["EXIT_BOUND", "FAULT_KINDS", "SCENARIOS", "SHARD_FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "run", "schedule", "shrink", "sweep"]
+__all__ = ["EXIT_BOUND", "FAULT_KINDS", "SCENARIOS", "SHARD_FAULT_KINDS", "Fault", "Result", "Scenario", "SimTransport", "Violation", "main", "report_text", "run", "schedule", "shrink", "sweep"]
 
 #: what a seed may draw (``delete`` is an administrator's, the others hit one replica). ``term``
 #: is drawn apart from the others (at most one per schedule, after them), so that adding it left
@@ -212,14 +212,20 @@ class Result:
         return self.scenario.repro(self.seed)
 
     def report(self) -> str:
-        lines = [f"{'FAIL' if self.violations else 'ok'} {self.repro()}", "faults:"]
-        lines += [f"  {f}" for f in self.faults] or ["  (none)"]
-        lines += [f"calls: {self.calls}, writes: {self.writes} (+{self.fenced} fenced), Lease requests: {self.requests}"]
-        if self.violations:
-            lines += ["first violation:", f"  {self.violations[0]}"]
-            if len(self.violations) > 1:
-                lines += [f"  (and {len(self.violations) - 1} more)"]
-        return "\n".join(lines)
+        counts = f"calls: {self.calls}, writes: {self.writes} (+{self.fenced} fenced), Lease requests: {self.requests}"
+        return report_text(self.repro(), self.faults, counts, self.violations)
+
+
+def report_text(repro: str, faults: Sequence[Fault], counts: str, violations: Sequence[Violation]) -> str:
+    """A run's report: its verdict and repro line, its faults, its counts, its first violation."""
+    lines = [f"{'FAIL' if violations else 'ok'} {repro}", "faults:"]
+    lines += [f"  {f}" for f in faults] or ["  (none)"]
+    lines.append(counts)
+    if violations:
+        lines += ["first violation:", f"  {violations[0]}"]
+        if len(violations) > 1:
+            lines += [f"  (and {len(violations) - 1} more)"]
+    return "\n".join(lines)
 
 
 def schedule(scenario: Scenario, rng: random.Random) -> list[Fault]:

@@ -90,7 +90,7 @@ from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
 from declop.registry import Registry
 from declop.testing.apiserver import FakeApiServer
-from declop.testing.sim import Fault, Violation
+from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simloop import Actor, VirtualLoop, actor
 
 __all__ = ["SETTLE", "WORLD_FAULTS", "InlineExecutor", "World", "WorldResult", "WorldTransport", "builtin_registry", "main", "run", "run_seeds", "shrink"]
@@ -179,14 +179,7 @@ class WorldResult:
         return self.world.repro(self.seed)
 
     def report(self) -> str:
-        lines = [f"{'FAIL' if self.violations else 'ok'} {self.repro()}", "faults:"]
-        lines += [f"  {f}" for f in self.faults] or ["  (none)"]
-        lines += [f"handler calls: {self.calls}, requests: {self.requests}"]
-        if self.violations:
-            lines += ["first violation:", f"  {self.violations[0]}"]
-            if len(self.violations) > 1:
-                lines += [f"  (and {len(self.violations) - 1} more)"]
-        return "\n".join(lines)
+        return report_text(self.repro(), self.faults, f"handler calls: {self.calls}, requests: {self.requests}", self.violations)
 
 
 def schedule(world: World, rng: random.Random) -> list[Fault]:
