@@ -21,8 +21,14 @@ Protocol (client-go ``tools/leaderelection``):
    closed on its own clock even if it never learnt of the deletion. A candidate cannot tell a
    deleted Lease from one that never existed (a replica restarted just after the deletion never
    saw it), so the very first start of an operator in a namespace waits one lease duration too
-   (client-go creates it at once; docs/contract.md §7). A Lease nobody else ever takes
-   (``exclusive=False``: a replica's member Lease) is created at once.
+   (client-go creates it at once; docs/contract.md §7). The wait starts over after a gap longer
+   than ``renew_deadline`` between the send of one read that found it missing and the answer to
+   the next. And the creator leads only once its record has stood for ``renew_deadline``: its
+   fence opens at the first successful renewal started that long after the creation
+   (:attr:`LeaderElector.opening` until then; :meth:`acquire` returns then). Otherwise a
+   creation and a second deletion could both fall between two reads of another waiting replica,
+   which would create the Lease while the first creator's fence is open. A Lease nobody else
+   ever takes (``exclusive=False``: a replica's member Lease) is created at once and opens at once.
 4. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
    takes over within one retry period instead of waiting for expiry — unless a call under it
    still runs (:attr:`LeaderElector.running`: a plain handler's thread outlived the grace period):
@@ -45,6 +51,8 @@ Invariants:
 - the Lease is never released while ``running()`` counts a call under it (issue 22, I6);
 - ``valid()`` implies ``is_leader``, and turns False by itself when the clock passes
   ``renewed_at + renew_deadline`` — no renewal attempt needs to fail first;
+- ``valid()`` is False while ``opening``: a Lease we created opens only after a renewal started
+  ``renew_deadline`` after the creation succeeded (the record stood that long);
 - Lease traffic uses the transport's ``"leader"`` lane: it never waits behind handler writes or
   informer lists;
 - validated like client-go: ``lease_duration > renew_deadline > 1.2 × retry_period`` (> 0).
@@ -123,7 +131,9 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._gone_at: float | None = None  # clock() when we first found the Lease deleted
-        self._gone_last = 0.0  # clock() when we last found it missing
+        self._gone_last = 0.0  # clock() when the last read that found it missing was sent
+        #: the fence stays shut until a renewal started at or after this (set by our creation)
+        self._opens_at = -math.inf
         self._seen = False  # we know the Lease existed (read it, wrote it, or lost its creation)
         #: False for a Lease nobody else ever takes (a replica's member Lease): when deleted, it is
         #: created again at once, since no other holder's fence can be open
@@ -136,11 +146,24 @@ class LeaderElector:
 
     # -- the fence ------------------------------------------------------------------------------
     def valid(self) -> bool:
-        """True while we hold the Lease and its last successful renewal is less than
-        ``renew_deadline`` old on our monotonic clock. Cheap; safe to call from any thread.
+        """True while we hold the Lease, its last successful renewal is less than
+        ``renew_deadline`` old on our monotonic clock, and — if we created it — that renewal
+        started at least ``renew_deadline`` after the creation (:meth:`opening`). Cheap; safe to
+        call from any thread.
 
-        Once it has returned False while leading, it stays False: :meth:`hold` then reports the
+        Once the deadline has passed while leading, it stays False: :meth:`hold` then reports the
         loss even if a renewal in flight succeeds late, so a fence that closed never reopens."""
+        at = self.renewed_at
+        if not self.is_leader or self._expired or at is None or at < self._opens_at:
+            return False
+        if self.clock() < at + self.renew_deadline:
+            return True
+        self._expired = True
+        return False
+
+    def live(self) -> bool:
+        """:meth:`valid` without the wait after a creation: do we still hold the Lease (a loss
+        is reported when this turns False)?"""
         at = self.renewed_at
         if not self.is_leader or self._expired or at is None:
             return False
@@ -148,6 +171,12 @@ class LeaderElector:
             return True
         self._expired = True
         return False
+
+    @property
+    def opening(self) -> bool:
+        """True while we hold a Lease we created and its fence has not opened yet."""
+        at = self.renewed_at
+        return at is not None and at < self._opens_at
 
     def won(self) -> None:
         """Record that :meth:`try_acquire_or_renew` made us the holder (for callers that drive
@@ -226,6 +255,7 @@ class LeaderElector:
             # fast path (client-go): we wrote the last record, so update it optimistically
             lease = self._lease
             lease["spec"] = self._spec(lease.get("spec"))
+            sent = self.clock()
             try:
                 self._wrote(await self._request("PUT", f"{self._path}/{self.name}", lease, deadline), lease)
                 return True
@@ -234,7 +264,8 @@ class LeaderElector:
                     raise
                 self._lease = None  # someone else wrote (or deleted) it: read it first
                 if exc.status == 404 and self.exclusive:
-                    return self._gone()
+                    return self._gone(sent)
+        sent = self.clock()
         try:
             lease = await self._request("GET", f"{self._path}/{self.name}", deadline=deadline)
         except NotFound:
@@ -243,7 +274,7 @@ class LeaderElector:
                 # fence, which stays open until its next renewal finds it gone — and we cannot
                 # tell (we may have started after the deletion): create it only once a lease
                 # duration has passed since we first saw it missing
-                self._gone()
+                self._gone(sent)
                 assert self._gone_at is not None
                 if self.clock() < self._gone_at + self.lease_duration:
                     return False
@@ -258,6 +289,13 @@ class LeaderElector:
             except Conflict:
                 self._seen, self._gone_at = True, None  # it exists again: a later 404 starts a new wait
                 return False  # someone else created it first
+            if self.exclusive:
+                # a waiting candidate may have missed our record (created and deleted again
+                # between two of its reads, which are at most renew_deadline apart, else its wait
+                # starts over) and create it while we lead: our fence opens only once a renewal
+                # started renew_deadline after this answer succeeded — the record then stood for
+                # longer than any such gap, and every waiter saw it
+                self._opens_at = self.clock() + self.renew_deadline
             return True
         spec = lease.get("spec") or {}
         self._observe(spec)
@@ -277,17 +315,20 @@ class LeaderElector:
         """True since a request found the Lease deleted, until a record of it is seen again."""
         return self._gone_at is not None
 
-    def _gone(self) -> bool:
-        """The Lease was deleted (404): a leader's fence closes now, for good (its :meth:`hold`
-        reports the loss); and the time we first saw it gone is noted. Returns False."""
+    def _gone(self, sent: float) -> bool:
+        """The Lease was deleted (404 to a read sent at ``sent``): a leader's fence closes now,
+        for good (its :meth:`hold` reports the loss); and the time we first saw it gone is
+        noted. Returns False."""
         if self.is_leader:
             self._expired = True
         now = self.clock()
         if self._gone_at is None or now - self._gone_last > self.renew_deadline:
             # a new wait: after a gap without answers (a partition, a pause) the Lease may have
-            # been created and deleted again meanwhile, by a holder whose fence is still open
+            # been created and deleted again meanwhile, by a holder whose fence is still open.
+            # The gap runs from the send of the last read that found it missing to this answer:
+            # it covers every instant the apiserver could have answered either read
             self._gone_at = now
-        self._gone_last = now
+        self._gone_last = sent
         return False
 
     def _wrote(self, answer: Any, sent: dict[str, Any]) -> None:
@@ -301,11 +342,12 @@ class LeaderElector:
         if not self.is_leader:
             self._observe(spec)
 
-    def missing(self) -> None:
-        """Note that a read elsewhere (a LIST of every Lease) found this Lease missing: the wait
-        before creating it counts from then, as after a 404 (a leader learns it from its renewal)."""
+    def missing(self, sent: float) -> None:
+        """Note that a read elsewhere (a LIST of every Lease, sent at ``sent``) found this Lease
+        missing: the wait before creating it counts from then, as after a 404 (a leader learns
+        it from its renewal)."""
         if not self.is_leader:
-            self._gone()
+            self._gone(sent)
 
     def _observe(self, spec: dict[str, Any]) -> None:
         self._gone_at, self._seen = None, True
@@ -319,12 +361,20 @@ class LeaderElector:
     async def acquire(self) -> None:
         """Wait until we are the leader. Every failed attempt logs one error line."""
         log.info("Attempting to acquire leader lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}", "identity": self.identity}})
+        told = False
         while True:
             try:
                 if await self.try_acquire_or_renew():
-                    self._set_leader(True)
-                    log.info("Successfully acquired lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
-                    return
+                    if not self.opening:
+                        self._set_leader(True)
+                        log.info("Successfully acquired lease", extra={"kv": {"lease": f"{self.namespace}/{self.name}"}})
+                        return
+                    if not told:  # we created it: renew it until our fence may open
+                        told = True
+                        log.info(
+                            "Created the lease; leading once it has stood for the renew deadline",
+                            extra={"kv": {"lease": f"{self.namespace}/{self.name}", "waitSeconds": self.renew_deadline}},
+                        )
             except ApiError as exc:
                 log.error(str(exc), extra={"kv": {"lease": f"{self.namespace}/{self.name}", "retryIn": self.retry_period}})
             await asyncio.sleep(self.retry_period * (1 + random.random() * 0.2))

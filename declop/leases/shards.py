@@ -137,6 +137,8 @@ class ShardSet:
         self.ranges: tuple[ShardRange, ...] = split(n)
         #: ranges being drained: no reconcile starts for their keys; released once idle
         self.draining: set[int] = set()
+        #: ranges we created and hold whose fence has not opened yet (queued once it does)
+        self.opening: set[int] = set()
         #: range -> reconciles of its keys in flight
         self.in_flight: collections.Counter[int] = collections.Counter()
         #: called with a range index once it is ours (the controller queues its keys)
@@ -332,6 +334,7 @@ class ShardLeases:
     async def balance(self, balance: bool = True) -> None:
         """One round: read every Lease once, count the members, then release drained ranges and
         take or drain toward the share."""
+        sent = self.clock()
         leases = await self._list()
         live_holders = self._count_members(leases)
         self.live = max((self._live(s) for s in self.sets.values()), default=1)
@@ -341,7 +344,7 @@ class ShardLeases:
                 if spec is not None and not e.is_leader:
                     e.observe(spec)
                 elif spec is None:  # every missing range's wait starts now, tried or not
-                    e.missing()
+                    e.missing(sent)
             released = set()
             for i in sorted(s.draining):
                 if not s.in_flight[i]:
@@ -412,6 +415,18 @@ class ShardLeases:
         e.won()
         s.draining.discard(i)
         self._handover(s, "acquired", i, replicas=self._live(s))
+        self._opened(s, i)
+
+    @staticmethod
+    def _opened(s: ShardSet, i: int) -> None:
+        """Range ``i`` is ours: once its fence is open (a range we created opens only a renew
+        deadline later, :attr:`LeaderElector.opening`), the controller queues its keys — not
+        before, or the fence would drop them."""
+        e = s.electors[i]
+        if e.opening:
+            s.opening.add(i)
+            return
+        s.opening.discard(i)
         if s.on_gained is not None:
             s.on_gained(i)
 
@@ -447,12 +462,16 @@ class ShardLeases:
                     log.warning("Could not renew member lease", extra={"kv": {"error": str(exc)}})
             return
         assert e.renewed_at is not None
-        if not e.valid():
+        if not e.live():
             return self._lost(e, s, f"no successful renewal for {self.clock() - e.renewed_at:.3g} s")
         try:
             if await e.try_acquire_or_renew(e.renewed_at + e.renew_deadline):
-                if not e.valid():
+                if not e.live():
                     return self._lost(e, s, "the renewal came back after the renew deadline")
+                if s is not None and s.opening:
+                    i = s.electors.index(e)
+                    if i in s.opening:
+                        self._opened(s, i)
                 return
             if e.gone:
                 return self._lost(e, s, "the Lease was deleted")
@@ -460,7 +479,7 @@ class ShardLeases:
                 return self._lost(e, s, f"the Lease is held by {e.holder}")
         except ApiError as exc:
             log.warning("Failed to renew lease", extra={"kv": {"lease": f"{e.namespace}/{e.name}", "error": str(exc)}})
-        if not e.valid():
+        if not e.live():
             self._lost(e, s, f"no successful renewal for {self.clock() - e.renewed_at:.3g} s")
 
     def _lost(self, e: LeaderElector, s: ShardSet | None, why: str) -> None:
@@ -470,6 +489,7 @@ class ShardLeases:
             return
         i = s.electors.index(e)
         s.draining.discard(i)
+        s.opening.discard(i)
         self._handover(s, "lost", i, reason=why, inFlight=s.in_flight[i])
         if s.on_dropped is not None:
             s.on_dropped(i)
@@ -492,6 +512,7 @@ class ShardLeases:
                 return  # still draining: released by a later round, once its calls ended
             await s.electors[i].release()
         s.draining.discard(i)
+        s.opening.discard(i)
         self._handover(s, "released", i)
 
     async def _request(self, method: str, path: str) -> Any:

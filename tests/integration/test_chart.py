@@ -1290,7 +1290,7 @@ def test_installed_container_runs_declop(
                         for line in op.lines
                         if "Pod created" in line and f'"{namespace}"' in line and '"web"' in line
                     ],
-                    timeout=30,
+                    timeout=60,  # a fresh namespace: the Lease's first creation waits ~27 s (contract.md §7)
                     what=f"'Pod created' for {namespace}/web",
                 )
             except AssertionError as exc:

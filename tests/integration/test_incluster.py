@@ -102,7 +102,9 @@ def test_seed_scenario_as_the_charts_service_account(control_plane, namespace, t
     args, env, health = in_cluster(control_plane, namespace, "seed", tmp_path)
     tools = control_plane.env()
     with OperatorProcess(args, env=env) as op:
-        op.wait_for_line("Starting workers")
+        # the chart elects a leader; in a fresh namespace the Lease is created a lease duration
+        # after the first read and leads a renew deadline later (~27 s, contract.md §7)
+        op.wait_for_line("Starting workers", timeout=60)
         assert readyz(health)[0] == 200
         wait_for(lambda: sh(tools, "kubectl", "run", "nginx", "--image", "nginx", "-n", namespace, check=False).returncode == 0, 30)
         op.wait_for_line("INFO Pod created")

@@ -197,7 +197,9 @@ def test_leader_election(control_plane, namespace, tmp_path):
     b = OperatorProcess(args, env={**env, "DECLOP_TEST_REPLICA": "b"})
     a.start()
     try:
-        a.wait_for_line("Successfully acquired lease")
+        # a fresh namespace: the Lease is created a lease duration (15 s) after a's first read, and
+        # a leads once the record stood for the renew deadline (10 s; docs/contract.md §7)
+        a.wait_for_line("Successfully acquired lease", timeout=15 + 10 + 2 * 2.4 + 20)
         b.start()
         b.wait_for_line("Attempting to acquire leader lease")
         cm("one")

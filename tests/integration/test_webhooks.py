@@ -624,7 +624,8 @@ def test_hostile_clients_neither_stall_nor_exhaust_a_running_operator(control_pl
         "--lease-duration", "8", "--renew-deadline", "6", "--retry-period", "1",
         "--metrics-port", str(metrics_port), "--metrics-secure", "false", port=port, handlers=handlers,
     ) as op:
-        op.wait_for_line("Successfully acquired lease")
+        # a fresh Lease: created a lease duration after the first read, leading a renew deadline later
+        op.wait_for_line("Successfully acquired lease", timeout=8 + 6 + 2 * 1.2 + 20)
         op.wait_for_line("Registered ValidatingWebhookConfiguration")
         setup.wait_enforced()
         status = Path(f"/proc/{op.proc.pid}/status")

@@ -104,7 +104,9 @@ def seed_scenario(cp: ControlPlane, namespace: str, release: str) -> list[str]:
         return [line for line in out.splitlines() if '"name": "nginx"' in line]
 
     sh(cp, "kubectl", "run", "nginx", "--image", "nginx")
-    wait_for(lambda: len(nginx_lines()) >= 1, timeout=30, what="'Pod created' for nginx")
+    # a fresh namespace: the leader Lease is created 15 s after the first read and leads 10 s
+    # later (contract.md §7), so the first reconcile can come ~27 s after the Pod started
+    wait_for(lambda: len(nginx_lines()) >= 1, timeout=60, what="'Pod created' for nginx")
     sh(cp, "kubectl", "label", "pod", "nginx", "env=prod")
     wait_for(lambda: len(nginx_lines()) >= 2, timeout=30, what="'Pod created' after the label")
     sh(cp, "kubectl", "delete", "pod", "nginx", timeout=120)  # plain: the kubelet finishes it
@@ -371,7 +373,7 @@ def test_helm_upgrade_to_two_replicas_never_has_two_pods_reconciling_and_the_old
         sh(cluster, "kubectl", "label", "configmap", "slow", "-n", namespace, "slow=yes")
         leader = wait_for(
             lambda: next((n for n, f in followers.items() if any("reconcile start" in l for l in f.lines)), None),
-            timeout=30, what="the leader to start its 20 s reconcile",
+            timeout=60, what="the leader to start its 20 s reconcile",  # a fresh Lease: ~27 s
         )  # fmt: skip
         # Scale to two and change the Pod template: a rolling update (maxSurge 1) while the
         # leader's reconcile runs; the kubelet sends the old Pod SIGTERM.

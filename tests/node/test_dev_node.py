@@ -54,7 +54,7 @@ def test_declop_dev_node_runs_the_seed_in_cluster_and_ctrl_c_leaves_nothing(
             return sum(1 for l in lines if l.startswith(f"INFO {message}") and '"name": "nginx"' in l)
 
         kubectl("run", "nginx", "--image", "nginx")
-        wait_for(lambda: seen("Pod created") >= 1, timeout=30, what="'Pod created' in the terminal")
+        wait_for(lambda: seen("Pod created") >= 1, timeout=60, what="'Pod created' in the terminal")  # a fresh Lease: ~27 s
         kubectl("label", "pod", "nginx", "env=prod")
         wait_for(lambda: seen("Pod created") >= 2, timeout=30, what="'Pod created' after the label")
         kubectl("delete", "pod", "nginx")

@@ -595,3 +595,87 @@ def test_a_lost_race_to_create_it_ends_the_wait() -> None:
         assert server.lease is None
 
     asyncio.run(main())
+
+
+def test_a_created_lease_opens_the_fence_only_after_a_renewal_a_renew_deadline_later(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22, defect 7 (the window left open, seed 749): a Lease we create may be deleted
+    again before a waiting candidate's next read, which then creates it while we lead. So our
+    fence opens only once a renewal started renew_deadline after the creation succeeded: the
+    record then stood longer than any gap between a waiter's reads. ``acquire()`` returns then."""
+    server, clock = LeaseServer(existing=False), FakeClock()
+    a = elector(server, "a", clock)
+
+    t0 = clock()
+
+    async def main() -> float:
+        with caplog.at_level(logging.INFO, logger="declop.leader"):
+            await a.acquire()
+        return clock() - t0
+
+    acquired = run_virtual(clock, main)
+    created = [r for r in caplog.records if r.getMessage().startswith("Created the lease")]
+    assert len(created) == 1 and created[0].kv == {"lease": "ns/lock", "waitSeconds": 10.0}  # type: ignore[attr-defined]
+    # created about 15 s in (a lease duration after the first 404), open ~10 s after that
+    assert 25.0 <= acquired <= 15.0 + 2.4 + 10.0 + 2.4 + 0.1
+    assert a.valid() and a.is_leader and not a.opening
+    assert a.renewed_at is not None and a.renewed_at - t0 >= 25.0
+
+
+def test_a_re_created_lease_deleted_again_before_it_stood_never_opened_its_creators_fence() -> None:
+    """Seed 749's form, on the electors: ``a`` waits for the missing Lease; ``b`` creates it, and
+    an administrator deletes it again before ``a`` reads once more. ``a`` never saw it and
+    creates it when its own wait ends — while ``b`` holds nothing valid: ``b``'s fence never
+    opened, and its next renewal finds the Lease gone."""
+    server, clock = LeaseServer(existing=False), FakeClock()
+    a, b = elector(server, "a", clock), elector(server, "b", clock)
+
+    async def main() -> None:
+        assert not await b.try_acquire_or_renew()  # t=0: b's wait starts
+        clock.advance(1)
+        assert not await a.try_acquire_or_renew()  # t=1: a's wait starts
+        for _ in range(7):  # both read every 2 s: b at 2, 4, … 14; a at 3, 5, … 15
+            clock.advance(1)
+            assert not await b.try_acquire_or_renew()
+            clock.advance(1)
+            assert not await a.try_acquire_or_renew() and a.gone
+        clock.advance(0.1)
+        assert await b.try_acquire_or_renew()  # t=15.1: b creates it ...
+        b.won()
+        assert b.opening and not b.valid() and b.live()
+        clock.advance(0.5)
+        server.lease = None  # ... and it is deleted again (t=15.6), between two reads of a
+        clock.advance(0.9)
+        assert await a.try_acquire_or_renew()  # t=16.5: a never saw it; its lease duration has passed
+        assert server.lease is not None and server.lease["spec"]["holderIdentity"] == "a"
+        assert not b.valid()  # b never had an open fence under either record
+        clock.advance(0.6)
+        assert not await b.try_acquire_or_renew() and not b.valid()  # its renewal finds a's record
+
+    asyncio.run(main())
+
+
+def test_the_gap_between_reads_counts_from_the_send_of_the_earlier_read() -> None:
+    """A read answers at some instant between its send and its answer: the wait must start over
+    when the answer comes more than renew_deadline after the *send* of the previous read that
+    found the Lease missing — a slow earlier read must not hide a creation and a deletion."""
+    server, clock = LeaseServer(existing=False), FakeClock()
+    a = elector(server, "a", clock)
+    real = server.request
+
+    async def slow(method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        clock.advance(4.0)  # the apiserver answers late (within the 5-s request timeout)
+        return await real(method, path, body, **kw)
+
+    async def main() -> None:
+        assert not await a.try_acquire_or_renew()
+        gone_at = a._gone_at
+        server.request = slow  # type: ignore[method-assign]
+        clock.advance(1.0)
+        assert not await a.try_acquire_or_renew()  # sent at 1, answered at 5
+        server.request = real  # type: ignore[method-assign]
+        assert a._gone_at == gone_at
+        clock.advance(6.5)  # answered 10.5 s after the send of the slow read, 6.5 s after its answer
+        assert not await a.try_acquire_or_renew()
+        assert a._gone_at == clock()  # the wait started over
+
+    asyncio.run(main())

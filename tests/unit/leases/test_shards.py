@@ -353,7 +353,7 @@ def test_renewals_go_on_while_every_request_is_slow() -> None:
         a = ShardLeases(store, lease_id="t", namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5, identity="a", clock=loop.time)
         a.add("c", 12, "uid")
         running = asyncio.ensure_future(a.run())
-        while len(a.sets["c"].held()) < 12:
+        while not all(a.sets["c"].may_start(i) for i in range(12)):  # held, and open (created: 3 s later)
             await asyncio.sleep(0.05)
         real = store.request
 

@@ -107,6 +107,17 @@ def test_defect_7_a_replica_that_never_saw_the_lease_waits_too(seed: int) -> Non
     assert result.ok, result.report()
 
 
+def test_defect_7_a_re_creation_deleted_again_between_two_reads_of_a_waiter() -> None:
+    """Defect 7's last window (seed 749, shrunk to its three faults): r1 re-creates the Lease an
+    administrator deleted at t=22.7, and it is deleted again at t=40.5 before r0 reads once
+    more; r0 never saw it exist and created it while r1 ran a call under it (``t=40.742 I5 r1#0:
+    still alive with 1 call(s) under sim, acquired by r0#0``). Now a creator leads only once its
+    record stood for the renew deadline."""
+    result = run(Scenario(kind="leader", only=(0, 1, 2)), 749)
+    assert [f.kind for f in result.faults] == ["pause", "delete", "delete"]
+    assert result.ok, result.report()
+
+
 @pytest.mark.parametrize("kind", ["leader", "sharded"])
 def test_a_fresh_cluster_keeps_every_invariant_and_is_owned_in_the_end(kind: str) -> None:
     """The first start of an operator (no Lease exists): the first owner waits a lease duration,
