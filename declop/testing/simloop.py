@@ -140,9 +140,16 @@ class _TimerHandle(asyncio.TimerHandle):
         self._scheduled = False
         self._actor = who
 
-    def __lt__(self, other: asyncio.TimerHandle) -> bool:
-        # the heap holds only these: the same answer as TimerHandle.__lt__, without isinstance
-        return self._when < other._when  # type: ignore[attr-defined, no-any-return]
+    def cancel(self) -> None:
+        """TimerHandle.cancel, without its calls: counted by the loop while in its heap."""
+        if not self._cancelled:
+            if self._scheduled:
+                self._loop._timer_cancelled_count += 1  # type: ignore[attr-defined]
+            if self._loop.get_debug():
+                self._repr = repr(self)  # type: ignore[assignment]
+            self._cancelled = True
+            self._callback = None  # type: ignore[assignment]
+            self._args = None  # type: ignore[assignment]
 
 
 class _VirtualSelector(selectors.SelectSelector):
@@ -167,7 +174,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     """An event loop on virtual time (see the module docstring). ``start`` is its first ``time()``."""
 
     # the base loop's own state, which _run_once and the call_* methods use as BaseEventLoop's do
-    _scheduled: list[_TimerHandle]
+    #: the heap of timers, as ``(when, timer)`` pairs: a pair compares as its timer does
+    #: (``when``, and equal ``when``s are neither less — the timers' own ``<``, see _run_once),
+    #: with the float comparison done in C rather than by TimerHandle.__lt__
+    _scheduled: list[tuple[float, _TimerHandle]]
     _ready: collections.deque[_Handle | _TimerHandle]
     _timer_cancelled_count: int
     _stopping: bool
@@ -221,44 +231,45 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         if context is None:
             context = contextvars.copy_context()
         timer = _TimerHandle(when, callback, args, self, context, context.get(_ACTOR))
-        heapq.heappush(self._scheduled, timer)
+        heapq.heappush(self._scheduled, (when, timer))
         timer._scheduled = True
         return timer
 
     def _run_once(self) -> None:
         """One turn of the loop: BaseEventLoop._run_once step for step (the same purge of
-        cancelled timers, the same heap, the same clock resolution, so the same order of
+        cancelled timers, the same heap order, the same clock resolution, so the same order of
         callbacks), with the select replaced by the jump of the clock, and each callback of a
         paused actor held back instead of run."""
         scheduled = self._scheduled
         sched_count = len(scheduled)
         if sched_count > _MIN_SCHEDULED_TIMER_HANDLES and self._timer_cancelled_count / sched_count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION:
             kept = []
-            for timer in scheduled:
+            for entry in scheduled:
+                timer = entry[1]
                 if timer._cancelled:
                     timer._scheduled = False
                 else:
-                    kept.append(timer)
+                    kept.append(entry)
             heapq.heapify(kept)
             self._scheduled = scheduled = kept
             self._timer_cancelled_count = 0
         else:
-            while scheduled and scheduled[0]._cancelled:
+            while scheduled and scheduled[0][1]._cancelled:
                 self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False
+                heapq.heappop(scheduled)[1]._scheduled = False
         ready = self._ready
         if not ready and not self._stopping:
             if not scheduled:
                 raise Deadlock(f"nothing ready and no timer at virtual time {self._virtual_now:.6f}")
             # the select's timeout, and the clock moved by it (as _VirtualSelector.select would)
-            timeout = min(max(0, scheduled[0]._when - self._virtual_now), MAXIMUM_SELECT_TIMEOUT)
+            timeout = min(max(0, scheduled[0][0] - self._virtual_now), MAXIMUM_SELECT_TIMEOUT)
             if timeout != 0:
                 self._virtual_now += timeout
         end_time = self._virtual_now + self._clock_resolution
         while scheduled:
-            if scheduled[0]._when >= end_time:
+            if scheduled[0][0] >= end_time:
                 break
-            timer = heapq.heappop(scheduled)
+            timer = heapq.heappop(scheduled)[1]
             timer._scheduled = False
             ready.append(timer)
         for _ in range(len(ready)):
