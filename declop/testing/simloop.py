@@ -69,6 +69,8 @@ class Actor:
         self.paused = False
         self.dead = False
         self.tasks: list[asyncio.Task[Any]] = []
+        #: the callbacks that became ready while paused, in order, each with a copy of its
+        #: context (VirtualLoop._run_once holds them here; resume schedules them again)
         self._held: list[tuple[Callable[..., Any], Sequence[Any], contextvars.Context]] = []
 
     def __repr__(self) -> str:
