@@ -259,12 +259,16 @@ class FakeApiServer:
         self.discovery = FakeDiscovery(resources)
         self.context = _Context(self)
         self.writes: list[Write] = []
+        #: record every write in :attr:`writes` (False: a long simulation that never reads them
+        #: keeps neither the list nor the copy of each body)
+        self.record_writes = True
         self.events: list[Write] = []
         self._stores: dict[str, tuple[Store, Writer]] = {}
         self._indexes: list[tuple[str, str, Callable[[Mapping[str, Any]], Iterable[str | None]]]] = []
         self._counter = itertools.count(1)
         self._last_rv = "0"
-        #: how many changes the watch history keeps (older resourceVersions are "too old": 410)
+        #: how many changes the watch history keeps (older resourceVersions are "too old": 410;
+        #: 0: none — no watch or continue token from before the latest change is served)
         self.history = history
         # the changes, oldest first: (resourceVersion, group_resource, event type, object)
         self._changes: list[tuple[int, str, str, Obj]] = []
@@ -285,8 +289,13 @@ class FakeApiServer:
     def _record_change(self, info: ResourceInfo, etype: str, obj: Obj) -> None:
         """Append one change to the watch history (bounded) and wake the watches."""
         rv = int(obj["metadata"]["resourceVersion"])
-        self._changes.append((rv, info.group_resource, etype, _copy(obj)))
-        self._change_rvs.append(rv)
+        if self.history <= 0:  # what the trimming below would leave, without copying the object
+            self._compacted = rv
+            self._changes.clear()
+            self._change_rvs.clear()
+        else:
+            self._changes.append((rv, info.group_resource, etype, _copy(obj)))
+            self._change_rvs.append(rv)
         if len(self._changes) > self.history:
             drop = len(self._changes) - self.history // 2
             self._compacted = self._change_rvs[drop - 1]
@@ -411,7 +420,8 @@ class FakeApiServer:
         if sub == "status" and verb in ("update", "patch"):
             verb += "_status"
         key_name = name if name is not None else ((body or {}).get("metadata") or {}).get("name") or ""
-        self.writes.append(Write(verb, info.group_resource, Request(namespace, key_name), clone(body), patch_type))
+        if self.record_writes:
+            self.writes.append(Write(verb, info.group_resource, Request(namespace, key_name), clone(body), patch_type))
         if method == "POST":
             return self._create(info, namespace, body, method, path)
         assert name is not None, f"{method} {path}: no object name"

@@ -73,6 +73,7 @@ import argparse
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import logging
 import random
 import sys
@@ -362,11 +363,35 @@ class SimTransport:
             answer.set_result(result)
 
 
+@functools.lru_cache(maxsize=None)
+def _uid(key: str) -> str:
+    """The uid of ``key``'s object: random, as the apiserver's, but the same in every run (a name
+    would not do: FNV-1a's top bits hardly see a last character)."""
+    return str(uuid.UUID(int=random.Random(f"uid-{key}").getrandbits(128)))
+
+
+@functools.lru_cache(maxsize=None)
+def _covers(kind: str, keys: int, controller: str, n: int) -> dict[str, tuple[str, int]]:
+    """key -> (the Lease covering it, its range), for ``controller``'s keys under ``--shards n``
+    in a cluster of family ``kind`` with ``keys`` keys: a pure function of these, computed once
+    per process (every run of a sweep asks again). Shared between runs: only read, never changed."""
+    cluster_keys = _Cluster.key_names(kind, keys)[controller]
+    #: what a key's range is chosen by: its namespace, or its object's uid
+    hashed = {k: k.split("/")[0] if kind == "sharded-namespace" else _uid(k) for k in cluster_keys}
+    ranges = ShardSet(controller, n or 1, "uid", [])  # only for index()
+    if kind == "leader":
+        return {k: (LEASE_ID, 0) for k in cluster_keys}
+    return {k: (lease_name(LEASE_ID, controller, i, n), i) for k in cluster_keys for i in (ranges.index(hashed[k]),)}
+
+
 class _Cluster:
     def __init__(self, scenario: Scenario, seed: int, loop: VirtualLoop) -> None:
         self.scenario, self.seed, self.loop = scenario, seed, loop
         self.rng = random.Random(f"net-{seed}")
-        self.server = FakeApiServer()
+        # nothing watches, pages a LIST or reads the recorded writes: none are kept (a run's
+        # answers are the same, without a copy of every Lease written, twice)
+        self.server = FakeApiServer(history=0)
+        self.server.record_writes = False
         self.records: dict[str, _Record] = {}
         self.violations: list[Violation] = []
         self.replicas = [_Replica(i) for i in range(scenario.replicas)]
@@ -380,29 +405,22 @@ class _Cluster:
                 self.replicas.append(_Replica(scenario.replicas + i, controller=OTHER_CONTROLLER))
         for r in self.replicas:
             r.shards = OTHER_SHARDS if r.controller == OTHER_CONTROLLER else scenario.shards
-        if scenario.kind == "sharded-namespace":  # ten namespaces: ranges are lumpy, some empty
-            self.keys = {CONTROLLER: [f"{_NAMESPACES[i % 10]}/key-{i:04d}" for i in range(scenario.keys)]}
-        else:
-            self.keys = {CONTROLLER: [f"key-{i:04d}" for i in range(scenario.keys)]}
-        if scenario.kind == "shared-id":
-            self.keys[OTHER_CONTROLLER] = [f"gadget-{i:04d}" for i in range(scenario.keys // 2)]
-        #: key -> what its range is chosen by: its namespace, or its object's uid (random, as
-        #: the apiserver's; a name would not do: FNV-1a's top bits hardly see a last character)
-        self.hashed = {
-            k: k.split("/")[0] if scenario.kind == "sharded-namespace" else str(uuid.UUID(int=random.Random(f"uid-{k}").getrandbits(128)))
-            for keys in self.keys.values()
-            for k in keys
-        }
-        #: (controller, --shards) -> key -> (the Lease covering it, its range)
-        self.covers: dict[tuple[str, int], dict[str, tuple[str, int]]] = {}
+        self.keys = self.key_names(scenario.kind, scenario.keys)
 
     def cover(self, r: _Replica) -> dict[str, tuple[str, int]]:
         """The Lease and the range covering each key of ``r``'s controller, for its --shards."""
-        split = (r.controller, r.shards)
-        if split not in self.covers:
-            ranges = ShardSet(r.controller, r.shards or 1, "uid", [])  # only for index()
-            self.covers[split] = {k: self._cover(r.controller, r.shards, ranges.index(self.hashed[k])) for k in self.keys[r.controller]}
-        return self.covers[split]
+        return _covers(self.scenario.kind, self.scenario.keys, r.controller, r.shards)
+
+    @staticmethod
+    def key_names(kind: str, keys: int) -> dict[str, list[str]]:
+        """Each controller's keys in a cluster of family ``kind``."""
+        if kind == "sharded-namespace":  # ten namespaces: ranges are lumpy, some empty
+            names = {CONTROLLER: [f"{_NAMESPACES[i % 10]}/key-{i:04d}" for i in range(keys)]}
+        else:
+            names = {CONTROLLER: [f"key-{i:04d}" for i in range(keys)]}
+        if kind == "shared-id":
+            names[OTHER_CONTROLLER] = [f"gadget-{i:04d}" for i in range(keys // 2)]
+        return names
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -417,11 +435,6 @@ class _Cluster:
     def violate(self, invariant: str, replica: _Replica | str, detail: str) -> None:
         who = replica if isinstance(replica, str) else replica.name
         self.violations.append(Violation(round(self.now(), 6), invariant, who, detail))
-
-    def _cover(self, controller: str, n: int, index: int) -> tuple[str, int]:
-        if self.scenario.kind == "leader":
-            return LEASE_ID, 0
-        return lease_name(LEASE_ID, controller, index, n), index
 
     # -- what the apiserver saw -----------------------------------------------------------------
     def served(self, r: _Replica, method: str, path: str, result: Any) -> None:
