@@ -108,47 +108,55 @@ def actor() -> Actor | None:
     return _ACTOR.get()
 
 
-class _Handle(asyncio.Handle):
+def _fill(h: Any, callback: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop, context: contextvars.Context, who: Actor | None) -> None:
+    """What ``Handle.__init__`` does when the loop is not in debug mode, without its calls; and
+    the actor the callback runs under (None: the simulator's own)."""
+    h._context = context
+    h._loop = loop
+    h._callback = callback
+    h._args = args
+    h._cancelled = False
+    h._repr = None
+    h._source_traceback = None
+    h._actor = who
+
+
+class _Carried:
+    """What both handle kinds carry (declared for the type checker; each subclass has the slot)."""
+
+    __slots__ = ()
+    _actor: Actor | None
+    _context: contextvars.Context
+    _callback: Callable[..., Any]
+    _loop: Any
+
+
+class _Handle(_Carried, asyncio.Handle):
     """A ready callback and the actor it runs under (None: the simulator's own)."""
 
     __slots__ = ("_actor",)
 
     def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop, context: contextvars.Context, who: Actor | None) -> None:
-        # what Handle.__init__ does when the loop is not in debug mode, without its calls
-        self._context = context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-        self._actor = who
+        _fill(self, callback, args, loop, context, who)
 
 
-class _TimerHandle(asyncio.TimerHandle):
+class _TimerHandle(_Carried, asyncio.TimerHandle):
     """A timer and the actor it runs under; ordered by ``when`` alone, as a TimerHandle is."""
 
     __slots__ = ("_actor",)
 
     def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop, context: contextvars.Context, who: Actor | None) -> None:
-        self._context = context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _fill(self, callback, args, loop, context, who)
         self._when = when
         self._scheduled = False
-        self._actor = who
 
     def cancel(self) -> None:
         """TimerHandle.cancel, without its calls: counted by the loop while in its heap."""
         if not self._cancelled:
             if self._scheduled:
-                self._loop._timer_cancelled_count += 1  # type: ignore[attr-defined]
+                self._loop._timer_cancelled_count += 1
             if self._loop.get_debug():
-                self._repr = repr(self)  # type: ignore[assignment]
+                self._repr = repr(self)
             self._cancelled = True
             self._callback = None  # type: ignore[assignment]
             self._args = None  # type: ignore[assignment]
