@@ -55,7 +55,10 @@ time and the replica):
 - **I6** no replica releases (or deletes) a Lease while one of its calls under it still runs;
 - **I7** from two lease durations after the last fault (and the last exit or restart) until the
   end, the leader Lease — sharded: every key of every controller, under its replica's
-  ``--shards`` — has a live, synced owner whose fence is open;
+  ``--shards`` — has a live, synced owner whose fence is open; a Lease that did not exist at the
+  last change (a new split's, or one an administrator deleted) gets one renew deadline more:
+  it is created a lease duration after it was first found missing, and its creator's fence
+  opens a renew deadline later (defect 7);
 - **I9** a write is accepted only from the replica the apiserver's record of the covering Lease
   names, unexpired — a paused replica included: no exception.
 
@@ -393,6 +396,8 @@ class _Cluster:
         self.server = FakeApiServer(history=0)
         self.server.record_writes = False
         self.records: dict[str, _Record] = {}
+        #: Lease name -> when it was last created (the free ones a run starts with: 0)
+        self.created: dict[str, float] = {}
         self.violations: list[Violation] = []
         self.replicas = [_Replica(i) for i in range(scenario.replicas)]
         self.requests = 0
@@ -457,6 +462,8 @@ class _Cluster:
                 if other is not r and other.alive and other.in_flight.get(name) and not other.was_paused(since):
                     self.violate("I5", other, f"still alive with {other.in_flight[name]} call(s) under {name}, acquired by {r.name}")
         self.records[name] = _Record(holder, self.now(), float(spec.get("leaseDurationSeconds") or 0))
+        if method == "POST":
+            self.created[name] = self.now()
 
     def _deleted(self, name: str, by: _Replica | None) -> None:
         old = self.records.get(name)
@@ -744,10 +751,21 @@ class _Cluster:
                     covers = [self.cover(r) for (c, _), r in sorted(splits.items()) if c == controller]
                     lacking = {covers[0][k][0] for k in keys if not any(cover[k][0] in owned for cover in covers)}
                     missing += sorted(lacking)
+            since = max(settle_from, self.last_change)
+            if self.now() < since + 2 * s.lease_duration + s.renew_deadline:
+                # a Lease that did not exist then is created a lease duration after it was first
+                # found missing and opens a renew deadline after its creation (defect 7)
+                missing = [lease for lease in missing if not self._absent(lease, since)]
             if missing:
-                since = max(settle_from, self.last_change)
                 self.violate("I7", "-", f"no live owner of {', '.join(missing)} {self.now() - since:.3f} s after the last change")
                 return
+
+    def _absent(self, lease: str, since: float) -> bool:
+        """Did ``lease`` not exist at ``since`` — created after it, or missing (deleted, or never
+        created) now?"""
+        at = self.created.get(lease)
+        rec = self.records.get(lease)
+        return at is None or at > since or (rec is not None and rec.deleted)
 
 
 def run(scenario: Scenario, seed: int) -> Result:
@@ -800,6 +818,7 @@ async def _main(c: _Cluster, faults: list[Fault]) -> None:
         for name in names:  # free, as an earlier run's graceful stop left them
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {}}
             await c.server.request("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", body=body)
+            c.created[name] = 0.0
     for r in c.replicas:
         c.start(r)
     for f in faults:
