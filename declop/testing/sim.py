@@ -51,14 +51,16 @@ time and the replica):
   replica and is unexpired (its last write + ``leaseDurationSeconds``; a Lease deleted by an
   administrator keeps its last record until it is created again);
 - **I5** when a replica acquires a Lease, no other replica that had a call in flight under it is
-  still alive;
+  still alive — unless that one was paused after its own last write of the Lease (as in I1:
+  nothing stops its call; fenced writes stop what it writes);
 - **I6** no replica releases (or deletes) a Lease while one of its calls under it still runs;
 - **I7** from two lease durations after the last fault (and the last exit or restart) until the
   end, the leader Lease — sharded: every key of every controller, under its replica's
   ``--shards`` — has a live, synced owner whose fence is open; a Lease that did not exist at the
   last change (a new split's, or one an administrator deleted) gets one renew deadline more:
   it is created a lease duration after it was first found missing, and its creator's fence
-  opens a renew deadline later (defect 7);
+  opens a renew deadline later (defect 7); a controller none of whose live replicas has synced
+  caches (every one restarted ``unsynced``) can have no owner, and is not checked;
 - **I9** a write is accepted only from the replica the apiserver's record of the covering Lease
   names, unexpired — a paused replica included: no exception.
 
@@ -296,6 +298,7 @@ class _Replica:
     since: dict[str, float] = field(default_factory=dict)  # key -> when the first of them started
     owned: Callable[[], list[str]] = lambda: []
     paused: list[list[float]] = field(default_factory=list)  # [from, until] of each pause
+    wrote: dict[str, float] = field(default_factory=dict)  # lease -> its last write naming us
     controller: str = CONTROLLER
     shards: int = 0  # its --shards (sharded families)
     synced: bool = False  # its caches synced (the controller starts its workers then)
@@ -457,10 +460,14 @@ class _Cluster:
         if old is not None and old.holder == r.identity and not holder and r.in_flight.get(name):
             self.violate("I6", r, f"released {name} with {r.in_flight[name]} call(s) under it still running")
         if holder and (old is None or old.holder != holder):
-            since = old.written_at if old is not None else 0.0
             for other in self.replicas:
+                # paused since its own last write of the Lease: it could not act on its loss
+                # (another replica may have held and released the Lease meanwhile)
+                since = other.wrote.get(name, 0.0)
                 if other is not r and other.alive and other.in_flight.get(name) and not other.was_paused(since):
                     self.violate("I5", other, f"still alive with {other.in_flight[name]} call(s) under {name}, acquired by {r.name}")
+        if holder == r.identity:
+            r.wrote[name] = self.now()
         self.records[name] = _Record(holder, self.now(), float(spec.get("leaseDurationSeconds") or 0))
         if method == "POST":
             self.created[name] = self.now()
@@ -516,7 +523,7 @@ class _Cluster:
         r.identity = r.name
         r.exiting, r.stopping, r.stuck, r.workers = False, False, 0.0, []
         r.elector, r.shard_leases = None, None
-        r.in_flight, r.keys, r.since, r.paused = {}, {}, {}, []
+        r.in_flight, r.keys, r.since, r.paused, r.wrote = {}, {}, {}, [], {}
         r.fence, r.owned = (lambda lease: False), (lambda: [])
         r.write_fence = lambda lease: lambda: False
         r.synced = False
@@ -742,12 +749,15 @@ class _Cluster:
                 continue
             live = [r for r in self.replicas if r.alive and not r.exiting and not (r.actor and r.actor.paused)]
             owned = {lease for r in live for lease in r.owned()}
+            able = {r.controller for r in live if r.synced}  # a replica whose caches never sync owns nothing
             if s.kind == "leader":
                 missing = [] if LEASE_ID in owned else [LEASE_ID]
             else:
                 splits = {(r.controller, r.shards): r for r in self.replicas}
                 missing = []
                 for controller, keys in self.keys.items():
+                    if controller not in able:
+                        continue  # every live replica of it has caches that never sync (unsynced)
                     covers = [self.cover(r) for (c, _), r in sorted(splits.items()) if c == controller]
                     lacking = {covers[0][k][0] for k in keys if not any(cover[k][0] in owned for cover in covers)}
                     missing += sorted(lacking)
