@@ -4,8 +4,9 @@ Owns:
 - credentials from a :class:`~declop.kube.kubeconfig.RestConfig` (kubeconfig or in-cluster, see
   :mod:`declop.kube.kubeconfig`): headers and the TLS context are asked for before each request, so
   rotated tokens and exec-plugin certificates are used as soon as they change;
-- one ``aiohttp`` session on the manager's event loop; TLS context, ``tls-server-name`` and the
-  proxy are given per request;
+- two ``aiohttp`` sessions on the manager's event loop, one for requests (kept-alive, pooled) and
+  one for watches (a connection per watch, never a pooled one: see :attr:`Transport.stream_session`);
+  TLS context, ``tls-server-name`` and the proxy are given per request;
 - client-side token buckets for requests (20 qps, burst 30 each — controller-runtime's defaults),
   one per *lane*, so a handler in a hot loop cannot flood the apiserver and cannot starve anyone
   else: ``"handler"`` (handler writes, finalizers, Events, discovery), ``"informer"`` (lists) and
@@ -179,6 +180,7 @@ class Transport:
         self._retries = retries
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._stream_session: aiohttp.ClientSession | None = None
         self._counts: collections.Counter[str] = collections.Counter()
         self._by_resource: collections.Counter[tuple[str, str, str]] = collections.Counter()
         #: one bucket per lane; ``None`` means unlimited (see :data:`LANES`)
@@ -230,19 +232,37 @@ class Transport:
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """The session of :meth:`request`: kept-alive connections, reused."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections)
-            self._session = aiohttp.ClientSession(
-                # no Accept-Encoding: the apiserver would gzip every large LIST page, costing CPU
-                # on both sides for no gain on loopback and in-cluster networks
-                connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent", "Accept-Encoding")
-            )
+            self._session = self._new_session(force_close=False)
         return self._session
 
+    @property
+    def stream_session(self) -> aiohttp.ClientSession:
+        """The session of :meth:`stream`: every watch opens its own connection and closes it.
+
+        A watch is re-opened at once after its connection is cut, which is exactly when kept-alive
+        connections in a shared pool have been cut too and the loop may not have seen their
+        resets yet: a re-watch drawn from that pool fails and waits out a backoff (aiohttp replays
+        an idempotent request once, which a second dead connection defeats). A watch lives for
+        minutes, so the new connection costs one handshake per watch, nothing per event."""
+        if self._stream_session is None or self._stream_session.closed:
+            self._stream_session = self._new_session(force_close=True)
+        return self._stream_session
+
+    def _new_session(self, *, force_close: bool) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=force_close)
+        return aiohttp.ClientSession(
+            # no Accept-Encoding: the apiserver would gzip every large LIST page, costing CPU
+            # on both sides for no gain on loopback and in-cluster networks
+            connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent", "Accept-Encoding")
+        )
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._stream_session):
+            if session is not None:
+                await session.close()
+        self._session = self._stream_session = None
 
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(by_verb=dict(self._counts), by_resource=dict(self._by_resource))
@@ -357,7 +377,7 @@ class Transport:
         if accept:
             headers["Accept"] = accept
         try:
-            async with self.session.get(
+            async with self.stream_session.get(
                 self.host + path,
                 params=_query(params),
                 headers=headers,

@@ -498,3 +498,129 @@ def test_stream_refused_connection_is_unreachable() -> None:
     outcome = asyncio.run(scenario())
     assert isinstance(outcome, ApiError) and outcome.reason == "Unreachable"
     assert not isinstance(outcome, (StreamIdle, StreamInterrupted))
+
+
+# -- a pooled connection the network cut while it was idle -------------------------------------
+
+
+class _StaleServer:
+    """A raw HTTP/1.1 server whose chosen connections answer their first request, stay open for
+    keep-alive, and reset on the next one without answering — what a kept-alive connection does
+    after a proxy or NAT dropped it while idle and before the client's loop saw the reset. With
+    ``reset_all`` every request is reset on arrival, answered or not."""
+
+    def __init__(self, *, reset_all: bool = False) -> None:
+        self.reset_all = reset_all
+        self.connections = 0
+        self.requests: list[str] = []
+        self.server: Any = None
+
+    async def __aenter__(self) -> "_StaleServer":
+        import asyncio
+
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: Any, writer: Any) -> None:
+        import asyncio
+        import socket
+        import struct
+
+        self.connections += 1
+        served = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return  # the client closed it
+            self.requests.append(head.split(b" ", 2)[0].decode() + " " + head.split(b" ", 2)[1].decode())
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            if length:
+                await reader.readexactly(length)
+            if self.reset_all or served:
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()  # RST, nothing answered
+                return
+            body = b'{"kind":"Status","n":%d}\n' % len(self.requests)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            served += 1
+
+
+def _after_kept_alive_gets(second: Any, *, pooled: int = 1, **server_kw: Any) -> tuple[Any, _StaleServer]:
+    """``pooled`` concurrent GETs that leave as many connections in the pool, then
+    ``second(transport)`` on that pool."""
+    import asyncio
+
+    from declop.kube.transport import Transport
+
+    async def main() -> tuple[Any, _StaleServer]:
+        async with _StaleServer(**server_kw) as server:
+            transport = Transport(_Config(server.url))
+            try:
+                if not server.reset_all:
+                    await asyncio.gather(*(transport.request("GET", "/api/v1/pods") for _ in range(pooled)))
+                    assert server.connections == pooled
+                try:
+                    return await second(transport), server
+                except Exception as exc:  # noqa: BLE001 - the outcome under test
+                    return exc, server
+            finally:
+                await transport.close()
+
+    return _run(main())
+
+
+WATCH = "GET /api/v1/namespaces/a/configmaps?watch=1"
+
+
+@pytest.mark.parametrize("pooled", [1, 2, 5])
+def test_a_rewatch_never_draws_a_pooled_connection_the_network_may_have_cut(pooled: int) -> None:
+    """The CI flake of test_connection_resets_on_a_healthy_watch…: the proxy cut every connection;
+    the re-watch drew a kept-alive one whose reset the loop had not seen yet, aiohttp's single
+    replay drew another, and the informer logged an ERROR and backed off 1.6 s. A watch now opens
+    its own connection: none of its requests lands on a pooled one."""
+    outcome, server = _after_kept_alive_gets(lambda t: _drain(t, "/api/v1/namespaces/a/configmaps"), pooled=pooled)
+    assert outcome == [b'{"kind":"Status","n":%d}' % (pooled + 1)]
+    assert server.requests == ["GET /api/v1/pods"] * pooled + [WATCH]
+    assert server.connections == pooled + 1
+
+
+def test_a_watch_connection_is_closed_when_the_watch_ends_not_pooled() -> None:
+    async def two_watches(transport: Any) -> list[bytes]:
+        return await _drain(transport, "/api/v1/namespaces/a/configmaps") + await _drain(transport, "/api/v1/namespaces/a/configmaps")
+
+    outcome, server = _after_kept_alive_gets(two_watches)
+    assert len(outcome) == 2 and server.requests == ["GET /api/v1/pods", WATCH, WATCH]
+    assert server.connections == 3
+
+
+def test_a_get_on_a_pooled_connection_cut_while_idle_is_sent_again() -> None:
+    """aiohttp (>= 3.10) replays an idempotent request once when a kept-alive connection breaks
+    before an answer; the transport relies on it for a handler's reads after a network cut."""
+    outcome, server = _after_kept_alive_gets(lambda t: t.request("GET", "/api/v1/namespaces/a/configmaps/x"))
+    assert outcome == {"kind": "Status", "n": 3}
+    assert server.connections == 2
+
+
+def test_a_write_on_a_pooled_connection_cut_while_idle_is_not_replayed() -> None:
+    """A POST may have been acted on before the reset: it fails as Unreachable, sent once."""
+    outcome, server = _after_kept_alive_gets(
+        lambda t: t.request("POST", "/api/v1/namespaces/a/configmaps", body={"metadata": {"name": "x"}})
+    )
+    assert isinstance(outcome, ApiError) and outcome.reason == "Unreachable"
+    assert server.requests == ["GET /api/v1/pods", "POST /api/v1/namespaces/a/configmaps"]
+
+
+def test_a_watch_whose_connection_is_reset_before_an_answer_is_unreachable() -> None:
+    outcome, server = _after_kept_alive_gets(lambda t: _drain(t, "/api/v1/namespaces/a/configmaps"), reset_all=True)
+    assert isinstance(outcome, ApiError) and outcome.reason == "Unreachable"
