@@ -203,7 +203,7 @@ class Job:
     def end(self) -> None:
         """In the thread, once the batch returned (or raised)."""
         with self._lock:
-            self.ended, then = True, self._then
+            self.ended, then, self._then = True, self._then, None  # no job <-> callback cycle left
         if then is not None:
             then()
 
@@ -233,37 +233,27 @@ def run_batch(
     ``shard_fence`` refuses is skipped (not called: its key is done() by the worker). ``job``
     is ended last, whatever happened."""
     try:
-        _run_batch(fn, calls, stopping, fence, timed, shard_fence)
+        for i, call in enumerate(calls):
+            if (i and stopping()) or (fence is not None and not fence()):
+                return
+            if shard_fence is not None and not shard_fence(call.shard):
+                continue
+            call.called = True
+            began = time.monotonic() if timed else 0.0
+            token = None if call.fence is None else enter(call.fence)  # the sync client's requests carry it
+            try:
+                call.outcome = fn(**call.kwargs)
+            except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
+                call.error = exc
+            finally:
+                if token is not None:
+                    leave(token)
+            if timed:
+                call.ran = time.monotonic() - began
+            call.finished = True  # last: everything above is final when the loop sees it
     finally:
         if job is not None:
             job.end()
-
-
-def _run_batch(
-    fn: Callable[..., Any],
-    calls: Iterable[Call],
-    stopping: Callable[[], bool],
-    fence: Callable[[], bool] | None,
-    timed: bool,
-    shard_fence: Callable[[int], bool] | None,
-) -> None:
-    for i, call in enumerate(calls):
-        if (i and stopping()) or (fence is not None and not fence()):
-            return
-        if shard_fence is not None and not shard_fence(call.shard):
-            continue
-        call.called = True
-        began = time.monotonic() if timed else 0.0
-        token = enter(call.fence)  # in this thread: the sync client's requests carry it to the loop
-        try:
-            call.outcome = fn(**call.kwargs)
-        except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
-            call.error = exc
-        finally:
-            leave(token)
-        if timed:
-            call.ran = time.monotonic() - began
-        call.finished = True  # last: everything above is final when the loop sees it
 
 
 class Watch:

@@ -485,7 +485,7 @@ class Controller:
         finally:
             for k in held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
-            if job is not None and job.then(_on_loop(asyncio.get_running_loop(), self._job_ended, job)):
+            if job is not None and not job.ended and job.then(_on_loop(asyncio.get_running_loop(), self._job_ended, job)):
                 # cancelled while the thread runs: its calls go on, and so do their ranges'
                 # in-flight counts (a range is released only once idle) until it returns
                 self._abandoned[job] = list(ranges.values())

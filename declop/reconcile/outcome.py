@@ -145,10 +145,12 @@ def was_fenced(call: Call) -> bool:
 
 def complete(c: ControllerState, call: Call) -> None:
     """Settle the outcome and mark the key done."""
-    was_fenced(call)
+    if call.fence is not None:
+        was_fenced(call)
     if c._uids is not None and call.obj is None:
         c._uids.pop(call.key, None)  # gone: its next event (a new object) brings a new uid
-    bad = call.error if isinstance(call.error, InvalidObject) else None
+    error = call.error
+    bad = error if error is not None and isinstance(error, InvalidObject) else None
     if bad is None and c._invalid:
         c._invalid.pop(call.key, None)  # valid again, or gone
     if call.called:
