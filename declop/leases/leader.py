@@ -81,7 +81,9 @@ _VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
 
 
 def _now_micro(wall_clock: Clock = WALL_CLOCK) -> str:
-    return datetime.datetime.fromtimestamp(wall_clock(), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """RFC 3339 with microseconds, UTC (a MicroTime): what strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    prints, at two thirds of its cost (every Lease write of every replica formats one)."""
+    return datetime.datetime.fromtimestamp(wall_clock(), datetime.timezone.utc).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 class LeaderElector:

@@ -679,3 +679,15 @@ def test_the_gap_between_reads_counts_from_the_send_of_the_earlier_read() -> Non
         assert a._gone_at == clock()  # the wait started over
 
     asyncio.run(main())
+
+
+def test_micro_time_is_rfc3339_utc_with_microseconds_whatever_the_instant() -> None:
+    import datetime
+    import random
+
+    from declop.leases.leader import _now_micro
+
+    rng = random.Random(7)
+    for t in [0.0, 0.5, 1.0000005, 1764700000.999999, 4102444799.0] + [rng.random() * 4e9 for _ in range(2000)]:
+        expected = datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert _now_micro(lambda t=t: t) == expected
