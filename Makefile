@@ -125,7 +125,7 @@ clean:
 # Benchmarks (bench/README.md): declop vs Kopf vs controller-runtime on a local control plane.
 # Results go to bench/results/<date>[-quick]/ (CSVs, summary.md, PNGs). BENCH_ARGS passes flags,
 # e.g. make bench BENCH_ARGS="--resource crd" or BENCH_ARGS="--stall-100k".
-.PHONY: bench bench-quick bench-deps
+.PHONY: bench bench-quick bench-deps bench-pairs
 $(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
 	$(PY) -m pip install -q -r bench/requirements.txt
 	@touch $@
@@ -137,3 +137,12 @@ bench: setup bench-deps
 
 bench-quick: setup bench-deps
 	DECLOP_ASSETS_DIR=$(ASSETS) $(PY) bench/run.py --quick $(BENCH_ARGS)
+
+# make bench-pairs BASE=<commit> [RUNS=5] [MICRO=1]: that commit against this working tree,
+# interleaved (bench/pairs.py): the hot-path micro pairs, then (without MICRO=1) cold start and
+# churn on one control plane. How a performance claim in a closing note is made.
+RUNS ?= 5
+bench-pairs: setup bench-deps
+	@test -n "$(BASE)" || { echo "make bench-pairs: say which commit to compare with, e.g. make bench-pairs BASE=main~1" >&2; exit 2; }
+	DECLOP_ASSETS_DIR=$(ASSETS) $(PY) bench/pairs.py --base $(BASE) --runs $(RUNS) $(if $(MICRO),--micro-only,--micro) \
+		--out bench/results/$$(date +%F)-pairs-$$(git rev-parse --short $(BASE))
