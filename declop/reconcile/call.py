@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import threading
 import time
 from typing import Any, Callable, Iterable, Protocol
 
@@ -49,7 +48,7 @@ from declop.reconcile.result import Phase
 from declop.reconcile.trigger import Trace, Trigger
 
 __all__ = [
-    "Call", "ControllerMetrics", "ControllerState", "Job", "Watch", "call_async", "call_with_timeout", "held", "run_batch",
+    "Call", "ControllerMetrics", "ControllerState", "Watch", "call_async", "call_with_timeout", "held", "run_batch",
     "watch",
 ]
 
@@ -185,38 +184,6 @@ async def call_async(c: ControllerState, call: Call) -> None:
         leave(token)
 
 
-class Job:
-    """A batch of plain calls handed to a worker thread, as the thread and the loop both see it.
-
-    The thread calls :meth:`end` last. The loop may leave a callback with :meth:`then` for that
-    moment: a worker cancelled while its thread runs (the grace period is over, or the Lease was
-    lost) cannot stop the thread, so until :meth:`end` the batch's calls still run — and the
-    Leases they run under must not be released (issue 22, invariant I6)."""
-
-    __slots__ = ("_lock", "ended", "_then")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.ended = False
-        self._then: Callable[[], None] | None = None
-
-    def end(self) -> None:
-        """In the thread, once the batch returned (or raised)."""
-        with self._lock:
-            self.ended, then, self._then = True, self._then, None  # no job <-> callback cycle left
-        if then is not None:
-            then()
-
-    def then(self, fn: Callable[[], None]) -> bool:
-        """Call ``fn`` (in the thread) when the batch ends; False, and ``fn`` is never called,
-        if it has ended already."""
-        with self._lock:
-            if self.ended:
-                return False
-            self._then = fn
-            return True
-
-
 def run_batch(
     fn: Callable[..., Any],
     calls: Iterable[Call],
@@ -224,36 +191,33 @@ def run_batch(
     fence: Callable[[], bool] | None = None,
     timed: bool = False,
     shard_fence: Callable[[int], bool] | None = None,
-    job: Job | None = None,
 ) -> None:
     """In a worker thread: call ``fn`` for each prepared call, in order — from a list, or from a
     :class:`~declop.queue.batches.Batch` the loop may take calls back from; stop early at shutdown (the
     first call always runs: it was taken before the stop) and as soon as ``fence()`` is False
     (checked just before *every* call, the first one included). A call whose range
-    ``shard_fence`` refuses is skipped (not called: its key is done() by the worker). ``job``
-    is ended last, whatever happened."""
-    try:
-        for i, call in enumerate(calls):
-            if (i and stopping()) or (fence is not None and not fence()):
-                return
-            if shard_fence is not None and not shard_fence(call.shard):
-                continue
-            call.called = True
-            began = time.monotonic() if timed else 0.0
-            token = None if call.fence is None else enter(call.fence)  # the sync client's requests carry it
-            try:
-                call.outcome = fn(**call.kwargs)
-            except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
-                call.error = exc
-            finally:
-                if token is not None:
-                    leave(token)
-            if timed:
-                call.ran = time.monotonic() - began
-            call.finished = True  # last: everything above is final when the loop sees it
-    finally:
-        if job is not None:
-            job.end()
+    ``shard_fence`` refuses is skipped (not called: its key is done() by the worker). The
+    executor's future of this job is done exactly when it returns: a worker cancelled meanwhile
+    cannot stop the thread, and until then the Leases its calls run under must not be released
+    (issue 22, invariant I6; see ``Controller._abandoned``)."""
+    for i, call in enumerate(calls):
+        if (i and stopping()) or (fence is not None and not fence()):
+            return
+        if shard_fence is not None and not shard_fence(call.shard):
+            continue
+        call.called = True
+        began = time.monotonic() if timed else 0.0
+        token = None if call.fence is None else enter(call.fence)  # the sync client's requests carry it
+        try:
+            call.outcome = fn(**call.kwargs)
+        except Exception as exc:  # noqa: BLE001 - the outcome table handles every exception
+            call.error = exc
+        finally:
+            if token is not None:
+                leave(token)
+        if timed:
+            call.ran = time.monotonic() - began
+        call.finished = True  # last: everything above is final when the loop sees it
 
 
 class Watch:

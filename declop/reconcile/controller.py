@@ -64,7 +64,7 @@ from declop.queue.priority import NORMAL, PriorityQueue
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
 from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
 from declop.reconcile.call import ControllerMetrics as ControllerMetrics
-from declop.reconcile.call import Call, Job, Watch, call_async, held, run_batch, watch
+from declop.reconcile.call import Call, Watch, call_async, held, run_batch, watch
 from declop.reconcile.client import ClientContext
 from declop.reconcile.fence import fence_closed, lease_of, owned, shard_of
 from declop.reconcile.filters import finalizer_work, ident, is_our_echo, only_churn
@@ -148,7 +148,7 @@ class Controller:
         self._cancelled: list[asyncio.Task[None]] = []
         #: batches of plain calls whose worker was cancelled while their thread runs -> the ranges
         #: they keep in flight (sharded mode) until the thread returns
-        self._abandoned: dict[Job, list[int]] = {}
+        self._abandoned: dict[concurrent.futures.Future[None], list[int]] = {}
         self._stopping = False
         # keys whose finalizer we added for a CREATED call that was given back before it ran
         self._created: set[Request] = set()
@@ -338,7 +338,7 @@ class Controller:
         self._cancelled = [t for t in self._cancelled if not t.done()]
         return len(self._abandoned) + len(self._cancelled)
 
-    def _job_ended(self, job: Job) -> None:
+    def _job_ended(self, job: concurrent.futures.Future[None]) -> None:
         """On the loop, once the thread of an abandoned batch returned: its ranges are free."""
         ranges = self._abandoned.pop(job, [])
         if self.shards is not None:
@@ -397,7 +397,7 @@ class Controller:
         reg = self.registration
         calls: list[Call] = []  # every call is "held" until its key is done() or given back
         shards = self.shards
-        job: Job | None = None  # the batch's thread, for plain handlers
+        job: concurrent.futures.Future[None] | None = None  # the batch's executor job, for plain handlers
         ranges: dict[Request, int] = {}
         if shards is not None:
             keys = owned(self, keys, ranges)
@@ -443,13 +443,21 @@ class Controller:
                     fn, stopping = reg.fn, self._is_stopping
                     timed = reg.timeout is not None
                     shard_fence = shards.may_start if shards is not None else None
-                    job = Job()
+                    executor = self.executor
                     if len(runnable) == 1 or reg.max_concurrent == 1:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        await loop.run_in_executor(self.executor, run_batch, fn, runnable, stopping, fence, timed, shard_fence, job)
+                        if executor is None:  # the loop's default executor (tests): not tracked
+                            await loop.run_in_executor(None, run_batch, fn, runnable, stopping, fence, timed, shard_fence)
+                        else:
+                            job = executor.submit(run_batch, fn, runnable, stopping, fence, timed, shard_fence)
+                            await asyncio.wrap_future(job, loop=loop)
                     else:
                         batch: Batch[Call] = Batch(runnable, self._clock)
-                        thread = loop.run_in_executor(self.executor, run_batch, fn, batch, stopping, fence, timed, shard_fence, job)
+                        if executor is None:
+                            thread = loop.run_in_executor(None, run_batch, fn, batch, stopping, fence, timed, shard_fence)
+                        else:
+                            job = executor.submit(run_batch, fn, batch, stopping, fence, timed, shard_fence)
+                            thread = asyncio.wrap_future(job, loop=loop)
                         w = Watch(batch, calls, loop.create_future())
                         thread.add_done_callback(w.wake)
                         w.timer = loop.call_later(STALL_AFTER, watch, self, w)
@@ -485,10 +493,12 @@ class Controller:
         finally:
             for k in held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
-            if job is not None and not job.ended and job.then(_on_loop(asyncio.get_running_loop(), self._job_ended, job)):
+            if job is not None and not job.done():
                 # cancelled while the thread runs: its calls go on, and so do their ranges'
-                # in-flight counts (a range is released only once idle) until it returns
+                # in-flight counts (a range is released only once idle) until it returns. (A
+                # job cancelled before a thread took it is done: none of its calls ever runs.)
                 self._abandoned[job] = list(ranges.values())
+                job.add_done_callback(_on_loop(asyncio.get_running_loop(), self._job_ended))
             elif shards is not None:
                 for r in ranges.values():
                     shards.end(r)
@@ -543,11 +553,14 @@ class Controller:
         self._traces[key] = trace
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Job], None], job: Job) -> Callable[[], None]:
-    """A callback for a thread that runs ``fn(job)`` on ``loop`` (nothing if the loop is closed:
-    the process is exiting)."""
+def _on_loop(
+    loop: asyncio.AbstractEventLoop, fn: Callable[[concurrent.futures.Future[None]], None]
+) -> Callable[[concurrent.futures.Future[None]], None]:
+    """A done-callback for an executor job that runs ``fn(job)`` on ``loop`` (called in the
+    thread, or at once if the job is done already; nothing if the loop is closed: the process is
+    exiting)."""
 
-    def later() -> None:
+    def later(job: concurrent.futures.Future[None]) -> None:
         try:
             loop.call_soon_threadsafe(fn, job)
         except RuntimeError:

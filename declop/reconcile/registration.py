@@ -121,7 +121,7 @@ class Registration:
         wants = self.wants
         kwargs = available if wants is None else {k: v for k, v in available.items() if k in wants}
         if wants is None or "obj" in wants:
-            kwargs["obj"] = self.view(obj)
+            kwargs["obj"] = (None if obj is None else clone(obj)) if self.model is None else self.view(obj)
         if wants is None or "trigger" in wants:
             kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
         return kwargs

@@ -1187,3 +1187,39 @@ def test_a_plain_call_abandoned_by_a_stop_keeps_its_range_in_flight_until_its_th
     finally:
         release.set()
         c.executor.shutdown(wait=True)  # type: ignore[union-attr]
+
+
+def test_a_batch_cancelled_before_a_thread_took_it_is_not_left_running() -> None:
+    """A stop that cancels a worker whose batch still waits for a free thread cancels the batch:
+    none of its calls ever runs, so nothing is left running and its range is free at once. (When
+    the controller tracked batches by a flag the thread set, such a batch stayed "running" for
+    ever: its thread never came, and ``running()`` never reached 0 — every Lease was then left to
+    expire instead of being released.)"""
+    import concurrent.futures
+    import threading
+
+    release = threading.Event()
+    calls: list[str] = []
+    c, informer, shards = sharded(lambda name, **_: calls.append(name))
+    c.executor = concurrent.futures.ThreadPoolExecutor(1)
+    busy = c.executor.submit(release.wait)  # the only thread is taken
+    own(shards, 3)
+    informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
+
+    async def main() -> None:
+        informer.synced.set()
+        await c.start()
+        c.queue.add(KEY)
+        while shards.in_flight != {3: 1}:  # the worker took the key and queued its batch
+            await asyncio.sleep(0.001)
+        assert not await c.stop(0.05)
+        assert c.running() == 0 and shards.in_flight == {}
+
+    try:
+        run(main())
+        release.set()
+        busy.result(10)
+        c.executor.shutdown(wait=True)  # type: ignore[union-attr]
+        assert calls == []
+    finally:
+        release.set()
