@@ -269,3 +269,17 @@ def test_i7_does_not_ask_an_owner_of_a_controller_whose_replicas_never_sync() ->
     result = run(Scenario(kind="sharded-uid"), 1496)
     assert {f.replica for f in result.faults if f.kind == "unsynced"} == {0, 1, 2}
     assert result.ok, result.report()
+
+
+def test_i7_gives_a_key_the_extra_renew_deadline_when_the_split_that_takes_it_had_no_lease() -> None:
+    """`rolling` seed 1034: the rollout to 6 ranges stops after r0 and r1; r1's requests are
+    slow until 67.105 s (the last change). The 6-range Leases never existed; r0 creates 0-2 at
+    58.1 s; r1's LISTs sent during the fault time out until 71.65 s (a gap past the renew
+    deadline: its wait starts over), so it creates 3-5 at 87.66 s and they open at 98.67 s —
+    31.6 s after the last change, inside the 40 s a missing Lease is given. r2 (4 ranges) holds
+    none and rightly gives way to the split that holds some. I7 named the key by the 4-range
+    Lease (which existed, held by nobody) and gave it only 30 s: it failed at 98.000 s."""
+    result = run(Scenario(kind="rolling"), 1034)
+    assert {"roll", "slow", "delete"} <= {f.kind for f in result.faults}
+    assert result.ok, result.report()
+
