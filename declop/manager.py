@@ -15,8 +15,9 @@ grace period, background tasks are told to stop within it too, **while the Lease
 renewed** → shutdown hooks → only then is the Lease released (a standby may start at once) —
 unless a call under it still runs (a plain handler's thread outlived the grace period, a
 shutdown hook or background task that would not stop): then it is left to expire, with one log
-line, and the stuck rest dies with the process right after → informers stop → the transport
-closes → probes stop last.
+line, and that is a loss — the stuck rest dies with the process within 2 s (exit 1, the
+watchdog; the steps below share the loss's budget), before another replica may take the Lease →
+informers stop → the transport closes → probes stop last.
 
 Lease lost: intake stops at once (queues shut down, workers and leader-only background tasks
 cancelled, the fence is closed), no drain — another replica may already reconcile — and the
@@ -801,6 +802,10 @@ class Manager:
             self._leading = None
         if self.elector is not None:
             self.elector.running = self.running
+            if self._lost_by is None and self.running() and self.elector.is_leader:
+                # left to expire under a running call: a loss — gone within 2 s, before a
+                # standby may take it (lease duration - renew deadline after our last renewal)
+                self._lost()
             await self._bounded(self.elector.release(), self.options.renew_deadline, "releasing the Lease")
         if self._singleton is not None:  # renewed while the background tasks stopped
             self._singleton.cancel()
@@ -816,6 +821,12 @@ class Manager:
             await self._bounded(asyncio.gather(self._sharding, return_exceptions=True), 1.0, "stopping the shard leases")
             self._sharding = None
         if self.shard_leases is not None and not self._lost_by:
+            if self.shard_leases.busy():
+                # ranges left to expire under running calls: a loss — the process is gone within
+                # 2 s (the watchdog), before another replica may take them; release_all closes
+                # their fences first, then releases the idle ranges within what is left of the
+                # budget (under a partition each request would wait 5 s: shared-id seed 402)
+                self._lost()
             await self._bounded(self.shard_leases.release_all(), self.options.renew_deadline, "releasing the shard Leases")
         # after a loss every remaining step shares one budget, so the exit comes within 2 s
         if self.webhooks is not None:  # served through the drain: another replica may not be up yet

@@ -575,10 +575,19 @@ class ShardLeases:
             )
 
     # -- stop -----------------------------------------------------------------------------------
+    def busy(self) -> list[tuple[str, int]]:
+        """(controller, range) of every held range with a reconcile still in flight: what
+        :meth:`release_all` leaves to expire. A stop that leaves one is a loss under a running
+        call — the process must be gone before another replica can take the range, so the
+        manager exits within 2 s, as after a loss (its releases and deletes, 5 s each under a
+        partition, must not keep the call's thread alive past the Lease's expiry)."""
+        return [(s.controller, i) for s in self.sets.values() for i in s.held() if s.in_flight[i]]
+
     async def release_all(self) -> None:
         """Release every idle range Lease we hold and delete our member Lease. A range with a
         reconcile still in flight (a plain handler's thread outlived the grace period) is left
-        to expire, with one log line (invariant I6)."""
+        to expire, with one log line (invariant I6) — before the first request, so a caller
+        that bounds this (the manager, after :meth:`busy`) has the fence closed at once."""
         self.stopping = True
         for s in self.sets.values():
             busy = [i for i in s.held() if s.in_flight[i]]

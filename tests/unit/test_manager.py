@@ -212,3 +212,82 @@ def test_a_graceful_stop_leaves_the_lease_to_expire_while_a_handler_thread_runs(
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(main())
+
+
+def test_a_graceful_stop_that_leaves_the_lease_to_expire_exits_as_after_a_loss() -> None:
+    """Simulator `shared-id` seed 402 (tests/unit/testing/test_sim.py): a Lease left to expire
+    under a call still in its thread is a loss — ``on_lost`` (the 2 s watchdog) is called at that
+    moment, the exit status is 1, and every later step shares the loss's budget, so the process
+    and the stuck thread are gone before another replica may take the Lease. Before, the stop
+    went on with steps bounded by 10-30 s each."""
+
+    async def main() -> None:
+        server = FakeApiServer()
+        elector = LeaderElector(server, name="lock", namespace="ns", identity="me", lease_duration=4.0, renew_deadline=3.0, retry_period=0.5)
+        stuck = _Stuck()
+        m, c = _manager(stuck, elector, grace=0.2)
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        m.on_lost = lambda: armed.append(loop.time())
+        stop = await _start(m, c, stuck)
+        stop.set()
+        try:
+            await asyncio.wait_for(m.shutdown(), 10)
+            assert len(armed) == 1 and m.exit_code == 1
+            assert loop.time() - armed[0] <= LOST_CLEANUP_SECONDS + 0.1
+            assert not elector.valid() and m.running() >= 1
+        finally:
+            await _cleanup(m, stuck)
+
+    asyncio.run(main())
+
+
+def test_a_graceful_stop_that_leaves_a_range_to_expire_does_not_wait_for_the_other_releases() -> None:
+    """Sharded, `shared-id` seed 402: r2 is cut off (requests hang), SIGTERM ends its grace
+    period with a call of range 0 in its thread. release_all() leaves range 0 to expire, then
+    releases range 3 and deletes the member Lease — 5 s each to time out under the partition —
+    and the process outlived range 0's expiry: another replica took it while the call ran (I5).
+    Now ``busy()`` ranges make the stop a loss: armed at once, release_all cut at the budget."""
+
+    class Elector:  # leader election is not what this test is about: never lost
+        is_leader = False
+
+        async def acquire(self) -> None:
+            pass
+
+        async def hold(self) -> None:
+            await asyncio.Event().wait()
+
+        def valid(self) -> bool:
+            return True
+
+    class ShardLeases:
+        stopping = False
+        released = False
+
+        def busy(self) -> list[tuple[str, int]]:
+            return [("configmaps", 0)]
+
+        async def release_all(self) -> None:
+            await asyncio.sleep(10)  # the releases and deletes, timing out under a partition
+            self.released = True
+
+    async def main() -> None:
+        stuck = _Stuck()
+        m, c = _manager(stuck, Elector(), grace=0.2)
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        m.on_lost = lambda: armed.append(loop.time())
+        stop = await _start(m, c, stuck)
+        m.elector, leases = None, ShardLeases()
+        m.shard_leases = leases  # type: ignore[assignment]
+        stop.set()
+        try:
+            await asyncio.wait_for(m.shutdown(), 10)
+            assert len(armed) == 1 and m.exit_code == 1
+            assert loop.time() - armed[0] <= LOST_CLEANUP_SECONDS + 0.1, "cut at the loss's budget"
+            assert not leases.released
+        finally:
+            await _cleanup(m, stuck)
+
+    asyncio.run(main())

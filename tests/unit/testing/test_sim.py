@@ -269,3 +269,29 @@ def test_i7_does_not_ask_an_owner_of_a_controller_whose_replicas_never_sync() ->
     result = run(Scenario(kind="sharded-uid"), 1496)
     assert {f.replica for f in result.faults if f.kind == "unsynced"} == {0, 1, 2}
     assert result.ok, result.report()
+
+
+def test_i7_gives_a_key_the_extra_renew_deadline_when_the_split_that_takes_it_had_no_lease() -> None:
+    """`rolling` seed 1034: the rollout to 6 ranges stops after r0 and r1; r1's requests are
+    slow until 67.105 s (the last change). The 6-range Leases never existed; r0 creates 0-2 at
+    58.1 s; r1's LISTs sent during the fault time out until 71.65 s (a gap past the renew
+    deadline: its wait starts over), so it creates 3-5 at 87.66 s and they open at 98.67 s —
+    31.6 s after the last change, inside the 40 s a missing Lease is given. r2 (4 ranges) holds
+    none and rightly gives way to the split that holds some. I7 named the key by the 4-range
+    Lease (which existed, held by nobody) and gave it only 30 s: it failed at 98.000 s."""
+    result = run(Scenario(kind="rolling"), 1034)
+    assert {"roll", "slow", "delete"} <= {f.kind for f in result.faults}
+    assert result.ok, result.report()
+
+
+@pytest.mark.parametrize("only", [None, (2, 3, 4, 5)])
+def test_a_stop_that_leaves_a_range_to_expire_exits_before_it_can_be_taken(only: tuple[int, ...] | None) -> None:
+    """`shared-id` seed 402 (and its shrunk schedule): r2 is cut off from 33.9 s (its last
+    renewal 32.67 s), a call of range 0 gets stuck, SIGTERM at 39.1 s with a 2.1 s grace. The
+    range was left to expire at 41.25 s, but release_all() then waited 5 s to release range 3
+    and 5 s to delete the member Lease: r2 lived to 51.25 s, and r0 took range 0 at 50.01 s
+    under the running call (I5). Now leaving a range to expire under a running call is a loss
+    (the manager's watchdog: gone 2 s later)."""
+    result = run(Scenario(kind="shared-id", only=only), 402)
+    assert {"hang", "stuck", "term"} <= {f.kind for f in result.faults}
+    assert result.ok, result.report()
