@@ -189,6 +189,8 @@ def test_a_graceful_stop_leaves_the_lease_to_expire_while_a_handler_thread_runs(
         a.proc.wait(30)
         exited = time.time()
         assert records(a, "Leaving the Lease to expire: calls under it still run"), a.lines[-20:]
+        # a loss under a running call (defect 10): exit 1, and the stuck thread dies with it
+        assert a.proc.returncode == 1, a.lines[-20:]
         assert not records(a, "Released leader lease")
         holder = cluster.lease().spec.holder_identity
         assert holder and holder != "", "the record still names the old leader"
