@@ -1156,6 +1156,21 @@ def test_an_invalid_object_being_deleted_keeps_our_finalizer_and_says_how_to_unb
     assert [(w["finalizer"], w["command"]) for w in waits] == [("x.io/f", "kubectl edit configmaps a -n ns")]
 
 
+def in_range_3(handler: Any, executor: Any) -> Any:
+    """A sharded controller with ``handler`` and ``executor`` that owns range 3, and object "a" in it."""
+    c, informer, shards = sharded(handler)
+    c.executor = executor
+    own(shards, 3)
+    informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
+    return c, informer, shards
+
+
+async def start_with_key(c: Any, informer: Any) -> None:
+    informer.synced.set()
+    await c.start()
+    c.queue.add(KEY)
+
+
 def test_a_plain_call_abandoned_by_a_stop_keeps_its_range_in_flight_until_its_thread_returns() -> None:
     """Issue 22, defect 2 (sharded): the grace period ends with a plain handler still running in
     its thread; the worker is cancelled, but the thread is not. Its range stays in flight — so
@@ -1165,15 +1180,10 @@ def test_a_plain_call_abandoned_by_a_stop_keeps_its_range_in_flight_until_its_th
     import threading
 
     started, release = threading.Event(), threading.Event()
-    c, informer, shards = sharded(lambda **_: (started.set(), release.wait()))
-    c.executor = concurrent.futures.ThreadPoolExecutor(2)
-    own(shards, 3)
-    informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
+    c, informer, shards = in_range_3(lambda **_: (started.set(), release.wait()), concurrent.futures.ThreadPoolExecutor(2))
 
     async def main() -> None:
-        informer.synced.set()
-        await c.start()
-        c.queue.add(KEY)
+        await start_with_key(c, informer)
         assert await asyncio.to_thread(started.wait, 10)
         assert not await c.stop(0.05), "the grace period ended with the call running"
         assert shards.in_flight == {3: 1} and c.running() == 1
@@ -1200,16 +1210,11 @@ def test_a_batch_cancelled_before_a_thread_took_it_is_not_left_running() -> None
 
     release = threading.Event()
     calls: list[str] = []
-    c, informer, shards = sharded(lambda name, **_: calls.append(name))
-    c.executor = concurrent.futures.ThreadPoolExecutor(1)
-    busy = c.executor.submit(release.wait)  # the only thread is taken
-    own(shards, 3)
-    informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
+    c, informer, shards = in_range_3(lambda name, **_: calls.append(name), concurrent.futures.ThreadPoolExecutor(1))
+    busy = c.executor.submit(release.wait)  # type: ignore[union-attr]  # the only thread is taken
 
     async def main() -> None:
-        informer.synced.set()
-        await c.start()
-        c.queue.add(KEY)
+        await start_with_key(c, informer)
         while shards.in_flight != {3: 1}:  # the worker took the key and queued its batch
             await asyncio.sleep(0.001)
         assert not await c.stop(0.05)
