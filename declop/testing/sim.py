@@ -519,6 +519,10 @@ class _Cluster:
 
     # -- replicas -------------------------------------------------------------------------------
     def start(self, r: _Replica) -> None:
+        if r.alive:  # the harness's own mistake, reported like a finding: a pod never runs two
+            # incarnations at once (a crash's restart once started one over a rollout's)
+            self.violate("harness", r, f"started while its incarnation #{r.gen} still runs")
+            self.kill(r)
         r.gen += 1
         r.actor = Actor(self.loop, f"r{r.index}")
         r.identity = r.name
@@ -715,6 +719,8 @@ class _Cluster:
             if r.alive:
                 self.kill(r)
             await asyncio.sleep(1.0)
+            if r.alive:
+                self.kill(r)  # a crash's restart came in between: one incarnation at a time
             if f.kind == "roll":
                 r.shards = int(f.length)
             r.never_sync = f.kind == "unsynced"
@@ -728,7 +734,8 @@ class _Cluster:
             if r.alive:
                 self.kill(r)
                 await asyncio.sleep(f.length)
-                self.start(r)
+                if not r.alive:  # a rollout may have restarted it meanwhile: never two incarnations
+                    self.start(r)
             return
         actor = r.actor
         if f.kind == "pause":

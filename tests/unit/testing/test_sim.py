@@ -295,3 +295,13 @@ def test_a_stop_that_leaves_a_range_to_expire_exits_before_it_can_be_taken(only:
     result = run(Scenario(kind="shared-id", only=only), 402)
     assert {"hang", "stuck", "term"} <= {f.kind for f in result.faults}
     assert result.ok, result.report()
+
+
+def test_a_crash_restart_never_starts_a_second_incarnation_over_a_rollout() -> None:
+    """`rolling` seed 1034 again, for the harness: r0 crashes at 2.15 s, the rollout restarts it
+    at 29.2 s (r0#1), then the crash's own restart at 32.08 s started r0#2 over r0#1, which ran
+    on, cut off, to the end. A start over a live incarnation is now reported (``harness``) and
+    the crash's restart skips a replica that is running again."""
+    result = run(Scenario(kind="rolling"), 1034)
+    assert {"crash", "roll"} <= {f.kind for f in result.faults}
+    assert not [v for v in result.violations if v.invariant == "harness"], result.report()
