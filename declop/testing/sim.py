@@ -871,6 +871,17 @@ async def _main(c: _Cluster, faults: list[Fault]) -> None:
 # --------------------------------------------------------------------------- command line
 
 
+def _virtual_time(record: logging.LogRecord) -> bool:
+    """``-v``'s lines: the virtual instant of each (``-`` outside the run), and its pairs."""
+    try:
+        record.vt = f"{asyncio.get_running_loop().time():.3f}"
+    except RuntimeError:
+        record.vt = "-"
+    if not hasattr(record, "kv"):
+        record.kv = ""
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m declop.testing.sim", description=__doc__.split("\n")[0])
     p.add_argument("--scenario", choices=SCENARIOS, default="leader")
@@ -890,7 +901,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     if args.verbose:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.addFilter(_virtual_time)
+        handler.setFormatter(logging.Formatter("t=%(vt)s %(message)s %(kv)s"))
+        logging.getLogger("declop").addHandler(handler)
     kinds = tuple(k for k in args.faults.split(",") if k)
     unknown = sorted(set(kinds) - set(SHARD_FAULT_KINDS))
     if unknown:
