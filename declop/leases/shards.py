@@ -217,6 +217,8 @@ class ShardLeases:
         #: live replicas as last counted (ourselves included; of the controller with the most)
         self.live = 1
         self._members: dict[str, tuple[Any, float]] = {}  # member Lease -> (record, first seen)
+        #: another split's range Lease -> (record, first seen): one unchanged for long holds nothing
+        self._splits: dict[str, tuple[Any, float]] = {}
         self._live_names: set[str] = set()
         self._foreign: set[str] = set()  # member prefixes of other controllers / splits, logged
         self._locks: dict[str, asyncio.Lock] = {}  # Lease name -> held while renewed / released
@@ -392,13 +394,35 @@ class ShardLeases:
         """A range Lease of this controller for another number of ranges, held by a live
         replica, and that number (``("", 0)`` if none): its ranges overlap ours, so we must not
         take any (a rolling change of ``--shards``: the new replicas wait for the old ones to
-        stop; two splits that both hold ranges: the larger gives way)."""
+        stop; two splits that both hold ranges: the larger gives way).
+
+        Held means renewed: a record that has not changed for a lease duration on our clock
+        (twice that when its split is the smaller one) holds nothing, whoever it names — its
+        holder's fence closed a renew deadline after its last renewal. Without this, records
+        lost by live replicas (a pause, slow requests past the renew deadline) kept both splits
+        waiting for each other for ever, every range unowned (``rolling`` seeds 2631, 3345,
+        6662). The smaller split takes first: the larger one waits twice as long, so by then the
+        smaller one's records change again and it keeps giving way."""
         prefix, own = s.electors[0].name.split("-shard-")[0] + "-shard-", f"-of-{s.n}"
+        now = self.clock()
+        found: tuple[str, int] = ("", 0)
         for name, spec in leases.items():
-            if name.startswith(prefix) and not name.endswith(own) and spec.get("holderIdentity") in live:
-                n = name.rsplit("-of-", 1)[1]
-                return name, int(n) if n.isdigit() else 0
-        return "", 0
+            if not name.startswith(prefix) or name.endswith(own) or _RANGE.search(name) is None:
+                continue
+            record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+            old = self._splits.get(name)
+            if old is None or old[0] != record:
+                self._splits[name] = old = (record, now)
+            if found[0] or record[0] not in live:
+                continue
+            n_text = name.rsplit("-of-", 1)[1]
+            n = int(n_text) if n_text.isdigit() else 0
+            duration = float(record[2] or self.lease_duration)
+            if now < old[1] + duration * (2 if s.n > n else 1):
+                found = (name, n)
+        for name in set(self._splits) - set(leases):
+            del self._splits[name]
+        return found
 
     async def _try(self, s: ShardSet, i: int) -> None:
         """One attempt to take range ``i`` (the elector takes it only if free or expired)."""

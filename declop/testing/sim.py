@@ -543,6 +543,14 @@ class _Cluster:
             if not r.never_sync:
                 r.actor.spawn(self._sync(r))
             r.main = r.actor.spawn(self._sharded(r, transport, timings))
+        r.main.add_done_callback(lambda task: self._raised(r, task))
+
+    def _raised(self, r: _Replica, task: asyncio.Task[None]) -> None:
+        """An exception out of the Lease code is a bug (the manager would log it and exit 1):
+        reported, not left to end the replica's task in silence."""
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.violate("bug", r, f"the Lease code raised {type(exc).__name__}: {exc}")
 
     async def _sync(self, r: _Replica) -> None:
         """The replica's caches sync 0.05-1.5 s after its start (its informers' first LISTs)."""
