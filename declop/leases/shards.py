@@ -397,12 +397,14 @@ class ShardLeases:
         stop; two splits that both hold ranges: the larger gives way).
 
         Held means renewed: a record that has not changed for a lease duration on our clock
-        (twice that when its split is the smaller one) holds nothing, whoever it names — its
-        holder's fence closed a renew deadline after its last renewal. Without this, records
-        lost by live replicas (a pause, slow requests past the renew deadline) kept both splits
-        waiting for each other for ever, every range unowned (``rolling`` seeds 2631, 3345,
-        6662). The smaller split takes first: the larger one waits twice as long, so by then the
-        smaller one's records change again and it keeps giving way."""
+        (a renew deadline more when its split is the smaller one) holds nothing, whoever it
+        names — its holder's fence closed a renew deadline after its last renewal. Without this,
+        records lost by live replicas (a pause, slow requests past the renew deadline) kept both
+        splits waiting for each other for ever, every range unowned (``rolling`` seeds 2631,
+        3345, 6662, 9309). The smaller split takes first: by the time the larger one would, the
+        smaller one's records change again (every retry period) and it keeps giving way. Not two
+        lease durations: a replica that just started counts from its first LIST, and that long
+        left a newcomer's share unowned past I7's bound (``rolling`` seed 8725)."""
         prefix, own = s.electors[0].name.split("-shard-")[0] + "-shard-", f"-of-{s.n}"
         now = self.clock()
         found: tuple[str, int] = ("", 0)
@@ -418,7 +420,7 @@ class ShardLeases:
             n_text = name.rsplit("-of-", 1)[1]
             n = int(n_text) if n_text.isdigit() else 0
             duration = float(record[2] or self.lease_duration)
-            if now < old[1] + duration * (2 if s.n > n else 1):
+            if now < old[1] + duration + (self.renew_deadline if s.n > n else 0.0):
                 found = (name, n)
         for name in set(self._splits) - set(leases):
             del self._splits[name]
