@@ -234,7 +234,10 @@ def test_a_user_project_runs_green_with_the_installed_wheel(venv: Path, cache_ho
     (project / "tests" / "test_echo_integration.py").write_text(textwrap.dedent(INTEGRATION_TEST).lstrip())
 
     env = clean_env(venv, XDG_CACHE_HOME=str(cache_home))
-    result = run([venv / "bin" / "python", "-m", "pytest", "-v", "-p", "no:cacheprovider"], cwd=project, env=env, timeout=600)
+    # log_level=INFO: a failure shows declop's INFO lines (a CI run once saw the update after the
+    # first reconcile go unreconciled for 30 s with nothing logged at WARNING)
+    result = run([venv / "bin" / "python", "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "log_level=INFO"],
+                 cwd=project, env=env, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     for test in (
