@@ -443,21 +443,13 @@ class Controller:
                     fn, stopping = reg.fn, self._is_stopping
                     timed = reg.timeout is not None
                     shard_fence = shards.may_start if shards is not None else None
-                    executor = self.executor
                     if len(runnable) == 1 or reg.max_concurrent == 1:
                         # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        if executor is None:  # the loop's default executor (tests): not tracked
-                            await loop.run_in_executor(None, run_batch, fn, runnable, stopping, fence, timed, shard_fence)
-                        else:
-                            job = executor.submit(run_batch, fn, runnable, stopping, fence, timed, shard_fence)
-                            await asyncio.wrap_future(job, loop=loop)
+                        job, thread = self._submit(loop, fn, runnable, stopping, fence, timed, shard_fence)
+                        await thread
                     else:
                         batch: Batch[Call] = Batch(runnable, self._clock)
-                        if executor is None:
-                            thread = loop.run_in_executor(None, run_batch, fn, batch, stopping, fence, timed, shard_fence)
-                        else:
-                            job = executor.submit(run_batch, fn, batch, stopping, fence, timed, shard_fence)
-                            thread = asyncio.wrap_future(job, loop=loop)
+                        job, thread = self._submit(loop, fn, batch, stopping, fence, timed, shard_fence)
                         w = Watch(batch, calls, loop.create_future())
                         thread.add_done_callback(w.wake)
                         w.timer = loop.call_later(STALL_AFTER, watch, self, w)
@@ -502,6 +494,16 @@ class Controller:
             elif shards is not None:
                 for r in ranges.values():
                     shards.end(r)
+
+    def _submit(
+        self, loop: asyncio.AbstractEventLoop, *args: Any
+    ) -> tuple[concurrent.futures.Future[None] | None, asyncio.Future[None]]:
+        """Hand a batch to the executor: its job (``None`` on the loop's default executor, which
+        only tests use: not tracked for a stop) and the future the worker awaits."""
+        if self.executor is None:
+            return None, loop.run_in_executor(None, run_batch, *args)
+        job = self.executor.submit(run_batch, *args)
+        return job, asyncio.wrap_future(job, loop=loop)
 
     def forget(self, informer: Informer, released: Iterable[Request]) -> int:
         """``released`` keys left ``informer``'s store because their range went to another
