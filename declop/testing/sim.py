@@ -33,7 +33,8 @@ One run (:func:`run`) builds a cluster on one :class:`~declop.testing.simloop.Vi
   :data:`EXIT_BOUND` seconds later — the bound the manager guarantees after a loss — and
   restarts with empty memory after a delay.
 - **faults** (:class:`Fault`) are drawn from the seed, per replica: partitions (requests hang;
-  requests fail at once; requests arrive but their answers are lost), slow requests, pause and
+  requests fail at once — refused, 429, 503, or a write done and answered with a 500; requests
+  arrive but their answers are lost), slow requests, pause and
   resume (SIGSTOP/SIGCONT: the replica's tasks stop advancing, its clock does not), crash and
   restart with empty memory, a stuck call, an administrator deleting a Lease, (sharded) a
   restart with caches that never sync, and a graceful
@@ -319,6 +320,15 @@ class _Replica:
         return self.actor is not None and not self.actor.dead
 
 
+#: what a request of a replica under a ``fail`` fault gets, by its number modulo 4 (the fourth
+#: arrives: a write is done and answered with a 500, a read is answered)
+_FAILURES = {
+    0: (0, "Unreachable", "connection refused"),
+    1: (429, "TooManyRequests", "the apiserver is over its max-inflight limit, retry after 1 s"),
+    2: (503, "ServiceUnavailable", "the apiserver is shutting down"),
+}
+
+
 class SimTransport:
     """One replica's way to the simulated apiserver, with its network faults."""
 
@@ -335,8 +345,11 @@ class SimTransport:
         latency = c.rng.uniform(0.0005, 0.005) + (c.rng.uniform(0, r.slow) if r.slow else 0.0)
         if r.actor is not self.actor or r.net == "hang":
             pass  # black-holed: no answer ever (the caller's timeout ends the wait)
-        elif r.net == "fail":
-            error = ApiError(0, "Unreachable", f"{method} {path}: connection refused")
+        elif r.net == "fail" and c.requests % 4 != 3:
+            # refused, or refused by the apiserver itself before it did anything (the request
+            # number picks which: drawing it from the seed's random would move every schedule)
+            status, reason, text = _FAILURES[c.requests % 4]
+            error = ApiError(status, reason, f"{method} {path}: {text}")
             c.loop.call_later(latency / 4, self._answer, answer, None, error, False, context=c._neutral)
         else:
             c.loop.call_later(latency / 2, self._arrive, answer, method, path, body, kw.get("params"), latency, context=c._neutral)
@@ -359,6 +372,10 @@ class SimTransport:
         else:
             serving.close()
             raise RuntimeError("the fake apiserver awaited inside a request")
+        if r.net == "fail" and method != "GET":
+            # the other failure: the write was done, the answer says it timed out (etcd's
+            # "request timed out" is a 500 after the write may have been committed)
+            result, error = None, ApiError(500, "InternalError", f"{method} {path}: etcdserver: request timed out")
         c.loop.call_later(latency / 2, self._answer, answer, result, error, True, context=c._neutral)
 
     def _answer(self, answer: asyncio.Future[Any], result: Any, error: BaseException | None, lossy: bool) -> None:
