@@ -622,7 +622,13 @@ class _Cluster:
                 if r.exiting or r.stopping or not r.fence(lease):
                     s.end(i)
                     continue
-            duration, r.stuck = (r.stuck or rng.choice((rng.uniform(0.005, 0.3), rng.uniform(0.005, 0.3), rng.uniform(0.3, 4.0)))), 0.0
+            stuck = r.stuck
+            duration, r.stuck = (stuck or rng.choice((rng.uniform(0.005, 0.3), rng.uniform(0.005, 0.3), rng.uniform(0.3, 4.0)))), 0.0
+            if stuck:
+                # a stuck call is a fault until it ends, not from its draw: the next call may
+                # start long after (sharded-namespace seed 1525: drawn at 30.6 s, run 87-127 s
+                # under a range its replica was draining, which nobody may take meanwhile — I1)
+                self.last_change = max(self.last_change, self.now() + duration)
             self.call_started(r, key, lease)
             ends_at, handed = self.now() + duration, False
             try:

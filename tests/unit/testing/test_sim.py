@@ -284,6 +284,17 @@ def test_i7_gives_a_key_the_extra_renew_deadline_when_the_split_that_takes_it_ha
     assert result.ok, result.report()
 
 
+def test_i7_counts_a_stuck_call_as_a_fault_until_it_ends() -> None:
+    """`sharded-namespace` seed 1525, found by the first 10,000-seed sweep with the 429/503/500
+    answers of ``fail``: the stuck fault is drawn at 30.6 s, but r0 — paused from 52.9 to 81.1 s
+    — makes its next call only at 87.2 s, under range 3, which it starts draining at 91.1 s (a
+    fourth member joined). The drain rightly waits for the 40 s call (no one may take a range
+    under a running call); I7 counted the fault from its draw and failed at 130 s."""
+    result = run(Scenario(kind="sharded-namespace"), 1525)
+    assert {"stuck", "pause", "fail"} <= {f.kind for f in result.faults}
+    assert result.ok, result.report()
+
+
 @pytest.mark.parametrize("only", [None, (2, 3, 4, 5)])
 def test_a_stop_that_leaves_a_range_to_expire_exits_before_it_can_be_taken(only: tuple[int, ...] | None) -> None:
     """`shared-id` seed 402 (and its shrunk schedule): r2 is cut off from 33.9 s (its last
