@@ -230,6 +230,20 @@ def test_client_certificates_load_without_any_file(tmp_path: Path, monkeypatch: 
     assert list(scratch.iterdir()) == []
 
 
+def test_a_client_certificate_with_another_key_is_one_line_and_needs_no_trust_store(tmp_path: Path, mocker: Any) -> None:
+    certs = generate(tmp_path / "pki")
+    b64 = lambda p: base64.b64encode(Path(p).read_bytes()).decode()  # noqa: E731
+    good = kubeconfig(tmp_path / "good", user={"client-certificate-data": b64(certs.admin.cert), "client-key-data": b64(certs.admin.key)})
+    bad = kubeconfig(tmp_path / "bad", user={"client-certificate-data": b64(certs.admin.cert), "client-key-data": b64(certs.serving_ca.key)})
+    # checking that the pair loads parses no system trust store (~40 ms of every start)
+    roots = mocker.spy(ssl.SSLContext, "load_default_certs")
+    assert load(str(good), environ={}).cert_data
+    assert roots.call_count == 0
+    with pytest.raises(KubeconfigError) as info:
+        load(str(bad), environ={})
+    assert "user 'a': the client certificate and key do not load" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_401_messages_fit_where_credentials_came_from(tmp_path: Path, service_account: Path) -> None:
     mine = load(str(kubeconfig(tmp_path / "c", name="alice", current="alice")), environ={})
     assert "rejected the token of user 'alice' in kubeconfig" in mine.explain_401()
