@@ -56,7 +56,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, TypeVar
 
 from declop.cache.store import guarded
 from declop.clock import MONOTONIC, Clock
@@ -72,18 +72,20 @@ from declop.leases.shards import ShardLeases, ShardSet
 from declop.lifecycle import Lifecycle
 from declop.reconcile.mapping import enqueue_mapped, enqueue_owner, enqueue_self
 from declop.serving.metrics import LoopLag, Metrics
-from declop.serving.probes import Check, ProbeServer
 from declop.reconcile.registration import Registration
 from declop.registry import Registry, default_registry
 from declop.kube.kubeconfig import pod_namespace
 from declop.kube.access import check_access
 from declop.kube.rbac import Grant, Resolve, group_resource, is_cluster_scoped
-from declop.serving.metricsauth import MetricsAuth
-from declop.serving.cert import ServingCert
 from declop.kube.transport import Transport
-from declop.webhooks.certs import WebhookCert
-from declop.webhooks.endpoint import WebhookEndpoint
-from declop.webhooks.server import WebhookServer
+
+if TYPE_CHECKING:
+    # imported where used: a run without probes, metrics or webhooks (``declop run`` by default,
+    # every ``declop dev`` reload) does not pay for aiohttp.web and the servers (~35 ms of its start)
+    from declop.serving.probes import Check, ProbeServer
+    from declop.webhooks.certs import WebhookCert
+    from declop.webhooks.endpoint import WebhookEndpoint
+    from declop.webhooks.server import WebhookServer
 
 __all__ = ["Manager", "Options"]
 
@@ -361,6 +363,10 @@ class Manager:
         if self.registry.webhooks:
             await self._setup_webhooks()
         if self.options.health_port or self.options.metrics_port:
+            from declop.serving.cert import ServingCert
+            from declop.serving.metricsauth import MetricsAuth
+            from declop.serving.probes import ProbeServer
+
             tls, auth = None, None
             if self.options.metrics_port and self.options.metrics_secure:
                 tls = ServingCert(self.options.metrics_cert_dir).context
@@ -392,6 +398,8 @@ class Manager:
         here) and build the server; it starts in :meth:`start`."""
         assert self.transport is not None
         opts = self.options
+        from declop.webhooks.endpoint import WebhookEndpoint
+
         for hook in self.registry.webhooks:
             await self._check(hook.resource, f"{hook.kind} {hook.name!r}")
         self.webhook_endpoint = await WebhookEndpoint.create(

@@ -1,7 +1,8 @@
 """What ``declop run`` loads: the commands that need pydantic or YAML import them when they run.
 
 A run's baseline memory is what every replica pays (issue 24); the dev loop and the CRD generator
-bring pydantic and PyYAML (~8 MiB), which a run of handlers without typed models never uses.
+bring pydantic and PyYAML (~8 MiB), which a run of handlers without typed models never uses; the
+probe, metrics and webhook servers (aiohttp.web, ~35 ms of every start) load only when served.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import pytest
 RUN_PATH = "import sys, declop.cli, declop.manager, declop.registry, declop.loader"
 
 
-@pytest.mark.parametrize("module", ["pydantic", "yaml", "declop.dev.loop", "declop.typed"])
+@pytest.mark.parametrize(
+    # aiohttp.web and the servers: only a run with --health-port, --metrics-port or webhooks
+    "module", ["pydantic", "yaml", "declop.dev.loop", "declop.typed", "aiohttp.web", "declop.serving.probes", "declop.webhooks.server"]
+)
 def test_the_run_path_does_not_import(module: str) -> None:
     code = f"{RUN_PATH}; assert {module!r} not in sys.modules, sorted(m for m in sys.modules if m.startswith({module!r}))"
     subprocess.run([sys.executable, "-c", code], check=True)
