@@ -38,16 +38,16 @@ _lock = threading.Lock()
 def pause() -> None:
     """Disable the cyclic GC until the matching :func:`resume` (counted across users).
 
-    The first pause of a process that froze nothing yet collects and freezes the start-up heap
-    (modules, the client): once, so that the collection before every later :func:`freeze`
-    walks only what was allocated since."""
+    The first pause of a process that froze nothing yet freezes the start-up heap (modules, the
+    client): once, so that the collection before every later :func:`freeze` walks only what was
+    allocated since. Without collecting it first: that full pass cost 10-20 ms of every start and
+    found 25 unreachable objects (import leftovers), which stay, once."""
     global _pauses, _was_enabled
     with _lock:
         if _pauses == 0:
             _was_enabled = gc.isenabled()
             gc.disable()
             if not gc.get_freeze_count():
-                gc.collect()
                 gc.freeze()
         _pauses += 1
 

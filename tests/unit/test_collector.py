@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,20 @@ def test_freeze_frees_the_cycles_made_while_paused():
         assert not freed, "a cycle is only freed by a pass"
         collector.freeze()
     assert freed == [1]
+
+
+def test_the_first_pause_freezes_the_start_up_heap_without_a_full_pass():
+    """A full pass over the start-up heap cost 10-20 ms of every start for ~25 unreachable
+    objects; the first pause only freezes (in a fresh process: nothing frozen yet)."""
+    code = (
+        "import gc\n"
+        "from declop import collector\n"
+        "calls = []\n"
+        "gc.collect = lambda *a: calls.append(a) or 0\n"
+        "assert gc.get_freeze_count() == 0\n"
+        "collector.pause()\n"
+        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n"
+        "assert calls == [], calls\n"
+        "collector.resume()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
