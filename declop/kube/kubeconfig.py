@@ -27,6 +27,9 @@ Invariants:
   (the CLI exits 2).
 """
 
+# size: one concept — kubeconfig as client-go reads it (merge, in-cluster, validation with its
+# one-line errors); the credentials, proxies and TLS already live in their own modules
+
 from __future__ import annotations
 
 import asyncio

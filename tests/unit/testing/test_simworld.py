@@ -262,16 +262,18 @@ def test_the_fake_apiserver_serves_shard_selectors_when_asked() -> None:
 
     async def main() -> None:
         server = FakeApiServer()
-        for n in "abcdefgh":
-            server.seed(_cm(n))
+        # 64 objects: uids are random, and with 8 all of them fell in one half in one CI run
+        # (1 in 128); with 64, 1 in 2^63
+        for i in range(64):
+            server.seed(_cm(f"cm-{i}"))
         half = ShardFilter("uid", (split(2)[0],))
         params = {"shardSelector": half.selector}
         everything = await server.request("GET", "/api/v1/namespaces/ns/configmaps", params=params)
-        assert len(everything["items"]) == 8 and "shardInfo" not in everything["metadata"]  # the gate off
+        assert len(everything["items"]) == 64 and "shardInfo" not in everything["metadata"]  # the gate off
         server.shard_selectors = True
         page = await server.request("GET", "/api/v1/namespaces/ns/configmaps", params=params)
         assert page["metadata"]["shardInfo"] == {"selector": half.selector}
-        assert page["items"] and all(half.matches(o) for o in page["items"]) and len(page["items"]) < 8
+        assert page["items"] and all(half.matches(o) for o in page["items"]) and len(page["items"]) < 64
 
     asyncio.run(main())
 
