@@ -59,8 +59,10 @@ def first_reconcile(argv: list[str], cwd: Path, env: dict[str, str], out: Path) 
     out.unlink(missing_ok=True)
     log = ReconcileLog(out)
     t_exec = time.time_ns()
-    proc = subprocess.Popen(argv, cwd=str(cwd), env={**env, "BENCH_OUT": str(out)}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    errors = out.with_suffix(".stderr")
+    with open(errors, "wb") as err:  # a file, not a pipe: an operator's log lines never block it
+        proc = subprocess.Popen(argv, cwd=str(cwd), env={**env, "BENCH_OUT": str(out)}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -68,7 +70,7 @@ def first_reconcile(argv: list[str], cwd: Path, env: dict[str, str], out: Path) 
             if log.lines:
                 return (log.lines[0][0] - t_exec) / 1e9
             if proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+                raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {errors.read_text(errors='replace')[-2000:]}")
             time.sleep(0.002)
         raise RuntimeError(f"{' '.join(argv)}: no reconcile within 60 s")
     finally:
