@@ -3,7 +3,7 @@
 Owns :class:`Call` (a key's reconcile from the moment a worker takes it until it is settled),
 the handler's calls themselves — :func:`call_async` (:func:`call_with_timeout` with a timeout)
 for an ``async def`` handler, :func:`run_batch` for the plain calls a worker runs in one executor
-job — and the stall watch of such a batch (:class:`Watch`, :func:`watch`): once a call has run for
+job (:func:`hand_off`: the thread wakes the loop itself) — and the stall watch of such a batch (:class:`Watch`, :func:`watch`): once a call has run for
 :data:`~declop.queue.batches.STALL_AFTER`, the calls behind it go back to the queue. Also the
 hooks a controller reports to (:class:`ControllerMetrics`) and :class:`ControllerState`, the
 controller as the steps of a key's life (:mod:`declop.reconcile.fence`,
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import time
 from typing import Any, Callable, Iterable, Protocol
@@ -48,8 +49,8 @@ from declop.reconcile.result import Phase
 from declop.reconcile.trigger import Trace, Trigger
 
 __all__ = [
-    "Call", "ControllerMetrics", "ControllerState", "Watch", "call_async", "call_with_timeout", "held", "run_batch",
-    "watch",
+    "Call", "ControllerMetrics", "ControllerState", "Watch", "call_async", "call_with_timeout", "hand_off", "held",
+    "returned", "run_batch", "watch",
 ]
 
 
@@ -218,6 +219,70 @@ def run_batch(
         if timed:
             call.ran = time.monotonic() - began
         call.finished = True  # last: everything above is final when the loop sees it
+
+
+def hand_off(
+    executor: concurrent.futures.Executor, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any
+) -> tuple[concurrent.futures.Future[None], asyncio.Future[None]]:
+    """Run ``fn(*args)`` in ``executor``; return its job and a future on ``loop`` that the thread
+    resolves itself, with one ``call_soon_threadsafe``, the moment ``fn`` returns or raises.
+
+    This is the plain handler's thread hop. ``asyncio.wrap_future`` of the job would resolve the
+    loop's future through the job's own completion (its lock, its callbacks, a state copy) and
+    costs ~20 µs more per hop, a third of it, on the 2-core VM (bench/FINDINGS.md).
+
+    Invariants: the returned future ends normally (result or ``fn``'s exception) only once ``fn``
+    has returned, so nothing of ``fn`` still runs; cancelling it cancels the job, which then never
+    runs if no thread took it yet (``job.done()`` tells); a job cancelled before it ran (the
+    executor's ``shutdown(cancel_futures=True)``) cancels the future, so no worker waits for ever.
+    """
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def in_thread() -> None:
+        error: BaseException | None = None
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the worker, as wrap_future would
+            error = exc
+        try:
+            loop.call_soon_threadsafe(_resolve, waiter, error)
+        except RuntimeError:  # the loop is closed: the process is exiting
+            pass
+
+    job = executor.submit(in_thread)
+
+    def job_ended(j: concurrent.futures.Future[None]) -> None:
+        if j.cancelled():
+            try:
+                loop.call_soon_threadsafe(_cancel, waiter)
+            except RuntimeError:
+                pass
+
+    def waiter_ended(w: asyncio.Future[None]) -> None:
+        if w.cancelled():
+            job.cancel()
+
+    job.add_done_callback(job_ended)
+    waiter.add_done_callback(waiter_ended)
+    return job, waiter
+
+
+def _resolve(waiter: asyncio.Future[None], error: BaseException | None) -> None:
+    if not waiter.done():
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(error)
+
+
+def _cancel(waiter: asyncio.Future[None]) -> None:
+    waiter.cancel()
+
+
+def returned(job: concurrent.futures.Future[None], waiter: asyncio.Future[None]) -> bool:
+    """No call of a handed-off batch (:func:`hand_off`) can still run: its thread returned (the
+    waiter ended normally, maybe a moment before the job itself is marked done) or the job is done."""
+    return job.done() or (waiter.done() and not waiter.cancelled())
 
 
 class Watch:

@@ -64,7 +64,7 @@ from declop.queue.priority import NORMAL, PriorityQueue
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
 from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
 from declop.reconcile.call import ControllerMetrics as ControllerMetrics
-from declop.reconcile.call import Call, Watch, call_async, held, run_batch, watch
+from declop.reconcile.call import Call, Watch, call_async, hand_off, held, returned, run_batch, watch
 from declop.reconcile.client import ClientContext
 from declop.reconcile.fence import fence_closed, lease_of, owned, shard_of
 from declop.reconcile.filters import finalizer_work, ident, is_our_echo, only_churn
@@ -398,6 +398,7 @@ class Controller:
         calls: list[Call] = []  # every call is "held" until its key is done() or given back
         shards = self.shards
         job: concurrent.futures.Future[None] | None = None  # the batch's executor job, for plain handlers
+        thread: asyncio.Future[None] | None = None  # resolved by that job's thread as its batch returns
         ranges: dict[Request, int] = {}
         if shards is not None:
             keys = owned(self, keys, ranges)
@@ -485,7 +486,7 @@ class Controller:
         finally:
             for k in held(keys, calls):  # dropped at shutdown, or a framework bug
                 self.queue.done(k)
-            if job is not None and not job.done():
+            if job is not None and thread is not None and not returned(job, thread):
                 # cancelled while the thread runs: its calls go on, and so do their ranges'
                 # in-flight counts (a range is released only once idle) until it returns. (A
                 # job cancelled before a thread took it is done: none of its calls ever runs.)
@@ -502,8 +503,7 @@ class Controller:
         only tests use: not tracked for a stop) and the future the worker awaits."""
         if self.executor is None:
             return None, loop.run_in_executor(None, run_batch, *args)
-        job = self.executor.submit(run_batch, *args)
-        return job, asyncio.wrap_future(job, loop=loop)
+        return hand_off(self.executor, loop, run_batch, *args)
 
     def forget(self, informer: Informer, released: Iterable[Request]) -> int:
         """``released`` keys left ``informer``'s store because their range went to another
