@@ -49,12 +49,16 @@ class OperatorRunner:
         configuration: Any = None,
         options: Options | None = None,
         ready_timeout: float = 30.0,
+        metrics: Any = None,
     ) -> None:
+        """``metrics``: a :class:`~declop.serving.metrics.Metrics` to record into (and read in
+        the test); by default the manager records metrics only when it serves them
+        (``options.metrics_port``)."""
         self.registry = registry
         self.configuration = configuration or load_configuration(kubeconfig)
         self.options = options or Options(grace_period=5.0)
         self.ready_timeout = ready_timeout
-        self.manager = Manager(self.configuration, registry, self.options)
+        self.manager = Manager(self.configuration, registry, self.options, metrics=metrics)
         self.loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None

@@ -26,16 +26,18 @@ Invariants:
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from declop.errors import ConfigError
 from declop.kube.discovery import ResourceInfo
 from declop.kube.kubeconfig import pod_namespace
-from declop.serving.metrics import Metrics
 from declop.webhooks.certs import GeneratedCert, MountedCert, WebhookCert, load_or_create_ca
 from declop.webhooks.configuration import ClientConfig, apply_configurations, parse_service
 from declop.webhooks.declaration import Webhook
 from declop.webhooks.server import WebhookServer
+
+if TYPE_CHECKING:
+    from declop.serving.metrics import Metrics
 
 __all__ = ["WebhookEndpoint"]
 
@@ -80,7 +82,7 @@ class WebhookEndpoint:
         url: str | None,
         namespace: str | None,
         cert_validity: float,
-        metrics: Metrics,
+        metrics: Metrics | None,
         host: str = "0.0.0.0",
         max_body: int | None = None,
     ) -> WebhookEndpoint:
@@ -109,8 +111,9 @@ class WebhookEndpoint:
         )
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="declop-webhook")
         server = WebhookServer(hooks, port=port, ssl_context=cert.context, executor=executor, host=host, max_request_bytes=max_body)
-        server.observer = metrics.webhook
-        server.in_flight = metrics.webhook_serving
+        if metrics is not None:  # None: /metrics is not served
+            server.observer = metrics.webhook
+            server.in_flight = metrics.webhook_serving
         return cls(server, cert, client, executor, name=name, own_namespace=excluded)
 
     async def start(self, hooks: list[tuple[Webhook, ResourceInfo]], request: Request) -> None:

@@ -26,6 +26,7 @@ import pytest
 
 import declop
 from declop.manager import Options
+from declop.serving.metrics import Metrics
 from declop.testing.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
@@ -133,7 +134,7 @@ def test_each_source_kind_is_named_in_the_trigger(kubeconfig, k8s_api, namespace
     # plain mode, as under declop dev: with secure metrics /debug/reconciles wants a token
     # (tests/integration/test_metrics_auth.py); this test is about what it lists
     options = Options(namespaces=(namespace,), grace_period=2, health_port=port, debug_reconciles=50, metrics_secure=False)
-    with OperatorRunner(registry, kubeconfig=kubeconfig, options=options) as op:
+    with OperatorRunner(registry, kubeconfig=kubeconfig, options=options, metrics=Metrics()) as op:
         controller = op.manager.controllers[0]
         wait_for(lambda: journal.of("existing"), 10)
         assert journal.of("existing")[-1].names == ("initial-list",)
@@ -221,7 +222,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_retried(kubeconfig, 
                 cancelled.set()
                 raise
 
-    with OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=2)) as op:
+    with OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=2), metrics=Metrics()) as op:
         t0 = time.monotonic()
         create_cms(k8s_api, namespace, ["slow"], threads=1)
         wait_for(lambda: len(journal.of("slow")) == 2, 10, what="the retry after the timeout")

@@ -30,6 +30,7 @@ from declop.kube.kubeconfig import RestConfig
 from declop.loader import load
 from declop.manager import Options
 from declop.registry import Registry
+from declop.serving.metrics import Metrics
 from declop.testing.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
@@ -232,7 +233,7 @@ def test_an_operator_under_exactly_the_generated_rbac_reconciles_without_a_403(
             calls.clear()
             started = time.monotonic()
             with caplog.at_level("DEBUG", logger="declop"):
-                with OperatorRunner(loaded, configuration=as_operator, options=options) as op:
+                with OperatorRunner(loaded, configuration=as_operator, options=options, metrics=Metrics()) as op:
                     wait_for(lambda: calls, 30, what="the first reconcile")
                     costs[check].append(calls[0] - started)
                     wait_for(lambda: (custom.get_namespaced_custom_object(group, "v1", namespace, "gizmos", "g").get("status") or {}).get("size") == 3,
