@@ -3,8 +3,9 @@
 Owns :class:`Call` (a key's reconcile from the moment a worker takes it until it is settled),
 the handler's calls themselves — :func:`call_async` (:func:`call_with_timeout` with a timeout)
 for an ``async def`` handler, :func:`run_batch` for the plain calls a worker runs in one executor
-job (:func:`hand_off`: the thread wakes the loop itself) — and the stall watch of such a batch (:class:`Watch`, :func:`watch`): once a call has run for
-:data:`~declop.queue.batches.STALL_AFTER`, the calls behind it go back to the queue. Also the
+job (:func:`hand_off`: the thread wakes the loop itself) — and the stall watch of such a batch
+(:class:`Watch`, :func:`watch`): once a call has run for :data:`~declop.queue.batches.STALL_AFTER`,
+the calls behind it go back to the queue. Also the
 hooks a controller reports to (:class:`ControllerMetrics`) and :class:`ControllerState`, the
 controller as the steps of a key's life (:mod:`declop.reconcile.fence`,
 :mod:`declop.reconcile.preparation`, :mod:`declop.reconcile.outcome`) see it.
