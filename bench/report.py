@@ -179,8 +179,10 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
     c = read(out, "c")
     sizes = sorted({int(r["n"]) for r in c})
     if sizes and sizes[-1] > 0:
-        top = sizes[-1]
-        m = Metric(f"c RSS per cached object, slope N=0 → {top:,}", "KiB", "≤ 20 KiB", lambda v: v <= 20)
+        # the slope over each large size (over the largest when none reaches 10k): at 1k the baseline's noise
+        # is as large as the objects
+        slopes = {top: Metric(f"c RSS per cached object, slope N=0 → {top:,}", "KiB", "≤ 20 KiB", lambda v: v <= 20)
+                  for top in ([x for x in sizes if x >= 10000] or sizes[-1:])}
         base = Metric("c RSS with no objects (baseline)", "MiB", "≤ 50 MB", lambda v: v <= 47.7)
         by: dict[tuple[str, str], dict[int, float]] = {}
         for r in c:
@@ -188,9 +190,10 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
         for (op, _run), vals in by.items():
             if 0 in vals:
                 base.add(op, vals[0] / 1024)
-            if 0 in vals and top in vals:
-                m.add(op, (vals[top] - vals[0]) / top)
-        rows += [m, base]
+            for top, m in slopes.items():
+                if 0 in vals and top in vals:
+                    m.add(op, (vals[top] - vals[0]) / top)
+        rows += [*slopes.values(), base]
         for n in [x for x in sizes if x > 0]:
             peak = Metric(f"c peak RSS (VmHWM) after the cold start, N={n:,}", "MiB")
             for r in c:
@@ -251,6 +254,8 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
                 m.add(PROBES.get(r["operator"], r["operator"]), num(r["max_stall_ms"]))
         rows.append(m)
 
+    rows += scaleout_rows(out) + priority_rows(out) + metadata_rows(out)
+
     h = read(out, "h")  # bench/admission.py
     for rate in sorted({float(r["rate"]) for r in h}):
         at = [r for r in h if float(r["rate"]) == rate]
@@ -270,6 +275,73 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
             for r in products:
                 m.add(ADMISSION_COLUMNS[r["operator"]], num(r[key]))
             rows.append(m)
+    return rows
+
+
+def scaleout_rows(out: Path) -> list[Metric]:
+    """The scale-out rows (bench/scaleout.py in ``out/scaleout``): per mode and replica count, each
+    replica's CPU in the churn window and its RSS; every replica of every run is one value."""
+    folder = out / "scaleout"
+    if not (folder / "raw.json").exists():
+        return []
+    raw = json.loads((folder / "raw.json").read_text())
+    st = raw["settings"]
+    rows: list[Metric] = []
+    for mode in st["modes"]:
+        where = "apiserver-side" if mode == "server" else "client-side"
+        for k in st["replicas"]:
+            at = [r for r in raw["rows"] if r["mode"] == mode and int(r["replicas"]) == k]
+            cpu = Metric(f"scale-out CPU per replica, {k} replica(s) of {st['shards']} ranges, {where} filtering, "
+                         f"{st['rate']:g} updates/s over {st['n']:,} objects for {st['seconds']:g} s", "s")
+            rss = Metric(f"scale-out RSS per replica, {k} replica(s), {where} filtering, {st['n']:,} objects", "MiB")
+            for r in at:
+                cpu.add("declop", num(r["cpu_s"]))
+                rss.add("declop", num(r["rss_mib"]))
+            rows += [cpu, rss]
+    return rows
+
+
+def priority_rows(out: Path) -> list[Metric]:
+    """The priority rows (bench/priority.py in ``out/priority``): the restart and starvation scenarios,
+    one row per queue variant (all declop: the variants are its queue's settings)."""
+    rows: list[Metric] = []
+    restart = read(out / "priority", "priority_restart")
+    for n, handler, queue in sorted({(int(r["n"]), float(r["handler_ms"]), r["queue"]) for r in restart}):
+        m = Metric(f"priority: restart with {n:,} objects, a new object's create → its reconcile, "
+                   f"{handler:g} ms handler, {queue} queue", "s")
+        for r in restart:
+            if (int(r["n"]), float(r["handler_ms"]), r["queue"]) == (n, handler, queue):
+                m.add("declop", num(r["new_object_reconciled_after_s"]))
+        rows.append(m)
+    for r in read(out / "priority", "priority_starvation"):
+        head = (f"priority: starvation, {int(r['low_keys']):,} low keys under {num(r['normal_rate']):g} normal "
+                f"events/s for {num(r['window_s']):g} s, {r['queue']} queue")
+        low = Metric(f"{head}: low keys reconciled in the window", "keys", digits=4)
+        low.add("declop", num(r["low_reconciled_in_window"]))
+        wait = Metric(f"{head}: longest wait of a low key (inf: starved)", "s")
+        wait.add("declop", float(r["low_max_wait_s"]))
+        p99 = Metric(f"{head}: p99 wait of a normal event", "s")
+        p99.add("declop", num(r["normal_p99_wait_s"]))
+        rows += [low, wait, p99]
+    return rows
+
+
+def metadata_rows(out: Path) -> list[Metric]:
+    """The metadata-only rows (bench/metadata_rss.py, ``out/metadata_rss.json``): bytes of RSS per cached
+    object with the whole object cached and with metadata only, one informer in a fresh process."""
+    path = out / "metadata_rss.json"
+    if not path.exists():
+        return []
+    results = json.loads(path.read_text())
+    rows: list[Metric] = []
+    for mode, title in (("whole", "whole objects"), ("metadata_only", "metadata only")):
+        at = [r for r in results if r["mode"] == mode and not r["traced"]]
+        if not at:
+            continue
+        m = Metric(f"metadata-only: RSS per cached object, one informer, {at[0]['objects']:,} objects, {title}", "KiB")
+        for r in at:
+            m.add("declop", r["per_object"] / 1024)
+        rows.append(m)
     return rows
 
 

@@ -1,11 +1,17 @@
 """The declop benchmark: one command runs every scenario for every operator on a local control plane.
 
-    python bench/run.py --quick          # make bench-quick: N=1k, 1 run, short windows (<= 5 min)
-    python bench/run.py                  # make bench: N=1k and 10k, 5 runs
+    python bench/run.py --quick          # make bench-quick: N=1k, 1 run, short windows, small extras
+    python bench/run.py                  # make bench: N=1k and 10k, 3 runs, 100k, every extra scenario
     python bench/run.py --resource crd   # the CRD variant (Widgets of ~6 KB) instead of ConfigMaps
 
-Writes bench/results/<date>[-quick|-crd]/: one CSV per scenario, raw latency CSVs, summary.md, PNGs.
-See bench/README.md for the method.
+Scenarios a–g run here, operator by operator on one control plane; the 100k row (``--big``) cold-starts
+each operator in turn on one shared set of objects. Then the extra scenarios run, each its own script on
+its own control plane, writing into the same folder (``--extras``): scale-out (scaleout.py), priority
+(priority.py), admission h (admission.py) and metadata-only memory (metadata_rss.py). report.py turns
+the whole folder into one table.
+
+Writes bench/results/<date>[-quick|-crd]/: one CSV per scenario, raw latency CSVs, the extras' folders,
+summary.md, PNGs. See bench/README.md for the method.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from lib import (  # noqa: E402
 
 DEFAULT_OPERATORS = ["declop", "declop-paged", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
 AUX_OPERATORS = ["declop-inproc", "declop-inproc-paged"]
+#: who cold-starts on the --big objects (Kopf's one-object-at-a-time start would take the whole run)
+BIG_OPERATORS = ["declop", "declop-paged", "controller-runtime", "declop-inproc"]
+EXTRAS = ["scaleout", "priority", "admission", "metadata"]
 
 
 @dataclass
@@ -56,6 +65,8 @@ class Settings:
     resource: str
     drain_seconds: float
     settle_seconds: float
+    big: int = 0
+    extras: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -96,6 +107,7 @@ class Bench:
     out: Path
     work: Path
     failures: list[str] = field(default_factory=list)
+    _shared: set[str] = field(default_factory=set)
 
     # -- namespaces and objects -----------------------------------------------------------------
     def namespace(self, name: str) -> str:
@@ -127,7 +139,20 @@ class Bench:
 
     # -- operator lifecycle helpers -------------------------------------------------------------
     def start(self, spec: OperatorSpec, ns: str, tag: str) -> OperatorProcess:
-        return OperatorProcess(spec, ns, self.kubeconfigs[spec.name], self.work / ns, self.resource)
+        return OperatorProcess(spec, ns, self.kubeconfigs[spec.name], self.work / ns / spec.name, self.resource)
+
+    def shared(self, n: int) -> str:
+        """The namespace of the ``--big`` lifecycles: ``n`` objects created once, read by every operator.
+
+        The benchmark's operators never write to their objects, so one operator's cold start leaves
+        the objects as the next one finds them."""
+        ns = f"shared-{n}"
+        if ns not in self._shared:
+            self.namespace(ns)
+            progress(f"  creating {n:,} objects once for every operator's cold start")
+            self.create(ns, "obj-", n)
+            self._shared.add(ns)
+        return ns
 
     def wait_keys(self, op: OperatorProcess, ns: str, prefix: str, count: int, what: str,
                   since: int = 0) -> dict[str, int] | None:
@@ -212,13 +237,15 @@ class Bench:
             self.cleanup(ns)
 
     # -- lifecycle C: N existing objects: f(N), a2(N), g, RSS(N); at the churn size also d, b, e ---
-    def lifecycle_cold(self, spec: OperatorSpec, run: int, n: int) -> None:
-        churn = n == self.settings.churn_objects
+    def lifecycle_cold(self, spec: OperatorSpec, run: int, n: int, shared: str | None = None) -> None:
+        """``shared``: a namespace whose ``n`` objects exist already and stay (the --big row)."""
+        churn = n == self.settings.churn_objects and shared is None
         if spec.aux and not churn and n not in self.settings.stall_sizes:
             return
-        ns = self.namespace(f"{spec.name}-cold-{n}-r{run}")
-        progress(f"  {spec.name}: preparing {n} objects")
-        self.create(ns, "obj-", n)
+        ns = shared or self.namespace(f"{spec.name}-cold-{n}-r{run}")
+        if not shared:
+            progress(f"  {spec.name}: preparing {n} objects")
+            self.create(ns, "obj-", n)
         op = self.start(spec, ns, "cold")
         try:
             progress(f"  {spec.name}: cold start with {n} objects")
@@ -246,7 +273,8 @@ class Bench:
                     self.dedup(spec, op, run, ns)
         finally:
             op.stop()
-            self.cleanup(ns)
+            if not shared:
+                self.cleanup(ns)
 
     def idle_window(self, spec: OperatorSpec, op: OperatorProcess, run: int) -> None:
         if spec.aux:
@@ -318,13 +346,14 @@ class Bench:
                      ((r[1], None if r[3] is None else r[3] // 1000, int(r[4])) for r in rows))
 
     # -- lifecycle S: declop's in-process probes (g stall during a2; b in-process, synthetic watch) --
-    def lifecycle_synthetic(self, spec: OperatorSpec, run: int, n: int) -> None:
-        ns = self.namespace(f"{spec.name}-{n}-r{run}")
-        progress(f"  {spec.name}: preparing {n} objects")
-        self.create(ns, "obj-", n)
+    def lifecycle_synthetic(self, spec: OperatorSpec, run: int, n: int, shared: str | None = None) -> None:
+        ns = shared or self.namespace(f"{spec.name}-{n}-r{run}")
+        if not shared:
+            progress(f"  {spec.name}: preparing {n} objects")
+            self.create(ns, "obj-", n)
         phases = [(rate, self.settings.churn_seconds) for rate in self.settings.rates]
         env = {"BENCH_SYNTH": ",".join(f"{r:g}:{t:g}" for r, t in phases), "BENCH_PLURAL": self.resource.plural}
-        op = OperatorProcess(spec, ns, self.kubeconfigs[spec.name], self.work / ns, self.resource, env)
+        op = OperatorProcess(spec, ns, self.kubeconfigs[spec.name], self.work / ns / spec.name, self.resource, env)
         try:
             progress(f"  {spec.name}: cold start with {n} objects (stall probe), then a synthetic watch at "
                      f"{', '.join(f'{r:g}/s' for r, _ in phases)}")
@@ -347,7 +376,8 @@ class Bench:
             self.settle(op, quiet=1.0, limit=20)
         finally:
             op.stop()
-            self.cleanup(ns)
+            if not shared:
+                self.cleanup(ns)
         received = op.received()
         for p, (rate, _t) in enumerate(phases, start=1):
             lo, hi = p * 10_000_000, (p + 1) * 10_000_000
@@ -475,14 +505,19 @@ def machine_facts(cp: BenchControlPlane, settings: Settings) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N=1k only, 1 run, short windows (<= 5 min)")
-    ap.add_argument("--runs", type=int, help="runs per scenario (default 5; quick 1)")
+    ap.add_argument("--runs", type=int, help="runs per scenario (default 3; quick 1)")
     ap.add_argument("--n", type=int, action="append", help="cold-start sizes besides 0 (default 1000 10000)")
     ap.add_argument("--a1", type=int, action="append", help="a1 sizes (default 1000 10000)")
     ap.add_argument("--churn-objects", type=int, default=1000)
     ap.add_argument("--rate", type=float, action="append", help="churn rates (default 100 1000)")
     ap.add_argument("--churn-seconds", type=float)
     ap.add_argument("--idle-seconds", type=float)
-    ap.add_argument("--stall-100k", action="store_true", help="also g (and a2) at 100k objects (declop probe)")
+    ap.add_argument("--big", type=int, help="the large row: a2, f, c and g (declop probe) over this many objects, "
+                    "created once and cold-started on by each of " + ", ".join(BIG_OPERATORS) +
+                    " (default 100000; quick 0: none)")
+    ap.add_argument("--stall-100k", action="store_true", help="the same as --big 100000")
+    ap.add_argument("--extras", help=f"comma list of extra scenarios after a–g (default {','.join(EXTRAS)}; "
+                    "'' for none)")
     ap.add_argument("--size", type=int, default=6000, help="payload bytes per object (~6 KB)")
     ap.add_argument("--operators", help=f"comma list (default {','.join(DEFAULT_OPERATORS)})")
     ap.add_argument("--resource", choices=["configmaps", "crd"], default="configmaps")
@@ -496,9 +531,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     cold = args.n or ([1000] if quick else [1000, 10000])
-    stall = sorted(set(cold) | ({100000} if args.stall_100k else set()))
+    stall = sorted(set(cold))
+    big = 100000 if args.stall_100k else args.big if args.big is not None else 0 if quick else 100000
+    extras = EXTRAS if args.extras is None else [x for x in args.extras.split(",") if x]
+    if set(extras) - set(EXTRAS):
+        ap.error(f"unknown extra scenario(s) {', '.join(sorted(set(extras) - set(EXTRAS)))}; "
+                 f"choose from {', '.join(EXTRAS)}")
     settings = Settings(
-        quick=quick, runs=args.runs or (1 if quick else 5),
+        quick=quick, runs=args.runs or (1 if quick else 3),
         a1_sizes=args.a1 or ([1000] if quick else [1000, 10000]),
         cold_sizes=sorted(set(cold)), churn_objects=args.churn_objects,
         rates=args.rate or [100.0, 1000.0], churn_seconds=args.churn_seconds or (5.0 if quick else 15.0),
@@ -507,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         operators=(args.operators.split(",") if args.operators else DEFAULT_OPERATORS) + AUX_OPERATORS,
         resource=args.resource,
         drain_seconds=6.0 if quick else 45.0, settle_seconds=1.5 if quick else 3.0,
+        big=big, extras=extras,
     )
     if settings.churn_objects not in settings.cold_sizes:
         settings.cold_sizes = sorted({*settings.cold_sizes, settings.churn_objects})
@@ -560,6 +601,13 @@ def main(argv: list[str] | None = None) -> int:
                         if spec.aux:
                             progress(f"run {run}/{settings.runs} · g + b in-process · N={n} · {spec.name}")
                             _guard(bench, spec, lambda: bench.lifecycle_synthetic(spec, run, n))
+                for spec in specs if settings.big else []:
+                    if spec.name not in BIG_OPERATORS:
+                        continue
+                    n = settings.big
+                    progress(f"run {run}/{settings.runs} · a2 + f + c + g · N={n:,} (shared objects) · {spec.name}")
+                    lifecycle = bench.lifecycle_synthetic if spec.aux else bench.lifecycle_cold
+                    _guard(bench, spec, lambda: lifecycle(spec, run, n, bench.shared(n)))
         except KeyboardInterrupt:  # keep what was measured: summary of the completed lifecycles
             progress(f"interrupted during run {run}; writing the summary of what was measured")
             facts["interrupted"] = f"during run {run} of {settings.runs}"
@@ -573,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
             progress("warning: declop/ changed while the benchmark ran; see meta.json")
         facts["wall_seconds"] = round(time.monotonic() - began, 1)
         (out / "meta.json").write_text(json.dumps(facts, indent=2) + "\n")
+    if "interrupted" not in facts:
+        run_extras(out, settings)
     import report
 
     report.write(out)
@@ -580,6 +630,42 @@ def main(argv: list[str] | None = None) -> int:
     if bench.failures:
         progress(f"{len(bench.failures)} measurement(s) failed; see meta.json")
     return 0
+
+
+def extra_commands(out: Path, settings: Settings) -> dict[str, list[list[str]]]:
+    """Each extra scenario's command lines (its script writes into ``out``; report.py reads it there)."""
+    q = settings.quick
+    return {
+        "scaleout": [["scaleout.py", "--n", "1000" if q else "10000", "--seconds", "10" if q else "20",
+                      "--idle-seconds", "5" if q else "10", "--out", str(out / "scaleout")]],
+        "priority": [["priority.py", "restart", "--n", "2000", "--handler-ms", "1", "--runs", "1" if q else "2",
+                      "--out", str(out / "priority")],
+                     ["priority.py", "starvation", "--low", "1000", "--rate", "200", "--seconds", "20",
+                      "--handler-ms", "5", "--out", str(out / "priority")]],
+        "admission": [["admission.py", "--seconds", "10" if q else "20", "--runs", "1" if q else "2",
+                       "--out", str(out)]],
+        "metadata": [["metadata_rss.py", "--n", "2000", "--runs", "3", "--json", str(out / "metadata_rss.json")]],
+    }
+
+
+def run_extras(out: Path, settings: Settings) -> None:
+    """Run the extra scenarios one after another, each its own process and control plane; a failed one
+    is recorded in meta.json (``failures``) and the others still run."""
+    commands = extra_commands(out, settings)
+    for name in settings.extras:
+        for argv in commands[name]:
+            progress(f"extra scenario {name}: python bench/{' '.join(argv)}")
+            t0 = time.monotonic()
+            proc = subprocess.run([sys.executable, str(BENCH / argv[0]), *argv[1:]], cwd=str(REPO))
+            meta = json.loads((out / "meta.json").read_text())  # admission.py adds its settings to it
+            meta.setdefault("extras", []).append({"scenario": name, "command": f"python bench/{' '.join(argv)}",
+                                                  "seconds": round(time.monotonic() - t0, 1),
+                                                  "exit": proc.returncode})
+            if proc.returncode:
+                meta.setdefault("failures", []).append(f"extra {name}: exit {proc.returncode}")
+                progress(f"  ! extra scenario {name} failed (exit {proc.returncode})")
+            meta["wall_seconds"] = round(meta.get("wall_seconds", 0) + time.monotonic() - t0, 1)
+            (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _rel(p: Path) -> str:
