@@ -295,6 +295,7 @@ class OperatorProcess:
             if resource.go_gvk:
                 argv += ["--gvk", resource.go_gvk]
         self.log = ReconcileLog(self.out)
+        self.churned: list[tuple[float, list[Write], float]] = []  # bench/run.py: the probe's churn windows
         self._stdout = open(workdir / "operator.log", "wb")
         self.t_exec = time.time_ns()
         self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._stdout,

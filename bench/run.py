@@ -45,6 +45,8 @@ AUX_OPERATORS = ["declop-inproc", "declop-inproc-paged"]
 #: who cold-starts on the --big objects (Kopf's one-object-at-a-time start would take the whole run)
 BIG_OPERATORS = ["declop", "declop-paged", "controller-runtime", "declop-inproc"]
 EXTRAS = ["scaleout", "priority", "admission", "metadata"]
+#: the probe that also churns over a real watch: it splits b's latency where the event was received
+SPLIT_PROBE = "declop-inproc"
 
 
 @dataclass
@@ -275,6 +277,27 @@ class Bench:
             op.stop()
             if not shared:
                 self.cleanup(ns)
+        if op.churned:
+            self.split(spec, op, run, ns)
+
+    def split(self, spec: OperatorSpec, op: OperatorProcess, run: int, ns: str) -> None:
+        """b's end-to-end latency in two, from the probe's receive times (its list is written at exit):
+        ``delivery`` = update sent → its watch event received by declop (the apiserver, the network,
+        the socket), ``pipeline`` = event received → the reconcile that read it (declop alone)."""
+        received = op.received()
+        first: dict[tuple[str, int], int] = {}
+        for t, key, seq in received:
+            if seq.isdigit():
+                first.setdefault((key, int(seq)), t)
+        recs = op.log.lines
+        for rate, ok, achieved in op.churned:
+            delivery = [(f"{ns}/{w.name}", w.seq, w.send, first.get((f"{ns}/{w.name}", w.seq)))
+                        for w in ok]
+            rows = [(k, seq, sent, None if t is None else t - sent, t is not None) for k, seq, sent, t in delivery]
+            self._latency_rows(spec, run, rate, "delivery", rows, len(recs), achieved, 0, float("nan"), 0)
+            events = [(k, seq, t) for k, seq, _, t in delivery if t is not None]
+            rows, _ = pair_latencies(events, recs)
+            self._latency_rows(spec, run, rate, "pipeline", rows, len(recs), achieved, 0, float("nan"), 0)
 
     def idle_window(self, spec: OperatorSpec, op: OperatorProcess, run: int) -> None:
         if spec.aux:
@@ -319,6 +342,8 @@ class Bench:
             achieved = len(ok) / ((max(w.send for w in ok) - min(w.send for w in ok)) / 1e9) if len(ok) > 1 else 0
             self._latency_rows(spec, run, rate, "e2e", rows, len(recs), achieved, len(writes) - len(ok),
                                (cpu1 - cpu0) / ((t1 - t0) / 1e9), (t_gen - t0) / 1e9)
+            if spec.kind == "declop-inproc":
+                op.churned.append((rate, ok, achieved))
             if not spec.aux:
                 by_verb = self.requests(op, t0, t1)
                 self.sink.add("d", {"operator": spec.name, "run": run, "window": f"churn {rate:g}/s",
@@ -591,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
                         _guard(bench, spec, lambda: bench.lifecycle_a1(spec, run, m))
                 for n in settings.cold_sizes:
                     for spec in specs:
-                        if spec.aux:
+                        if spec.aux and (n != settings.churn_objects or spec.name != SPLIT_PROBE):
                             continue
                         progress(f"run {run}/{settings.runs} · a2 + f + c + g (+ b, d, e at {settings.churn_objects}) · "
                                  f"N={n} · {spec.name}")
