@@ -59,6 +59,12 @@ class BenchControlPlane(ControlPlane):
     ``apiserver_request_total`` has no user or user-agent label (checked on v1.36.3, see README).
     """
 
+    def _etcd_args(self) -> list[str]:
+        # A full `make bench` writes ~2 GiB of revisions (100k objects of ~6.7 KB kept for the whole run,
+        # plus every churn window's updates): compaction makes that space reusable but never shrinks the
+        # file, and etcd's default 2 GiB quota then refuses every write ("mvcc: database space exceeded").
+        return [*super()._etcd_args(), f"--quota-backend-bytes={8 * 1024 ** 3}"]
+
     def _apiserver_args(self) -> list[str]:
         work = Path(self.tmp_dir)
         policy = work / "audit-policy.yaml"

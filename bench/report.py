@@ -518,8 +518,10 @@ def readme_section(out: Path) -> str:
         "## Performance",
         "",
         f"declop against Kopf (both handler styles, with and without Event posting) and a controller-runtime "
-        f"no-op controller, on one local kube-apiserver, same no-op logic, each a separate process "
-        f"(`make bench`; `make bench-quick` in about 5 minutes). Figures from "
+        f"no-op controller, on one local kube-apiserver, same no-op logic, each a separate process, and "
+        f"declop's own scenarios (scale-out, priority queue, admission webhook against Kopf's, metadata-only "
+        f"cache), all from one `make bench` on commit {meta.get('declop_commit')} "
+        f"(`make bench-quick`: the same table at reduced sizes, about 8 minutes). Figures from "
         f"[bench/{rel}](bench/{rel}/summary.md): median and min–max of up to {s.get('runs')} runs (the runs "
         f"column says how many each figure has"
         + (f"; the run was interrupted {meta['interrupted']}" if meta.get("interrupted") else "")
