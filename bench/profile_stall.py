@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import declop.cache.listing
+import declop.collector
 import declop.cache.watch
 from declop.cache.informer import Informer
 from declop.testing.listwatch import ListWatchServer
@@ -117,15 +118,14 @@ def _wrap_phases(marks: list[tuple[str, float]]) -> None:
                 finally:
                     marks.append((f"{__name} end", asyncio.get_running_loop().time()))
         setattr(Informer, name, wrapped)
-    orig = declop.cache.listing.freeze
+    orig = declop.collector.freeze
 
     def wrapped_f(*a: Any, __orig: Any = orig) -> Any:
         t = time.perf_counter()
         r = __orig(*a)
         marks.append((f"_freeze took {1000 * (time.perf_counter() - t):.1f} ms", asyncio.get_running_loop().time()))
         return r
-    for module in (declop.cache.listing, declop.cache.watch):  # a paged list's pages, a stream's chunks
-        setattr(module, "freeze", wrapped_f)
+    declop.collector.freeze = wrapped_f  # a paged list's pages and a stream's chunks call it through the module
 
 
 async def measure(n: int, mode: str, relist: bool, port_q: Any, cmd_q: Any) -> None:
