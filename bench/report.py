@@ -247,9 +247,10 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
 
     f = read(out, "f")
     for n in sorted({int(r["n"]) for r in f}):
-        target = ("≤ 1 s", 1.0) if n <= 1000 else ("≤ 3 s", 3.0)
+        # the plan's targets stop at 10k; the 100k row has none (its a2 target is in a2)
+        target = ("≤ 1 s", 1.0) if n <= 1000 else ("≤ 3 s", 3.0) if n <= 10000 else ("", None)
         m = Metric(f"f process start → first reconcile, N={n:,}" + (" (+1 probe object)" if n == 0 else ""), "s",
-                   target[0], lambda v, t=target[1]: v <= t)
+                   target[0], None if target[1] is None else (lambda v, t=target[1]: v <= t))
         for r in f:
             if int(r["n"]) == n:
                 m.add(r["operator"], num(r["start_to_first_reconcile_s"]))
