@@ -95,10 +95,7 @@ def main() -> int:
                       f"e2e {pct([x[3] for x in rows if x[3] is not None])}", flush=True)
                 print(f"    write ack      {pct([w.ack - w.send for w in ok])}", flush=True)
                 if spec.kind == "declop-inproc":
-                    first: dict[tuple[str, int], int] = {}
-                    for t, k, s in op.received():
-                        if s.isdigit():
-                            first.setdefault((k, int(s)), t)
+                    first = op.first_received()
                     sent = [(f"{ns}/{w.name}", w.seq, w.send) for w in ok]
                     got = [(k, seq, first[(k, seq)]) for k, seq, _ in sent if (k, seq) in first]
                     print(f"    sent->received {pct([first[(k, seq)] - t for k, seq, t in sent if (k, seq) in first])}"

@@ -362,6 +362,14 @@ class OperatorProcess:
         # the probe logs only new maxima: the last one before t_to is the max so far
         return max(vals) if vals else 0.0
 
+    def first_received(self) -> dict[tuple[str, int], int]:
+        """The probe's receive time of each ``(key, bench/seq)`` watch event (its first, if repeated)."""
+        first: dict[tuple[str, int], int] = {}
+        for t, key, seq in self.received():
+            if seq.isdigit():
+                first.setdefault((key, int(seq)), t)
+        return first
+
     def received(self) -> list[tuple[int, str, str]]:
         try:
             rows = [line.split(" ") for line in self.recv_out.read_text().splitlines()]

@@ -284,11 +284,7 @@ class Bench:
         """b's end-to-end latency in two, from the probe's receive times (its list is written at exit):
         ``delivery`` = update sent → its watch event received by declop (the apiserver, the network,
         the socket), ``pipeline`` = event received → the reconcile that read it (declop alone)."""
-        received = op.received()
-        first: dict[tuple[str, int], int] = {}
-        for t, key, seq in received:
-            if seq.isdigit():
-                first.setdefault((key, int(seq)), t)
+        first = op.first_received()
         recs = op.log.lines
         for rate, ok, achieved in op.churned:
             delivery = [(f"{ns}/{w.name}", w.seq, w.send, first.get((f"{ns}/{w.name}", w.seq)))
