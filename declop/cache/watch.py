@@ -259,7 +259,9 @@ class Watching:
     async def _watch(self, *, initial: bool, resource_version: str) -> None:
         """Consume one watch stream until it ends. With ``initial`` it is a streaming list: the
         initial events are collected aside until the initial-events-end bookmark, swapped into
-        the store (``_stream_synced`` becomes true), and the same stream goes on as the watch."""
+        the store (``_stream_synced`` becomes true), and the same stream goes on as the watch.
+        Until then the stream is read in bulk (``Transport.stream``'s ``bulk``): the initial
+        events are a transfer, where fewer and larger reads save CPU and cost no latency."""
         timeout_seconds = self.min_watch_timeout + int(random.random() * self.min_watch_timeout)
         params: dict[str, str] = {
             "watch": "1",
@@ -290,6 +292,8 @@ class Watching:
                 read_timeout=self.idle_timeout,
                 total_timeout=timeout_seconds + 60.0,
                 accept=METADATA_ACCEPT if self.metadata_only else None,
+                # the initial events in bulk (fewer, larger reads); the watch proper at once
+                bulk=(lambda: not self._stream_synced) if initial else None,
             ):
                 self._events += 1
                 try:

@@ -87,6 +87,12 @@ LANES = ("handler", "informer", "leader", "auth")
 #: the ``"auth"`` lane's client-side limit (TokenReview/SubjectAccessReview for callers of /metrics)
 AUTH_QPS, AUTH_BURST = 10.0, 20
 
+#: a watch stream read in bulk (``stream(bulk=...)``): after a read of fewer than ``BULK_READ`` bytes
+#: the connection is not read for ``BULK_PAUSE`` seconds, so the next read takes what arrived
+#: meanwhile — a few hundred KiB per read instead of one event per read (10k objects of a
+#: streaming list: ~800 reads instead of ~9,000, 40 % less CPU; bench/FINDINGS.md)
+BULK_PAUSE, BULK_READ = 0.002, 128 * 1024
+
 #: content types accepted by ``patch``
 PATCH_TYPES = {
     "merge": "application/merge-patch+json",
@@ -357,8 +363,15 @@ class Transport:
         read_timeout: float = 90.0,
         total_timeout: float | None = None,
         accept: str | None = None,
+        bulk: Callable[[], bool] | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield the body of a streaming GET (a watch) line by line, without decoding.
+
+        ``bulk``, asked after each read's lines have been consumed: while it answers true (a
+        streaming list's initial events: throughput, not latency), a read smaller than
+        :data:`BULK_READ` is followed by :data:`BULK_PAUSE` seconds without reading, so the next
+        read takes what arrived meanwhile. Lines are whole and in order either way; once it
+        answers false (the watch proper) every read is handed on at once.
 
         How it ends tells the caller what happened (the informer re-watches at once after the
         first two and backs off only after the last two):
@@ -393,14 +406,21 @@ class Transport:
                     raise error
                 started = True
                 buffer = b""
+                connection = resp.connection
+                pausable = connection.transport if bulk is not None and connection is not None else None
                 async for chunk in resp.content.iter_any():
                     buffer += chunk
-                    if b"\n" not in chunk:
-                        continue
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line:
-                            yield line
+                    if b"\n" in chunk:
+                        *lines, buffer = buffer.split(b"\n")
+                        for line in lines:
+                            if line:
+                                yield line
+                    if pausable is not None and len(chunk) < BULK_READ and bulk is not None and bulk():
+                        pausable.pause_reading()
+                        try:
+                            await asyncio.sleep(BULK_PAUSE)
+                        finally:
+                            pausable.resume_reading()
                 if buffer.strip():
                     yield buffer
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:

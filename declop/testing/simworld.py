@@ -306,7 +306,14 @@ class WorldTransport:
             answer.set_result(result)
 
     async def stream(
-        self, path: str, params: Any, *, read_timeout: float = 90.0, total_timeout: float | None = None, accept: str | None = None
+        self,
+        path: str,
+        params: Any,
+        *,
+        read_timeout: float = 90.0,
+        total_timeout: float | None = None,
+        accept: str | None = None,
+        bulk: Callable[[], bool] | None = None,  # reads are not modelled: lines come one by one
     ) -> AsyncIterator[bytes]:
         w, r = self.world, self.replica
         w.requests += 1

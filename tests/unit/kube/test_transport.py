@@ -624,3 +624,66 @@ def test_a_write_on_a_pooled_connection_cut_while_idle_is_not_replayed() -> None
 def test_a_watch_whose_connection_is_reset_before_an_answer_is_unreachable() -> None:
     outcome, server = _after_kept_alive_gets(lambda t: _drain(t, "/api/v1/namespaces/a/configmaps"), reset_all=True)
     assert isinstance(outcome, ApiError) and outcome.reason == "Unreachable"
+
+
+# -- bulk reads (stream(bulk=...): a streaming list's initial events) ---------------------------
+
+
+def _read_batches(bulk: Any, events: int) -> tuple[list[bytes], int]:
+    """Stream ``events`` lines written one by one, 0.2 ms apart; return the lines and the number
+    of distinct loop iterations they were handed on in (lines of one read share one)."""
+    import asyncio
+
+    from declop.testing.listwatch import ListWatchServer, Step
+
+    async def scenario() -> tuple[list[bytes], int]:
+        ticks = 0
+
+        async def count_ticks() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        steps: list[Any] = []
+        for i in range(events):
+            steps += [Step.raw(b'{"n": %d}' % i), Step.idle(0.0002)]
+        async with ListWatchServer() as server:
+            server.script_watch(*steps, Step.close())
+            counter = asyncio.ensure_future(count_ticks())
+            lines, seen = [], set()
+            try:
+                async for line in server.transport().stream(server.path, {"watch": "1"}, bulk=bulk):
+                    lines.append(line)
+                    seen.add(ticks)
+            finally:
+                counter.cancel()
+            return lines, len(seen)
+
+    return asyncio.run(scenario())
+
+
+def test_bulk_stream_reads_what_arrived_together_and_loses_nothing() -> None:
+    """While ``bulk`` answers true, a small read is followed by a pause: later lines pile up and
+    come in one read, whole and in order, instead of one read per line."""
+    lines, batches = _read_batches(lambda: True, 200)
+    assert lines == [b'{"n": %d}' % i for i in range(200)]
+    plain_lines, plain_batches = _read_batches(None, 200)
+    assert plain_lines == lines
+    assert batches * 3 <= plain_batches, (batches, plain_batches)
+
+
+def test_bulk_stream_reads_at_once_once_bulk_answers_false() -> None:
+    """``bulk`` is asked after each read: the stream reads in bulk only while it answers true,
+    and every line still arrives, in order."""
+    asked = 0
+
+    def first_half() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= 5
+
+    lines, batches = _read_batches(first_half, 100)
+    assert lines == [b'{"n": %d}' % i for i in range(100)]
+    bulk_lines, bulk_batches = _read_batches(lambda: True, 100)
+    assert bulk_lines == lines and batches > bulk_batches, (batches, bulk_batches)
