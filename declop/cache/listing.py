@@ -19,8 +19,8 @@ Owns the list strategies and what every sync ends with:
 - the *sync* itself, for both strategies: :meth:`Listing._replace` computes the new store content
   aside and swaps it in, :meth:`Listing._emit_all` emits the changes against the old content,
   deletions synthesised for keys that vanished;
-- the size of a sync's steps (:data:`CHUNK`); the collector is paused during a sync
-  (:mod:`declop.collector`).
+- the size of a sync's steps (:data:`CHUNK`); the collector is paused during a sync and while
+  its changes are emitted (:mod:`declop.collector`).
 
 Invariants:
 - a sync swaps the new content into the store in one step, computed aside in chunks of
@@ -29,8 +29,9 @@ Invariants:
 - list items get the kind and apiVersion of watch events, so the store holds one shape;
 - the synced resourceVersion is the list's ``metadata.resourceVersion`` (or the end bookmark's),
   never an item's;
-- the cyclic GC is paused while any informer syncs, and the garbage of that time is collected
-  before the heap is frozen (after every page or chunk): nothing is pinned but what survives;
+- the cyclic GC is paused while any informer syncs and while more than a chunk of a sync's
+  changes is emitted, and the garbage of that time is collected before the heap is frozen
+  (after every page or chunk): nothing is pinned but what survives;
 - a change of shard ranges (:meth:`~declop.cache.sharding.ShardFiltering.set_shard`) waits while
   a sync's changes are emitted: ``_emitting`` counts such emissions, ``_calm`` is set when none is.
 """
@@ -202,16 +203,26 @@ class Listing:
     async def _emit_all(self, changes: list[Any]) -> None:
         """Emit a sync's changes in order, in chunks, dropping each pair once emitted: the old
         objects of a relist are freed chunk by chunk rather than all at once when the list goes
-        (freeing 100k objects in one go is a ~100 ms stall). :meth:`set_shard` waits for it."""
+        (freeing 100k objects in one go is a ~100 ms stall). :meth:`set_shard` waits for it.
+
+        More than a chunk of changes is emitted with the collector paused, and what each chunk
+        left (the queue's entries for its keys, above all) is frozen after it, as a sync's
+        objects are: otherwise the queue growing by 100k entries sets off full passes over all
+        of them while workers run (100-200 ms stalls, bench/FINDINGS.md)."""
+        big = len(changes) > CHUNK
         self._emitting += 1
+        if big:
+            collector.pause()
         try:
-            await self._emit_chunks(changes)
+            await self._emit_chunks(changes, big)
         finally:
+            if big:
+                collector.resume()
             self._emitting -= 1
             if not self._emitting:
                 self._calm.set()
 
-    async def _emit_chunks(self, changes: list[Any]) -> None:
+    async def _emit_chunks(self, changes: list[Any], freeze: bool) -> None:
         for i in range(len(changes)):
             old, new = changes[i]
             changes[i] = None
@@ -222,7 +233,11 @@ class Listing:
                 self.syncing = False
             if i % CHUNK == CHUNK - 1:
                 del old, new
+                if freeze:
+                    collector.freeze()
                 await asyncio.sleep(0)  # let watches, probes and workers run between chunks
+        if freeze:
+            collector.freeze()
 
 
 def is_refusal(exc: ApiError) -> bool:

@@ -722,6 +722,52 @@ def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
         gc.collect()
 
 
+@MODES
+def test_what_a_big_sync_emission_leaves_is_kept_out_of_full_collections(mode: str) -> None:
+    """What subscribers keep for the changes of a sync of more than a chunk (a queue entry per
+    key) is made with the collector paused and frozen chunk by chunk, so the full passes that
+    follow do not walk it (100-200 ms stalls at 100k keys otherwise); a small relist's changes
+    are emitted with the collector running and freeze nothing."""
+    gc.collect()
+    gc.unfreeze()
+    kept: list[list[str]] = []
+    enabled: list[bool] = []
+
+    def queue_like(old: Any, new: Any) -> None:
+        enabled.append(gc.isenabled())
+        kept.append([(new or old)["metadata"]["name"]])  # a tracked container that outlives the emission
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            for i in range(2500):
+                server.add(f"o{i}")
+            informer = Informer(server.transport(), server.resource, namespace="default", list_mode=mode)
+            informer.subscribe(queue_like)
+            informer.start()
+            await asyncio.wait_for(informer.synced.wait(), 15)
+            await until(lambda: len(kept) == 2500, what="the sync's changes")
+            assert gc.isenabled()  # resumed once the emission ended
+            tracked = {id(o) for o in gc.get_objects()}
+            assert not any(id(entry) in tracked for entry in kept)  # frozen: out of every pass
+            assert enabled == [False] * 2500
+            del kept[:], enabled[:]
+            for i in range(5):  # a small relist: 5 changes
+                server._state.objects[f"o{i}"]["metadata"]["resourceVersion"] = f"{90_000 + i}"
+            await until(lambda: server._open, what="the watch")
+            server.compact()
+            await until(lambda: len(kept) == 5, what="the relist's changes")
+            assert enabled == [True] * 5
+            tracked = {id(o) for o in gc.get_objects()}
+            assert all(id(entry) in tracked for entry in kept)
+            await informer.stop()
+
+    try:
+        run(scenario())
+    finally:
+        gc.unfreeze()
+        gc.collect()
+
+
 def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> None:
     """The client's total deadline for a watch is above the server's timeoutSeconds (so the
     server ends it normally), drawn from [5, 10) minutes per watch; the idle read timeout is
