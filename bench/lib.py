@@ -358,7 +358,7 @@ class OperatorProcess:
             rows = [line.split() for line in self.stall_out.read_text().splitlines()]
         except FileNotFoundError:
             return None
-        vals = [float(v) for t, v in rows if t_from <= int(t) <= t_to]
+        vals = [float(row[1]) for row in rows if t_from <= int(row[0]) <= t_to]
         # the probe logs only new maxima: the last one before t_to is the max so far
         return max(vals) if vals else 0.0
 

@@ -42,6 +42,31 @@ if "identity" in _exp:  # no gzip for LIST responses
         h["Accept-Encoding"] = "identity"
         return h
     _tr.Transport._headers = _headers
+if "stacks" in _exp:  # a watchdog thread prints the loop thread's stack when a tick is 30 ms late
+    import sys, threading, traceback, asyncio as _aio
+    _main = threading.get_ident()
+    _tick = [time.perf_counter()]
+    def _ticker():
+        _tick[0] = time.perf_counter()
+        _aio.get_running_loop().call_later(0.005, _ticker)
+    _orig_run = _aio.run
+    def _run(main, **kw):
+        async def _wrapped():
+            _aio.get_running_loop().call_soon(_ticker)
+            return await main
+        return _orig_run(_wrapped(), **kw)
+    _aio.run = _run
+    def _watch():
+        seen = None
+        while True:
+            time.sleep(0.01)
+            late = time.perf_counter() - _tick[0]
+            if late > 0.03 and seen != _tick[0]:
+                seen = _tick[0]
+                frame = sys._current_frames().get(_main)
+                stack = "".join(traceback.format_stack(frame, limit=12)) if frame else "?"
+                os.write(_out, f"STALL {late * 1000:.0f} ms at {time.time_ns()}\\n{stack}\\n".encode())
+    threading.Thread(target=_watch, daemon=True).start()
 if "nogc-list" in _exp:  # no cyclic GC while a LIST is decoded and stored (freeze follows anyway)
     import declop.cache.informer as _inf
     _list = _inf.Informer._list
@@ -61,7 +86,7 @@ def main() -> None:
     ap.add_argument("--sort", default="tottime")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--no-profile", action="store_true", help="only GC pauses and the stall probe")
-    ap.add_argument("--experiments", default="", help="';'-separated sets of comma lists: identity, nogc-list, async (see GC_PROBE)")
+    ap.add_argument("--experiments", default="", help="';'-separated sets of comma lists: identity, nogc-list, async, stacks (see GC_PROBE)")
     ap.add_argument("--repeat", type=int, default=1, help="start the operator this many times")
     args = ap.parse_args()
     go_build(LOADGEN, "loadgen")
@@ -99,9 +124,14 @@ def run_once(args: argparse.Namespace, experiments: str, tmp: Path, kc: str) -> 
         p.send_signal(signal.SIGTERM)
         p.wait(60)
         stalls = [line.split() for line in (tmp / "stall.log").read_text().splitlines()]
-        print("stall maxima (ms after start, lateness ms):",
-              [(round((int(t) - t0) / 1e6), float(v)) for t, v in stalls][-5:])
-        gcs = [line.split() for line in (tmp / "gc.log").read_text().splitlines()]
+        first = round((t_first - t0) / 1e6)
+        print(f"stall maxima (ms after start, lateness ms, loop thread CPU ms, process CPU ms; first reconcile at {first} ms):",
+              [(round((int(r[0]) - t0) / 1e6), *map(float, r[1:])) for r in stalls][-5:])
+        lines = (tmp / "gc.log").read_text().splitlines()
+        gcs = [line.split() for line in lines if line[:1].isdigit()]
+        stacks = [line for line in lines if not line[:1].isdigit()]
+        if stacks:
+            print("loop-thread stacks at stalls (experiment 'stacks'):", *stacks, sep="\n")
         big = sorted(gcs, key=lambda g: -float(g[1]))[:8]
         print(f"gc passes: {len(gcs)}; gen2: {sum(1 for g in gcs if g[0] == '2')}; longest (gen, ms, collected):", big)
         if not args.no_profile:

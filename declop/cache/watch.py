@@ -65,6 +65,10 @@ log = logging.getLogger("declop.informer")
 #: starts at once); later (an apiserver restart) it is INFO. Any other 429 is an ERROR.
 QUIET_START = 10.0
 
+#: seconds into a streaming list without its initial-events-end bookmark when an INFO line says
+#: so (a large list: 100k objects take ~12 s on a busy 2-core machine) and when a WARNING does
+SLOW_LIST = (10.0, 60.0)
+
 _WATCH_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
 
 
@@ -284,7 +288,8 @@ class Watching:
         if initial:
             collector.pause()
             paused = True
-        warned_at = time.monotonic() + 10.0
+        listing_since = time.monotonic()
+        warned_at = listing_since + SLOW_LIST[0]
         try:
             async for line in self.transport.stream(
                 self.path,
@@ -344,8 +349,7 @@ class Watching:
                         if len(pending) % CHUNK == 0:
                             collector.freeze()  # this chunk's objects, now, rather than all at the end
                     if time.monotonic() > warned_at:
-                        warned_at = float("inf")
-                        log.warning("Streaming list: no initial-events-end bookmark after 10 s yet", extra={"kv": self._kv})
+                        warned_at = self._still_listing(listing_since, len(pending))
                     continue
                 if etype == "DELETED":
                     old = writer.delete(key_of(obj))
@@ -358,6 +362,23 @@ class Watching:
         finally:
             if paused:
                 collector.resume()
+
+    def _still_listing(self, since: float, count: int) -> float:
+        """A streaming list without its initial-events-end bookmark after :data:`SLOW_LIST`
+        seconds: INFO at the first (a large list takes that long), WARNING at the second (an
+        apiserver that never ends its initial events keeps the controllers waiting). Returns
+        when to say it next."""
+        waited = time.monotonic() - since
+        kv = {**self._kv, "objects": count}
+        if waited < SLOW_LIST[1]:
+            log.info(f"Streaming list: {count} objects after {waited:.0f} s, still listing", extra={"kv": kv})
+            return since + SLOW_LIST[1]
+        log.warning(
+            f"Streaming list: {count} objects after {waited:.0f} s and no initial-events-end bookmark yet; "
+            "controllers start once it arrives (if this apiserver never sends it, run with --list-mode=paged)",
+            extra={"kv": kv},
+        )
+        return float("inf")
 
     def _error_event(self, obj: Any) -> None:
         status = obj if isinstance(obj, dict) else {}
