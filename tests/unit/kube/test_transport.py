@@ -687,3 +687,31 @@ def test_bulk_stream_reads_at_once_once_bulk_answers_false() -> None:
     assert lines == [b'{"n": %d}' % i for i in range(100)]
     bulk_lines, bulk_batches = _read_batches(lambda: True, 100)
     assert bulk_lines == lines and batches > bulk_batches, (batches, bulk_batches)
+
+
+def test_bulk_stream_cut_mid_transfer_is_interrupted_not_hung() -> None:
+    """A connection cut while the stream is read in bulk (paused between reads) ends the stream
+    as StreamInterrupted, not a hang; what came before the cut came as whole lines, in order (a
+    reset may discard bytes still unread in the kernel, so a prefix)."""
+    import asyncio
+
+    from declop.kube.transport import StreamInterrupted
+    from declop.testing.listwatch import ListWatchServer, Step
+
+    async def scenario() -> tuple[list[bytes], BaseException | None]:
+        steps: list[Any] = []
+        for i in range(50):
+            steps += [Step.raw(b'{"n": %d}' % i), Step.idle(0.0002)]
+        async with ListWatchServer() as server:
+            server.script_watch(*steps, Step.abort())
+            lines: list[bytes] = []
+            try:
+                async for line in server.transport().stream(server.path, {"watch": "1"}, bulk=lambda: True):
+                    lines.append(line)
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                return lines, exc
+            return lines, None
+
+    lines, outcome = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert isinstance(outcome, StreamInterrupted), outcome
+    assert lines == [b'{"n": %d}' % i for i in range(len(lines))]
