@@ -189,7 +189,10 @@ def test_a_leader_only_task_runs_on_the_leader_is_cancelled_on_loss_and_moves_to
             assert records(b, "leader task started") == []
 
             proxy.blackhole()  # A can no longer renew: it loses the Lease within the renew deadline
-            cancelled = wait_for(lambda: records(a, "leader task cancelled"), RENEW_DEADLINE + 10, what="A's task cancelled")
+            try:
+                cancelled = wait_for(lambda: records(a, "leader task cancelled"), RENEW_DEADLINE + 10, what="A's task cancelled")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; A exited {a.proc.poll()}:\n" + "\n".join(a.lines[-40:] + a.stderr[-20:])) from None
             assert a.proc.wait(10) == 1, "a replica that lost its Lease exits 1"
             (lost,) = records(a, "Leader election lost")
             lost_at = datetime.datetime.fromisoformat(lost["ts"].replace("Z", "+00:00")).timestamp()
