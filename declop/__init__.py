@@ -35,6 +35,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 from declop.version import __version__ as __version__
+from declop.kube import truststore as _truststore
+
+# Before any module below imports aiohttp: its two default TLS contexts read the system trust
+# store when first handed to a connection, not at import (kube/truststore.py).
+_truststore.import_aiohttp()
 
 from declop import conditions as conditions
 from declop.cache.store import clone as clone

@@ -53,6 +53,7 @@ ORDER = [
     "kube.keys",
     "kube.resource",
     "kube.credentials",
+    "kube.truststore",
     "kube.proxy",
     "kube.fencing",
     "kube.kubeconfig",
