@@ -9,7 +9,8 @@ every row alike, measures the wall time of:
 - a ladder of imports, each a fresh ``python -c`` on the interpreter declop runs on, from exec to
   the imports done (its teardown not counted): nothing,
   ``asyncio`` + ``ssl``, ``aiohttp`` (declop's HTTP client; its import builds two default TLS
-  contexts, each parsing the system trust store), then everything ``declop run`` imports
+  contexts, each parsing the system trust store), ``aiohttp`` as declop imports it (those two
+  reads deferred to first use, ``declop/kube/truststore.py``), then everything ``declop run`` imports
   (``declop``, ``declop.cli``, ``declop.manager``) — the floor under any Python operator on
   aiohttp, and declop's own share above it;
 - process start → first reconcile of the ConfigMap, for ``declop run`` (streaming list, the
@@ -42,6 +43,12 @@ LADDER = [
     ("python: nothing", "pass"),
     ("+ asyncio, ssl", "import asyncio, ssl"),
     ("+ aiohttp (declop's HTTP client)", "import asyncio, ssl, aiohttp"),
+    # the same import as declop makes it since kube/truststore.py: the two default contexts'
+    # trust-store reads deferred to their first use (the file loaded alone, not the package)
+    ("+ aiohttp, trust store read on first use (as declop imports it)",
+     "import asyncio, ssl, importlib.util as u\n"
+     "s = u.spec_from_file_location('truststore', 'declop/kube/truststore.py')\n"
+     "m = u.module_from_spec(s); s.loader.exec_module(m); m.import_aiohttp()"),
 ]
 RUN_IMPORTS = ("everything `declop run` imports", "import declop, declop.cli, declop.manager")
 
@@ -97,7 +104,14 @@ def main() -> int:
         ns = "startup"
         cp.json("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}, ok=(201, 409))
         cp.json("POST", f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "probe"}, "data": {"a": "b"}}, ok=(201, 409))
+        # Bytecode caches as an installed declop has them (pip compiles at install): written on
+        # first import ("0" means write; a machine may export PYTHONDONTWRITEBYTECODE=1) and
+        # compiled up front, or a tree fresh from `git archive` would compile every module on
+        # every start (~0.1 s) and its rows would measure the compiler.
         base_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        base_env["PYTHONDONTWRITEBYTECODE"] = "0"
+        for tree in trees.values():
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "declop")], check=True)
         for run in range(1, args.runs + 1):
             progress(f"round {run}/{args.runs}")
             for what, stmt in LADDER:
