@@ -234,6 +234,9 @@ OPERATORS = {
     "kopf-cu-nopost": OperatorSpec("kopf-cu-nopost", "Kopf on.create/update, no posting", "kopf",
                                    {"BENCH_KOPF_MODE": "cu", "BENCH_KOPF_POSTING": "0"}),
     "controller-runtime": OperatorSpec("controller-runtime", "controller-runtime", "go"),
+    # the same binary reading JSON, as declop does (it asks for protobuf for built-in kinds)
+    "controller-runtime-json": OperatorSpec("controller-runtime-json", "controller-runtime, JSON", "go",
+                                            {"BENCH_CR_CONTENT_TYPE": "json"}),
     "declop-inproc": OperatorSpec("declop-inproc", "declop (in-process probes)", "declop-inproc", aux=True),
     "declop-inproc-paged": OperatorSpec("declop-inproc-paged", "declop, paged lists (in-process probes)",
                                         "declop-inproc", {"DECLOP_LIST_MODE": "paged"}, aux=True),

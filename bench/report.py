@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 COLUMNS = ["declop", "declop-paged", "kopf-event", "kopf-event-nopost", "kopf-cu", "kopf-cu-nopost", "kopf-validate",
-           "controller-runtime"]
+           "controller-runtime", "controller-runtime-json"]
 TITLES = {
     "declop": "declop",
     "declop-paged": "declop, paged lists",
@@ -27,6 +27,7 @@ TITLES = {
     "kopf-cu-nopost": "Kopf on.create/update, no posting",
     "kopf-validate": "Kopf on.validate",
     "controller-runtime": "controller-runtime",
+    "controller-runtime-json": "controller-runtime, JSON",
 }
 #: h.csv (bench/admission.py) names its operators by product; its Kopf is the on.validate column
 ADMISSION_COLUMNS = {"declop": "declop", "kopf": "kopf-validate"}
