@@ -33,7 +33,8 @@ TITLES = {
 ADMISSION_COLUMNS = {"declop": "declop", "kopf": "kopf-validate"}
 #: in-process probe runs, reported in the column of the operator they stand for
 PROBES = {"declop-inproc": "declop", "declop-inproc-paged": "declop-paged"}
-RATIO_VS = [("kopf-event", "Kopf ev"), ("kopf-cu", "Kopf c/u"), ("kopf-validate", "Kopf val"), ("controller-runtime", "c-r")]
+RATIO_VS = [("kopf-event", "Kopf ev"), ("kopf-cu", "Kopf c/u"), ("kopf-validate", "Kopf val"), ("controller-runtime", "c-r"),
+            ("controller-runtime-json", "c-r JSON")]
 
 
 def read(out: Path, name: str) -> list[dict[str, str]]:
