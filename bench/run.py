@@ -40,7 +40,8 @@ from lib import (  # noqa: E402
     kopf_version, pair_latencies, percentiles, progress, wait_until, write_gz_csv,
 )
 
-DEFAULT_OPERATORS = ["declop", "declop-paged", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime"]
+DEFAULT_OPERATORS = ["declop", "declop-paged", "kopf-event", "kopf-cu", "kopf-cu-nopost", "controller-runtime",
+                     "controller-runtime-json"]
 AUX_OPERATORS = ["declop-inproc", "declop-inproc-paged"]
 #: who cold-starts on the --big objects (Kopf's one-object-at-a-time start would take the whole run)
 BIG_OPERATORS = ["declop", "declop-paged", "controller-runtime", "declop-inproc"]
