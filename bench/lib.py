@@ -357,13 +357,26 @@ class OperatorProcess:
 
     def max_stall_ms(self, t_from: int, t_to: int) -> float | None:
         """Largest event-loop lateness the in-process probe logged in [t_from, t_to]."""
+        worst = self.worst_stall(t_from, t_to)
+        return None if worst is None else worst["max_stall_ms"]
+
+    def worst_stall(self, t_from: int, t_to: int) -> dict[str, float | None] | None:
+        """The longest late tick the probe logged in [t_from, t_to]: its lateness and, over that
+        tick, the loop thread's and the whole process's CPU (ms; None from a probe that did not
+        log them). CPU near the lateness: the loop was working; far below it: the process was
+        not scheduled (a busy machine). None: no probe ran."""
         try:
             rows = [line.split() for line in self.stall_out.read_text().splitlines()]
         except FileNotFoundError:
             return None
-        vals = [float(row[1]) for row in rows if t_from <= int(row[0]) <= t_to]
-        # the probe logs only new maxima: the last one before t_to is the max so far
-        return max(vals) if vals else 0.0
+        rows = [row for row in rows if t_from <= int(row[0]) <= t_to]
+        if not rows:
+            return {"max_stall_ms": 0.0, "stall_loop_cpu_ms": None, "stall_process_cpu_ms": None}
+        # the probe logs only new maxima: the largest in the window is the window's worst tick
+        row = max(rows, key=lambda r: float(r[1]))
+        return {"max_stall_ms": float(row[1]),
+                "stall_loop_cpu_ms": float(row[2]) if len(row) > 2 else None,
+                "stall_process_cpu_ms": float(row[3]) if len(row) > 3 else None}
 
     def first_received(self) -> dict[tuple[str, int], int]:
         """The probe's receive time of each ``(key, bench/seq)`` watch event (its first, if repeated)."""

@@ -266,6 +266,14 @@ def metrics(out: Path, meta: dict[str, Any]) -> list[Metric]:
             if int(r["n"]) == n:
                 m.add(PROBES.get(r["operator"], r["operator"]), num(r["max_stall_ms"]))
         rows.append(m)
+        if any(r.get("stall_loop_cpu_ms") for r in g if int(r["n"]) == n):
+            # the same tick's CPU: near the lateness, the loop was working; far below, the process
+            # waited for a core (the operator shares 2 cores with the apiserver and the load)
+            m = Metric(f"g loop-thread CPU during that longest stall, N={n:,}", "ms")
+            for r in g:
+                if int(r["n"]) == n:
+                    m.add(PROBES.get(r["operator"], r["operator"]), num(r.get("stall_loop_cpu_ms")))
+            rows.append(m)
 
     rows += scaleout_rows(out) + priority_rows(out) + metadata_rows(out)
 

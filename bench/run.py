@@ -260,9 +260,9 @@ class Bench:
                 if not spec.aux:
                     self.sink.add("f", {"operator": spec.name, "run": run, "n": n,
                                         "start_to_first_reconcile_s": (t_first - op.t_exec) / 1e9})
-                stall = op.max_stall_ms(op.t_exec, t_all)
+                stall = op.worst_stall(op.t_exec, t_all)
                 if stall is not None:
-                    self.sink.add("g", {"operator": spec.name, "run": run, "n": n, "max_stall_ms": stall,
+                    self.sink.add("g", {"operator": spec.name, "run": run, "n": n, **stall,
                                         "window": "process start to all reconciled (a2)"})
             self.settle(op, quiet=self.settings.settle_seconds)
             rss, hwm = op.rss_kib()
@@ -386,7 +386,8 @@ class Bench:
             self.sink.add("a2", {"operator": spec.name, "run": run, "n": n,
                                  "start_to_all_reconciled_s": (t_all - op.t_exec) / 1e9})
             self.sink.add("g", {"operator": spec.name, "run": run, "n": n,
-                                "max_stall_ms": op.max_stall_ms(op.t_exec, t_all),
+                                **(op.worst_stall(op.t_exec, t_all)
+                                   or {"max_stall_ms": None, "stall_loop_cpu_ms": None, "stall_process_cpu_ms": None}),
                                 "window": "process start to all reconciled (a2)"})
             last = len(phases) * 10_000_000 + int(phases[-1][0] * phases[-1][1]) - 1
 
