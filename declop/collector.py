@@ -18,7 +18,9 @@ Invariants:
 - allocations made while paused that are freed before the resume never enter a pass (CPython
   counts a freed container out of the youngest generation);
 - :func:`freeze` collects first, so a cycle that became garbage while paused is freed, never
-  pinned.
+  pinned;
+- :func:`pause` and :func:`resume` cost the same with a million frozen objects as with none:
+  nothing they call walks the permanent generation.
 """
 
 from __future__ import annotations
@@ -32,23 +34,28 @@ __all__ = ["freeze", "pause", "paused", "resume"]
 
 _pauses = 0
 _was_enabled = True
+#: Whether this module froze anything yet. A flag, not ``gc.get_freeze_count()``: that walks the
+#: whole permanent generation (~25 ms per million frozen containers; 60-200 ms with 100k cached
+#: objects), and ``pause`` runs on the event loop before every big emission and webhook request.
+_froze = False
 _lock = threading.Lock()
 
 
 def pause() -> None:
     """Disable the cyclic GC until the matching :func:`resume` (counted across users).
 
-    The first pause of a process that froze nothing yet freezes the start-up heap (modules, the
+    The first pause of a process in which declop froze nothing yet freezes the start-up heap (modules, the
     client): once, so that the collection before every later :func:`freeze` walks only what was
     allocated since. Without collecting it first: that full pass cost 10-20 ms of every start and
     found 25 unreachable objects (import leftovers), which stay, once."""
-    global _pauses, _was_enabled
+    global _pauses, _was_enabled, _froze
     with _lock:
         if _pauses == 0:
             _was_enabled = gc.isenabled()
             gc.disable()
-            if not gc.get_freeze_count():
+            if not _froze:
                 gc.freeze()
+                _froze = True
         _pauses += 1
 
 
@@ -80,5 +87,7 @@ def freeze() -> None:
     chunk of objects (about 1.3 µs per new object: ~1-2 ms a chunk), never once over the whole
     list (130 ms at 100k). Called with the GC paused: no automatic pass walks the new objects
     first."""
+    global _froze
     gc.collect()
     gc.freeze()
+    _froze = True

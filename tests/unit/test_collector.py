@@ -20,6 +20,17 @@ def restore():
     (gc.enable if enabled else gc.disable)()
 
 
+def test_pausing_never_walks_the_frozen_objects(mocker):
+    """``gc.get_freeze_count()`` walks the whole permanent generation: 60-200 ms on the loop
+    with 100k cached objects, before every big emission and webhook request."""
+    collector.freeze()
+    count = mocker.patch.object(gc, "get_freeze_count", side_effect=AssertionError("walked the frozen objects"))
+    for _ in range(3):
+        with collector.paused():
+            assert not gc.isenabled()
+    count.assert_not_called()
+
+
 def test_nested_pauses_re_enable_the_collector_only_at_the_last_resume():
     gc.enable()
     collector.pause()
