@@ -42,7 +42,7 @@ if "identity" in _exp:  # no gzip for LIST responses
         h["Accept-Encoding"] = "identity"
         return h
     _tr.Transport._headers = _headers
-if "stacks" in _exp:  # a watchdog thread prints the loop thread's stack when a tick is 30 ms late
+if _exp & {"stacks", "samples"}:  # a 5 ms ticker on the loop; watchdog threads read how late it is
     import sys, threading, traceback, asyncio as _aio
     _main = threading.get_ident()
     _tick = [time.perf_counter()]
@@ -56,6 +56,7 @@ if "stacks" in _exp:  # a watchdog thread prints the loop thread's stack when a 
             return await main
         return _orig_run(_wrapped(), **kw)
     _aio.run = _run
+if "stacks" in _exp:  # the loop thread's stack, once, when a tick is 30 ms late
     def _watch():
         seen = None
         while True:
@@ -67,30 +68,18 @@ if "stacks" in _exp:  # a watchdog thread prints the loop thread's stack when a 
                 stack = "".join(traceback.format_stack(frame, limit=12)) if frame else "?"
                 os.write(_out, f"STALL {late * 1000:.0f} ms at {time.time_ns()}\\n{stack}\\n".encode())
     threading.Thread(target=_watch, daemon=True).start()
-if "samples" in _exp:  # as 'stacks', but one compact sample of the loop thread every 5 ms while a tick is >= 20 ms late
-    import sys, threading, asyncio as _aio
-    _main = threading.get_ident()
-    _stick = [time.perf_counter()]
-    def _sticker():
-        _stick[0] = time.perf_counter()
-        _aio.get_running_loop().call_later(0.005, _sticker)
-    _sorig_run = _aio.run
-    def _srun(main, **kw):
-        async def _wrapped():
-            _aio.get_running_loop().call_soon(_sticker)
-            return await main
-        return _sorig_run(_wrapped(), **kw)
-    _aio.run = _srun
+if "samples" in _exp:  # one compact sample of the loop thread every 5 ms while a tick is >= 20 ms late
+    # (no sample during a late stretch with full loop CPU: one C call held the GIL throughout)
     def _sample():
         while True:
             time.sleep(0.005)
-            late = time.perf_counter() - _stick[0]
+            late = time.perf_counter() - _tick[0]
             if late >= 0.02:
                 frame, parts = sys._current_frames().get(_main), []
                 while frame is not None and len(parts) < 6:
                     parts.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}")
                     frame = frame.f_back
-                os.write(_out, f"SAMPLE {_stick[0]:.3f} {late * 1000:.0f} {' < '.join(parts)}\\n".encode())
+                os.write(_out, f"SAMPLE {_tick[0]:.3f} {late * 1000:.0f} {' < '.join(parts)}\\n".encode())
     threading.Thread(target=_sample, daemon=True).start()
 if "nogc-list" in _exp:  # no cyclic GC while a LIST is decoded and stored (freeze follows anyway)
     import declop.cache.informer as _inf
