@@ -317,11 +317,16 @@ class WebhookServer:
             logger.info("Denied", reason=exc.text, dryRun=review.dry_run)
             return self._reply(deny(uid, exc.text, code=exc.code, warnings=warnings), "denied")
         except _Overran:
+            # The apiserver has usually given up by now, but on a loaded machine this answer can
+            # still reach it first: so it is the failurePolicy's own outcome, never a bare denial
+            # that would refuse a write the policy admits.
             log.error(
-                "Webhook handler took longer than its timeout; the apiserver applied the failurePolicy",
+                "Webhook handler took longer than its timeout; the failurePolicy applies",
                 extra={"kv": {**pairs, "timeoutSeconds": hook.timeout, "failurePolicy": hook.failure_policy}},
             )
             message = f"webhook {hook.name} did not answer within its timeout of {hook.timeout} s"
+            if hook.failure_policy == "Ignore":
+                return self._reply(allow(uid, warnings=[f"{message}; admitted (failurePolicy Ignore)"]), "timeout")
             return self._reply(deny(uid, message, code=500), "timeout")
         except Exception:
             log.exception("Webhook handler raised; the request is denied", extra={"kv": pairs})

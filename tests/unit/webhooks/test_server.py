@@ -124,6 +124,24 @@ def test_handler_past_its_timeout_is_reported(caplog):
     assert record.kv["webhook"] == "slow.widgets.example.com" and record.kv["timeoutSeconds"] == 1
 
 
+def test_handler_past_its_timeout_with_ignore_is_admitted_with_a_warning(caplog):
+    """A late answer that beats the apiserver's own timeout must still give the policy's outcome."""
+    reg = Registry()
+
+    @declop.validator("widgets.example.com", timeout=1, failure_policy="Ignore", registry=reg)
+    async def slow(obj):
+        await asyncio.sleep(5)
+
+    with caplog.at_level(logging.ERROR, logger="declop.webhook"):
+        _, answer = post(reg, "/validate/slow.widgets.example.com", admission())
+    assert answer["response"]["allowed"] is True
+    assert answer["response"]["warnings"] == [
+        "webhook slow.widgets.example.com did not answer within its timeout of 1 s; admitted (failurePolicy Ignore)"
+    ]
+    (record,) = [r for r in caplog.records if "took longer than its timeout" in r.msg]
+    assert record.kv["failurePolicy"] == "Ignore"
+
+
 def test_mutator_patch_in_place_returned_and_none():
     reg = Registry()
 
