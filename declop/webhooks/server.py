@@ -316,10 +316,7 @@ class WebhookServer:
         except Rejected as exc:
             logger.info("Denied", reason=exc.text, dryRun=review.dry_run)
             return self._reply(deny(uid, exc.text, code=exc.code, warnings=warnings), "denied")
-        except _Overran:
-            # The apiserver has usually given up by now, but on a loaded machine this answer can
-            # still reach it first: so it is the failurePolicy's own outcome, never a bare denial
-            # that would refuse a write the policy admits.
+        except _Overran:  # a late answer can still beat the apiserver's timeout: give the policy's outcome
             log.error(
                 "Webhook handler took longer than its timeout; the failurePolicy applies",
                 extra={"kv": {**pairs, "timeoutSeconds": hook.timeout, "failurePolicy": hook.failure_policy}},
