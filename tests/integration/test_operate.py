@@ -66,9 +66,12 @@ def test_probes_and_metrics(kubeconfig, k8s_api, namespace):
             text = http_get(f"http://127.0.0.1:{metrics}/metrics")[1]
             ok = metric(text, "controller_runtime_reconcile_total", controller="probed", result="success")
             errors = metric(text, "controller_runtime_reconcile_errors_total", controller="probed")
-            return text if ok is not None and ok >= 2 and errors is not None and errors >= 2 else None
+            # "fails" is retried with backoff: a scrape can land while one of its attempts runs
+            # (active 1); between attempts the gauge must come back to 0
+            idle = metric(text, "controller_runtime_active_workers", controller="probed") == 0
+            return text if ok is not None and ok >= 2 and errors is not None and errors >= 2 and idle else None
 
-        text = wait_for(scraped, 10, what="reconciles to show up in /metrics")
+        text = wait_for(scraped, 10, what="reconciles to show up in /metrics, between two attempts of 'fails'")
         assert metric(text, "workqueue_adds_total", name="probed", controller="probed") >= 3
         assert metric(text, "workqueue_retries_total", name="probed", controller="probed") >= 1
         assert metric(text, "workqueue_depth", name="probed", controller="probed") is not None
