@@ -141,7 +141,8 @@ def test_our_finalizer_removed_from_a_live_object_is_added_back(kubeconfig: str,
     read = lambda: core(k8s_api).read_namespaced_config_map("live", namespace)  # noqa: E731
     with runner(registry, kubeconfig, namespace):
         wait_for(lambda: read().metadata.finalizers == [FINALIZER], 20, what="our finalizer")
-        assert calls == [("live", declop.Phase.CREATED)]
+        # the finalizer is written before the CREATED call runs: wait for that one call
+        wait_for(lambda: calls == [("live", declop.Phase.CREATED)], 20, what="exactly one CREATED call")
         core(k8s_api).patch_namespaced_config_map("live", namespace, [{"op": "remove", "path": "/metadata/finalizers"}])
         wait_for(lambda: calls.count(("live", declop.Phase.CREATED)) == 2, 20, what="a reconcile after the removal")
         wait_for(lambda: read().metadata.finalizers == [FINALIZER], 20, what="our finalizer back")

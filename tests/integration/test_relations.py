@@ -448,9 +448,14 @@ def test_create_or_update_on_an_unchanged_object_sends_no_write(widget_crd, kube
     create_widget(k8s_api, namespace, "steady", message="hi", replicas=0)
     with runner(registry, kubeconfig, namespace) as op:
         wait_for(lambda: read_or_none(lambda: core(k8s_api).read_namespaced_service("steady", namespace)), 10)
+        # Ready flips to True (one more status write) only once kube-controller-manager has
+        # observed the Deployment, which can come after any quiet window: wait for that state
         wait_for(
-            lambda: (custom(k8s_api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "steady").get("status") or {}).get("conditions"),
-            10,
+            lambda: any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (custom(k8s_api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "steady").get("status") or {}).get("conditions", [])
+            ),
+            30, what="the Widget to be Ready (its Deployment observed)",
         )
         settle(op)
         before, reconciles = writes(op), calls.of("steady")
