@@ -529,7 +529,8 @@ def readme_section(out: Path) -> str:
         "## Performance",
         "",
         f"declop against Kopf (both handler styles, with and without Event posting) and a controller-runtime "
-        f"no-op controller, on one local kube-apiserver, same no-op logic, each a separate process, and "
+        f"no-op controller (asking for protobuf, its default for built-in kinds, and reading JSON as declop "
+        f"does), on one local kube-apiserver, same no-op logic, each a separate process, and "
         f"declop's own scenarios (scale-out, priority queue, admission webhook against Kopf's, metadata-only "
         f"cache), all from one `make bench` on commit {meta.get('declop_commit')} "
         f"(`make bench-quick`: the same table at reduced sizes, about 8 minutes). Figures from "
