@@ -92,6 +92,8 @@ class ControllerState(Protocol):
     recent: collections.deque[dict[str, Any]] | None
     reconciles: int
     fence: Callable[[], bool] | None
+    #: the stores of the informers whose events wake this controller (its primary informers)
+    own_stores: tuple[Any, ...]
     fence_lease: str
     fenced: int
     shards: ShardSet | None

@@ -24,6 +24,13 @@ During a reconcile under a Lease (``--leader-elect``, ``--shards``) every write 
 against that Lease just before it is sent and raises :class:`~declop.errors.Fenced`, unsent,
 once it is not known valid (:mod:`declop.kube.fencing`; the transport does the check).
 
+``client.get(request)`` — the object being reconciled — reads first the stores of the informers
+whose events wake this controller (its ``labels=``/``fields=``-filtered primary informers), and
+only when the object is not there the unfiltered cache the other reads use. Invariant: a handler
+never reads its own object older than the event that woke it, so a newer version always wakes it
+again; an unfiltered cache is a second watch stream that may lag behind the first, and nothing
+re-wakes the handler when it catches up.
+
 ``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write,
 or for the body of an object whose cache holds metadata only: ``metadata_only=True``).
 A resource cached only as metadata (``PartialObjectMetadata``) is read as metadata from the
@@ -42,7 +49,7 @@ import asyncio
 import concurrent.futures
 import logging
 import sys
-from typing import Any, Callable, Coroutine, Literal, Mapping, TypeVar
+from typing import Any, Callable, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 from declop.cache.store import Store, clone
 from declop.kube.discovery import Discovery, ResourceInfo
@@ -126,12 +133,19 @@ class _Base:
     """Shared reading logic and argument parsing for both client flavours."""
 
     def __init__(
-        self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None, controller: str = ""
+        self,
+        ctx: ClientContext,
+        primary: ResourceInfo | None = None,
+        request: Request | None = None,
+        controller: str = "",
+        own: Sequence[Store] = (),
     ) -> None:
         self._ctx = ctx
         self.primary = primary
         self.request = request
         self.controller = controller
+        #: the stores of the informers whose events wake this controller (read first for its own key)
+        self._own = own
 
     # -- argument parsing -------------------------------------------------------------------
     def _resource(self, target: Target) -> ResourceInfo:
@@ -196,6 +210,11 @@ class _Base:
         target, key = self._split(target, key)
         resource = self._resource(target)
         req = self._key(resource, key, namespace, name)
+        if resource is self.primary and req == self.request:
+            for store in self._own:  # what woke this reconcile: never older than its event
+                obj = store.get(req)
+                if obj is not None:
+                    return clone(obj)  # type: ignore[no-any-return]
         for store in self._stores(resource, req.namespace):
             obj = store.get(req)
             if obj is not None:
@@ -451,10 +470,15 @@ class Client(_Base):
     """The client of plain ``def`` handlers (run in worker threads): every call blocks."""
 
     def __init__(
-        self, ctx: ClientContext, primary: ResourceInfo | None = None, request: Request | None = None, controller: str = ""
+        self,
+        ctx: ClientContext,
+        primary: ResourceInfo | None = None,
+        request: Request | None = None,
+        controller: str = "",
+        own: Sequence[Store] = (),
     ) -> None:
-        super().__init__(ctx, primary, request, controller)
-        self._async = AsyncClient(ctx, primary, request, controller)
+        super().__init__(ctx, primary, request, controller, own)
+        self._async = AsyncClient(ctx, primary, request, controller, own)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = self._ctx.loop

@@ -142,6 +142,7 @@ class Controller:
             collections.deque(maxlen=recent) if recent > 0 else None
         )
         self._primary = [i for s in self.sources if s.primary for i in s.informers]
+        self.own_stores = tuple(i.store for i in self._primary)
         self._log = logging.getLogger(f"declop.controller.{self.name}")
         self._workers: list[asyncio.Task[None]] = []
         #: workers :meth:`stop` cancelled that have not returned yet (a handler ignoring cancellation)

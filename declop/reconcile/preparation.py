@@ -150,7 +150,7 @@ async def add_finalizer(c: ControllerState, call: Call) -> None:
 def arguments(c: ControllerState, call: Call, obj: Any) -> dict[str, Any]:
     """The handler's keyword arguments for ``call`` on ``obj``, with a client bound to its key."""
     reg, key = c.registration, call.key
-    client = AsyncClient(c.ctx, c.resource, key, c.name) if reg.is_async else Client(c.ctx, c.resource, key, c.name)
+    client = (AsyncClient if reg.is_async else Client)(c.ctx, c.resource, key, c.name, c.own_stores)
     return reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
 
 

@@ -24,6 +24,8 @@ from declop.kube.fencing import WriteFence
 from declop.reconcile import client as client_module
 from declop.reconcile.client import AsyncClient, AsyncLiveReader, Client, ClientContext, LiveReader
 from declop.kube.keys import Request
+from declop.cache.informer import InformerPool
+from declop.cache.store import Writer
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.fake import FakeClient
 from declop.typed.model import CustomResource
@@ -290,3 +292,43 @@ def test_the_sync_client_in_a_worker_thread_carries_the_fence_to_the_loop() -> N
     closed, sent = asyncio.run(main())
     assert isinstance(closed, declop.Fenced) and sent is None
     assert [(w.verb, w.body) for w in server.writes] == [("patch", {"data": {"v": "1"}})], "only the unfenced one"
+
+
+# -- reads of the reconciled object: from what woke the reconcile --------------------------------
+
+
+def _cached(pool: InformerPool, info: Any, version: str, *, labels: str = "") -> Writer:
+    """The writer of the pool's informer of ``info`` (filtered by ``labels``), its store synced and
+    holding the ConfigMap c at ``version`` (its data says which)."""
+    writer = Writer(pool.get(info, "", label_selector=labels).store)
+    writer.upsert(_labelled(version))
+    writer.store.synced = True
+    return writer
+
+
+def _labelled(version: str) -> dict[str, object]:
+    meta = {"name": "c", "namespace": "default", "labels": {"app": "x"}, "resourceVersion": version}
+    return {**_cm(), "metadata": meta, "data": {"v": version}}
+
+
+def test_the_reconciled_object_is_read_from_the_informer_that_woke_the_controller() -> None:
+    """A ``labels=`` controller is woken by its filtered informer; an unfiltered cache of the same
+    resource is a second watch that may lag. Reading the object from the lagging one would show
+    the handler the state before the event that woke it, and nothing wakes it again when that
+    cache catches up: the update would be lost. ``get(request)`` reads the filtered store."""
+    server = FakeApiServer()
+    info = server.discovery.resolve_cached("configmaps")
+    pool = InformerPool(transport=None)  # type: ignore[arg-type]
+    _cached(pool, info, "1")  # the unfiltered cache: not yet seen the update
+    woke = _cached(pool, info, "2", labels="app=x")  # delivered it, and woke the controller
+    ctx = ClientContext(server, server.discovery, pool, None)  # type: ignore[arg-type]
+    for flavour in (Client, AsyncClient):
+        client = flavour(ctx, info, CM_KEY, "copy", (woke.store,))
+        assert client.get(CM_KEY)["data"] == {"v": "2"}
+        assert client.get()["data"] == {"v": "2"}
+        assert client.get("configmaps", "default/c")["data"] == {"v": "2"}
+        # the reconciled object once it left the filter: the unfiltered cache, as any other read
+        woke.delete(CM_KEY)
+        assert client.get(CM_KEY)["data"] == {"v": "1"}
+        woke.upsert(_labelled("2"))
+    assert Client(ctx, info, CM_KEY, "copy").get(CM_KEY)["data"] == {"v": "1"}, "no own stores: the shared cache"
