@@ -101,8 +101,8 @@ test-fast: setup
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/test_public_api.py tests/test_layers.py $(PYTEST_ARGS)
 
-# The Lease simulator (docs/simulation.md): SIM_SEEDS seeds of each scenario family (issue 22:
-# 10,000), in SIM_JOBS processes, one line per failure. SIM_SEEDS=300 is what `make test` runs.
+# The Lease simulator (docs/simulation.md): SIM_SEEDS seeds of each scenario family (10,000
+# by default), in SIM_JOBS processes, one line per failure. SIM_SEEDS=300 is what `make test` runs.
 SIM_SEEDS ?= 10000
 SIM_JOBS ?= 2
 SIM_FAMILIES ?= leader sharded-uid sharded-namespace rolling shared-id

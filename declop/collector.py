@@ -35,8 +35,7 @@ __all__ = ["freeze", "pause", "paused", "resume"]
 _pauses = 0
 _was_enabled = True
 #: Whether this module froze anything yet. A flag, not ``gc.get_freeze_count()``: that walks the
-#: whole permanent generation (~25 ms per million frozen containers; 60-200 ms with 100k cached
-#: objects), and ``pause`` runs on the event loop before every big emission and webhook request.
+#: whole permanent generation (long with 100k cached objects), and ``pause`` runs on the event loop before every big emission and webhook request.
 _froze = False
 _lock = threading.Lock()
 
@@ -46,8 +45,8 @@ def pause() -> None:
 
     The first pause of a process in which declop froze nothing yet freezes the start-up heap (modules, the
     client): once, so that the collection before every later :func:`freeze` walks only what was
-    allocated since. Without collecting it first: that full pass cost 10-20 ms of every start and
-    found 25 unreachable objects (import leftovers), which stay, once."""
+    allocated since. Without collecting it first: that full pass would cost every start more than the
+    few unreachable import leftovers it finds, which stay, once."""
     global _pauses, _was_enabled, _froze
     with _lock:
         if _pauses == 0:
@@ -84,8 +83,8 @@ def freeze() -> None:
     generation, so a cycle that became garbage while the collector was paused would otherwise
     never be freed. Frozen objects are never walked again, so this full collection costs what
     was allocated since the previous freeze, not the heap. A sync calls it after every page or
-    chunk of objects (about 1.3 µs per new object: ~1-2 ms a chunk), never once over the whole
-    list (130 ms at 100k). Called with the GC paused: no automatic pass walks the new objects
+    chunk of objects, a short pause each, never once over the whole list (one long pause at
+    100k; bench/FINDINGS.md). Called with the GC paused: no automatic pass walks the new objects
     first."""
     global _froze
     gc.collect()

@@ -284,8 +284,8 @@ def _read(path: str) -> dict[str, Any]:
 
 def _parse(path: str, text: str) -> Any:
     """The document in ``text``. A JSON kubeconfig (what declop's test kit and many generators
-    write) is read without PyYAML, whose import alone is 30-50 ms of a start; YAML is read with
-    libyaml when PyYAML has it (a few times faster), and an error is worded by the pure parser."""
+    write) is read without PyYAML, whose import alone is a noticeable part of a start; YAML is read
+    with libyaml when PyYAML has it (faster), and an error is worded by the pure parser."""
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text)
@@ -397,7 +397,7 @@ def _from_files(paths: list[str], context: str | None, *, explicit: bool, env: M
     if cfg.cert_data and cfg.key_data:
         try:
             # a bare client context: checking that the pair loads needs no trust store (the
-            # system roots cost ~40 ms to parse, on every start and every `declop dev` reload)
+            # system roots are slow to parse, on every start and every `declop dev` reload)
             load_cert_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cfg.cert_data, cfg.key_data)
         except ssl.SSLError as exc:
             raise KubeconfigError(f"kubeconfig {us_file}: user {user_name!r}: the client certificate and key do not load ({exc.reason or exc})") from exc

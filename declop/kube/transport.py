@@ -89,8 +89,8 @@ AUTH_QPS, AUTH_BURST = 10.0, 20
 
 #: a watch stream read in bulk (``stream(bulk=...)``): after a read of fewer than ``BULK_READ`` bytes
 #: the connection is not read for ``BULK_PAUSE`` seconds, so the next read takes what arrived
-#: meanwhile — a few hundred KiB per read instead of one event per read (10k objects of a
-#: streaming list: ~800 reads instead of ~9,000, 40 % less CPU; bench/FINDINGS.md)
+#: meanwhile — a few hundred KiB per read instead of one event per read (far fewer reads and
+#: less CPU for a streaming list; bench/FINDINGS.md)
 BULK_PAUSE, BULK_READ = 0.002, 128 * 1024
 
 #: content types accepted by ``patch``

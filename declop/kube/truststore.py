@@ -1,11 +1,10 @@
 """aiohttp's two default TLS contexts, with the system trust store read on first use, not at import.
 
 ``import aiohttp`` builds two module-level client contexts (``aiohttp.connector``, one verifying
-and one not) and each parses the system trust store on the spot: ~2 × 30–60 ms of every start on
-the benchmark VM, the largest single item between ``python`` and declop's first request
-(bench/FINDINGS.md, "Start-up"). declop's own client never uses either: it builds its context
-from the cluster's CA (``kube/credentials.py``). A handler that calls ``aiohttp`` with default
-TLS does use them.
+and one not) and each parses the system trust store on the spot: together the largest single
+item between ``python`` and declop's first request (bench/FINDINGS.md, "Start-up"). declop's
+own client never uses either: it builds its context from the cluster's CA
+(``kube/credentials.py``). A handler that calls ``aiohttp`` with default TLS does use them.
 
 :func:`import_aiohttp` imports ``aiohttp.connector`` with those two reads deferred, and aiohttp's
 ``TCPConnector._get_ssl_context`` (the only place aiohttp hands them to a connection) wrapped to

@@ -48,7 +48,7 @@ a machine suspended and resumed sees its Lease expired, as a stopped process doe
 Invariants:
 
 - ``is_leader`` is True only between a successful acquire and the loss or the release;
-- the Lease is never released while ``running()`` counts a call under it (issue 22, I6);
+- the Lease is never released while ``running()`` counts a call under it (I6);
 - ``valid()`` implies ``is_leader``, and turns False by itself when the clock passes
   ``renewed_at + renew_deadline`` — no renewal attempt needs to fail first;
 - ``valid()`` is False while ``opening``: a Lease we created opens only after a renewal started

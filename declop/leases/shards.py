@@ -121,7 +121,7 @@ def plan(held: Iterable[int], draining: Iterable[int], candidates: Iterable[int]
 class ShardSet:
     """The ranges of one controller on this replica: electors, drains, in-flight counts.
 
-    The controller calls :meth:`range_of`, :meth:`may_start`, :meth:`begin` and :meth:`end`;
+    The controller calls :meth:`index`, :meth:`may_start`, :meth:`begin` and :meth:`end`;
     :class:`ShardLeases` drives the Leases."""
 
     def __init__(self, controller: str, n: int, shard_by: str, electors: list[LeaderElector], member: LeaderElector | None = None) -> None:

@@ -1,8 +1,8 @@
 """Watchdog: after a lost Lease the process is gone within :data:`EXIT_BOUND` s, whatever runs.
 
 Once a replica has lost a Lease (its leader Lease, or a range Lease while a call of the range
-ran) another replica may take it over; the process must be gone first (issue 22, invariant I5).
-The manager's clean-up after a loss is bounded step by step
+ran) another replica may take it over; the process must be gone first (invariant I5,
+docs/simulation.md). The manager's clean-up after a loss is bounded step by step
 (:data:`declop.manager.LOST_CLEANUP_SECONDS`), but some waits are not the manager's: ``asyncio.run``
 cancelling a task that ignores cancellation, the interpreter joining executor threads at exit,
 a log handler blocked on a full pipe, the loop itself blocked by a handler that computes on it.

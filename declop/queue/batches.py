@@ -2,8 +2,8 @@
 
 A worker of a plain ``def`` handler takes the key it waited for plus more ready keys, prepares
 them on the loop and runs the calls one after another in one executor job: handing a single
-reconcile to a thread and back costs ~150 µs on 2 cores, most of a cold start's reconcile phase
-at 10k objects (bench/FINDINGS.md, F2). The risk is head-of-line blocking: one slow or hanging call would hold
+reconcile to a thread and back is most of a cold start's reconcile phase at 10k objects
+(bench/FINDINGS.md, F2). The risk is head-of-line blocking: one slow or hanging call would hold
 every key queued behind it in its batch while other workers sit idle. A :class:`Batch` is the
 hand-over of those calls between the worker (on the event loop) and the thread that avoids it:
 

@@ -60,7 +60,7 @@ time and the replica):
   ``--shards`` — has a live, synced owner whose fence is open; a Lease that did not exist at the
   last change (a new split's, or one an administrator deleted) gets one renew deadline more:
   it is created a lease duration after it was first found missing, and its creator's fence
-  opens a renew deadline later (defect 7) — in a stopped rollout, a key any of whose Leases
+  opens a renew deadline later — in a stopped rollout, a key any of whose Leases
   (one per split) did not exist gets it; a controller none of whose live replicas has synced
   caches (every one restarted ``unsynced``) can have no owner, and is not checked;
 - **I9** a write is accepted only from the replica the apiserver's record of the covering Lease
@@ -812,7 +812,7 @@ class _Cluster:
             since = max(settle_from, self.last_change)
             if self.now() < since + 2 * s.lease_duration + s.renew_deadline:
                 # a Lease that did not exist then is created a lease duration after it was first
-                # found missing and opens a renew deadline after its creation (defect 7). In a
+                # found missing and opens a renew deadline after its creation. In a
                 # stopped rollout a key is owed by whichever split takes it, so it gets the
                 # extra renew deadline when any of its Leases was absent — not only the first
                 # split's: rolling seed 1034 had the new split's ranges missing (its Leases were

@@ -45,7 +45,7 @@ Invariants, checked while the run goes and at its end (each violation is a
   stop it, contract.md §7). The documented exception, sharded by uid: when a name is deleted and
   created again, the old object's ``DELETED`` call (``obj`` is None) may overlap the new
   object's calls (two uids, so two ranges) — and without a finalizer any call of the old object
-  may; with ``World(strict=True)`` it is a violation too (that is how defect 5 was shown);
+  may; with ``World(strict=True)`` it is a violation too (that is how the overlap was shown);
 - **I3** from :data:`SETTLE` lease durations after the last fault healed and the workload
   stopped, every object's last spec change has been seen by a handler call (its
   resourceVersion or a later one, of the same uid), and nothing is left being deleted — with a

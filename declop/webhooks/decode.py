@@ -19,7 +19,7 @@ Invariants:
 - :func:`bounded_clone` and :func:`check_depth` recurse at most ``limit`` levels: they never
   raise ``RecursionError`` on a shallow stack, whatever the input;
 - :func:`check_size` refuses a body with more than :data:`MAX_CONTAINERS` brackets before any
-  of it is decoded (two ``bytes.count``: about 1 ms per MiB): a body of 7 MiB of ``[],`` would
+  of it is decoded (two ``bytes.count``): a body of 7 MiB of ``[],`` would
   be 2.4 million lists, half a GiB of Python and 25 s of parsing;
 - bodies above :data:`PIECE` bytes are parsed as pieces of at most about :data:`PIECE` bytes
   each, joined in Python (every piece is one short C call; the rest lets other threads run).
@@ -45,7 +45,7 @@ KEEP_DEPTH = MAX_DEPTH + 4
 #: bound): one per 36 bytes of the largest body, several times what real objects use (a Pod
 #: has about one per 60 bytes); a body within it decodes to at most ~100 MiB of Python
 MAX_CONTAINERS = 200_000
-#: bytes parsed in one C call at most (about 5-15 ms of holding the interpreter on 2 busy cores)
+#: bytes parsed in one C call at most (a call holds the interpreter: keep each one short)
 PIECE = 128 * 1024
 
 try:  # pragma: no branch
