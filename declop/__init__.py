@@ -21,18 +21,14 @@ result, the client, the write helpers and the errors a handler catches or raises
 else lives in the package that owns it and is imported from there (``declop.errors``,
 ``declop.manager``, ``declop.webhooks``, ``declop.testing`` …; docs/architecture.md lists them).
 ``declop.CustomResource`` (the base of a typed custom resource, docs/typed.md) is loaded on first
-use: ``import declop`` does not import pydantic. Names that used to be here, and modules that used to sit at the top, still import for one
-release with a :class:`DeprecationWarning` naming their new home.
+use: ``import declop`` does not import pydantic.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import sys
-import warnings
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from declop.version import __version__ as __version__
 from declop.kube import truststore as _truststore
@@ -73,8 +69,6 @@ from declop.registry import validator as validator
 from declop.webhooks.declaration import Rejected as Rejected
 
 if TYPE_CHECKING:
-    import importlib.abc
-
     from declop.typed.model import CustomResource as CustomResource
 
 __all__ = [
@@ -125,124 +119,21 @@ for _name in __all__:
             pass
 del _name, _obj
 
-#: names that left this namespace → the module that holds them now (importable, with a warning)
-MOVED_NAMES = {
-    "AlreadyOwnedError": "declop.reconcile.ownership",
-    "ApiError": "declop.errors",
-    "CacheNotSyncedError": "declop.errors",
-    "ConfigError": "declop.errors",
-    "DeclopError": "declop.errors",
-    "Forbidden": "declop.errors",
-    "InvalidResult": "declop.errors",
-    "Manager": "declop.manager",
-    "Options": "declop.manager",
-    "Priority": "declop.queue.priority",
-    "RateLimit": "declop.queue.ratelimit",
-    "ReconcileLogger": "declop.logs",
-    "RegistrationError": "declop.errors",
-    "Registry": "declop.registry",
-    "Resource": "declop.kube.resource",
-    "Trigger": "declop.reconcile.trigger",
-}
-
-#: modules that used to sit at the top of the package → where they live now
-MOVED_MODULES = {
-    "declop.admission": "declop.webhooks.admission",
-    "declop.batches": "declop.queue.batches",
-    "declop.client": "declop.reconcile.client",
-    "declop.controller": "declop.reconcile.controller",
-    "declop.conversion": "declop.webhooks.conversion",
-    "declop.devloop": "declop.dev.loop",
-    "declop.discovery": "declop.kube.discovery",
-    "declop.events": "declop.reconcile.events",
-    "declop.finalizers": "declop.reconcile.finalizers",
-    "declop.informer": "declop.cache.informer",
-    "declop.keys": "declop.kube.keys",
-    "declop.kubeconfig": "declop.kube.kubeconfig",
-    "declop.labels": "declop.kube.labels",
-    "declop.leader": "declop.leases.leader",
-    "declop.manifests": "declop.dev.manifests",
-    "declop.mapping": "declop.reconcile.mapping",
-    "declop.metrics": "declop.serving.metrics",
-    "declop.metricsauth": "declop.serving.metricsauth",
-    "declop.ownership": "declop.reconcile.ownership",
-    "declop.patch": "declop.webhooks.patch",
-    "declop.predicates": "declop.reconcile.predicates",
-    "declop.priorityqueue": "declop.queue.priority",
-    "declop.probes": "declop.serving.probes",
-    "declop.ratelimit": "declop.queue.ratelimit",
-    "declop.resource": "declop.kube.resource",
-    "declop.result": "declop.reconcile.result",
-    "declop.scaffold": "declop.dev.scaffold",
-    "declop.servingcert": "declop.serving.cert",
-    "declop.sharding": "declop.leases.hashing",
-    "declop.shardlease": "declop.leases.shards",
-    "declop.transport": "declop.kube.transport",
-    "declop.trigger": "declop.reconcile.trigger",
-    "declop.webhook": "declop.webhooks.declaration",
-    "declop.webhookcert": "declop.webhooks.certs",
-    "declop.webhookconfig": "declop.webhooks.configuration",
-    "declop.webhookserver": "declop.webhooks.server",
-    "declop.workqueue": "declop.queue.workqueue",
-}
-
-#: old module paths that stay valid without a warning: ``declop.predicates`` is in ``__all__``
-_SILENT = frozenset({"declop.predicates"})
+#: ``import declop.predicates`` (and ``from declop.predicates import …``): its short public path
+sys.modules[f"{__name__}.predicates"] = predicates
 
 
 def __getattr__(name: str) -> Any:
-    """Lazy names, old names with a warning; submodules on first use (``declop.manager.Options``)."""
+    """Lazy names, and submodules on first use (``declop.manager.Options``)."""
     lazy = LAZY_NAMES.get(name)
     if lazy is not None:
         value = getattr(importlib.import_module(lazy), name)
         globals()[name] = value
         return value
-    home = MOVED_NAMES.get(name)
-    if home is not None:
-        warnings.warn(
-            f"declop.{name} moved to {home}.{name}; import it from there (the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(home), name)
-    old = f"{__name__}.{name}"
-    if old in MOVED_MODULES:
-        return importlib.import_module(old)  # through the finder below: warns unless silent
+    module = f"{__name__}.{name}"
     try:
-        return importlib.import_module(old)
+        return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name != old:
+        if e.name != module:
             raise
     raise AttributeError(f"module 'declop' has no attribute {name!r}")
-
-
-class _MovedModuleFinder:
-    """``import declop.workqueue`` gives ``declop.queue.workqueue`` itself (same module object,
-    so state and ``isinstance`` are shared) and warns that the path is old.
-
-    A finder and loader by protocol, not by the ``importlib.abc`` classes: importing those
-    brings ``importlib.resources`` and ``tempfile`` (~10 ms of every start)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MOVED_MODULES:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, cast("importlib.abc.Loader", self))
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        old = module.__name__
-        new = MOVED_MODULES[old]
-        if old not in _SILENT:
-            warnings.warn(
-                f"{old} moved to {new}; import it from there (the old path goes in the next release)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        # the import statement returns sys.modules[old] after this: the real module
-        sys.modules[old] = importlib.import_module(new)
-
-
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModuleFinder())

@@ -1,7 +1,5 @@
 """Every dotted ``declop.…`` name in the docs, the README and the examples resolves — to a module or
 an attribute, without a DeprecationWarning — so a reader who copies one gets the current home.
-
-The one page allowed to name old homes is docs/architecture.md, where it says they moved.
 """
 
 from __future__ import annotations
@@ -14,14 +12,11 @@ from typing import Any
 
 import pytest
 
-import declop
-
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("examples/**/*.py"), *ROOT.glob("examples/**/*.md")])
 NAME = re.compile(r"(?<![\w./-])declop(?:\.[A-Za-z_]\w*)+")
 #: dotted words that are not Python names: a finalizer, label keys, a placeholder
 NOT_PYTHON = {"declop.example", "declop.mistakes", "declop.name", "declop.X"}
-OLD_HOMES = {f"declop.{n}" for n in declop.MOVED_NAMES} | set(declop.MOVED_MODULES)
 
 
 def resolve(dotted: str) -> Any:
@@ -45,8 +40,6 @@ def names(page: Path) -> list[str]:
 def test_every_declop_name_on_the_page_resolves(page: Path) -> None:
     unresolved = []
     for dotted in names(page):
-        if page.name == "architecture.md" and dotted in OLD_HOMES:
-            continue
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             try:
@@ -60,7 +53,7 @@ def test_the_check_sees_names_and_rejects_old_ones() -> None:
     assert {"declop.reconciler", "declop.errors.ApiError"} <= set(NAME.findall("`declop.reconciler`, declop.errors.ApiError"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(DeprecationWarning):
+        with pytest.raises(AttributeError):
             resolve("declop.Manager")
         with pytest.raises(AttributeError):
             resolve("declop.reconcile.client.NoSuchThing")

@@ -155,35 +155,50 @@ def test_reprs_use_the_package_name() -> None:
     assert declop.reconciler.__qualname__ == "reconciler"
 
 
-# -- what left the front door still imports, once more, with a warning naming its new home --
+# -- what left the front door a release ago is gone: a plain AttributeError / ModuleNotFoundError --
+
+#: names that left ``declop``'s namespace, served from there with a DeprecationWarning for one
+#: release and gone since
+GONE_NAMES = [
+    "AlreadyOwnedError", "ApiError", "CacheNotSyncedError", "ConfigError", "DeclopError", "Forbidden", "InvalidResult",
+    "Manager", "Options", "Priority", "RateLimit", "ReconcileLogger", "RegistrationError", "Registry", "Resource", "Trigger",
+]
+
+#: modules that sat at the top of the package, likewise
+GONE_MODULES = [
+    "declop.admission", "declop.batches", "declop.client", "declop.controller", "declop.conversion", "declop.devloop",
+    "declop.discovery", "declop.events", "declop.finalizers", "declop.informer", "declop.keys", "declop.kubeconfig",
+    "declop.labels", "declop.leader", "declop.manifests", "declop.mapping", "declop.metrics", "declop.metricsauth",
+    "declop.ownership", "declop.patch", "declop.priorityqueue", "declop.probes", "declop.ratelimit", "declop.resource",
+    "declop.result", "declop.scaffold", "declop.servingcert", "declop.sharding", "declop.shardlease", "declop.transport",
+    "declop.trigger", "declop.webhook", "declop.webhookcert", "declop.webhookconfig", "declop.webhookserver",
+    "declop.workqueue",
+]
 
 
-@pytest.mark.parametrize(("name", "home"), sorted(declop.MOVED_NAMES.items()))
-def test_a_name_that_left_still_imports_and_warns(name: str, home: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"declop\.{name} moved to {re.escape(home)}\.{name}"):
-        obj = getattr(declop, name)
-    assert obj is getattr(importlib.import_module(home), name)
+@pytest.mark.parametrize("name", GONE_NAMES)
+def test_a_name_that_left_is_gone(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match=rf"^module 'declop' has no attribute '{name}'$"):
+            getattr(declop, name)
     assert name not in declop.__all__
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(declop.MOVED_MODULES.items()))
-def test_an_old_module_path_is_the_new_module(old: str, new: str) -> None:
-    """``import declop.workqueue`` (and ``from declop.workqueue import X``) still work, give the
-    very module that now lives elsewhere, and warn unless the short path is public."""
+@pytest.mark.parametrize("old", GONE_MODULES)
+def test_an_old_module_path_is_gone(old: str) -> None:
     sys.modules.pop(old, None)
-    if old == "declop.predicates":
-        module = importlib.import_module(old)
-    else:
-        with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} moved to {re.escape(new)}"):
-            module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert module.__name__ == new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModuleNotFoundError, match=rf"^No module named '{re.escape(old)}'$"):
+            importlib.import_module(old)
+    assert not hasattr(declop, "MOVED_NAMES") and not hasattr(declop, "MOVED_MODULES")
 
 
-def test_every_old_module_path_is_mapped_to_one_that_exists() -> None:
-    for old, new in declop.MOVED_MODULES.items():
-        assert importlib.util.find_spec(new) is not None, new
-        assert old.count(".") == 1, f"{old} was a top-level module"
+def test_predicates_short_path_imports_names_from_the_module() -> None:
+    namespace: dict[str, object] = {}
+    exec("from declop.predicates import generation_changed", namespace)  # noqa: S102
+    assert namespace["generation_changed"] is importlib.import_module("declop.reconcile.predicates").generation_changed
 
 
 def test_the_old_cache_module_names_still_import_from_the_package() -> None:
