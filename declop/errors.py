@@ -1,25 +1,63 @@
 """The exception tree of declop.
 
-Every error declop raises on purpose derives from :class:`DeclopError`::
+Every error declop raises on purpose derives from :class:`DeclopError`. The classes defined
+here are the ones several packages share; the others live beside the code that raises them
+(their module is named)::
 
     DeclopError
-     ├── ConfigError            bad input from the user (files, options, kubeconfig); cli.py exits non-zero
-     │    └── RegistrationError   a decorator was misused, or used after the manager started
+     ├── ConfigError            bad input from the user (files, options, kubeconfig); the CLI exits non-zero
+     │    ├── RegistrationError   a decorator was misused, or used after the manager started
+     │    │    ├── _BadConcurrency   declop.registry: max_concurrent is not a positive int (exit 2)
+     │    │    └── _BadShardKey      declop.registry: shard_by is neither "uid" nor "namespace" (exit 2)
+     │    ├── _BadShardKey        declop.manager: shard_by="namespace" on a cluster-scoped resource (exit 2)
+     │    ├── _BadOptions         declop.cli: command-line options that contradict each other (exit 2)
+     │    ├── KubeconfigError     declop.kube.kubeconfig: a malformed kubeconfig, named with its file
+     │    ├── MissingPermissions  declop.kube.access: RBAC lacks grants declop needs, one line each
+     │    └── ScaffoldError       declop.dev.scaffold: ``declop new`` cannot write the project it was asked for
      ├── ApiError               the apiserver answered with a non-2xx status (``.status``, ``.reason``)
      │    ├── NotFound            404 — also raised by cache reads for a missing object
      │    ├── Conflict            409 — a stale resourceVersion; re-read and retry
-     │    └── Forbidden           403 — RBAC denies the request; the message names verb and resource
+     │    ├── Forbidden           403 — RBAC denies the request; the message names verb and resource
+     │    ├── StreamIdle          declop.kube.transport: a watch that had begun went silent; the informer re-watches
+     │    └── StreamInterrupted   declop.kube.transport: a watch that had begun was cut; the informer re-watches
      ├── CacheNotSyncedError    a read hit a cache that has not listed yet; retried like any failure
      ├── ReconcileTimeout       an async handler passed its timeout=: cancelled, retried (also a TimeoutError)
      ├── InvalidObject          a cached object fails the handler's typed model (``obj: Widget``): skipped
      ├── Fenced                 a call's write was not sent: its Lease is not known valid; the key is left
+     ├── AlreadyOwnedError      declop.reconcile.ownership: the child already has another controller
+     ├── BadReview              declop.webhooks.admission: a webhook request body that is not a review (HTTP 400)
+     │    └── Oversized          too many objects and arrays to decode
+     ├── Rejected               declop.webhooks.declaration (``declop.Rejected``): a validator or mutator denies
+     ├── ImageBuildError        declop.testing.buildkit (``declop.testing``): an image build failed
      └── TerminalError          raised by a handler: log, count, and do not retry
           └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
 
-Who handles what: handlers raise ``TerminalError`` and may catch ``NotFound``/``Conflict``;
-controllers end a call that met ``Fenced`` without a retry (whatever the handler made of it) and
-turn every other exception into a rate-limited retry; only ``cli.py`` maps
-``ConfigError`` (and unreachable/forbidden apiservers) to exit codes.
+Who handles what: handlers raise ``TerminalError`` (webhook handlers ``Rejected``) and may catch
+``NotFound``/``Conflict``; controllers end a call that met ``Fenced`` without a retry (whatever
+the handler made of it) and turn every other exception into a rate-limited retry; only the CLI
+maps ``ConfigError`` (and unreachable/forbidden apiservers) to exit codes.
+
+Not declop errors: signals a module raises and its own caller catches. One that escapes is a
+bug, so none may be mistaken for a user's error by an ``except DeclopError``::
+
+    Exception
+     ├── QueueEmpty          declop.queue.workqueue: nothing is ready (``get_nowait``)
+     ├── QueueShutDown       declop.queue.workqueue: the queue is shut down and drained
+     ├── TooManyReviews      declop.serving.metricsauth: too many token reviews wait (answered 429)
+     ├── _Gone               declop.serving.metricsauth: the caller hung up while its review waited
+     ├── _Relist             declop.cache.watch: the watch ended in a way only a relist repairs
+     ├── _Throttled          declop.cache.watch: 429 as an in-stream ERROR event
+     ├── _BadTransform       declop.cache.store: a transform returned something the store cannot key
+     ├── _Deeper             declop.webhooks.decode: the depth check's unwinding
+     ├── _Overran            declop.webhooks.server: a webhook handler passed its timeout
+     ├── ValueError
+     │    ├── TooDeep           declop.webhooks.decode: a body nested too deep (denied, named)
+     │    └── TooMany           declop.webhooks.decode: a body with too many containers (``Oversized``)
+     └── RuntimeError
+          ├── Deadlock          declop.testing.simloop: a simulated world with nothing to run and no timer
+          └── _PortTaken        declop.testing.controlplane: a component's port was taken before it bound it
+
+``tests/unit/test_errors.py`` checks both drawings against every exception class in declop.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from declop.errors import ConfigError
+from declop.errors import ConfigError, DeclopError
 from declop.testing.process import Component, launch
 
 __all__ = ["BuildKit", "BuiltImage", "ImageBuildError", "buildctl_command", "find_buildkit", "manifest_digest"]
@@ -103,7 +103,7 @@ def find_buildkit() -> Path:
     return max(found, key=lambda d: (d / "buildkitd").stat().st_mtime)
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(DeclopError, RuntimeError):
     """A build (or the base's debootstrap) failed; the message quotes the tool's last lines."""
 
 

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from declop.errors import RegistrationError
+from declop.errors import DeclopError, RegistrationError
 from declop.hints import did_you_mean
 from declop.kube.labels import parse_selector
 
@@ -68,7 +68,7 @@ _TYPO_CUTOFF = 0.8
 _LABEL = re.compile(r"[^a-z0-9]+")
 
 
-class Rejected(Exception):
+class Rejected(DeclopError):
     """Raised by a validator (or mutator) to deny the request.
 
     ``message`` is what ``kubectl`` shows after ``admission webhook "<name>" denied the
