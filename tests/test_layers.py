@@ -64,6 +64,8 @@ ORDER = [
     "leases",
     "leases.hashing",
     "leases.leader",
+    "leases.ranges",
+    "leases.members",
     "leases.shards",
     "leases.watchdog",
     "cache",

@@ -1,49 +1,22 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, compatible with client-go's — plus fencing.
 
-Protocol (client-go ``tools/leaderelection``):
+The protocol is client-go's (``tools/leaderelection``); docs/leases.md argues each rule:
 
-1. Every ``retry_period`` (2 s, jittered) a candidate reads the Lease. It takes it when it does not
-   exist (create), when it is free (empty ``holderIdentity``), or when the holder has not renewed
-   for ``leaseDurationSeconds`` (15 s) *as observed on our own monotonic clock* — clocks of
-   different machines are never compared. Taking and renewing are PUTs with the read
-   resourceVersion, so of two racing candidates exactly one wins (the other gets 409).
-2. The leader renews every ``retry_period``. A renew *round* retries until it succeeds, but the
-   whole round is bounded by ``renewed_at + renew_deadline`` (10 s) — the last success, not the
-   start of the round or of one attempt: whatever mix of fast failures and hung requests it meets,
-   :meth:`LeaderElector.hold` returns (leadership lost) no later than that. Every Lease request
-   has its own timeout of ``renew_deadline / 2`` (controller-runtime's rule, so one hung request
-   cannot use up the deadline), cut shorter when the round's deadline comes first.
-3. A missing Lease is *not* created at once: a candidate creates it only a lease duration after
-   it first found it missing (404) — whether it had seen the Lease before or not. A Lease deleted
-   under its holder (an administrator, a cleanup script, a namespace re-created) may still have
-   a holder inside its fence: the holder's next renewal finds it gone, its fence closes for good
-   and leadership is lost, and by the time a candidate creates it again the old holder's fence
-   closed on its own clock even if it never learnt of the deletion. A candidate cannot tell a
-   deleted Lease from one that never existed (a replica restarted just after the deletion never
-   saw it), so the very first start of an operator in a namespace waits one lease duration too
-   (client-go creates it at once; docs/contract.md §7). The wait starts over after a gap longer
-   than ``renew_deadline`` between the send of one read that found it missing and the answer to
-   the next. And the creator leads only once its record has stood for ``renew_deadline``: its
-   fence opens at the first successful renewal started that long after the creation
-   (:attr:`LeaderElector.opening` until then; :meth:`acquire` returns then). Otherwise a
-   creation and a second deletion could both fall between two reads of another waiting replica,
-   which would create the Lease while the first creator's fence is open. A Lease nobody else
-   ever takes (``exclusive=False``: a replica's member Lease) is created at once and opens at once.
-4. On a graceful stop the leader releases the Lease (empty holder, 1 s duration) so a standby
-   takes over within one retry period instead of waiting for expiry — unless a call under it
-   still runs (:attr:`LeaderElector.running`: a plain handler's thread outlived the grace period):
-   then the Lease is left to expire (one log line says so), and the process exits; a standby
-   takes over a lease duration later.
+- a candidate takes the Lease when it is free, or unchanged for ``leaseDurationSeconds`` *as
+  observed on our own monotonic clock* (clocks of different machines are never compared); takes
+  and renewals are PUTs with the read resourceVersion, so of two racing candidates one wins;
+- the leader renews every ``retry_period``; a renew round ends, lost, no later than
+  ``renewed_at + renew_deadline`` (the last success), and each request is bounded by
+  ``renew_deadline / 2``;
+- a missing Lease is created only a lease duration after it was first found missing, and its
+  creator leads only once the record has stood for ``renew_deadline`` (:attr:`LeaderElector.opening`
+  until then); a Lease nobody else takes (``exclusive=False``, a member Lease) at once;
+- a graceful stop releases the Lease, unless a call under it still runs: then it is left to expire.
 
-Fencing (beyond client-go): :meth:`LeaderElector.valid` is True only while we hold the Lease and
-``clock() < renewed_at + renew_deadline``, where ``renewed_at`` is the monotonic time at which the
-last *successful* acquire/renew attempt started (before its request was sent, so it is never later
-than the ``renewTime`` other candidates saw). A standby cannot take the Lease before it has seen
-our last record unchanged for ``leaseDurationSeconds`` > ``renew_deadline``, so while ``valid()``
-is True no other replica holds the Lease — even after this process was frozen (SIGSTOP) and
-continued: the first thing it checks is its own clock, not a network answer. The clock is
-:data:`declop.clock.LEASE_CLOCK` (CLOCK_BOOTTIME on Linux): wall-clock steps do not move it, and
-a machine suspended and resumed sees its Lease expired, as a stopped process does.
+The fence: :meth:`LeaderElector.valid` is True only while we hold the Lease and ``clock() <
+renewed_at + renew_deadline``, ``renewed_at`` taken before the last successful request was sent;
+the clock is :data:`declop.clock.LEASE_CLOCK` (it counts suspended time; wall-clock steps do not
+move it).
 
 Invariants:
 

@@ -1,14 +1,11 @@
 """Watchdog: after a lost Lease the process is gone within :data:`EXIT_BOUND` s, whatever runs.
 
 Once a replica has lost a Lease (its leader Lease, or a range Lease while a call of the range
-ran) another replica may take it over; the process must be gone first (invariant I5,
-docs/simulation.md). The manager's clean-up after a loss is bounded step by step
-(:data:`declop.manager.LOST_CLEANUP_SECONDS`), but some waits are not the manager's: ``asyncio.run``
-cancelling a task that ignores cancellation, the interpreter joining executor threads at exit,
-a log handler blocked on a full pipe, the loop itself blocked by a handler that computes on it.
-:meth:`Watchdog.arm` is called at the moment the loss is detected; ``bound`` seconds later
-(minus :data:`MARGIN`, the time the exit itself takes) a daemon thread writes one line to stderr
-and ends the process with ``os._exit`` — unless it ended first.
+ran) the process must be gone before another replica may take the Lease over (I5). The manager's
+clean-up after a loss is bounded step by step, but some waits are not the manager's
+(docs/leases.md lists them). :meth:`Watchdog.arm` is called at the moment the loss is detected;
+``bound`` seconds later (minus :data:`MARGIN`, the time the exit itself takes) a daemon thread
+writes one line to stderr and ends the process with ``os._exit`` — unless it ended first.
 
 Invariants:
 

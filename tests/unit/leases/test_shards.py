@@ -390,7 +390,7 @@ def test_a_controller_named_like_a_member_lease_is_not_counted_as_one() -> None:
         reps.append(r)
     rounds(clock, reps, 8)
     assert all(r.live == 2 for r in reps) and sorted(len(r.sets["team-member-sync"].held()) for r in reps) == [2, 2]
-    assert not reps[0]._foreign
+    assert not reps[0].members.foreign
 
 
 def test_release_all_leaves_a_range_with_a_reconcile_in_flight_to_expire_and_says_so(caplog: pytest.LogCaptureFixture) -> None:

@@ -335,11 +335,11 @@ def test_two_splits_never_wait_for_each_other_for_ever(seed: int) -> None:
 def test_an_exception_out_of_the_lease_code_is_reported_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bug that first broke the fix of defect 11 (a name clash: a set used as a dict) ended
     each replica's Lease task in silence; the run only showed I7 40 s later."""
-    from declop.leases import shards
+    from declop.leases import members
 
     def broken(*_: Any) -> Any:
         raise AttributeError("'set' object has no attribute 'get'")
 
-    monkeypatch.setattr(shards.ShardLeases, "_other_split", broken)
+    monkeypatch.setattr(members.Members, "other_split", broken)
     result = run(Scenario(kind="rolling"), 2631)
     assert result.violations[0].invariant == "bug" and "AttributeError" in result.violations[0].detail
