@@ -45,6 +45,7 @@ ORDER = [
     "typed.view",
     "queue",
     "queue.ratelimit",
+    "queue.stats",
     "queue.workqueue",
     "queue.priority",
     "queue.batches",

@@ -47,20 +47,19 @@ it, :meth:`WorkQueue.give_back`), or the item never runs again and ``shutdown_wi
 forever.
 """
 
-# size: one piece: a single WorkQueue class whose FIFO, dirty set, processing set and delay heap
-# share the state invariants above; half the module is the client-go contract it documents.
-
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass
-from typing import Generic, Hashable, Protocol, TypeVar
+from typing import Generic, Hashable, TypeVar
 
 from declop.clock import MONOTONIC, Clock
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
+from declop.queue.stats import NO_METRICS as NO_METRICS
+from declop.queue.stats import QueueMetrics as QueueMetrics
+from declop.queue.stats import QueueStatistics as QueueStatistics
 
 __all__ = [
     "NO_METRICS",
@@ -84,69 +83,6 @@ class QueueEmpty(Exception):
 
 class QueueShutDown(Exception):
     """The queue is shut down and has no ready item left: the worker should exit."""
-
-
-class QueueMetrics(Protocol):
-    """Callbacks for the workqueue metrics (client-go ``queueMetrics``); ``name`` is the queue's.
-
-    ``added`` is called for non-duplicate adds only; ``got`` with the seconds the item waited in
-    the ready queue; ``done`` with the seconds the worker held it; ``retried`` for every
-    ``add_after``/``add_rate_limited`` accepted before shutdown (also with a zero delay, as
-    client-go). Callbacks run synchronously on the hot path and must be cheap and never raise.
-    """
-
-    def added(self, name: str) -> None: ...
-
-    def got(self, name: str, queued_seconds: float) -> None: ...
-
-    def done(self, name: str, work_seconds: float) -> None: ...
-
-    def retried(self, name: str) -> None: ...
-
-
-class _NoMetrics:
-    """The default :class:`QueueMetrics`: records nothing."""
-
-    __slots__ = ()
-
-    def added(self, name: str) -> None:
-        return None
-
-    def got(self, name: str, queued_seconds: float) -> None:
-        return None
-
-    def done(self, name: str, work_seconds: float) -> None:
-        return None
-
-    def retried(self, name: str) -> None:
-        return None
-
-    def __repr__(self) -> str:
-        return "NO_METRICS"
-
-
-NO_METRICS: QueueMetrics = _NoMetrics()
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStatistics:
-    """A point-in-time snapshot of one queue.
-
-    ``depth`` ready items; ``processing`` items held by workers; ``waiting`` items in the delayed
-    heap; ``adds`` non-duplicate adds and ``retries`` accepted ``add_after`` calls since creation;
-    ``longest_running`` seconds the oldest in-flight item has been held (0 if none);
-    ``unfinished_work`` the sum of all in-flight ages ("large values indicate stuck workers").
-    """
-
-    name: str
-    depth: int
-    processing: int
-    waiting: int
-    adds: int
-    retries: int
-    shutting_down: bool
-    longest_running: float
-    unfinished_work: float
 
 
 class WorkQueue(Generic[T]):
