@@ -57,6 +57,7 @@ ORDER = [
     "kube.truststore",
     "kube.proxy",
     "kube.fencing",
+    "kube.restconfig",
     "kube.kubeconfig",
     "kube.transport",
     "kube.discovery",
