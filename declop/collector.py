@@ -1,11 +1,11 @@
 """Collector: when CPython's cyclic garbage collector may run while declop holds large trees.
 
 A full pass of the cyclic collector walks every tracked container of the process while holding
-the interpreter: tens of milliseconds per million objects, during which the event loop (Lease
-renewals, probes, admissions) stands still. declop builds large acyclic trees at two moments —
-an informer's sync (a whole list) and a large webhook request (an object of up to 3 MiB, its
-copy, its old version) — and a pass that walks them buys nothing: reference counting frees them.
-So both pause the collector around that work, through one counter shared by every user:
+the interpreter, long with millions of objects, during which the event loop (Lease renewals,
+probes, admissions) stands still. An informer's sync builds a large acyclic tree (a whole list)
+and a pass that walks it buys nothing: reference counting frees it. So a sync pauses the
+collector around that work, through one counter shared by every user. (A large webhook request
+does not: under a steady stream of them a pause would never end; docs/webhooks.md.)
 
 - :func:`pause` / :func:`resume` (or :func:`paused`) nest: the collector runs again when the
   last pause ends, and only if it was enabled when the first began;
@@ -35,7 +35,8 @@ __all__ = ["freeze", "pause", "paused", "resume"]
 _pauses = 0
 _was_enabled = True
 #: Whether this module froze anything yet. A flag, not ``gc.get_freeze_count()``: that walks the
-#: whole permanent generation (long with 100k cached objects), and ``pause`` runs on the event loop before every big emission and webhook request.
+#: whole permanent generation (long with 100k cached objects), and ``pause`` runs on the event
+#: loop before every big emission.
 _froze = False
 _lock = threading.Lock()
 

@@ -37,10 +37,8 @@ Invariants:
 - a body above :data:`OFFLOAD_BYTES` is parsed, copied, diffed, encoded and freed in one
   thread of its own, in pieces (:func:`~declop.webhooks.decode.loads`, :func:`_dismantle`):
   the loop, which also renews the Lease and answers probes, is never held for long; smaller
-  ones are cheaper on the loop. The cyclic collector is *not* paused for them: under a steady
-  stream of large requests a pause would never end, and the garbage cycles of the connections
-  (asyncio's TLS protocols) would pile up for one long pass; with the budget below, a full
-  pass walks at most a request or two's trees;
+  ones are cheaper on the loop. The cyclic collector is *not* paused for them (why:
+  docs/webhooks.md, "Memory and the event loop");
 - such bodies share :data:`BODY_BUDGET` bytes (:class:`declop.serving.http.Budget`): one of the
   largest size at a time, the others wait their turn unread, so sixteen at once cost the memory
   of about one; a validator gets the objects uncopied, a mutator a copy of ``object`` only;
