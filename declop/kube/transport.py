@@ -1,7 +1,7 @@
-"""Transport: raw JSON over HTTP to the apiserver, with the official client's config and auth.
+"""Transport: raw JSON over HTTP to the apiserver, with client-go's config and auth.
 
 Owns:
-- credentials from a :class:`~declop.kube.kubeconfig.RestConfig` (kubeconfig or in-cluster, see
+- credentials from a :class:`~declop.kube.restconfig.RestConfig` (kubeconfig or in-cluster, see
   :mod:`declop.kube.kubeconfig`): headers and the TLS context are asked for before each request, so
   rotated tokens and exec-plugin certificates are used as soon as they change;
 - two ``aiohttp`` sessions on the manager's event loop, one for requests (kept-alive, pooled) and
@@ -24,7 +24,7 @@ Owns:
 
 Invariants:
 - no model object is ever built: bodies are decoded to plain dicts/lists (orjson when installed);
-- the Authorization header is computed per request from ``Configuration.auth_settings()``, so a
+- the Authorization header is computed per request (:meth:`RestConfig.headers`), so a
   rotated projected token is picked up without a restart;
 - a non-2xx answer raises an :class:`~declop.errors.ApiError` subclass carrying the Status message;
   a connection failure raises ``ApiError(status=0, reason="Unreachable")``, a failed TLS
