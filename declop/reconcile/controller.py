@@ -15,7 +15,7 @@ workers take keys, and each key's reconcile goes through four steps, each in its
 
 This module owns the sources and their subscriber (which events become which keys, with which
 priority and trace; the event filters are in :mod:`declop.reconcile.filters`), the workers,
-:meth:`Controller._process` (the steps, in order, for a worker's keys) and start/stop.
+:meth:`Controller.process` (the steps, in order, for a worker's keys) and start/stop.
 
 Invariants:
 - workers start only after every informer of every source has listed once (the sync gate);
@@ -39,7 +39,7 @@ Invariants:
   on predicates (:mod:`declop.reconcile.filters`).
 """
 
-# size: the worker loop and _process keep the steps of a key's life in one readable order; the
+# size: the worker loop and process keep the steps of a key's life in one readable order; the
 # steps themselves live in fence, preparation, call and outcome. Past 500 lines by the
 # bookkeeping of calls a stop abandons (running, _job_ended), which must sit beside the workers.
 
@@ -183,7 +183,7 @@ class Controller:
         self._invalid: dict[Request, str] = {}
 
     # -- wiring ------------------------------------------------------------------------------
-    def _subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:
+    def subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:
         """The event handler of ``source`` on ``informer`` (default: its first)."""
         if informer is None:
             informer = source.informers[0]
@@ -280,7 +280,7 @@ class Controller:
         start the workers. Caches warm up while a standby waits for the lease."""
         for source in self.sources:
             for informer in source.informers:
-                informer.subscribe(self._subscriber(source, informer))
+                informer.subscribe(self.subscriber(source, informer))
         self._log.info("Starting Controller", extra={"kv": {"controller": self.name, "resource": str(self.resource)}})
         pending = self.informers()
         while True:
@@ -348,35 +348,42 @@ class Controller:
 
     # -- the worker loop -----------------------------------------------------------------------
     async def _worker(self) -> None:
-        queue = self.queue
-        batching = not self.registration.is_async
-        workers = self.registration.max_concurrent
         while True:
-            try:
-                key = await queue.get()
-            except QueueShutDown:
+            keys = await self.take()
+            if keys is None:
                 return
-            if self._stopping:
-                queue.done(key)
-                return
-            keys = [key]
-            if batching:
-                # Plain handlers run in a thread: one hop per batch instead of one per key.
-                # Take more ready keys, but never more than this worker's share of the backlog,
-                # so other workers are not starved. Taken keys are "processing": no other worker
-                # can take them, and re-adds meanwhile cause exactly one more run after done().
-                extra = batch_size(len(queue), workers) - 1
-                while extra > 0:
-                    try:
-                        keys.append(queue.get_nowait())
-                    except (QueueEmpty, QueueShutDown):
-                        break
-                    extra -= 1
             self.metrics.active(self.name, 1)
             try:
-                await self._process(keys)
+                await self.process(keys)
             finally:
                 self.metrics.active(self.name, -1)
+
+    async def take(self) -> list[Request] | None:
+        """The keys one worker takes next, as a worker takes them: the next ready key and, for a
+        plain handler, more ready keys up to this worker's share of the backlog. None once the
+        queue shut down, or the controller stops (the key it had taken is done())."""
+        queue = self.queue
+        try:
+            key = await queue.get()
+        except QueueShutDown:
+            return None
+        if self._stopping:
+            queue.done(key)
+            return None
+        keys = [key]
+        if not self.registration.is_async:
+            # Plain handlers run in a thread: one hop per batch instead of one per key.
+            # Take more ready keys, but never more than this worker's share of the backlog,
+            # so other workers are not starved. Taken keys are "processing": no other worker
+            # can take them, and re-adds meanwhile cause exactly one more run after done().
+            extra = batch_size(len(queue), self.registration.max_concurrent) - 1
+            while extra > 0:
+                try:
+                    keys.append(queue.get_nowait())
+                except (QueueEmpty, QueueShutDown):
+                    break
+                extra -= 1
+        return keys
 
     def _lookup(self, key: Request) -> Any:
         for informer in self._primary:
@@ -386,8 +393,9 @@ class Controller:
                     return obj
         return None
 
-    async def _process(self, keys: list[Request]) -> None:
-        """Reconcile ``keys`` (taken from the queue by one worker) and settle every outcome.
+    async def process(self, keys: list[Request]) -> None:
+        """Reconcile ``keys`` (taken from the queue by one worker: :meth:`take`) and settle every
+        outcome, exactly as a worker does.
 
         Each key passes the fences (:mod:`~declop.reconcile.fence`), is prepared on the loop
         (:mod:`~declop.reconcile.preparation`), called (plain handlers in one thread hop for the

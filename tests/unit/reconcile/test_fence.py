@@ -89,12 +89,15 @@ class Elector:
         return self.is_leader and self.open
 
 
-def make(handler: Any, *, finalizer: str | None = None, fence: Callable[[], bool] | None = None) -> tuple[Controller, Informer]:
+def make(
+    handler: Any, *, finalizer: str | None = None, fence: Callable[[], bool] | None = None,
+    shards: Callable[[str], ShardSet] | None = None,
+) -> tuple[Controller, Informer]:
     registry = declop.registry.Registry()
     registry.reconciler("configmaps", finalizer=finalizer)(handler)
     reg = registry.registrations[0]
     informer = Informer()
-    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], Context(), metrics=Metrics(), fence=fence)  # type: ignore[arg-type]
+    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], Context(), metrics=Metrics(), fence=fence, shards=shards and shards(reg.name))  # type: ignore[arg-type]
     c.queue = WorkQueue(name=reg.name, rate_limiter=ItemExponential(), clock=FakeClock())
     return c, informer
 
@@ -106,7 +109,7 @@ def cm(name: str = "a", **meta: Any) -> dict[str, Any]:
 def process(c: Controller, keys: list[Request]) -> None:
     async def go() -> None:
         c.ctx.loop = asyncio.get_running_loop()
-        await c._process(keys)
+        await c.process(keys)
 
     asyncio.run(go())
 
@@ -242,7 +245,7 @@ def test_each_call_of_a_batch_writes_under_its_own_fence_and_none_leaks_after_it
 
     async def go() -> Any:
         c.ctx.loop = asyncio.get_running_loop()
-        await c._process(keys)
+        await c.process(keys)
         return await asyncio.get_running_loop().run_in_executor(None, fencing.current)
 
     after = asyncio.run(go())
@@ -308,9 +311,10 @@ def test_a_fenced_cleanup_that_returned_normally_does_not_release_the_finalizer(
 
 
 def sharded(handler: Any) -> tuple[Controller, Informer, ShardSet]:
-    c, informer = make(handler)
-    shards = ShardSet(c.name, 4, "uid", [Elector(f"ops-widgets-shard-{i}-of-4", is_leader=False) for i in range(4)])  # type: ignore[misc]
-    c.shards, c._uids = shards, {}
+    electors = [Elector(f"ops-widgets-shard-{i}-of-4", is_leader=False) for i in range(4)]
+    c, informer = make(handler, shards=lambda name: ShardSet(name, 4, "uid", electors))  # type: ignore[arg-type]
+    assert c.shards is not None
+    shards = c.shards
     return c, informer, shards
 
 
