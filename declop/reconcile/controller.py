@@ -5,16 +5,16 @@ owned resources, watched resources) turn events into keys; predicates drop event
 on a deduplicating, rate-limited :class:`~declop.queue.workqueue.WorkQueue`; ``max_concurrent``
 workers take keys, and each key's reconcile goes through four steps, each in its own module:
 
-- the fence (:mod:`~declop.reconcile.fence`): may this replica start it now (leader, shard)?
-- its preparation (:mod:`~declop.reconcile.preparation`): the object from the cache, its
+- the fence (:mod:`~declop.reconcile._fence`): may this replica start it now (leader, shard)?
+- its preparation (:mod:`~declop.reconcile._preparation`): the object from the cache, its
   :class:`~declop.reconcile.result.Phase`, our finalizer added first, the handler's arguments;
-- the call (:mod:`~declop.reconcile.call`): async handlers awaited one by one, plain handlers in
+- the call (:mod:`~declop.reconcile._call`): async handlers awaited one by one, plain handlers in
   one executor job per batch, watched for stalls;
-- its outcome (:mod:`~declop.reconcile.outcome`): our finalizer released after a successful
+- its outcome (:mod:`~declop.reconcile._outcome`): our finalizer released after a successful
   DELETING call, the outcome table, ``queue.done()``.
 
 This module owns the sources and their subscriber (which events become which keys, with which
-priority and trace; the event filters are in :mod:`declop.reconcile.filters`), the workers,
+priority and trace; the event filters are in :mod:`declop.reconcile._filters`), the workers,
 :meth:`Controller.process` (the steps, in order, for a worker's keys) and start/stop.
 
 Invariants:
@@ -23,10 +23,10 @@ Invariants:
 - every key a worker takes ends with exactly one ``queue.done()``, or ``queue.give_back()`` when
   a slow call of a plain handler's batch hands the keys behind it to other workers
   (:mod:`declop.queue.batches`): a slow call holds no key but its own;
-- :func:`~declop.reconcile.outcome.settle` is the only place where outcomes become queue operations;
+- :func:`~declop.reconcile._outcome.settle` is the only place where outcomes become queue operations;
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
 - a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
-- no reconcile starts unless the fences allow it at that moment (:mod:`declop.reconcile.fence`);
+- no reconcile starts unless the fences allow it at that moment (:mod:`declop.reconcile._fence`);
   once started, none of its writes is sent unless its Lease is known valid at that moment
   (:mod:`declop.kube.fencing`; a refused one ends the call, settled as fenced: not retried);
 - every key a source adds is noted in that key's :class:`~declop.reconcile.trigger.Trace`; a worker
@@ -36,7 +36,7 @@ Invariants:
   ``resourceVersion``/``managedFields`` (and ``status``, for the primary) are added with the
   registration's low priorities; everything else with :data:`~declop.queue.priority.NORMAL`;
 - our own finalizer writes are not reconciled again, and the finalizer protocol does not depend
-  on predicates (:mod:`declop.reconcile.filters`).
+  on predicates (:mod:`declop.reconcile._filters`).
 """
 
 # size: the worker loop and process keep the steps of a key's life in one readable order; the
@@ -63,16 +63,16 @@ from declop.queue.batches import STALL_AFTER, Batch, batch_size
 from declop.queue.priority import NORMAL, PriorityQueue
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
 from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
-from declop.reconcile.call import ControllerMetrics as ControllerMetrics
-from declop.reconcile.call import Call, Watch, call_async, hand_off, held, returned, run_batch, watch
+from declop.reconcile._call import ControllerMetrics as ControllerMetrics
+from declop.reconcile._call import Call, Watch, call_async, hand_off, held, returned, run_batch, watch
 from declop.reconcile.client import ClientContext
-from declop.reconcile.fence import fence_closed, lease_of, owned, shard_of
-from declop.reconcile.filters import finalizer_work, ident, is_our_echo, only_churn
+from declop.reconcile._fence import fence_closed, lease_of, owned, shard_of
+from declop.reconcile._filters import finalizer_work, ident, is_our_echo, only_churn
 from declop.reconcile.mapping import KeyMapper
-from declop.reconcile.outcome import complete, finish
-from declop.reconcile.outcome import invalid_outcome as invalid_outcome
+from declop.reconcile._outcome import complete, finish
+from declop.reconcile._outcome import invalid_outcome as invalid_outcome
 from declop.reconcile.predicates import Predicate, is_builtin
-from declop.reconcile.preparation import add_finalizer, prepare
+from declop.reconcile._preparation import add_finalizer, prepare
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
 from declop.reconcile.trigger import Trace
@@ -397,9 +397,9 @@ class Controller:
         """Reconcile ``keys`` (taken from the queue by one worker: :meth:`take`) and settle every
         outcome, exactly as a worker does.
 
-        Each key passes the fences (:mod:`~declop.reconcile.fence`), is prepared on the loop
-        (:mod:`~declop.reconcile.preparation`), called (plain handlers in one thread hop for the
-        batch: :mod:`~declop.reconcile.call`), then settled (:mod:`~declop.reconcile.outcome`),
+        Each key passes the fences (:mod:`~declop.reconcile._fence`), is prepared on the loop
+        (:mod:`~declop.reconcile._preparation`), called (plain handlers in one thread hop for the
+        batch: :mod:`~declop.reconcile._call`), then settled (:mod:`~declop.reconcile._outcome`),
         and ends with exactly one ``queue.done()`` — or ``queue.give_back()`` when a slow call
         hands the keys behind it to other workers (:mod:`declop.queue.batches`).
         """

@@ -1,6 +1,6 @@
 """Result and Phase: what a handler returns and which lifecycle phase it is told about.
 
-The outcome table (implemented once, in :func:`declop.reconcile.outcome.settle`):
+The outcome table (implemented once, in :func:`declop.reconcile._outcome.settle`):
 
 =====================================  ==================================================
 the handler…                            the queue…

@@ -18,7 +18,7 @@ from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.reconcile.mapping import enqueue_self
-from declop.reconcile.outcome import settle
+from declop.reconcile._outcome import settle
 from declop.queue.ratelimit import ItemExponential
 from declop.queue.workqueue import QueueEmpty, WorkQueue
 

@@ -1,4 +1,4 @@
-"""declop.reconcile.fence and the controller's fenced writes: once a call has started, every write
+"""declop.reconcile._fence and the controller's fenced writes: once a call has started, every write
 made for it — the handler's own through its client, our finalizer add and release — is checked
 against the call's Lease just before it is sent (the leader Lease, or the Lease of its range;
 draining does not fence). A refused write raises ``declop.Fenced``, nothing is sent, and the
@@ -26,9 +26,9 @@ from declop.kube.keys import Request
 from declop.leases.shards import ShardSet
 from declop.queue.ratelimit import ItemExponential
 from declop.queue.workqueue import WorkQueue
-from declop.reconcile.call import ControllerMetrics
+from declop.reconcile._call import ControllerMetrics
 from declop.reconcile.controller import Controller, Source
-from declop.reconcile.fence import lease_of, write_fence
+from declop.reconcile._fence import lease_of, write_fence
 from declop.reconcile.mapping import enqueue_self
 
 CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)

@@ -221,7 +221,7 @@ def test_a_range_lost_and_retaken_delivers_the_deletions_it_dropped_at_its_fence
     # 8.3 s and loses range 0; the deletion of ns-d/w059 (t=47.4) reaches it once the partition
     # heals, is dropped at its fence, and r2 takes the range back — listing it, the object is
     # gone. Without the tombstones (checked below) that deletion never reaches a handler.
-    from declop.reconcile import controller, fence
+    from declop.reconcile import _fence as fence, controller
 
     world = World(mode="sharded", finalizer=False)
     result = run(world, seed=18)

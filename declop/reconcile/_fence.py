@@ -3,7 +3,7 @@
 Two fences guard every reconcile a controller starts. With leader election, the manager's
 ``fence()`` says whether the leader Lease is still known valid; the controller checks it just
 before each key's preparation (its finalizer write) and just before each handler call — also
-inside a batch (:func:`~declop.reconcile.call.run_batch`). In sharded mode
+inside a batch (:func:`~declop.reconcile._call.run_batch`). In sharded mode
 (:mod:`declop.leases.shards`), a key belongs to one hash range, whose Lease must be known valid and
 not draining: :func:`owned` checks it when a worker takes the key, and ``shards.may_start`` again
 just before the handler call. Owns :func:`shard_of` (a key's range), :func:`owned` (a worker's
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request
-from declop.reconcile.call import ControllerState
+from declop.reconcile._call import ControllerState
 
 __all__ = ["fence_closed", "lease_of", "owned", "shard_of", "write_fence"]
 

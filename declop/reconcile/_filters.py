@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable
 
 from declop.kube.keys import Request
-from declop.reconcile.call import ControllerState
+from declop.reconcile._call import ControllerState
 
 __all__ = ["finalizer_work", "ident", "is_our_echo", "only_churn", "only_our_finalizer", "own_write"]
 

@@ -7,8 +7,8 @@ job (:func:`hand_off`: the thread wakes the loop itself) — and the stall watch
 (:class:`Watch`, :func:`watch`): once a call has run for :data:`~declop.queue.batches.STALL_AFTER`,
 the calls behind it go back to the queue. Also the
 hooks a controller reports to (:class:`ControllerMetrics`) and :class:`ControllerState`, the
-controller as the steps of a key's life (:mod:`declop.reconcile.fence`,
-:mod:`declop.reconcile.preparation`, :mod:`declop.reconcile.outcome`) see it.
+controller as the steps of a key's life (:mod:`declop.reconcile._fence`,
+:mod:`declop.reconcile._preparation`, :mod:`declop.reconcile._outcome`) see it.
 
 Invariants:
 - a call is "held" (its worker owes its key exactly one ``queue.done()``) until it is settled or

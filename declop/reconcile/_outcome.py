@@ -57,8 +57,8 @@ from declop.hints import returned_dict
 from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
-from declop.reconcile.call import Call, ControllerState
-from declop.reconcile.filters import ident, own_write
+from declop.reconcile._call import Call, ControllerState
+from declop.reconcile._filters import ident, own_write
 from declop.reconcile.finalizers import release_finalizer
 from declop.reconcile.result import Phase, Result, describe
 

@@ -24,8 +24,8 @@ Invariants:
   validation never gets it) and again when its view is built; a failure is the call's
   :class:`~declop.errors.InvalidObject`, marked ``report`` only the first time for its
   resourceVersion (``c._invalid``), and the handler is not called;
-- per key: one :class:`~declop.reconcile.call.Call`, one logger, one client, one write fence
-  under a Lease (:func:`~declop.reconcile.fence.write_fence`; our finalizer patch is checked
+- per key: one :class:`~declop.reconcile._call.Call`, one logger, one client, one write fence
+  under a Lease (:func:`~declop.reconcile._fence.write_fence`; our finalizer patch is checked
   against it too), and no await unless our finalizer is added.
 """
 
@@ -40,10 +40,10 @@ from declop.errors import InvalidObject
 from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
-from declop.reconcile.call import Call, ControllerState
+from declop.reconcile._call import Call, ControllerState
 from declop.reconcile.client import AsyncClient, Client
-from declop.reconcile.fence import write_fence
-from declop.reconcile.filters import ident, own_write
+from declop.reconcile._fence import write_fence
+from declop.reconcile._filters import ident, own_write
 from declop.reconcile.finalizers import ensure_finalizer
 from declop.reconcile.result import Phase, phase_of
 from declop.reconcile.trigger import Trace
