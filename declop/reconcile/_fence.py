@@ -1,14 +1,13 @@
 """Fence: may this replica start a reconcile of these keys now?
 
-Two fences guard every reconcile a controller starts. With leader election, the manager's
-``fence()`` says whether the leader Lease is still known valid; the controller checks it just
-before each key's preparation (its finalizer write) and just before each handler call — also
-inside a batch (:func:`~declop.reconcile._call.run_batch`). In sharded mode
-(:mod:`declop.leases.shards`), a key belongs to one hash range, whose Lease must be known valid and
-not draining: :func:`owned` checks it when a worker takes the key, and ``shards.may_start`` again
-just before the handler call. Owns :func:`shard_of` (a key's range), :func:`owned` (a worker's
-keys, sorted), :func:`fence_closed` (what a closed leader fence does) and :func:`write_fence`
-(the Lease a started call's writes are checked against, :mod:`declop.kube.fencing`).
+Owns :class:`Gate`, whose :meth:`Gate.may_start` is the one decision taken everywhere a call
+may start (before a key's preparation, before each async call, before each call of a batch in
+its thread): the controller is not stopping, the leader fence (the manager's ``fence()``: is the
+leader Lease known valid?) is open, and in sharded mode the key's range
+(:mod:`declop.leases.shards`) may start calls. Also :meth:`Gate.owned` (a worker's keys, checked as it
+takes them), :meth:`Gate.closed` (what a closed leader fence does) and :meth:`Gate.write_fence`
+(the Lease a started call's writes are checked against, :mod:`declop.kube.fencing`). How the fences
+and the write fence fit together: docs/contract.md and docs/sharding.md.
 
 Invariants:
 - no reconcile starts — neither its finalizer write nor its handler call — unless ``fence()`` is
@@ -19,11 +18,11 @@ Invariants:
   their trace and pending delayed add — but a dropped key whose object is gone from the cache (a
   deletion this replica could not deliver: its range was lost, draining, or not yet retaken) is
   kept as a *tombstone* of its range and queued again when that range is gained again
-  (``Controller.gained``): a range lost and retaken does not lose the deletions it missed;
+  (``Controller.gained``, :class:`~declop.reconcile._keys.ShardBook`);
 - a key's range comes from the primary's uid (cached, or remembered from its last event) or from
   its namespace, per the registration's ``shard_by``; a key whose uid was never seen is dropped;
 - every reconcile of a range is counted in flight (``shards.begin``) from the moment its key
-  passes :func:`owned` until its batch ends (``shards.end``), so a drain waits for it;
+  passes :meth:`Gate.owned` until its batch ends (``shards.end``), so a drain waits for it;
 - once started, a call's writes are checked against its Lease alone — the leader Lease, or its
   range's Lease — and *not* against draining: a draining range lets its calls finish, a lost or
   expired one refuses their writes (:class:`~declop.errors.Fenced`).
@@ -31,58 +30,116 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request
-from declop.reconcile._call import ControllerState
+from declop.leases.shards import ShardSet
+from declop.queue.workqueue import WorkQueue
+from declop.reconcile._keys import KeyNotes, PrimaryCache, ShardBook
 
-__all__ = ["fence_closed", "lease_of", "owned", "shard_of", "write_fence"]
+__all__ = ["FENCED", "GO", "SKIP", "STOPPING", "Gate", "lease_of"]
 
-
-def shard_of(c: ControllerState, key: Request) -> int | None:
-    """The range of ``key`` (None: its uid was never seen)."""
-    assert c.shards is not None
-    if c._uids is None:
-        return c.shards.index(key.namespace)
-    obj = c._lookup(key)
-    uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
-    if not uid:
-        uid = c._uids.get(key)
-    return c.shards.index(uid) if uid else None
+#: :meth:`Gate.may_start`'s answers: start the call; skip it (its range is not ours now: dropped);
+#: stop here, the controller stops (the rest are dropped like queued keys); stop here, the leader
+#: fence closed (:meth:`Gate.closed`)
+GO, SKIP, STOPPING, FENCED = 0, 1, 2, 3
 
 
-def owned(c: ControllerState, keys: list[Request], ranges: dict[Request, int]) -> list[Request]:
-    """The keys whose range may start a reconcile now, each counted in flight for its range
-    (``ranges``); the others are done() at once — their range's owner reconciles them."""
-    shards = c.shards
-    assert shards is not None
-    kept = []
-    for key in keys:
-        r = shard_of(c, key)
-        if r is None or not shards.may_start(r):
-            if r is not None and c._lookup(key) is None:
-                c._tombstones.setdefault(r, set()).add(key)  # a deletion: owed if r is ours again
-            c.unowned += 1
-            c._traces.pop(key, None)
-            c._delayed.pop(key, None)
-            c.queue.done(key)
-            continue
-        shards.begin(r)
-        ranges[key] = r
-        kept.append(key)
-    return kept
+class Gate:
+    """May a call start now? The leader fence, the shard ranges and the controller's stop.
 
+    ``stopping`` is set once (``Controller.halt``/``stop``) and read by batches in their thread;
+    ``fenced`` counts the keys a closed leader fence stopped; ``book`` is the
+    :class:`~declop.reconcile._keys.ShardBook` of a sharded controller (else None); ``halt`` stops
+    the controller's intake (:meth:`closed`)."""
 
-def fence_closed(c: ControllerState, keys: int) -> None:
-    """The fence stopped ``keys`` keys. It never reopens: halt (the manager exits next)."""
-    if not c.fenced:
-        c._log.warning(
-            "Not starting reconciles: the leader Lease is not known to be valid",
-            extra={"kv": {"controller": c.name}},
-        )
-    c.fenced += keys
-    c.halt()
+    __slots__ = ("leader", "lease", "fenced", "shards", "book", "stopping", "halt", "log", "name")
+
+    def __init__(
+        self,
+        leader: Callable[[], bool] | None,
+        shards: ShardSet | None,
+        by_uid: bool,
+        halt: Callable[[], None],
+        log: logging.Logger,
+        name: str,
+    ) -> None:
+        self.leader = leader
+        #: the Lease behind ``leader``, for the message of a fenced write
+        self.lease = lease_of(leader)
+        self.fenced = 0
+        self.shards = shards
+        self.book = ShardBook(by_uid) if shards is not None else None
+        self.stopping = False
+        self.halt, self.log, self.name = halt, log, name
+
+    def may_start(self, shard: int, first: bool) -> int:
+        """The one fence decision, taken just before a call starts (on the loop, or in a batch's
+        thread): :data:`GO`, :data:`SKIP`, :data:`STOPPING` or :data:`FENCED`. ``first``: the
+        first call a worker took (taken before a stop: it runs)."""
+        if self.stopping and not first:
+            return STOPPING
+        leader = self.leader
+        if leader is not None and not leader():
+            return FENCED
+        shards = self.shards
+        if shards is not None and not shards.may_start(shard):
+            return SKIP
+        return GO
+
+    def shard_of(self, key: Request, obj: Any) -> int | None:
+        """The range of ``key`` (its cached object ``obj``; None: its uid was never seen)."""
+        shards, book = self.shards, self.book
+        assert shards is not None and book is not None
+        if book.uids is None:
+            return shards.index(key.namespace)
+        uid = book.uid_of(key, obj)
+        return shards.index(uid) if uid else None
+
+    def owned(
+        self, keys: list[Request], ranges: dict[Request, int], primary: PrimaryCache, notes: KeyNotes, queue: WorkQueue[Request]
+    ) -> list[Request]:
+        """The keys whose range may start a reconcile now, each counted in flight for its range
+        (``ranges``); the others are done() at once — their range's owner reconciles them."""
+        shards, book = self.shards, self.book
+        assert shards is not None and book is not None
+        by_uid = book.uids is not None
+        kept = []
+        for key in keys:
+            obj = primary.get(key) if by_uid else None
+            r = self.shard_of(key, obj)
+            if r is None or not shards.may_start(r):
+                book.refused(key, r, (obj if by_uid else primary.get(key)) is not None)
+                notes.drop(key)
+                queue.done(key)
+                continue
+            shards.begin(r)
+            ranges[key] = r
+            kept.append(key)
+        return kept
+
+    def closed(self, keys: int) -> None:
+        """The leader fence stopped ``keys`` keys. It never reopens: halt (the manager exits next)."""
+        if not self.fenced:
+            self.log.warning(
+                "Not starting reconciles: the leader Lease is not known to be valid",
+                extra={"kv": {"controller": self.name}},
+            )
+        self.fenced += keys
+        self.halt()
+
+    def write_fence(self, key: Request, shard: int) -> WriteFence | None:
+        """The fence of a call of ``key`` (in range ``shard`` when sharded): its range's Lease, or
+        the leader Lease; None without either — then nothing is checked."""
+        shards = self.shards
+        if shards is not None:
+            e = shards.electors[shard]
+            return WriteFence(e.valid, f"{e.namespace}/{e.name}", key)
+        if self.leader is None:
+            return None
+        return WriteFence(self.leader, self.lease, key)
 
 
 def lease_of(fence: Callable[[], bool] | None) -> str:
@@ -92,13 +149,3 @@ def lease_of(fence: Callable[[], bool] | None) -> str:
     return f"{namespace}/{name}" if name and namespace else "of the leader"
 
 
-def write_fence(c: ControllerState, key: Request, shard: int) -> WriteFence | None:
-    """The fence of a call of ``key`` (in range ``shard`` when sharded): its range's Lease, or the
-    leader Lease; None without either — then nothing is checked."""
-    shards = c.shards
-    if shards is not None:
-        e = shards.electors[shard]
-        return WriteFence(e.valid, f"{e.namespace}/{e.name}", key)
-    if c.fence is None:
-        return None
-    return WriteFence(c.fence, c.fence_lease, key)

@@ -50,6 +50,7 @@ from typing import Any, Callable, Coroutine, Iterable, Mapping, TypeVar
 
 from declop.cache.store import Store
 from declop.reconcile.client import AsyncClient, Client, ClientContext
+from declop.reconcile._keys import KeyNotes
 from declop.reconcile._outcome import invalid_outcome, settle
 from declop.kube.discovery import ResourceInfo
 from declop.errors import InvalidObject, TerminalError
@@ -400,7 +401,7 @@ async def _reconcile(
 
     # the controller's own outcome table settles it, against a queue that only records
     queue = _RecordingQueue()
-    stub = types.SimpleNamespace(queue=queue, metrics=_NoMetrics(), name=reg.name, _log=lg, _delayed={})
+    stub = types.SimpleNamespace(queue=queue, metrics=_NoMetrics(), name=reg.name, log=lg, keys=KeyNotes())
     settle(stub, key, outcome, error, logger, 0.0)
     verbs = [c[0] for c in queue.calls]
     if "add_rate_limited" in verbs:

@@ -268,9 +268,9 @@ def test_our_echo_arriving_before_the_patch_answer_is_still_dropped() -> None:
             return queued(c)
 
         assert run(main()) == expect_queued, echo_rv
-        assert c._writing == {}
+        assert c.echoes.writing == {}
         # our own event is still to come when the held one was someone else's
-        assert c._own_writes == ({} if echo_rv == "2" else {("ns", "a"): "2"})
+        assert c.echoes.own_writes == ({} if echo_rv == "2" else {("ns", "a"): "2"})
 
 
 def test_a_finalizer_only_change_we_did_not_write_is_not_taken_for_our_echo() -> None:
@@ -691,7 +691,7 @@ def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_crea
     run(main())
     assert sorted(seen) == [("a", declop.Phase.CREATED), ("b", declop.Phase.CREATED), ("c", declop.Phase.CREATED)]
     assert len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]  # no second finalizer write
-    assert c._created == set()
+    assert c.echoes.added == set()
 
 
 # -- priorities, provenance, timeouts (issue 16) -------------------------------------------------
@@ -843,11 +843,11 @@ def test_a_given_back_key_keeps_its_trigger() -> None:
     on_event = c.subscriber(c.sources[0])
     on_event(None, cm())
     key = c.queue.get_nowait()
-    trace = c._traces.pop(key)
+    trace = c.keys.take(key, c.queue)
     on_event(cm(), cm(labels={"a": "b"}, resourceVersion="2"))  # arrives while held
-    c._restore(key, trace)
+    c.keys.restore(key, trace)
     c.queue.give_back(key)
-    assert c._traces[key].freeze().sources == (("created", 1), ("updated", 1))
+    assert c.keys.traces[key].freeze().sources == (("created", 1), ("updated", 1))
 
 
 def test_the_trigger_is_on_the_logger_context_when_asked(caplog: pytest.LogCaptureFixture) -> None:
@@ -898,7 +898,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_retried() -> None:
     take_and_process(c)
     assert cancelled == [True]
     assert c.queue.num_requeues(KEY) == 1
-    assert c._delayed[KEY] == ("retry", "ReconcileTimeout")
+    assert c.keys.pending(KEY) == ("retry", "ReconcileTimeout")
     assert c.metrics.timeouts == ["cancelled"]  # type: ignore[attr-defined]
 
 
@@ -910,7 +910,7 @@ def test_a_timeout_error_of_the_handler_itself_is_its_own() -> None:
     informer.writer.upsert(cm())
     c.queue.add(KEY)
     take_and_process(c)
-    assert c._delayed[KEY] == ("retry", "TimeoutError")
+    assert c.keys.pending(KEY) == ("retry", "TimeoutError")
     assert c.metrics.timeouts == []  # type: ignore[attr-defined]
     assert not issubclass(TimeoutError, ReconcileTimeout)
 
@@ -1010,7 +1010,7 @@ def test_a_deleted_objects_key_keeps_its_range_from_its_last_event() -> None:
     gone = cm("a", uid=uid_in(shards, 2))
     on_event(gone, None)  # a deletion: the cache no longer has it
     run(c.process([KEY]))
-    assert called == [None] and KEY not in c._uids  # type: ignore[operator]
+    assert called == [None] and KEY not in c.gate.book.uids  # type: ignore[operator]
 
 
 def test_a_deletion_dropped_at_the_fence_is_delivered_when_the_range_is_gained_again() -> None:
@@ -1021,10 +1021,10 @@ def test_a_deletion_dropped_at_the_fence_is_delivered_when_the_range_is_gained_a
     on_event = c.subscriber(c.sources[0])
     on_event(cm("a", uid=uid_in(shards, 2)), None)  # deleted while range 2 is not ours
     run(c.process([KEY]))
-    assert called == [] and c.unowned == 1 and c._tombstones == {2: {KEY}}
+    assert called == [] and c.unowned == 1 and c.gate.book.tombstones == {2: {KEY}}
     own(shards, 2)
     c.gained(2)
-    assert queued(c) == [KEY] and c._tombstones == {}
+    assert queued(c) == [KEY] and c.gate.book.tombstones == {}
     run(c.process([KEY]))
     assert called == [None]  # delivered: the handler sees the object gone
 
@@ -1033,7 +1033,7 @@ def test_a_key_of_a_cached_object_dropped_at_the_fence_leaves_no_tombstone() -> 
     c, informer, shards = sharded(lambda **_: None)
     informer.writer.upsert(cm("a", uid=uid_in(shards, 1)))
     run(c.process([KEY]))
-    assert c.unowned == 1 and c._tombstones == {}  # its next owner lists it
+    assert c.unowned == 1 and c.gate.book.tombstones == {}  # its next owner lists it
 
 
 def test_a_gained_range_queues_every_cached_object_of_it(caplog: pytest.LogCaptureFixture) -> None:
@@ -1075,13 +1075,13 @@ def test_a_sharded_controller_forgets_the_uids_of_keys_whose_range_was_released(
     for name in ("a", "b", "c"):
         obj = cm(name, uid=f"uid-{name}")
         on_event(*informer.writer.upsert(obj))
-    assert c._uids == {Request("ns", n): f"uid-{n}" for n in "abc"}
+    assert c.gate.book.uids == {Request("ns", n): f"uid-{n}" for n in "abc"}
     informer.writer.delete(Request("ns", "a"))  # left with its range: no event
     informer.writer.delete(Request("ns", "b"))
     assert c.forget(informer, [Request("ns", "a"), Request("ns", "b"), Request("ns", "c")]) == 2
-    assert c._uids == {Request("ns", "c"): "uid-c"}  # still cached: kept
+    assert c.gate.book.uids == {Request("ns", "c"): "uid-c"}  # still cached: kept
     assert c.forget(FakeInformer(), [Request("ns", "c")]) == 0  # not a primary informer of this controller
-    assert c._uids == {Request("ns", "c"): "uid-c"}
+    assert c.gate.book.uids == {Request("ns", "c"): "uid-c"}
 
 
 # -- typed handlers (obj: Model): an invalid object is skipped, reported once per resourceVersion --
@@ -1132,7 +1132,7 @@ def test_an_invalid_object_is_skipped_reported_once_per_resource_version_and_nev
     assert [r["resourceVersion"] for r in reports(caplog)] == ["1", "2"]
     informer.writer.upsert({**cm(resourceVersion="3"), "data": {"a": "3"}})
     run(c.process([KEY]))
-    assert [phase for phase, _ in seen] == [declop.Phase.UPDATED] and c._invalid == {}
+    assert [phase for phase, _ in seen] == [declop.Phase.UPDATED] and c.keys.invalid == {}
 
 
 def test_an_invalid_new_object_never_gets_our_finalizer() -> None:

@@ -26,9 +26,9 @@ from declop.kube.keys import Request
 from declop.leases.shards import ShardSet
 from declop.queue.ratelimit import ItemExponential
 from declop.queue.workqueue import WorkQueue
-from declop.reconcile._call import ControllerMetrics
+from declop.reconcile.controller import ControllerMetrics
 from declop.reconcile.controller import Controller, Source
-from declop.reconcile._fence import lease_of, write_fence
+from declop.reconcile._fence import lease_of
 from declop.reconcile.mapping import enqueue_self
 
 CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
@@ -354,11 +354,11 @@ def test_a_sharded_call_is_fenced_by_its_own_range_s_lease() -> None:
     c, informer, shards = sharded(lambda **_: None)
     for e in shards.electors:
         e.is_leader = True
-    call_fence = write_fence(c, KEY, 3)
+    call_fence = c.gate.write_fence(KEY, 3)
     assert call_fence is not None and call_fence.lease == "ops/ops-widgets-shard-3-of-4"
     assert call_fence.valid() is True
     shards.electors[3].open = False  # type: ignore[attr-defined]
-    assert call_fence.valid() is False and write_fence(c, KEY, 2).valid() is True  # type: ignore[union-attr]
+    assert call_fence.valid() is False and c.gate.write_fence(KEY, 2).valid() is True  # type: ignore[union-attr]
 
 
 def test_the_leader_fence_names_the_elector_s_lease() -> None:
@@ -367,4 +367,4 @@ def test_the_leader_fence_names_the_elector_s_lease() -> None:
     assert lease_of(lambda: True) == "of the leader"
     assert lease_of(None) == "of the leader"
     c, _ = make(lambda **_: None)
-    assert write_fence(c, KEY, -1) is None, "no Lease: nothing to check"
+    assert c.gate.write_fence(KEY, -1) is None, "no Lease: nothing to check"
