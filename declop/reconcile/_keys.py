@@ -8,9 +8,10 @@
 - :class:`ShardBook`: in sharded mode, what finds a key's range (the uid of its object) and the
   deletions dropped at the fence (tombstones).
 
-Each owner's tables are written only through its methods; the controller's subscriber reads
-:class:`FinalizerWrites`' tables for a quick "anything in flight?" test and writes uids and
-trace counts inline (the hot path: one event, no extra call). Everything runs on the event loop.
+Each owner's tables are written only through its methods, with two exceptions on the hot path
+(one event, no extra call): the controller's subscriber notes a primary event's uid and trace
+counts inline. Callers may test a table for emptiness before calling a method (``if
+echoes.added: echoes.ran(key)``). Everything runs on the event loop.
 """
 
 from __future__ import annotations
