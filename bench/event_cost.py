@@ -100,7 +100,7 @@ async def measure(events: int, reps: int, rate: float, seconds: float) -> dict[s
             informer.writer.upsert(obj(i, 1))
         c = Controller(registry.registrations[0], cm, [Source((informer,), enqueue_self, primary=True)], Ctx(), executor=executor, metrics=Metrics())  # type: ignore[arg-type]
         c.synced.set()
-        return c, informer, c._subscriber(c.sources[0])
+        return c, informer, c.subscriber(c.sources[0])
 
     # CPU per update, one at a time
     c, informer, on_event = await pipeline(Inline())

@@ -156,7 +156,7 @@ async def _starve(variant: str, priority: Any, low: int, hot: int, rate: float, 
     informer = Informer()
     pool = concurrent.futures.ThreadPoolExecutor(2)
     c = Controller(registry.registrations[0], cm, [Source((informer,), enqueue_self, primary=True)], _Ctx(), executor=pool)  # type: ignore[arg-type]
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     worker = asyncio.ensure_future(c._worker())
 
     def obj(name: str, rv: int) -> dict[str, Any]:

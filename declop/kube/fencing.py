@@ -13,7 +13,7 @@ How the fence reaches every write of a call:
 
 - an ``async def`` handler runs in the worker's task: the variable is set in that task, and
   tasks it creates copy it;
-- a plain handler runs in an executor thread: :func:`~declop.reconcile.call.run_batch` sets the
+- a plain handler runs in an executor thread: :func:`~declop.reconcile._run.run_batch` sets the
   variable in that thread around each call; the sync :class:`~declop.reconcile.client.Client`
   sends each request as a coroutine on the manager's loop through ``call_soon_threadsafe``,
   which runs it in a copy of the calling thread's context — so the coroutine sees the same fence.

@@ -27,9 +27,7 @@ once it is not known valid (:mod:`declop.kube.fencing`; the transport does the c
 ``client.get(request)`` — the object being reconciled — reads first the stores of the informers
 whose events wake this controller (its ``labels=``/``fields=``-filtered primary informers), and
 only when the object is not there the unfiltered cache the other reads use. Invariant: a handler
-never reads its own object older than the event that woke it, so a newer version always wakes it
-again; an unfiltered cache is a second watch stream that may lag behind the first, and nothing
-re-wakes the handler when it catches up.
+never reads its own object older than the event that woke it (why: docs/contract.md §5).
 
 ``client.live`` reads straight from the apiserver, deliberately (e.g. right after your own write,
 or for the body of an object whose cache holds metadata only: ``metadata_only=True``).

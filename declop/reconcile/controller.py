@@ -3,19 +3,22 @@
 A controller never tells its handler *what happened*. Sources (the primary resource's informers,
 owned resources, watched resources) turn events into keys; predicates drop events first; keys go
 on a deduplicating, rate-limited :class:`~declop.queue.workqueue.WorkQueue`; ``max_concurrent``
-workers take keys, and each key's reconcile goes through four steps, each in its own module:
+workers take keys (:meth:`Controller.take`), and each batch of keys goes through
+:meth:`Controller.process`: owned → prepare → run → settle, finally done —
 
-- the fence (:mod:`~declop.reconcile.fence`): may this replica start it now (leader, shard)?
-- its preparation (:mod:`~declop.reconcile.preparation`): the object from the cache, its
+- the fence (:mod:`~declop.reconcile._fence`): may this replica start it now (leader, shard)?
+- its preparation (:mod:`~declop.reconcile._preparation`): the object from the cache, its
   :class:`~declop.reconcile.result.Phase`, our finalizer added first, the handler's arguments;
-- the call (:mod:`~declop.reconcile.call`): async handlers awaited one by one, plain handlers in
+- the run (:mod:`~declop.reconcile._run`): async handlers awaited one by one, plain handlers in
   one executor job per batch, watched for stalls;
-- its outcome (:mod:`~declop.reconcile.outcome`): our finalizer released after a successful
+- its outcome (:mod:`~declop.reconcile._outcome`): our finalizer released after a successful
   DELETING call, the outcome table, ``queue.done()``.
 
-This module owns the sources and their subscriber (which events become which keys, with which
-priority and trace; the event filters are in :mod:`declop.reconcile.filters`), the workers,
-:meth:`Controller._process` (the steps, in order, for a worker's keys) and start/stop.
+What the controller remembers of keys between runs has owners (:mod:`declop.reconcile._keys`):
+``keys`` (traces, delayed adds, invalid reports), ``echoes`` (our finalizer writes) and the
+gate's ``book`` (sharded mode). This module owns the sources and their subscriber (which events
+become which keys, with which priority and trace; the event filters are in
+:mod:`declop.reconcile._filters`), the workers and start/stop.
 
 Invariants:
 - workers start only after every informer of every source has listed once (the sync gate);
@@ -23,25 +26,20 @@ Invariants:
 - every key a worker takes ends with exactly one ``queue.done()``, or ``queue.give_back()`` when
   a slow call of a plain handler's batch hands the keys behind it to other workers
   (:mod:`declop.queue.batches`): a slow call holds no key but its own;
-- :func:`~declop.reconcile.outcome.settle` is the only place where outcomes become queue operations;
+- outcomes become queue operations only in :func:`~declop.reconcile._outcome.apply`;
 - no exception from a handler ever escapes a worker; a framework bug is logged and the key retried;
 - a reconcile reads only the cache: it makes no GET or LIST against the apiserver;
-- no reconcile starts unless the fences allow it at that moment (:mod:`declop.reconcile.fence`);
-  once started, none of its writes is sent unless its Lease is known valid at that moment
+- no reconcile starts unless :meth:`~declop.reconcile._fence.Gate.may_start` allows it at that
+  moment; once started, none of its writes is sent unless its Lease is known valid at that moment
   (:mod:`declop.kube.fencing`; a refused one ends the call, settled as fenced: not retried);
 - every key a source adds is noted in that key's :class:`~declop.reconcile.trigger.Trace`; a worker
-  takes the trace with the key, so each reconcile knows every cause since its key's previous run
-  (``trigger``);
+  takes the trace with the key, so each reconcile knows every cause since its key's previous run;
 - with a priority queue, keys from a sync (initial list, relist) and updates that changed only
   ``resourceVersion``/``managedFields`` (and ``status``, for the primary) are added with the
   registration's low priorities; everything else with :data:`~declop.queue.priority.NORMAL`;
 - our own finalizer writes are not reconciled again, and the finalizer protocol does not depend
-  on predicates (:mod:`declop.reconcile.filters`).
+  on predicates (:mod:`declop.reconcile._filters`).
 """
-
-# size: the worker loop and _process keep the steps of a key's life in one readable order; the
-# steps themselves live in fence, preparation, call and outcome. Past 500 lines by the
-# bookkeeping of calls a stop abandons (running, _job_ended), which must sit beside the workers.
 
 from __future__ import annotations
 
@@ -53,28 +51,27 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from declop.cache.informer import Informer
-from declop.clock import MONOTONIC, Clock
 from declop.cache.store import readonly
+from declop.clock import MONOTONIC, Clock
 from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
 from declop.leases.shards import ShardSet
-from declop.logs import trigger_in_context
-from declop.queue.batches import STALL_AFTER, Batch, batch_size
+from declop.queue.batches import batch_size
 from declop.queue.priority import NORMAL, PriorityQueue
 from declop.queue.ratelimit import RateLimiter, default_controller_rate_limiter
 from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
-from declop.reconcile.call import ControllerMetrics as ControllerMetrics
-from declop.reconcile.call import Call, Watch, call_async, hand_off, held, returned, run_batch, watch
+from declop.reconcile._call import Call, held
+from declop.reconcile._call import ControllerMetrics as ControllerMetrics
+from declop.reconcile._fence import Gate
+from declop.reconcile._filters import finalizer_work, only_churn
+from declop.reconcile._keys import FinalizerWrites, KeyNotes, PrimaryCache
+from declop.reconcile._outcome import retry
+from declop.reconcile._preparation import prepare_all
+from declop.reconcile._run import Crew
 from declop.reconcile.client import ClientContext
-from declop.reconcile.fence import fence_closed, lease_of, owned, shard_of
-from declop.reconcile.filters import finalizer_work, ident, is_our_echo, only_churn
 from declop.reconcile.mapping import KeyMapper
-from declop.reconcile.outcome import complete, finish
-from declop.reconcile.outcome import invalid_outcome as invalid_outcome
 from declop.reconcile.predicates import Predicate, is_builtin
-from declop.reconcile.preparation import add_finalizer, prepare
 from declop.reconcile.registration import Registration
-from declop.reconcile.result import Phase
 from declop.reconcile.trigger import Trace
 
 __all__ = ["Controller", "ControllerMetrics", "Source"]
@@ -100,6 +97,11 @@ class Source:
 class Controller:
     """Runs one registration. Created and driven by the manager on its event loop."""
 
+    __slots__ = (
+        "registration", "name", "resource", "sources", "ctx", "metrics", "queue", "recent", "reconciles", "primary",
+        "keys", "echoes", "gate", "crew", "log",
+    )
+
     def __init__(
         self,
         registration: Registration,
@@ -120,7 +122,6 @@ class Controller:
         self.resource = resource
         self.sources = tuple(sources)
         self.ctx = ctx
-        self.executor = executor
         self.metrics = metrics or ControllerMetrics()
         if rate_limiter is None:
             limit = registration.rate_limit
@@ -132,74 +133,86 @@ class Controller:
             if priority is None
             else PriorityQueue(name=self.name, rate_limiter=rate_limiter, metrics=queue_metrics, aging=priority.aging, clock=clock)
         )
-        self._clock = clock  # the queue's, the rate limiter's and a batch's (the simulator's is virtual)
-        # key -> why it was added since its last run (taken by the worker with the key)
-        self._traces: dict[Request, Trace] = {}
-        # key -> (source, detail) of its pending delayed add (requeue_after, retry)
-        self._delayed: dict[Request, tuple[str, str | None]] = {}
         #: the last ``recent`` reconciles (for /debug/reconciles); None when off
         self.recent: collections.deque[dict[str, Any]] | None = (
             collections.deque(maxlen=recent) if recent > 0 else None
         )
-        self._primary = [i for s in self.sources if s.primary for i in s.informers]
-        self.own_stores = tuple(i.store for i in self._primary)
-        self._log = logging.getLogger(f"declop.controller.{self.name}")
-        self._workers: list[asyncio.Task[None]] = []
-        #: workers :meth:`stop` cancelled that have not returned yet (a handler ignoring cancellation)
-        self._cancelled: list[asyncio.Task[None]] = []
-        #: batches of plain calls whose worker was cancelled while their thread runs -> the ranges
-        #: they keep in flight (sharded mode) until the thread returns
-        self._abandoned: dict[concurrent.futures.Future[None], list[int]] = {}
-        self._stopping = False
-        # keys whose finalizer we added for a CREATED call that was given back before it ran
-        self._created: set[Request] = set()
-        self.synced = asyncio.Event()
         self.reconciles = 0  # total handler calls, for tests and statistics
-        #: may a reconcile start now? (the manager's Lease fence; None: always)
-        self.fence = fence
-        #: the Lease behind ``fence``, for the message of a fenced write
-        self.fence_lease = lease_of(fence)
-        self.fenced = 0  # keys the fence stopped before their reconcile started
-        #: this controller's ranges in sharded mode (None: not sharded)
-        self.shards = shards
-        self.unowned = 0  # keys dropped because their range is not ours (sharded mode)
-        # key -> uid of the primary object, from its last event (sharded by uid: a deleted
-        # object's key still finds its range)
-        self._uids: dict[Request, str] | None = None
-        # range -> keys of deleted objects dropped at the fence (queued when the range is gained)
-        self._tombstones: dict[int, set[Request]] = {}
+        self.log = logging.getLogger(f"declop.controller.{self.name}")
+        #: the caches of the informers whose events wake this controller
+        self.primary = PrimaryCache(i for s in self.sources if s.primary for i in s.informers)
+        self.keys = KeyNotes()
+        self.echoes = FinalizerWrites()
+        #: may a call start now? (the manager's Lease fence, this controller's ranges, stopping)
+        self.gate = Gate(fence, shards, registration.shard_by == "uid", self.halt, self.log, self.name)
+        # the queue's, the rate limiter's and a batch's clock (the simulator's is virtual)
+        self.crew = Crew(executor, clock, shards, registration.is_async)
         if shards is not None:
-            if registration.shard_by == "uid":
-                self._uids = {}
             shards.on_gained = self.gained
-        # (namespace, name) -> resourceVersion our last finalizer patch of that object produced
-        self._own_writes: dict[tuple[str | None, str], str] = {}
-        # (namespace, name) -> resourceVersions of finalizer-only events seen while our finalizer
-        # patch of that object was in flight (ours or not is known once it answers)
-        self._writing: dict[tuple[str | None, str], list[str]] = {}
-        # (namespace, name) -> uid of the object being deleted whose finalizer we released
-        self._released: dict[tuple[str | None, str], str] = {}
-        #: key -> the resourceVersion last reported as failing the typed handler's model
-        self._invalid: dict[Request, str] = {}
+
+    # -- read-through names the manager, the probes and tests use --------------------------------
+    @property
+    def synced(self) -> asyncio.Event:
+        """Set once every informer of every source has listed once (the sync gate)."""
+        return self.crew.synced
+
+    @property
+    def executor(self) -> concurrent.futures.Executor | None:
+        return self.crew.executor
+
+    @executor.setter
+    def executor(self, executor: concurrent.futures.Executor | None) -> None:
+        self.crew.executor = executor
+
+    @property
+    def fence(self) -> Callable[[], bool] | None:
+        """May a reconcile start now? (the manager's Lease fence; None: always)"""
+        return self.gate.leader
+
+    @fence.setter
+    def fence(self, fence: Callable[[], bool] | None) -> None:
+        self.gate.leader = fence
+
+    @property
+    def fenced(self) -> int:
+        """Keys the fence stopped before their reconcile started."""
+        return self.gate.fenced
+
+    @property
+    def shards(self) -> ShardSet | None:
+        """This controller's ranges in sharded mode (None: not sharded)."""
+        return self.gate.shards
+
+    @property
+    def unowned(self) -> int:
+        """Keys dropped because their range is not ours (sharded mode)."""
+        book = self.gate.book
+        return book.unowned if book is not None else 0
+
+    @property
+    def own_stores(self) -> tuple[Any, ...]:
+        return self.primary.stores
 
     # -- wiring ------------------------------------------------------------------------------
-    def _subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:
+    def subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:
         """The event handler of ``source`` on ``informer`` (default: its first)."""
         if informer is None:
             informer = source.informers[0]
         add = self.queue.add
-        traces = self._traces
+        traces = self.keys.traces
         mapper, predicates = source.mapper, source.predicates
         primary = source.primary
         own_finalizer = self.registration.finalizer if primary else None
-        own_writes, released, writing = self._own_writes, self._released, self._writing
+        echoes = self.echoes
+        own_writes, released, writing = echoes.own_writes, echoes.released, echoes.writing
         priority = self.registration.priority if isinstance(self.queue, PriorityQueue) else None
         listed = priority.listed if priority is not None else NORMAL
         # None: updates are not compared (FIFO, or unchanged updates keep NORMAL priority)
         unchanged = priority.unchanged if priority is not None and priority.unchanged != NORMAL else None
         label = source.label or f"source:{informer.resource.kind}"
         kind, via = informer.resource.kind, source.via
-        uids = self._uids if primary else None
+        book = self.gate.book
+        uids = book.uids if primary and book is not None else None
 
         def note(key: Request, why: str, obj: Any) -> None:
             trace = traces.get(key)
@@ -222,9 +235,8 @@ class Controller:
             if own_finalizer is not None and old is not None:
                 if new is None:
                     if own_writes or released:
-                        own_writes.pop(ident(old), None)
-                        released.pop(ident(old), None)
-                elif (writing or own_writes) and is_our_echo(own_writes, writing, old, new, own_finalizer):
+                        echoes.gone(old)
+                elif (writing or own_writes) and echoes.is_echo(old, new, own_finalizer):
                     return  # our own finalizer write coming back (or held until we know)
                 elif finalizer_work(old, new, own_finalizer):
                     for key in mapper(old, new):  # past the predicates: the protocol needs it
@@ -280,8 +292,8 @@ class Controller:
         start the workers. Caches warm up while a standby waits for the lease."""
         for source in self.sources:
             for informer in source.informers:
-                informer.subscribe(self._subscriber(source, informer))
-        self._log.info("Starting Controller", extra={"kv": {"controller": self.name, "resource": str(self.resource)}})
+                informer.subscribe(self.subscriber(source, informer))
+        self.log.info("Starting Controller", extra={"kv": {"controller": self.name, "resource": str(self.resource)}})
         pending = self.informers()
         while True:
             try:
@@ -289,25 +301,25 @@ class Controller:
                 break
             except asyncio.TimeoutError:
                 stuck = [f"{i.name}: {i.last_error or 'no answer yet'}" for i in pending if not i.synced.is_set()]
-                self._log.error(
+                self.log.error(
                     "Caches have not synced after 120 s; still waiting",
                     extra={"kv": {"controller": self.name, "informers": stuck}},
                 )
         self.synced.set()
         if leadership is not None and not leadership.is_set():
             await leadership.wait()
-        if self._stopping:
+        if self.gate.stopping:
             return
         n = self.registration.max_concurrent
         self.metrics.started(self.name, n)
-        self._log.info("Starting workers", extra={"kv": {"controller": self.name, "worker count": n}})
+        self.log.info("Starting workers", extra={"kv": {"controller": self.name, "worker count": n}})
         loop = asyncio.get_running_loop()
-        self._workers = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
+        self.crew.tasks = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
 
     def halt(self) -> None:
         """Stop intake now, synchronously: the queue shuts down and no worker takes another key
         (the manager calls it the moment the Lease is lost; :meth:`stop` then cancels workers)."""
-        self._stopping = True
+        self.gate.stopping = True
         self.queue.shutdown()
 
     async def stop(self, grace: float = 30.0, settle: float = 0.1) -> bool:
@@ -318,255 +330,126 @@ class Controller:
         Returns True when everything finished in time; :meth:`running` then tells whether calls
         still run (a plain handler's thread, a handler that ignores cancellation).
         """
-        self._stopping = True
-        self.queue.shutdown()
-        if not self._workers:
+        self.halt()
+        crew = self.crew
+        if not crew.tasks:
             return True
-        done, pending = await asyncio.wait(self._workers, timeout=grace)
+        done, pending = await asyncio.wait(crew.tasks, timeout=grace)
         for task in pending:
             task.cancel()
-        self._workers = []
+        crew.tasks = []
         if pending:
             await asyncio.wait(pending, timeout=max(settle, 0.001))
-            self._cancelled = [t for t in pending if not t.done()]
+            crew.cancelled = [t for t in pending if not t.done()]
         return not pending
 
     def running(self) -> int:
         """Batches of calls still running although :meth:`stop` gave up on them: plain-handler
         batches whose thread has not returned (a thread cannot be stopped) and cancelled workers
         that have not returned. While it is not 0 the Leases these calls run under must not be
-        released (invariant I6): the manager leaves them to expire."""
-        self._cancelled = [t for t in self._cancelled if not t.done()]
-        return len(self._abandoned) + len(self._cancelled)
-
-    def _job_ended(self, job: concurrent.futures.Future[None]) -> None:
-        """On the loop, once the thread of an abandoned batch returned: its ranges are free."""
-        ranges = self._abandoned.pop(job, [])
-        if self.shards is not None:
-            for r in ranges:
-                self.shards.end(r)
+        released: the manager leaves them to expire."""
+        return self.crew.running()
 
     # -- the worker loop -----------------------------------------------------------------------
     async def _worker(self) -> None:
-        queue = self.queue
-        batching = not self.registration.is_async
-        workers = self.registration.max_concurrent
         while True:
-            try:
-                key = await queue.get()
-            except QueueShutDown:
+            keys = await self.take()
+            if keys is None:
                 return
-            if self._stopping:
-                queue.done(key)
-                return
-            keys = [key]
-            if batching:
-                # Plain handlers run in a thread: one hop per batch instead of one per key.
-                # Take more ready keys, but never more than this worker's share of the backlog,
-                # so other workers are not starved. Taken keys are "processing": no other worker
-                # can take them, and re-adds meanwhile cause exactly one more run after done().
-                extra = batch_size(len(queue), workers) - 1
-                while extra > 0:
-                    try:
-                        keys.append(queue.get_nowait())
-                    except (QueueEmpty, QueueShutDown):
-                        break
-                    extra -= 1
             self.metrics.active(self.name, 1)
             try:
-                await self._process(keys)
+                await self.process(keys)
             finally:
                 self.metrics.active(self.name, -1)
 
-    def _lookup(self, key: Request) -> Any:
-        for informer in self._primary:
-            if not informer.namespace or informer.namespace == key.namespace:
-                obj = informer.store.get(key)
-                if obj is not None:
-                    return obj
-        return None
+    async def take(self) -> list[Request] | None:
+        """The keys one worker takes next, as a worker takes them: the next ready key and, for a
+        plain handler, more ready keys up to this worker's share of the backlog. None once the
+        queue shut down, or the controller stops (the key it had taken is done())."""
+        queue = self.queue
+        try:
+            key = await queue.get()
+        except QueueShutDown:
+            return None
+        if self.gate.stopping:
+            queue.done(key)
+            return None
+        keys = [key]
+        if not self.registration.is_async:
+            # Plain handlers run in a thread: one hop per batch instead of one per key. Take more
+            # ready keys, but never more than this worker's share of the backlog, so other workers
+            # are not starved. Taken keys are "processing": no other worker can take them, and
+            # re-adds meanwhile cause exactly one more run after done().
+            extra = batch_size(len(queue), self.registration.max_concurrent) - 1
+            while extra > 0:
+                try:
+                    keys.append(queue.get_nowait())
+                except (QueueEmpty, QueueShutDown):
+                    break
+                extra -= 1
+        return keys
 
-    async def _process(self, keys: list[Request]) -> None:
-        """Reconcile ``keys`` (taken from the queue by one worker) and settle every outcome.
-
-        Each key passes the fences (:mod:`~declop.reconcile.fence`), is prepared on the loop
-        (:mod:`~declop.reconcile.preparation`), called (plain handlers in one thread hop for the
-        batch: :mod:`~declop.reconcile.call`), then settled (:mod:`~declop.reconcile.outcome`),
-        and ends with exactly one ``queue.done()`` — or ``queue.give_back()`` when a slow call
-        hands the keys behind it to other workers (:mod:`declop.queue.batches`).
+    async def process(self, keys: list[Request]) -> None:
+        """Reconcile ``keys`` (taken from the queue by one worker: :meth:`take`) and settle every
+        outcome, exactly as a worker does: the keys whose range is ours
+        (:meth:`~declop.reconcile._fence.Gate.owned`) are prepared
+        (:mod:`~declop.reconcile._preparation`), run and settled by the handler kind's runner
+        (:mod:`~declop.reconcile._run`), and each ends with exactly one ``queue.done()`` — or
+        ``queue.give_back()`` when a slow call hands the keys behind it to other workers.
         """
-        reg = self.registration
-        calls: list[Call] = []  # every call is "held" until its key is done() or given back
-        shards = self.shards
-        job: concurrent.futures.Future[None] | None = None  # the batch's executor job, for plain handlers
-        thread: asyncio.Future[None] | None = None  # resolved by that job's thread as its batch returns
-        ranges: dict[Request, int] = {}
-        if shards is not None:
-            keys = owned(self, keys, ranges)
+        gate, queue = self.gate, self.queue
+        ranges: dict[Request, int] = {}  # sharded: each key's range, in flight until the end
+        if gate.shards is not None:
+            keys = gate.owned(keys, ranges, self.primary, self.keys, queue)
             if not keys:
                 return
+        calls: list[Call] = []  # every call is "held" until its key is done() or given back
         try:
-            fence = self.fence
-            log_trigger = trigger_in_context()
-            freeze = log_trigger or reg.wants_trigger or self.recent is not None
-            for key in keys:
-                if fence is not None and not fence():
-                    fence_closed(self, len(keys) - len(calls))
-                    break  # the rest never starts; their keys end with done() below
-                call = prepare(self, key, ranges, freeze, log_trigger)
-                if call.add_finalizer:  # CREATED: our finalizer first
-                    await add_finalizer(self, call)
-                calls.append(call)
-            if reg.is_async:
-                for call in calls:
-                    if call.error is None and not call.stale:
-                        if self._stopping and call is not calls[0]:
-                            break  # dropped at shutdown, like keys still queued
-                        if fence is not None and not fence():
-                            fence_closed(self, len(calls) - calls.index(call))
-                            break  # dropped: the fence never reopens
-                        if shards is not None and not shards.may_start(call.shard):
-                            self.unowned += 1
-                            continue  # its range is draining or lost: dropped (done() below)
-                        call.called = True
-                        await call_async(self, call)  # with its write fence current
-                    await finish(self, call)
-            else:
-                # Plain handlers: the prepared calls run in one executor job. With more than one
-                # worker, a timer gives the calls that have not started back (their keys to the
-                # queue) once a call has run STALL_AFTER; the calls that finished are settled then.
-                runnable = [c for c in calls if c.error is None and not c.stale]
-                if len(runnable) < len(calls):
-                    for call in calls:
-                        if call.finished:  # a failed preparation: settled now, not after the batch
-                            complete(self, call)
-                if runnable:
-                    loop = asyncio.get_running_loop()
-                    fn, stopping = reg.fn, self._is_stopping
-                    timed = reg.timeout is not None
-                    shard_fence = shards.may_start if shards is not None else None
-                    if len(runnable) == 1 or reg.max_concurrent == 1:
-                        # nothing to give back, or nobody to give it to: the plain loop, no timer
-                        job, thread = self._submit(loop, fn, runnable, stopping, fence, timed, shard_fence)
-                        await thread
-                    else:
-                        batch: Batch[Call] = Batch(runnable, self._clock)
-                        job, thread = self._submit(loop, fn, batch, stopping, fence, timed, shard_fence)
-                        w = Watch(batch, calls, loop.create_future())
-                        thread.add_done_callback(w.wake)
-                        w.timer = loop.call_later(STALL_AFTER, watch, self, w)
-                        try:
-                            await w.woken
-                        finally:
-                            w.timer.cancel()
-                        if not thread.done():  # stalled: settle what finished before the slow call
-                            for call in calls:
-                                if call.finished and call.held:
-                                    await finish(self, call)
-                        await thread
-                if fence is not None and runnable and not runnable[-1].called and not self._stopping and not fence():
-                    fence_closed(self, sum(not c.called for c in runnable))
-                deleting = reg.finalizer is not None
-                for call in calls:
-                    if call.finished and call.held:
-                        if deleting and call.phase is Phase.DELETING:
-                            await finish(self, call)
-                        else:
-                            complete(self, call)
-                # calls not started (the thread stopped at shutdown) are dropped like queued keys: done()
+            await prepare_all(self, keys, ranges, calls)
+            await self.crew.runner.run(self, calls, ranges)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a framework bug: never kill the worker
+        except Exception as exc:  # a framework bug: never kill the worker
             log.exception(
                 "Unexpected error while processing keys",
                 extra={"kv": {"controller": self.name, "keys": [str(k) for k in keys]}},
             )
-            for k in held(keys, calls):
-                self.queue.add_rate_limited(k)
-                self._delayed[k] = ("retry", "framework error")
+            retry(self, held(keys, calls), exc)
         finally:
-            for k in held(keys, calls):  # dropped at shutdown, or a framework bug
-                self.queue.done(k)
-            if job is not None and thread is not None and not returned(job, thread):
-                # cancelled while the thread runs: its calls go on, and so do their ranges'
-                # in-flight counts (a range is released only once idle) until it returns. (A
-                # job cancelled before a thread took it is done: none of its calls ever runs.)
-                self._abandoned[job] = list(ranges.values())
-                job.add_done_callback(_on_loop(asyncio.get_running_loop(), self._job_ended))
-            elif shards is not None:
+            for k in held(keys, calls):  # not started (shutdown, a fence), or a framework bug
+                queue.done(k)
+            if ranges:  # (a batch abandoned by a stop took its ranges over: Crew.abandon)
+                shards = gate.shards
+                assert shards is not None
                 for r in ranges.values():
                     shards.end(r)
-
-    def _submit(
-        self, loop: asyncio.AbstractEventLoop, *args: Any
-    ) -> tuple[concurrent.futures.Future[None] | None, asyncio.Future[None]]:
-        """Hand a batch to the executor: its job (``None`` on the loop's default executor, which
-        only tests use: not tracked for a stop) and the future the worker awaits."""
-        if self.executor is None:
-            return None, loop.run_in_executor(None, run_batch, *args)
-        return hand_off(self.executor, loop, run_batch, *args)
 
     def forget(self, informer: Informer, released: Iterable[Request]) -> int:
         """``released`` keys left ``informer``'s store because their range went to another
         replica: drop what this controller remembers of them (the uid of a primary object). A
         key still cached by another primary informer is kept. Returns how many were dropped;
         without it the map would hold every object that ever passed through this replica."""
-        if self._uids is None or informer not in self._primary:
+        book = self.gate.book
+        if book is None or informer not in self.primary:
             return 0
-        n = 0
-        for key in released:
-            if not any(i.store.get(key) is not None for i in self._primary) and self._uids.pop(key, None) is not None:
-                n += 1
-        return n
+        return book.forget(released, self.primary)
 
     def gained(self, index: int) -> None:
         """Range ``index`` became ours: queue every cached primary object of it (changes made
         while nobody owned the range are not missed), and the deletions of it this replica
         dropped at its fence meanwhile (its tombstones)."""
-        shards = self.shards
-        assert shards is not None
+        gate = self.gate
+        shards, book = gate.shards, gate.book
+        assert shards is not None and book is not None
         n = 0
-        for informer in self._primary:
+        for informer in self.primary.informers:
             for key in informer.store.keys():
-                if shard_of(self, key) == index:
+                if gate.shard_of(key, self.primary.get(key)) == index:
                     self.queue.add(key)
-                    self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}")
+                    self.keys.trace(key).note("shard-gained", None, f"shard {index}/{shards.n}")
                     n += 1
-        for key in sorted(self._tombstones.pop(index, ())):  # deletions missed while it was not ours
+        for key in book.tombstones_of(index):  # deletions missed while it was not ours
             self.queue.add(key)
-            self._trace(key).note("shard-gained", None, f"shard {index}/{shards.n}, deleted")
+            self.keys.trace(key).note("shard-gained", None, f"shard {index}/{shards.n}, deleted")
             n += 1
-        self._log.info("Shard gained; queued its objects", extra={"kv": {"controller": self.name, "shard": f"{index}/{shards.n}", "keys": n}})
-
-    def _is_stopping(self) -> bool:
-        return self._stopping
-
-    def _trace(self, key: Request) -> Trace:
-        """The trace of ``key``'s next run (created on first use)."""
-        trace = self._traces.get(key)
-        if trace is None:
-            trace = self._traces[key] = Trace()
-        return trace
-
-    def _restore(self, key: Request, trace: Trace) -> None:
-        """A given-back key keeps the causes it was taken with, ahead of any newer ones."""
-        newer = self._traces.get(key)
-        if newer is not None:
-            trace.merge(newer)
-        self._traces[key] = trace
-
-
-def _on_loop(
-    loop: asyncio.AbstractEventLoop, fn: Callable[[concurrent.futures.Future[None]], None]
-) -> Callable[[concurrent.futures.Future[None]], None]:
-    """A done-callback for an executor job that runs ``fn(job)`` on ``loop`` (called in the
-    thread, or at once if the job is done already; nothing if the loop is closed: the process is
-    exiting)."""
-
-    def later(job: concurrent.futures.Future[None]) -> None:
-        try:
-            loop.call_soon_threadsafe(fn, job)
-        except RuntimeError:
-            pass
-
-    return later
+        self.log.info("Shard gained; queued its objects", extra={"kv": {"controller": self.name, "shard": f"{index}/{shards.n}", "keys": n}})

@@ -7,9 +7,8 @@ Expected flow (the controller drives it; see docs/contract.md):
    ``Phase.CREATED`` on the patched object.
 2. Object being deleted (``deletionTimestamp`` set) → the handler runs with ``Phase.DELETING``;
    after it returns successfully :func:`release_finalizer` removes our entries only (every copy),
-   each guarded by a ``test`` that the entry at that index is ours, plus a ``test`` of the uid.
-   Not of the resourceVersion: a handler that wrote its own object during cleanup (a status
-   condition) would make that test fail on every attempt and the object would never go.
+   each guarded by a ``test`` that the entry at that index is ours, plus a ``test`` of the uid —
+   never of the resourceVersion (why: docs/contract.md §4).
 3. The apiserver deletes the object once no finalizer is left; the next reconcile sees
    ``Phase.DELETED``.
 

@@ -1,18 +1,7 @@
 """Result and Phase: what a handler returns and which lifecycle phase it is told about.
 
-The outcome table (implemented once, in :func:`declop.reconcile.outcome.settle`):
-
-=====================================  ==================================================
-the handler…                            the queue…
-=====================================  ==================================================
-returns ``None`` or ``Result()``        forgets the key's failures; done until the next event
-returns ``Result(requeue_after=s)``     forgets failures, re-adds the key after ``s`` seconds
-                                        (``s > 0``; ``0`` is plain success, as ``Result()``)
-raises any exception                    logs it with traceback, re-adds with per-key backoff
-raises ``TerminalError``                logs and counts it, does not retry
-returns anything else, or builds an     ``InvalidResult`` (a ``TerminalError``): logged once
-invalid ``Result``                      naming the type and what to return instead, not retried
-=====================================  ==================================================
+What the queue does with each outcome is the outcome table: :class:`~declop.reconcile._outcome.Verdict`
+and its queue operations, documented in docs/contract.md §3.
 
 The phase is deduced from the cached object's state only, never from the event type:
 

@@ -10,7 +10,7 @@
 :func:`run_reconcile` does what a controller worker does for one key — the same phase deduction
 (:func:`declop.reconcile.result.phase_of`), the same finalizer protocol (:mod:`declop.reconcile.finalizers`, against
 the fake), the same keyword injection (``Registration.wants``) and the same outcome table
-(:func:`declop.reconcile.outcome.settle`) — and returns a :class:`ReconcileOutcome`: what the
+(:func:`declop.reconcile._outcome.settle`) — and returns a :class:`ReconcileOutcome`: what the
 handler returned or raised, what the queue would do, every write it sent, and its log lines.
 
 :class:`FakeClient` (and :class:`FakeAsyncClient` for ``async def`` handlers) *are* declop's
@@ -50,7 +50,8 @@ from typing import Any, Callable, Coroutine, Iterable, Mapping, TypeVar
 
 from declop.cache.store import Store
 from declop.reconcile.client import AsyncClient, Client, ClientContext
-from declop.reconcile.outcome import invalid_outcome, settle
+from declop.reconcile._keys import KeyNotes
+from declop.reconcile._outcome import invalid_outcome, settle
 from declop.kube.discovery import ResourceInfo
 from declop.errors import InvalidObject, TerminalError
 from declop.reconcile.finalizers import ensure_finalizer, release_finalizer
@@ -259,7 +260,7 @@ class _Capture(logging.Handler):
 
 
 class _RecordingQueue:
-    """Stands in for the workqueue while :func:`~declop.reconcile.outcome.settle` settles one outcome."""
+    """Stands in for the workqueue while :func:`~declop.reconcile._outcome.settle` settles one outcome."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
@@ -400,7 +401,7 @@ async def _reconcile(
 
     # the controller's own outcome table settles it, against a queue that only records
     queue = _RecordingQueue()
-    stub = types.SimpleNamespace(queue=queue, metrics=_NoMetrics(), name=reg.name, _log=lg, _delayed={})
+    stub = types.SimpleNamespace(queue=queue, metrics=_NoMetrics(), name=reg.name, log=lg, keys=KeyNotes())
     settle(stub, key, outcome, error, logger, 0.0)
     verbs = [c[0] for c in queue.calls]
     if "add_rate_limited" in verbs:

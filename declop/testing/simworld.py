@@ -577,7 +577,8 @@ class _World:
             s = c.shards if c is not None else None
             if c is None or s is None:
                 return
-            value = key.namespace if s.shard_by == "namespace" else (uid or (c._uids or {}).get(key))
+            book = c.gate.book  # the uid of a deleted object's key, from its last event
+            value = key.namespace if s.shard_by == "namespace" else (uid or (book.uid_of(key, None) if book else None))
             if not value:
                 return
             e = s.electors[s.index(value)]

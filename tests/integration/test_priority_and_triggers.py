@@ -149,7 +149,7 @@ def test_each_source_kind_is_named_in_the_trigger(kubeconfig, k8s_api, namespace
             cm = core.patch_namespaced_config_map("p", namespace, {"metadata": {"labels": {"i": str(i)}}})
             rvs.append(cm.metadata.resource_version)
         wait_for(
-            lambda: op.call_soon(lambda: controller._lookup(declop.Request(namespace, "p"))["metadata"]["resourceVersion"]) == rvs[-1],
+            lambda: op.call_soon(lambda: controller.primary.get(declop.Request(namespace, "p"))["metadata"]["resourceVersion"]) == rvs[-1],
             10,
             what="the cache to see the 100th update",
         )

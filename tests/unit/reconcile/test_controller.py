@@ -18,7 +18,7 @@ from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.reconcile.mapping import enqueue_self
-from declop.reconcile.outcome import settle
+from declop.reconcile._outcome import settle
 from declop.queue.ratelimit import ItemExponential
 from declop.queue.workqueue import QueueEmpty, WorkQueue
 
@@ -177,7 +177,7 @@ def test_phase_and_kwargs_reach_the_handler() -> None:
 
     c, informer, _ = make(handler)
     informer.writer.upsert(cm())
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert seen["request"] == KEY and seen["name"] == "a" and seen["namespace"] == "ns"
     assert seen["phase"] is declop.Phase.UPDATED
     assert seen["obj"] == informer.store.get(KEY) and seen["obj"] is not informer.store.get(KEY)
@@ -188,7 +188,7 @@ def test_phase_and_kwargs_reach_the_handler() -> None:
 def test_missing_object_is_deleted_phase_with_none() -> None:
     seen: list[Any] = []
     c, _, _ = make(lambda phase, obj, **_: seen.append((phase, obj)))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert seen == [(declop.Phase.DELETED, None)]
 
 
@@ -196,7 +196,7 @@ def test_created_adds_the_finalizer_first_with_a_guarded_json_patch() -> None:
     seen: list[Any] = []
     c, informer, _ = make(lambda phase, **_: seen.append(phase), finalizer="x.io/f")
     informer.writer.upsert(cm())
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     method, path, body = c.ctx.transport.calls[0]  # type: ignore[attr-defined]
     assert method == "PATCH" and path == "/api/v1/namespaces/ns/configmaps/a"
     assert body[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "1"}
@@ -207,7 +207,7 @@ def test_created_adds_the_finalizer_first_with_a_guarded_json_patch() -> None:
 def test_deleting_removes_only_our_finalizer_after_success() -> None:
     c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
     informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["other.io/g", "x.io/f"]))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
     assert method == "PATCH"
     assert body[-1] == {"op": "remove", "path": "/metadata/finalizers/1"}
@@ -220,17 +220,17 @@ def test_deleting_keeps_the_finalizer_when_cleanup_fails() -> None:
 
     c, informer, _ = make(cleanup, finalizer="x.io/f")
     informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f"]))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert c.ctx.transport.calls == []  # type: ignore[attr-defined]
     assert c.queue.num_requeues(KEY) == 1
 
 
 def test_our_finalizer_echo_is_not_enqueued_but_real_changes_are() -> None:
     c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     before = cm()
     informer.writer.upsert(before)
-    run(c._process([KEY]))  # CREATED: our patch produced resourceVersion "2" (FakeTransport)
+    run(c.process([KEY]))  # CREATED: our patch produced resourceVersion "2" (FakeTransport)
     after = cm(finalizers=["x.io/f"])
     after["metadata"]["resourceVersion"] = "2"
     on_event(before, after)
@@ -247,7 +247,7 @@ def test_our_echo_arriving_before_the_patch_answer_is_still_dropped() -> None:
     was ours; a look-alike that was not ours is enqueued then."""
     for echo_rv, expect_queued in (("2", []), ("7", [KEY])):
         c, informer, _ = make(lambda **_: None, finalizer="x.io/f")
-        on_event = c._subscriber(c.sources[0])
+        on_event = c.subscriber(c.sources[0])
         before = cm()
         informer.writer.upsert(before)
         transport = c.ctx.transport  # type: ignore[attr-defined]
@@ -263,27 +263,27 @@ def test_our_echo_arriving_before_the_patch_answer_is_still_dropped() -> None:
         async def main() -> list[Request]:
             c.queue.add(KEY)
             key = c.queue.get_nowait()
-            await c._process([key])
+            await c.process([key])
             c.queue.done(key)
             return queued(c)
 
         assert run(main()) == expect_queued, echo_rv
-        assert c._writing == {}
+        assert c.echoes.writing == {}
         # our own event is still to come when the held one was someone else's
-        assert c._own_writes == ({} if echo_rv == "2" else {("ns", "a"): "2"})
+        assert c.echoes.own_writes == ({} if echo_rv == "2" else {("ns", "a"): "2"})
 
 
 def test_a_finalizer_only_change_we_did_not_write_is_not_taken_for_our_echo() -> None:
     """Same shape as our echo, but no patch of ours produced that resourceVersion: it is real."""
     c, _, _ = make(lambda **_: None, finalizer="x.io/f")
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     on_event(cm(), cm(finalizers=["x.io/f"], resourceVersion="7"))  # someone else added ours
     assert len(c.queue) == 1
 
 
 def test_one_of_two_copies_of_our_finalizer_removed_by_someone_else_is_reconciled() -> None:
     c, _, _ = make(lambda **_: None, finalizer="x.io/f")
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
     on_event(cm(finalizers=["x.io/f", "x.io/f"], **deleting), cm(finalizers=["x.io/f"], resourceVersion="8", **deleting))
     assert len(c.queue) == 1
@@ -293,7 +293,7 @@ def test_a_release_of_every_duplicate_lets_the_object_go() -> None:
     seen: list[Any] = []
     c, informer, _ = make(lambda phase, **_: seen.append(phase), finalizer="x.io/f")
     informer.writer.upsert(cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f", "other.io/g", "x.io/f"]))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
     assert [op["path"] for op in body if op["op"] == "remove"] == ["/metadata/finalizers/2", "/metadata/finalizers/0"]
     assert seen == [declop.Phase.DELETING]
@@ -307,13 +307,13 @@ def test_our_finalizer_taken_off_a_live_object_is_enqueued_past_predicates_and_a
     )
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.reconcile.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     old = cm(generation=1, finalizers=["x.io/f"])
     taken = cm(generation=1, finalizers=[], resourceVersion="5")  # generation unchanged: predicate says no
     on_event(old, taken)
     assert queued(c) == [KEY]
     informer.writer.upsert(taken)
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
     assert method == "PATCH" and {"op": "add", "path": "/metadata/finalizers", "value": ["x.io/f"]} in body
     assert seen == [declop.Phase.CREATED]
@@ -333,7 +333,7 @@ def test_the_release_works_from_the_newest_cached_copy_and_ignores_the_handler_s
 
     c, informer, _ = make(handler, finalizer="x.io/f")
     informer.writer.upsert(cm(finalizers=["x.io/f"], **deleting))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     (method, _path, body), = c.ctx.transport.calls  # type: ignore[attr-defined]
     assert body == [
         {"op": "test", "path": "/metadata/uid", "value": "u1"},
@@ -349,7 +349,7 @@ def test_the_start_of_a_deletion_reaches_the_cleanup_past_predicates() -> None:
     registry.reconciler("configmaps", finalizer="x.io/f", predicates=[declop.reconcile.predicates.generation_changed])(lambda **_: None)
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.reconcile.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     live = cm(finalizers=["x.io/f"])
     on_event(live, cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="4"))
     assert queued(c) == [KEY]
@@ -365,15 +365,15 @@ def test_a_cached_copy_behind_our_own_release_is_not_cleaned_up_twice() -> None:
     c, informer, _ = make(lambda phase, **_: calls.append(phase), finalizer="x.io/f")
     deleting = cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z")
     informer.writer.upsert(deleting)
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert calls == [declop.Phase.DELETING] and len(c.ctx.transport.calls) == 1  # type: ignore[attr-defined]
     informer.writer.upsert(cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", resourceVersion="3"))
-    run(c._process([KEY]))  # stale: the status write arrived before our release did
+    run(c.process([KEY]))  # stale: the status write arrived before our release did
     assert calls == [declop.Phase.DELETING] and len(c.ctx.transport.calls) == 1  # type: ignore[attr-defined]
     assert c.queue.num_requeues(KEY) == 0
     # a namesake (new uid) being deleted is a different object: its cleanup runs
     informer.writer.upsert(cm(finalizers=["x.io/f"], deletionTimestamp="2026-01-01T00:00:00Z", uid="u2"))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert calls == [declop.Phase.DELETING, declop.Phase.DELETING]
 
 
@@ -396,7 +396,7 @@ def test_the_fence_is_checked_before_every_call_inside_a_batch() -> None:
     keys = [Request("ns", n) for n in "abcd"]
     for k in keys:
         informer.writer.upsert(cm(k.name))
-    run(c._process(keys))
+    run(c.process(keys))
     assert called == ["a", "b"]
     assert c.fenced == 2  # prepared, but c and d never started
     assert c.queue.num_requeues(keys[2]) == 0 and c.queue.next_deadline() is None  # dropped, not retried
@@ -408,7 +408,7 @@ def test_a_closed_fence_starts_nothing_not_even_the_finalizer_write() -> None:
     c, informer, _ = make(lambda name, **_: called.append(name), finalizer="x.io/f")
     c.fence = lambda: False
     informer.writer.upsert(cm())
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert called == [] and c.ctx.transport.calls == [] and c.fenced == 1  # type: ignore[attr-defined]
 
 
@@ -425,7 +425,7 @@ def test_the_fence_is_checked_before_every_async_call() -> None:
     keys = [Request("ns", n) for n in "ab"]
     for k in keys:
         informer.writer.upsert(cm(k.name))
-    run(c._process(keys))
+    run(c.process(keys))
     assert called == ["a"] and c.fenced == 1
 
 
@@ -434,7 +434,7 @@ def test_predicates_filter_before_the_queue() -> None:
     registry.reconciler("configmaps", predicates=[declop.reconcile.predicates.generation_changed])(lambda **_: None)
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, (declop.reconcile.predicates.generation_changed,), primary=True)], FakeContext())  # type: ignore[arg-type]
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     on_event(cm(generation=1), cm(generation=1, labels={"x": "y"}))
     assert len(c.queue) == 0
     on_event(cm(generation=1), cm(generation=2))
@@ -450,7 +450,7 @@ def test_async_handlers_run_on_the_loop_with_the_async_client() -> None:
 
     c, informer, clock = make(handler)
     informer.writer.upsert(cm())
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert isinstance(seen[0], declop.AsyncClient)
     assert c.queue.next_deadline() == pytest.approx(clock() + 5)
 
@@ -472,7 +472,7 @@ def test_a_batch_of_plain_calls_settles_each_key_on_its_own() -> None:
     keys = [Request("ns", n) for n in ("a", "b", "c")]
     for k in keys:
         informer.writer.upsert(cm(k.name))
-    run(c._process(keys))
+    run(c.process(keys))
     assert len(threads) == 3 and len(set(threads)) == 1  # one hop to one thread for the batch
     assert c.queue.num_requeues(keys[0]) == 0
     assert c.queue.num_requeues(keys[1]) == 1
@@ -490,18 +490,12 @@ def test_workers_take_only_their_share_of_the_backlog() -> None:
     informer = FakeInformer()
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext())  # type: ignore[arg-type]
 
-    async def record(keys: list[Request]) -> None:
-        taken.append([k.name for k in keys])
-
-    c._process = record  # type: ignore[method-assign]
-
     async def main() -> None:
         for i in range(11):
             c.queue.add(Request("ns", f"k{i}"))
-        worker = asyncio.ensure_future(c._worker())
-        await asyncio.sleep(0)
         c.queue.shutdown()
-        await worker
+        while (keys := await c.take()) is not None:
+            taken.append([k.name for k in keys])
 
     asyncio.run(main())
     # the first batch: one key plus half of the 10 still waiting (two workers share them)
@@ -545,7 +539,7 @@ def test_a_stalled_call_gives_the_keys_behind_it_back_and_settles_those_before_i
         for k in keys:
             q.add(k)
         taken = [q.get_nowait() for _ in keys]
-        task = asyncio.ensure_future(c._process(taken))
+        task = asyncio.ensure_future(c.process(taken))
         for _ in range(500):  # up to 5 s: the stall is noticed after 5 ms
             await asyncio.sleep(0.01)
             if len(q) == 2 and q.statistics().processing == 1:
@@ -578,7 +572,7 @@ def test_with_one_worker_a_batch_is_never_split() -> None:
         informer.writer.upsert(cm(k.name))
         c.queue.add(k)
     taken = [c.queue.get_nowait() for _ in keys]
-    run(c._process(taken))
+    run(c.process(taken))
     assert seen == ["a", "b"] and c.queue.statistics().processing == 0 and len(c.queue) == 0
 
 
@@ -607,16 +601,16 @@ def test_a_user_predicate_gets_read_only_views_and_the_builtins_the_objects(monk
     user = Controller(reg, CM, [Source((informer,), enqueue_self, (meddling,), primary=True)], FakeContext())  # type: ignore[arg-type]
     new = cm()
     with pytest.raises(TypeError, match="read-only"):
-        user._subscriber(user.sources[0])(None, new)
+        user.subscriber(user.sources[0])(None, new)
     assert type(seen[0]) is ReadOnlyDict and new == cm() and len(user.queue) == 0
 
     builtin = declop.reconcile.predicates.all_of(declop.reconcile.predicates.generation_changed, declop.reconcile.predicates.labels_changed)
     fast = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin,), primary=True)], FakeContext())  # type: ignore[arg-type]
     views.clear()
-    fast._subscriber(fast.sources[0])(None, new)
+    fast.subscriber(fast.sources[0])(None, new)
     assert len(fast.queue) == 1 and views == []  # built-ins only: no view is made
     mixed = Controller(reg, CM, [Source((informer,), enqueue_self, (builtin, spy), primary=True)], FakeContext())  # type: ignore[arg-type]
-    mixed._subscriber(mixed.sources[0])(None, new)
+    mixed.subscriber(mixed.sources[0])(None, new)
     assert type(seen[-1]) is ReadOnlyDict and len(mixed.queue) == 1
 
 
@@ -641,7 +635,7 @@ def test_a_call_that_finished_before_the_last_call_of_its_batch_hangs_is_settled
         q = c.queue
         for k in keys:
             q.add(k)
-        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        task = asyncio.ensure_future(c.process([q.get_nowait() for _ in keys]))
         for _ in range(500):
             await asyncio.sleep(0.01)
             if q.statistics().processing == 1:
@@ -681,7 +675,7 @@ def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_crea
         q = c.queue
         for k in keys:
             q.add(k)
-        task = asyncio.ensure_future(c._process([q.get_nowait() for _ in keys]))
+        task = asyncio.ensure_future(c.process([q.get_nowait() for _ in keys]))
         for _ in range(500):
             await asyncio.sleep(0.01)
             if len(q) == 2:
@@ -690,14 +684,14 @@ def test_a_created_call_given_back_after_its_finalizer_was_added_still_sees_crea
         if echo:
             for n in "bc":  # our finalizer writes come back through the watch
                 informer.writer.upsert(cm(n, finalizers=["x.io/f"]))
-        await asyncio.wait_for(c._process([q.get_nowait(), q.get_nowait()]), 10)
+        await asyncio.wait_for(c.process([q.get_nowait(), q.get_nowait()]), 10)
         release.set()
         await asyncio.wait_for(task, 10)
 
     run(main())
     assert sorted(seen) == [("a", declop.Phase.CREATED), ("b", declop.Phase.CREATED), ("c", declop.Phase.CREATED)]
     assert len(c.ctx.transport.calls) == 3  # type: ignore[attr-defined]  # no second finalizer write
-    assert c._created == set()
+    assert c.echoes.added == set()
 
 
 # -- priorities, provenance, timeouts (issue 16) -------------------------------------------------
@@ -743,12 +737,12 @@ def take_and_process(c: Controller) -> list[Request]:
         except QueueEmpty:
             return taken
         taken.append(key)
-        run(c._process([key]))
+        run(c.process([key]))
 
 
 def test_priorities_follow_what_the_event_changed() -> None:
     c, informer, _ = make_pq(lambda **_: None)
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     informer.syncing = True
     on_event(None, cm("listed"))
     informer.syncing = False
@@ -765,7 +759,7 @@ def test_priorities_follow_what_the_event_changed() -> None:
 
 def test_configured_priorities_and_fifo() -> None:
     c, informer, _ = make_pq(lambda **_: None, priority=declop.queue.priority.Priority(listed=-5, unchanged=NORMAL))
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     informer.syncing = True
     on_event(None, cm("listed"))
     informer.syncing = False
@@ -782,7 +776,7 @@ def test_configured_priorities_and_fifo() -> None:
 def test_a_hundred_updates_are_one_reconcile_with_one_trigger() -> None:
     seen: list[Trigger] = []
     c, informer, _ = make_pq(lambda trigger, **_: seen.append(trigger))
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     informer.writer.upsert(cm())
     for i in range(100):
         on_event(cm(labels={"i": str(i)}, resourceVersion=str(100 + i)), cm(labels={"i": str(i + 1)}, resourceVersion=str(101 + i)))
@@ -802,16 +796,16 @@ def test_each_source_kind_is_named() -> None:
     informer.writer.upsert(cm())
     deployment = {"metadata": {"name": "d1", "namespace": "ns", "resourceVersion": "5"}}
     informer.syncing = True
-    c._subscriber(c.sources[0])(None, cm())
+    c.subscriber(c.sources[0])(None, cm())
     informer.syncing = False
-    c._subscriber(child, owned)(None, deployment)
-    c._subscriber(watched, owned)(None, deployment)
+    c.subscriber(child, owned)(None, deployment)
+    c.subscriber(watched, owned)(None, deployment)
     take_and_process(c)
     assert seen[-1].sources == (("initial-list", 1), ("owns:Deployment", 1), ("watches:secrets", 1))
     assert seen[-1].details == ("Deployment ns/d1", "secret_users: Deployment ns/d1")
     informer.lists = 2
     informer.syncing = True
-    c._subscriber(c.sources[0])(cm(), cm(resourceVersion="3"))
+    c.subscriber(c.sources[0])(cm(), cm(resourceVersion="3"))
     informer.syncing = False
     take_and_process(c)
     assert seen[-1].names == ("relist",)
@@ -829,7 +823,7 @@ def test_requeue_after_and_retry_are_attributed_to_the_run_they_cause() -> None:
         return outcome
 
     c, informer, clock = make_pq(handler)
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     informer.writer.upsert(cm())
     on_event(None, cm())
     take_and_process(c)  # created → requeue_after=30
@@ -846,19 +840,19 @@ def test_requeue_after_and_retry_are_attributed_to_the_run_they_cause() -> None:
 
 def test_a_given_back_key_keeps_its_trigger() -> None:
     c, informer, _ = make_pq(lambda **_: None)
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     on_event(None, cm())
     key = c.queue.get_nowait()
-    trace = c._traces.pop(key)
+    trace = c.keys.take(key, c.queue)
     on_event(cm(), cm(labels={"a": "b"}, resourceVersion="2"))  # arrives while held
-    c._restore(key, trace)
+    c.keys.restore(key, trace)
     c.queue.give_back(key)
-    assert c._traces[key].freeze().sources == (("created", 1), ("updated", 1))
+    assert c.keys.traces[key].freeze().sources == (("created", 1), ("updated", 1))
 
 
 def test_the_trigger_is_on_the_logger_context_when_asked(caplog: pytest.LogCaptureFixture) -> None:
     c, informer, _ = make_pq(lambda logger, **_: logger.info("hello"))
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     informer.writer.upsert(cm())
     on_event(None, cm())
     set_trigger_in_context(True)
@@ -878,7 +872,7 @@ def test_the_trigger_is_on_the_logger_context_when_asked(caplog: pytest.LogCaptu
 
 def test_recent_reconciles_are_kept_for_the_debug_endpoint() -> None:
     c, informer, _ = make_pq(lambda **_: None, recent=2)
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     informer.writer.upsert(cm())
     for rv in "234":
         on_event(cm(), cm(labels={"rv": rv}, resourceVersion=rv))
@@ -904,7 +898,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_retried() -> None:
     take_and_process(c)
     assert cancelled == [True]
     assert c.queue.num_requeues(KEY) == 1
-    assert c._delayed[KEY] == ("retry", "ReconcileTimeout")
+    assert c.keys.pending(KEY) == ("retry", "ReconcileTimeout")
     assert c.metrics.timeouts == ["cancelled"]  # type: ignore[attr-defined]
 
 
@@ -916,7 +910,7 @@ def test_a_timeout_error_of_the_handler_itself_is_its_own() -> None:
     informer.writer.upsert(cm())
     c.queue.add(KEY)
     take_and_process(c)
-    assert c._delayed[KEY] == ("retry", "TimeoutError")
+    assert c.keys.pending(KEY) == ("retry", "TimeoutError")
     assert c.metrics.timeouts == []  # type: ignore[attr-defined]
     assert not issubclass(TimeoutError, ReconcileTimeout)
 
@@ -950,10 +944,13 @@ class _Elector:
 def sharded(handler: Any, n: int = 4, *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, Any]:
     from declop.leases.shards import ShardSet
 
-    c, informer, clock = make(handler, finalizer=finalizer)
-    shards = ShardSet(c.name, n, "uid", [_Elector() for _ in range(n)])  # type: ignore[list-item]
-    c.shards, c._uids = shards, {}
-    shards.on_gained = c.gained
+    registry = declop.registry.Registry()
+    registry.reconciler("configmaps", finalizer=finalizer, shard_by="uid")(handler)
+    reg = registry.registrations[0]
+    informer = FakeInformer()
+    shards = ShardSet(reg.name, n, "uid", [_Elector() for _ in range(n)])  # type: ignore[list-item]
+    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], FakeContext(), shards=shards)  # type: ignore[arg-type]
+    c.queue = WorkQueue(name=reg.name, rate_limiter=ItemExponential(), clock=FakeClock())
     return c, informer, shards
 
 
@@ -977,7 +974,7 @@ def test_keys_of_ranges_not_held_are_dropped_before_anything_starts() -> None:
     own(shards, 0)
     informer.writer.upsert(cm("mine", uid=uid_in(shards, 0)))
     informer.writer.upsert(cm("theirs", uid=uid_in(shards, 1)))
-    run(c._process([Request("ns", "mine"), Request("ns", "theirs")]))
+    run(c.process([Request("ns", "mine"), Request("ns", "theirs")]))
     assert called == ["mine"]
     assert c.unowned == 1 and [p for _, p, _ in c.ctx.transport.calls if "theirs" in p] == []  # type: ignore[attr-defined]
     assert c.queue.num_requeues(Request("ns", "theirs")) == 0 and not c.queue.shutting_down  # dropped, not retried, not halted
@@ -992,7 +989,7 @@ def test_a_range_fence_closing_inside_a_batch_skips_only_that_range() -> None:
     informer.writer.upsert(cm("a1", uid=u1))
     informer.writer.upsert(cm("b2", uid=uid_in(shards, 2)))
     informer.writer.upsert(cm("c1", uid=uid_in(shards, 1, avoid=(u1,))))
-    run(c._process([Request("ns", n) for n in ("a1", "b2", "c1")]))
+    run(c.process([Request("ns", n) for n in ("a1", "b2", "c1")]))
     assert called == ["a1", "b2"]  # range 1 started draining while a1 ran: c1 never starts
 
 
@@ -1001,7 +998,7 @@ def test_a_reconcile_is_in_flight_for_its_range_until_its_batch_ends() -> None:
     c, informer, shards = sharded(lambda **_: seen.append(dict(shards.in_flight)))
     own(shards, 3)
     informer.writer.upsert(cm("a", uid=uid_in(shards, 3)))
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert seen == [{3: 1}] and shards.in_flight == {}
 
 
@@ -1009,11 +1006,11 @@ def test_a_deleted_objects_key_keeps_its_range_from_its_last_event() -> None:
     called: list[Any] = []
     c, informer, shards = sharded(lambda obj, **_: called.append(obj))
     own(shards, 2)
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     gone = cm("a", uid=uid_in(shards, 2))
     on_event(gone, None)  # a deletion: the cache no longer has it
-    run(c._process([KEY]))
-    assert called == [None] and KEY not in c._uids  # type: ignore[operator]
+    run(c.process([KEY]))
+    assert called == [None] and KEY not in c.gate.book.uids  # type: ignore[operator]
 
 
 def test_a_deletion_dropped_at_the_fence_is_delivered_when_the_range_is_gained_again() -> None:
@@ -1021,22 +1018,22 @@ def test_a_deletion_dropped_at_the_fence_is_delivered_when_the_range_is_gained_a
     # replica's list no longer has the object, so only the tombstone can bring the key back
     called: list[Any] = []
     c, informer, shards = sharded(lambda obj, **_: called.append(obj))
-    on_event = c._subscriber(c.sources[0])
+    on_event = c.subscriber(c.sources[0])
     on_event(cm("a", uid=uid_in(shards, 2)), None)  # deleted while range 2 is not ours
-    run(c._process([KEY]))
-    assert called == [] and c.unowned == 1 and c._tombstones == {2: {KEY}}
+    run(c.process([KEY]))
+    assert called == [] and c.unowned == 1 and c.gate.book.tombstones == {2: {KEY}}
     own(shards, 2)
     c.gained(2)
-    assert queued(c) == [KEY] and c._tombstones == {}
-    run(c._process([KEY]))
+    assert queued(c) == [KEY] and c.gate.book.tombstones == {}
+    run(c.process([KEY]))
     assert called == [None]  # delivered: the handler sees the object gone
 
 
 def test_a_key_of_a_cached_object_dropped_at_the_fence_leaves_no_tombstone() -> None:
     c, informer, shards = sharded(lambda **_: None)
     informer.writer.upsert(cm("a", uid=uid_in(shards, 1)))
-    run(c._process([KEY]))
-    assert c.unowned == 1 and c._tombstones == {}  # its next owner lists it
+    run(c.process([KEY]))
+    assert c.unowned == 1 and c.gate.book.tombstones == {}  # its next owner lists it
 
 
 def test_a_gained_range_queues_every_cached_object_of_it(caplog: pytest.LogCaptureFixture) -> None:
@@ -1059,7 +1056,7 @@ def test_the_shard_is_on_every_reconcile_log_line(caplog: pytest.LogCaptureFixtu
     own(shards, 2)
     informer.writer.upsert(cm("a", uid=uid_in(shards, 2)))
     with caplog.at_level(logging.INFO):
-        run(c._process([KEY]))
+        run(c.process([KEY]))
     assert [r.kv["shard"] for r in caplog.records if r.getMessage() == "hello"] == ["2/4"]  # type: ignore[attr-defined]
 
 
@@ -1074,17 +1071,17 @@ def test_a_sharded_controller_forgets_the_uids_of_keys_whose_range_was_released(
     informer = FakeInformer()
     shards = ShardSet("configmaps", 4, "uid", [])
     c = Controller(registry.registrations[0], CM, [Source((informer,), enqueue_self, primary=True)], FakeContext(), shards=shards)  # type: ignore[arg-type]
-    on_event = c._subscriber(c.sources[0], informer)  # type: ignore[arg-type]
+    on_event = c.subscriber(c.sources[0], informer)  # type: ignore[arg-type]
     for name in ("a", "b", "c"):
         obj = cm(name, uid=f"uid-{name}")
         on_event(*informer.writer.upsert(obj))
-    assert c._uids == {Request("ns", n): f"uid-{n}" for n in "abc"}
+    assert c.gate.book.uids == {Request("ns", n): f"uid-{n}" for n in "abc"}
     informer.writer.delete(Request("ns", "a"))  # left with its range: no event
     informer.writer.delete(Request("ns", "b"))
     assert c.forget(informer, [Request("ns", "a"), Request("ns", "b"), Request("ns", "c")]) == 2
-    assert c._uids == {Request("ns", "c"): "uid-c"}  # still cached: kept
+    assert c.gate.book.uids == {Request("ns", "c"): "uid-c"}  # still cached: kept
     assert c.forget(FakeInformer(), [Request("ns", "c")]) == 0  # not a primary informer of this controller
-    assert c._uids == {Request("ns", "c"): "uid-c"}
+    assert c.gate.book.uids == {Request("ns", "c"): "uid-c"}
 
 
 # -- typed handlers (obj: Model): an invalid object is skipped, reported once per resourceVersion --
@@ -1113,7 +1110,7 @@ def test_a_typed_handler_gets_its_model() -> None:
     seen: list[Any] = []
     c, informer, _ = make_typed(seen)
     informer.writer.upsert({**cm(), "data": {"a": "1"}})
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert seen == [(declop.Phase.UPDATED, Counts.model_validate({**cm(), "data": {"a": 1}}))]
     assert isinstance(seen[0][1], Counts)
 
@@ -1122,8 +1119,8 @@ def test_an_invalid_object_is_skipped_reported_once_per_resource_version_and_nev
     seen: list[Any] = []
     c, informer, clock = make_typed(seen)
     informer.writer.upsert({**cm(), "data": {"a": "one"}})
-    run(c._process([KEY]))
-    run(c._process([KEY]))  # the same resourceVersion again (a resync, a child's event)
+    run(c.process([KEY]))
+    run(c.process([KEY]))  # the same resourceVersion again (a resync, a child's event)
     assert seen == [] and c.queue.num_requeues(KEY) == 0
     clock.advance(10_000)
     assert queued(c) == []  # nothing waits: not retried
@@ -1131,18 +1128,18 @@ def test_an_invalid_object_is_skipped_reported_once_per_resource_version_and_nev
         ("1", "data.a: Input should be a valid integer, unable to parse string as an integer")
     ]
     informer.writer.upsert({**cm(resourceVersion="2"), "data": {"a": "two"}})
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert [r["resourceVersion"] for r in reports(caplog)] == ["1", "2"]
     informer.writer.upsert({**cm(resourceVersion="3"), "data": {"a": "3"}})
-    run(c._process([KEY]))
-    assert [phase for phase, _ in seen] == [declop.Phase.UPDATED] and c._invalid == {}
+    run(c.process([KEY]))
+    assert [phase for phase, _ in seen] == [declop.Phase.UPDATED] and c.keys.invalid == {}
 
 
 def test_an_invalid_new_object_never_gets_our_finalizer() -> None:
     seen: list[Any] = []
     c, informer, _ = make_typed(seen, finalizer="x.io/f")
     informer.writer.upsert({**cm(), "data": {"a": "one"}})
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert seen == [] and c.ctx.transport.calls == []  # type: ignore[attr-defined]
 
 
@@ -1150,7 +1147,7 @@ def test_an_invalid_object_being_deleted_keeps_our_finalizer_and_says_how_to_unb
     seen: list[Any] = []
     c, informer, _ = make_typed(seen, finalizer="x.io/f")
     informer.writer.upsert({**cm(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=["x.io/f"]), "data": {"a": "one"}})
-    run(c._process([KEY]))
+    run(c.process([KEY]))
     assert seen == [] and c.ctx.transport.calls == []  # type: ignore[attr-defined]
     waits = [r.__dict__["kv"] for r in caplog.records if r.getMessage().startswith("Deletion waits")]
     assert [(w["finalizer"], w["command"]) for w in waits] == [("x.io/f", "kubectl edit configmaps a -n ns")]

@@ -1,4 +1,4 @@
-"""declop.reconcile.fence and the controller's fenced writes: once a call has started, every write
+"""declop.reconcile._fence and the controller's fenced writes: once a call has started, every write
 made for it — the handler's own through its client, our finalizer add and release — is checked
 against the call's Lease just before it is sent (the leader Lease, or the Lease of its range;
 draining does not fence). A refused write raises ``declop.Fenced``, nothing is sent, and the
@@ -26,9 +26,9 @@ from declop.kube.keys import Request
 from declop.leases.shards import ShardSet
 from declop.queue.ratelimit import ItemExponential
 from declop.queue.workqueue import WorkQueue
-from declop.reconcile.call import ControllerMetrics
+from declop.reconcile.controller import ControllerMetrics
 from declop.reconcile.controller import Controller, Source
-from declop.reconcile.fence import lease_of, write_fence
+from declop.reconcile._fence import lease_of
 from declop.reconcile.mapping import enqueue_self
 
 CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
@@ -89,12 +89,15 @@ class Elector:
         return self.is_leader and self.open
 
 
-def make(handler: Any, *, finalizer: str | None = None, fence: Callable[[], bool] | None = None) -> tuple[Controller, Informer]:
+def make(
+    handler: Any, *, finalizer: str | None = None, fence: Callable[[], bool] | None = None,
+    shards: Callable[[str], ShardSet] | None = None,
+) -> tuple[Controller, Informer]:
     registry = declop.registry.Registry()
     registry.reconciler("configmaps", finalizer=finalizer)(handler)
     reg = registry.registrations[0]
     informer = Informer()
-    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], Context(), metrics=Metrics(), fence=fence)  # type: ignore[arg-type]
+    c = Controller(reg, CM, [Source((informer,), enqueue_self, primary=True)], Context(), metrics=Metrics(), fence=fence, shards=shards and shards(reg.name))  # type: ignore[arg-type]
     c.queue = WorkQueue(name=reg.name, rate_limiter=ItemExponential(), clock=FakeClock())
     return c, informer
 
@@ -106,7 +109,7 @@ def cm(name: str = "a", **meta: Any) -> dict[str, Any]:
 def process(c: Controller, keys: list[Request]) -> None:
     async def go() -> None:
         c.ctx.loop = asyncio.get_running_loop()
-        await c._process(keys)
+        await c.process(keys)
 
     asyncio.run(go())
 
@@ -242,7 +245,7 @@ def test_each_call_of_a_batch_writes_under_its_own_fence_and_none_leaks_after_it
 
     async def go() -> Any:
         c.ctx.loop = asyncio.get_running_loop()
-        await c._process(keys)
+        await c.process(keys)
         return await asyncio.get_running_loop().run_in_executor(None, fencing.current)
 
     after = asyncio.run(go())
@@ -308,9 +311,10 @@ def test_a_fenced_cleanup_that_returned_normally_does_not_release_the_finalizer(
 
 
 def sharded(handler: Any) -> tuple[Controller, Informer, ShardSet]:
-    c, informer = make(handler)
-    shards = ShardSet(c.name, 4, "uid", [Elector(f"ops-widgets-shard-{i}-of-4", is_leader=False) for i in range(4)])  # type: ignore[misc]
-    c.shards, c._uids = shards, {}
+    electors = [Elector(f"ops-widgets-shard-{i}-of-4", is_leader=False) for i in range(4)]
+    c, informer = make(handler, shards=lambda name: ShardSet(name, 4, "uid", electors))  # type: ignore[arg-type]
+    assert c.shards is not None
+    shards = c.shards
     return c, informer, shards
 
 
@@ -350,11 +354,11 @@ def test_a_sharded_call_is_fenced_by_its_own_range_s_lease() -> None:
     c, informer, shards = sharded(lambda **_: None)
     for e in shards.electors:
         e.is_leader = True
-    call_fence = write_fence(c, KEY, 3)
+    call_fence = c.gate.write_fence(KEY, 3)
     assert call_fence is not None and call_fence.lease == "ops/ops-widgets-shard-3-of-4"
     assert call_fence.valid() is True
     shards.electors[3].open = False  # type: ignore[attr-defined]
-    assert call_fence.valid() is False and write_fence(c, KEY, 2).valid() is True  # type: ignore[union-attr]
+    assert call_fence.valid() is False and c.gate.write_fence(KEY, 2).valid() is True  # type: ignore[union-attr]
 
 
 def test_the_leader_fence_names_the_elector_s_lease() -> None:
@@ -363,4 +367,4 @@ def test_the_leader_fence_names_the_elector_s_lease() -> None:
     assert lease_of(lambda: True) == "of the leader"
     assert lease_of(None) == "of the leader"
     c, _ = make(lambda **_: None)
-    assert write_fence(c, KEY, -1) is None, "no Lease: nothing to check"
+    assert c.gate.write_fence(KEY, -1) is None, "no Lease: nothing to check"

@@ -221,19 +221,18 @@ def test_a_range_lost_and_retaken_delivers_the_deletions_it_dropped_at_its_fence
     # 8.3 s and loses range 0; the deletion of ns-d/w059 (t=47.4) reaches it once the partition
     # heals, is dropped at its fence, and r2 takes the range back — listing it, the object is
     # gone. Without the tombstones (checked below) that deletion never reaches a handler.
-    from declop.reconcile import controller, fence
+    from declop.reconcile._keys import ShardBook
 
     world = World(mode="sharded", finalizer=False)
     result = run(world, seed=18)
     assert result.ok, result.report()
-    real = fence.owned
+    real = ShardBook.refused
 
-    def forgetful(c: Any, keys: Any, ranges: Any) -> Any:
-        kept = real(c, keys, ranges)
-        c._tombstones.clear()
-        return kept
+    def forgetful(book: Any, key: Any, index: Any, cached: bool) -> None:
+        real(book, key, index, cached)
+        book.tombstones.clear()
 
-    monkeypatch.setattr(controller, "owned", forgetful)
+    monkeypatch.setattr(ShardBook, "refused", forgetful)
     without = run(world, seed=18)
     assert [v.invariant for v in without.violations][:1] == ["I4"], without.report()
     assert "ns-d/w059" in without.violations[0].detail

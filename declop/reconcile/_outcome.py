@@ -1,36 +1,24 @@
-"""Outcome: how a reconcile ends — the one place where outcomes become queue operations.
+"""Outcome: how a reconcile ends — the outcome table as data, and the end of each call.
 
-Owns the outcome table (:func:`settle`), the end of each call (:func:`complete`: counts, the
-overrun warning, metrics, the recent-reconciles log, ``queue.done()``), the release of our
-finalizer after a successful ``DELETING`` call (:func:`finish`) and the terminal error for a
-handler's return value that is no outcome (:func:`invalid_outcome`).
+The outcome table is :class:`Verdict` (the ``result`` label of the reconcile metrics) and
+:data:`QUEUE` (each verdict's queue operations): :func:`classify` is the pure first-match
+classification of what a call returned or raised, :func:`apply` the one step that turns a
+verdict into queue operations, :func:`settle` both with the log line each row asks for. The
+table users read is docs/contract.md §3 (a test checks it against :class:`Verdict`).
 
-The outcome table (:func:`settle`; the first row that matches):
-
-==========================================  ========================================================
-the call…                                   the queue… (the ``result`` label)
-==========================================  ========================================================
-had a write refused (``Fenced``)            ``forget``: not retried here, no backoff — the Lease's
-                                            new owner reconciles the key; one WARNING naming the
-                                            Lease and the refused request (``fenced``); also when
-                                            the handler caught ``Fenced`` and returned
-failed its typed model (``InvalidObject``)  ``forget``: not retried, the handler was not called; one
-                                            WARNING per resourceVersion naming the fields, and a
-                                            Warning Event ``InvalidObject`` on the object
-                                            (``terminal_error``)
-raised ``TerminalError``                    ``forget``: not retried; logged with traceback
-                                            (``terminal_error``)
-returned neither ``None`` nor a ``Result``  the same, with an ``InvalidResult`` naming the type
-raised ``Conflict``                         ``add_rate_limited``; logged at info (``error``)
-raised any other exception                  ``add_rate_limited``; logged with traceback (``error``)
-returned ``Result(requeue_after=s)``, s>0   ``forget``, then ``add_after(s)`` (``requeue_after``)
-returned ``None`` or ``Result()``           ``forget``: done until the next event (``success``)
-==========================================  ========================================================
+Also owns the end of each call (:func:`complete`: counts, the overrun warning, metrics, the
+recent-reconciles log, ``queue.done()``), the release of our finalizer after a successful
+``DELETING`` call (:func:`finish`) and the terminal error for a handler's return value that is no
+outcome (:func:`invalid_outcome`).
 
 Invariants:
-- :func:`settle` is the only place where outcomes become queue operations; every delayed add it
-  makes is noted (``retry`` with the error's type, or ``requeue_after``), for the trigger of the
-  run it causes;
+- an outcome becomes queue operations only in :func:`apply` — through :func:`settle`, or
+  :func:`retry` for the keys of a batch a framework error interrupted. A worker's other queue
+  operations are not outcomes: ``done()`` of every key it took, ``give_back()`` of a stalled
+  batch's keys (:mod:`declop.reconcile._run`), and ``done()`` of keys dropped at a fence or at
+  shutdown;
+- every delayed add :func:`apply` makes is noted (``retry`` with the error's type, or
+  ``requeue_after``), for the trigger of the run it causes;
 - every call that is settled ends with exactly one ``queue.done()`` (:func:`complete`);
 - our finalizer is released only after a ``DELETING`` call succeeded (no error, a valid outcome),
   never for a stale copy; a failed release is the call's error (retried with backoff), and the
@@ -38,31 +26,111 @@ Invariants:
 - a call with a fenced write (:mod:`declop.kube.fencing`) is settled as fenced — one WARNING,
   no retry, no finalizer release — even when the handler caught the exception and returned;
 - an invalid outcome is named by its type and the key, never by its contents (it may be a Secret);
-- an object that fails the handler's typed model (``obj: Widget``) is skipped until a new
-  resourceVersion: no retry, no backoff. The next event (a fix) validates it again. An object
-  being deleted (``DELETING``, our finalizer on it) that fails validation keeps our finalizer —
-  cleanup code never runs on data it cannot read — and the WARNING says so and how to unblock
-  it: fix the object, or remove the finalizer by hand (``kubectl patch``). Deletion is held, loudly,
-  never silently.
+- an object that fails the handler's typed model is skipped until a new resourceVersion: no
+  retry, no backoff. One being deleted keeps our finalizer — cleanup code never runs on data it
+  cannot read — and the WARNING says how to unblock it (fix the object, or remove the finalizer
+  by hand). Deletion is held, loudly, never silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult, TerminalError
 from declop.hints import returned_dict
 from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
-from declop.reconcile.call import Call, ControllerState
-from declop.reconcile.filters import ident, own_write
+from declop.queue.workqueue import WorkQueue
+from declop.reconcile._call import Call, ControllerState
+from declop.reconcile._keys import KeyNotes
+from declop.reconcile._preparation import own_write
 from declop.reconcile.finalizers import release_finalizer
 from declop.reconcile.result import Phase, Result, describe
 
-__all__ = ["complete", "finish", "invalid_outcome", "settle", "was_fenced"]
+__all__ = [
+    "QUEUE", "Verdict", "apply", "classify", "complete", "finish", "invalid_outcome", "retry", "settle", "was_fenced",
+]
+
+
+class Verdict(enum.Enum):
+    """How a reconcile ended. The values are the ``result`` label of the reconcile metrics."""
+
+    SUCCESS = "success"  # returned None or Result() (requeue_after 0 or None)
+    ERROR = "error"  # raised: retried with per-key backoff (a Conflict quietly)
+    REQUEUE_AFTER = "requeue_after"  # returned Result(requeue_after=s), s > 0: again after s seconds
+    TERMINAL_ERROR = "terminal_error"  # TerminalError, an invalid outcome, an object failing its model
+    FENCED = "fenced"  # a write was refused by its Lease: left to the Lease's new owner
+
+
+#: the queue operations of each verdict, in order (what :func:`apply` does)
+QUEUE: dict[Verdict, tuple[str, ...]] = {
+    Verdict.SUCCESS: ("forget",),
+    Verdict.ERROR: ("add_rate_limited",),
+    Verdict.REQUEUE_AFTER: ("forget", "add_after"),
+    Verdict.TERMINAL_ERROR: ("forget",),
+    Verdict.FENCED: ("forget",),
+}
+
+_SUCCESS = (Verdict.SUCCESS, 0.0)
+_ERROR = (Verdict.ERROR, 0.0)
+_TERMINAL = (Verdict.TERMINAL_ERROR, 0.0)
+_FENCED = (Verdict.FENCED, 0.0)
+
+
+def classify(outcome: Any, error: BaseException | None) -> tuple[Verdict, float]:
+    """The outcome table, first matching row: the verdict of a call that returned ``outcome`` or
+    raised ``error`` (an invalid outcome already made an error: :func:`invalid_outcome`), and its
+    delay — ``requeue_after``'s seconds; 0 otherwise (a retry's is the rate limiter's)."""
+    if error is not None:
+        if isinstance(error, Fenced):
+            return _FENCED
+        if isinstance(error, (InvalidObject, TerminalError)):
+            return _TERMINAL  # not retried; controller-runtime's result labels have no other
+        return _ERROR
+    if isinstance(outcome, Result) and outcome.requeue_after:
+        # only a positive delay requeues: 0 is plain success, as in controller-runtime
+        return Verdict.REQUEUE_AFTER, outcome.requeue_after
+    return _SUCCESS
+
+
+def apply(
+    queue: WorkQueue[Request], notes: KeyNotes, key: Request, verdict: Verdict, delay: float, error: BaseException | None
+) -> None:
+    """Turn ``verdict`` into :data:`QUEUE`'s operations on ``key``, noting the cause of each
+    delayed add for the run it causes."""
+    if verdict is Verdict.ERROR:
+        queue.add_rate_limited(key)
+        notes.delay(key, "retry", "Conflict" if isinstance(error, Conflict) else type(error).__name__)
+        return
+    queue.forget(key)
+    if verdict is Verdict.REQUEUE_AFTER:
+        queue.add_after(key, delay)
+        notes.delay(key, "requeue_after", None)
+
+
+def report(logger: ReconcileLogger, verdict: Verdict, error: BaseException | None) -> None:
+    """The log line of each row of the table (none for a success)."""
+    if verdict is Verdict.SUCCESS or verdict is Verdict.REQUEUE_AFTER:
+        return
+    if verdict is Verdict.FENCED:
+        logger.warning("Write fenced; the call ended and the key is left to the Lease's new owner", error=str(error))
+    elif isinstance(error, InvalidObject):
+        if error.report:
+            logger.warning(
+                "Object fails its model; skipped until it changes",
+                resourceVersion=error.resource_version,
+                errors="; ".join(error.problems),
+            )
+    elif verdict is Verdict.TERMINAL_ERROR:
+        logger.error("Reconciler error (terminal, not retried)", exc_info=error)
+    elif isinstance(error, Conflict):
+        logger.info("Conflict, requeueing", error=str(error))
+    else:
+        logger.error("Reconciler error", exc_info=error)
 
 
 def settle(
@@ -73,49 +141,22 @@ def settle(
     logger: ReconcileLogger,
     seconds: float,
 ) -> str:
-    """The outcome table of design §2 — the one place outcomes become queue operations.
-    Returns the result (the ``result`` label of the reconcile metrics)."""
-    queue = c.queue
+    """Classify the outcome, log it, apply it to the queue and count it. Returns the result (the
+    ``result`` label of the reconcile metrics)."""
     if error is None:
         error = invalid_outcome(c.name, key, outcome)
-    if isinstance(error, Fenced):
-        logger.warning("Write fenced; the call ended and the key is left to the Lease's new owner", error=str(error))
-        queue.forget(key)
-        result = "fenced"
-    elif isinstance(error, InvalidObject):
-        if error.report:
-            logger.warning(
-                "Object fails its model; skipped until it changes",
-                resourceVersion=error.resource_version,
-                errors="; ".join(error.problems),
-            )
-        queue.forget(key)
-        result = "terminal_error"  # not retried; controller-runtime's result labels have no other
-    elif isinstance(error, TerminalError):
-        logger.error("Reconciler error (terminal, not retried)", exc_info=error)
-        queue.forget(key)
-        result = "terminal_error"
-    elif isinstance(error, Conflict):
-        logger.info("Conflict, requeueing", error=str(error))
-        queue.add_rate_limited(key)
-        c._delayed[key] = ("retry", "Conflict")
-        result = "error"
-    elif error is not None:
-        logger.error("Reconciler error", exc_info=error)
-        queue.add_rate_limited(key)
-        c._delayed[key] = ("retry", type(error).__name__)
-        result = "error"
-    elif isinstance(outcome, Result) and outcome.requeue_after:
-        # only a positive delay requeues: 0 is plain success, as in controller-runtime
-        queue.forget(key)
-        queue.add_after(key, outcome.requeue_after)
-        c._delayed[key] = ("requeue_after", None)
-        result = "requeue_after"
-    else:
-        queue.forget(key)
-        result = "success"
+    verdict, delay = classify(outcome, error)
+    report(logger, verdict, error)
+    apply(c.queue, c.keys, key, verdict, delay, error)
+    result = verdict.value
     c.metrics.reconciled(c.name, result, seconds)
     return result
+
+
+def retry(c: ControllerState, keys: Iterable[Request], error: BaseException) -> None:
+    """A framework error interrupted the batch of ``keys``: each is retried with backoff."""
+    for key in keys:
+        apply(c.queue, c.keys, key, Verdict.ERROR, 0.0, error)
 
 
 def invalid_outcome(controller: str, key: Request, outcome: Any) -> InvalidResult | None:
@@ -147,16 +188,17 @@ def complete(c: ControllerState, call: Call) -> None:
     """Settle the outcome and mark the key done."""
     if call.fence is not None:
         was_fenced(call)
-    if c._uids is not None and call.obj is None:
-        c._uids.pop(call.key, None)  # gone: its next event (a new object) brings a new uid
+    book = c.gate.book
+    if book is not None and call.obj is None:
+        book.gone(call.key)
     error = call.error
     bad = error if error is not None and isinstance(error, InvalidObject) else None
-    if bad is None and c._invalid:
-        c._invalid.pop(call.key, None)  # valid again, or gone
+    if bad is None and c.keys.invalid:
+        c.keys.valid(call.key)  # valid again, or gone
     if call.called:
         c.reconciles += 1
-        if c._created:
-            c._created.discard(call.key)
+        if c.echoes.added:
+            c.echoes.ran(call.key)
         timeout = c.registration.timeout
         if timeout is not None and call.ran > timeout:  # a plain handler (a thread cannot be killed)
             c.metrics.timed_out(c.name, "overrun")
@@ -239,12 +281,12 @@ async def _release(c: ControllerState, call: Call) -> None:
     finalizer = c.registration.finalizer
     assert finalizer is not None and call.obj is not None
     uid = (call.obj.get("metadata") or {}).get("uid")
-    latest = c._lookup(call.key)
+    latest = c.primary.get(call.key)
     base = latest if latest is not None and (latest.get("metadata") or {}).get("uid") == uid else call.obj
     token = enter(call.fence)  # the release is a write of this call
     try:
         await own_write(c, call.key, base, lambda: release_finalizer(c.ctx.transport, c.resource, base, finalizer))
     finally:
         leave(token)
-    if uid and c._lookup(call.key) is not None:  # (its deletion event pops it)
-        c._released[ident(call.obj)] = uid
+    if uid and c.primary.get(call.key) is not None:  # (its deletion event pops it)
+        c.echoes.release(call.obj, uid)

@@ -1,16 +1,11 @@
-"""Filters: which events of the primary resource carry news — and our own finalizer writes,
-which must not.
+"""Filters: which events of the primary resource carry news.
 
 Owns the questions the controller's subscriber asks of an update before the predicates
-(:func:`is_our_echo`, :func:`finalizer_work`) and before choosing its priority
-(:func:`only_churn`), and :func:`own_write`, which runs each finalizer patch of ours and notes the
-resourceVersion it produced, so that the echo filter knows it.
+(:func:`finalizer_work`; our own finalizer echoes are
+:meth:`~declop.reconcile._keys.FinalizerWrites.is_echo`'s) and before choosing its priority
+(:func:`only_churn`), and :func:`only_our_finalizer`, the shape of our echo.
 
 Invariants:
-- the echo filter drops an event only when its resourceVersion is one our own finalizer patch
-  produced *and* it differs from the previous state by our finalizer alone (an event that arrives
-  while the patch is in flight is held until the answer tells whose it was: those that were not
-  ours are enqueued then);
 - the finalizer protocol does not depend on predicates: our finalizer taken off a live object
   (it is added back before a delete can skip the cleanup) and the start of the deletion of an
   object that carries it always enqueue the key;
@@ -21,63 +16,15 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-from declop.kube.keys import Request
-from declop.reconcile.call import ControllerState
-
-__all__ = ["finalizer_work", "ident", "is_our_echo", "only_churn", "only_our_finalizer", "own_write"]
+__all__ = ["finalizer_work", "ident", "only_churn", "only_our_finalizer"]
 
 
 def ident(obj: Any) -> tuple[str | None, str]:
     """``(namespace, name)`` of ``obj``: the key of the echo filter's maps."""
     meta = obj.get("metadata") or {}
     return meta.get("namespace"), meta.get("name") or ""
-
-
-async def own_write(c: ControllerState, key: Request, obj: Any, write: Callable[[], Awaitable[Any]]) -> Any:
-    """Run one finalizer patch of ours on ``obj`` and note what it produced, so that the echo
-    filter drops its event and nothing else. Events that looked like it and arrived while it
-    was in flight were held: those that were not ours are enqueued now."""
-    key_of = ident(obj)
-    c._writing[key_of] = []
-    written: Any = None
-    try:
-        written = await write()
-        return written
-    finally:
-        held = c._writing.pop(key_of, [])
-        meta = written.get("metadata") if isinstance(written, dict) and written is not obj else None
-        rv = meta.get("resourceVersion") if meta else None
-        if rv and rv not in held and c._lookup(key) is not None:
-            c._own_writes[key_of] = rv  # its event is still to come
-        if any(r != rv for r in held):
-            c.queue.add(key)  # someone else's change: it must be reconciled
-            c._trace(key).note("updated", next(r for r in held if r != rv))
-
-
-def is_our_echo(
-    own_writes: dict[tuple[str | None, str], str],
-    writing: dict[tuple[str | None, str], list[str]],
-    old: Any,
-    new: Any,
-    finalizer: str,
-) -> bool:
-    """``new`` is the object one of our finalizer patches produced and nothing else changed — or
-    it may be (a patch of that object is in flight and only our finalizer changed): then its
-    resourceVersion is held for :func:`own_write` to decide, and True is returned."""
-    key_of = ident(new)
-    rv: str | None = (new.get("metadata") or {}).get("resourceVersion")
-    held = writing.get(key_of) if writing else None
-    if held is not None:
-        if not only_our_finalizer(old, new, finalizer):
-            return False
-        held.append(rv or "")
-        return True
-    if own_writes.get(key_of) != rv or rv is None:
-        return False
-    del own_writes[key_of]
-    return only_our_finalizer(old, new, finalizer)
 
 
 def finalizer_work(old: Any, new: Any, finalizer: str) -> bool:

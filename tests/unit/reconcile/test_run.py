@@ -1,4 +1,4 @@
-"""The plain handler's thread hop (:func:`declop.reconcile.call.hand_off`): the thread wakes the
+"""The plain handler's thread hop (:func:`declop.reconcile._run.hand_off`): the thread wakes the
 loop itself, and cancellation still flows both ways as it did through ``asyncio.wrap_future``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from declop.reconcile.call import hand_off, returned
+from declop.reconcile._run import hand_off, returned
 
 
 def test_the_waiter_ends_once_the_function_returned_and_carries_its_exception() -> None:

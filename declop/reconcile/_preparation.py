@@ -23,10 +23,14 @@ Invariants:
 - a typed handler's object is validated before our finalizer is added (an object that fails
   validation never gets it) and again when its view is built; a failure is the call's
   :class:`~declop.errors.InvalidObject`, marked ``report`` only the first time for its
-  resourceVersion (``c._invalid``), and the handler is not called;
-- per key: one :class:`~declop.reconcile.call.Call`, one logger, one client, one write fence
-  under a Lease (:func:`~declop.reconcile.fence.write_fence`; our finalizer patch is checked
-  against it too), and no await unless our finalizer is added.
+  resourceVersion (:meth:`~declop.reconcile._keys.KeyNotes.first_report`), and the handler is
+  not called;
+- per key: one :class:`~declop.reconcile._call.Call`, one logger, one client, one write fence
+  under a Lease (:meth:`~declop.reconcile._fence.Gate.write_fence`; our finalizer patch is
+  checked against it too), and no await unless our finalizer is added;
+- each finalizer patch of ours goes through :func:`own_write`, which tells
+  :class:`~declop.reconcile._keys.FinalizerWrites` what it produced (so the echo filter drops its
+  event and nothing else) and enqueues the key when an event held meanwhile was someone else's.
 """
 
 from __future__ import annotations
@@ -34,21 +38,38 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from declop.errors import InvalidObject
 from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
-from declop.logs import ReconcileLogger
-from declop.reconcile.call import Call, ControllerState
+from declop.logs import ReconcileLogger, trigger_in_context
+from declop.reconcile._call import Call, ControllerState
+from declop.reconcile._fence import FENCED
 from declop.reconcile.client import AsyncClient, Client
-from declop.reconcile.fence import write_fence
-from declop.reconcile.filters import ident, own_write
 from declop.reconcile.finalizers import ensure_finalizer
 from declop.reconcile.result import Phase, phase_of
-from declop.reconcile.trigger import Trace
 
-__all__ = ["add_finalizer", "invalid", "prepare", "stale"]
+__all__ = ["add_finalizer", "invalid", "own_write", "prepare", "prepare_all"]
+
+
+async def prepare_all(c: ControllerState, keys: list[Request], ranges: dict[Request, int], calls: list[Call]) -> None:
+    """Prepare ``keys`` (a worker's, past :meth:`~declop.reconcile._fence.Gate.owned`) into
+    ``calls``, in order, our finalizer added where a call needs it. Before each key's
+    preparation (and its finalizer write) the gate is asked: a closed leader fence stops the rest
+    (their keys end with done()). Shutdown and a range refused meanwhile stop a call just before
+    it starts, not here."""
+    gate = c.gate
+    log_trigger = trigger_in_context()
+    freeze = log_trigger or c.registration.wants_trigger or c.recent is not None
+    for key in keys:
+        if gate.may_start(ranges[key] if ranges else -1, True) == FENCED:
+            gate.closed(len(keys) - len(calls))
+            break
+        call = prepare(c, key, ranges, freeze, log_trigger)
+        if call.add_finalizer:  # CREATED: our finalizer first
+            await add_finalizer(c, call)
+        calls.append(call)
 
 
 def prepare(
@@ -59,45 +80,36 @@ def prepare(
     ``ranges`` holds the key's range in sharded mode; ``freeze``: someone reads its trigger
     (``log_trigger``: the log context does)."""
     call = Call(key, time.monotonic(), str(uuid.uuid4()))
-    trace = c._traces.pop(key, None)
-    if trace is None:
-        trace = Trace()
-    delayed = c._delayed
-    if delayed and key in delayed and not c.queue.is_waiting(key):
-        why, detail = delayed.pop(key)  # its delayed add is due: this run serves it
-        trace.note(why, None, detail)
-    call.trace = trace
+    call.trace = trace = c.keys.take(key, c.queue)
     context = {"controller": c.name, "namespace": key.namespace, "name": key.name, "reconcileID": call.reconcile_id}
-    shards = c.shards
+    gate = c.gate
+    shards = gate.shards
     if shards is not None:
         call.shard = ranges[key]
         context["shard"] = f"{call.shard}/{shards.n}"
-    if shards is not None or c.fence is not None:
-        call.fence = write_fence(c, key, call.shard)
+    if shards is not None or gate.leader is not None:
+        call.fence = gate.write_fence(key, call.shard)
     if freeze:
         call.trigger = trace.freeze()
         if log_trigger:
             context["trigger"] = str(call.trigger)
-    call.logger = ReconcileLogger(c._log, context)
-    if log_trigger and c._log.isEnabledFor(logging.DEBUG):
+    call.logger = ReconcileLogger(c.log, context)
+    if log_trigger and c.log.isEnabledFor(logging.DEBUG):
         call.logger.debug("Reconciling")
     try:
         reg = c.registration
         finalizer = reg.finalizer
-        obj = c._lookup(key)
-        call.phase = phase_of(obj, finalizer)
-        if call.phase is Phase.DELETING and c._released and stale(c, obj):
+        obj = c.primary.get(key)
+        call.phase = phase = phase_of(obj, finalizer)
+        echoes = c.echoes
+        if phase is Phase.DELETING and echoes.stale(obj, finalizer):
             call.stale = call.finished = True  # its cleanup already succeeded: the cache lags
             return call
-        created = c._created
-        if created and key in created:
+        if echoes.added and echoes.created(key, phase is Phase.UPDATED or phase is Phase.CREATED):
             # a CREATED call was given back after we added the finalizer: it is still
             # CREATED (whether the cache shows our finalizer yet or not) until it runs
-            if call.phase is Phase.UPDATED or call.phase is Phase.CREATED:
-                call.phase = Phase.CREATED
-            else:
-                created.discard(key)  # being deleted, or gone
-        elif call.phase is Phase.CREATED and finalizer is not None:
+            call.phase = Phase.CREATED
+        elif phase is Phase.CREATED and finalizer is not None:
             if reg.model is not None:
                 reg.view(obj)  # validated before the finalizer: an invalid object never gets it
             call.add_finalizer = True  # persisted before the handler can cause side effects
@@ -118,9 +130,7 @@ def prepare(
 
 def invalid(c: ControllerState, key: Request, exc: InvalidObject) -> None:
     """Mark ``exc`` to be reported only if its resourceVersion was not reported for ``key``."""
-    seen = c._invalid.get(key)
-    exc.report = seen != exc.resource_version
-    c._invalid[key] = exc.resource_version
+    exc.report = c.keys.first_report(key, exc.resource_version)
 
 
 async def add_finalizer(c: ControllerState, call: Call) -> None:
@@ -150,13 +160,22 @@ async def add_finalizer(c: ControllerState, call: Call) -> None:
 def arguments(c: ControllerState, call: Call, obj: Any) -> dict[str, Any]:
     """The handler's keyword arguments for ``call`` on ``obj``, with a client bound to its key."""
     reg, key = c.registration, call.key
-    client = (AsyncClient if reg.is_async else Client)(c.ctx, c.resource, key, c.name, c.own_stores)
+    client = (AsyncClient if reg.is_async else Client)(c.ctx, c.resource, key, c.name, c.primary.stores)
     return reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
 
 
-def stale(c: ControllerState, obj: Any) -> bool:
-    """``obj`` (being deleted) still shows our finalizer although we released it from this
-    very object: the cache has not caught up with our own write."""
-    meta = obj.get("metadata") or {}
-    uid = c._released.get(ident(obj))
-    return uid is not None and uid == meta.get("uid") and c.registration.finalizer in (meta.get("finalizers") or ())
+async def own_write(c: ControllerState, key: Request, obj: Any, write: Callable[[], Awaitable[Any]]) -> Any:
+    """Run one finalizer patch of ours on ``obj`` and note what it produced, so that the echo
+    filter drops its event and nothing else. Events that looked like it and arrived while it
+    was in flight were held: those that were not ours are enqueued now."""
+    echoes = c.echoes
+    echoes.begin(obj)
+    written: Any = None
+    try:
+        written = await write()
+        return written
+    finally:
+        theirs = echoes.end(obj, written, c.primary.get(key) is not None)
+        if theirs is not None:
+            c.queue.add(key)  # someone else's change: it must be reconciled
+            c.keys.trace(key).note("updated", theirs)

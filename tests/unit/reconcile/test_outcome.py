@@ -1,0 +1,105 @@
+"""The outcome table as data: declop.reconcile._outcome's Verdict, classify and apply, checked
+against each other, against the metric labels and against docs/contract.md §3."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import declop
+from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult
+from declop.kube.keys import Request
+from declop.reconcile._keys import KeyNotes
+from declop.reconcile._outcome import QUEUE, Verdict, apply, classify, invalid_outcome
+from declop.serving.metrics import RESULTS
+
+CONTRACT = Path(__file__).resolve().parents[3] / "docs" / "contract.md"
+KEY = Request("ns", "a")
+
+
+def contract_rows() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(the handler…, the result label, the queue operations) of each row of §3's table."""
+    text = CONTRACT.read_text()
+    section = text[text.index("## 3. Outcomes") : text.index("## 4. ")]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith("| the handler"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 3, line
+        label = re.fullmatch(r"`(\w+)`", cells[1])
+        assert label is not None, cells[1]
+        ops = re.findall(r"`(\w+)`", cells[2].split(":", 1)[0])
+        rows.append((cells[0], label.group(1), tuple(ops)))
+    return rows
+
+
+def test_the_contract_table_is_the_enum_and_its_queue_operations() -> None:
+    rows = contract_rows()
+    assert {label for _, label, _ in rows} == {v.value for v in Verdict}
+    for _, label, ops in rows:
+        assert QUEUE[Verdict(label)] == ops, label
+
+
+def test_the_metric_labels_are_the_verdicts() -> None:
+    assert set(RESULTS) == {v.value for v in Verdict}
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def forget(self, key: Request) -> None:
+        self.calls.append("forget")
+
+    def add_after(self, key: Request, seconds: float) -> None:
+        self.calls.append("add_after")
+
+    def add_rate_limited(self, key: Request) -> None:
+        self.calls.append("add_rate_limited")
+
+
+@pytest.mark.parametrize("verdict", list(Verdict))
+def test_apply_does_what_the_table_says(verdict: Verdict) -> None:
+    queue, notes = Recording(), KeyNotes()
+    apply(queue, notes, KEY, verdict, 5.0, RuntimeError("x"))  # type: ignore[arg-type]
+    assert tuple(queue.calls) == QUEUE[verdict]
+    delayed = {Verdict.ERROR: ("retry", "RuntimeError"), Verdict.REQUEUE_AFTER: ("requeue_after", None)}
+    assert notes.pending(KEY) == delayed.get(verdict)
+
+
+def test_a_conflict_is_noted_as_such() -> None:
+    notes = KeyNotes()
+    apply(Recording(), notes, KEY, Verdict.ERROR, 0.0, Conflict("409"))  # type: ignore[arg-type]
+    assert notes.pending(KEY) == ("retry", "Conflict")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error", "expected"),
+    [
+        (None, None, (Verdict.SUCCESS, 0.0)),
+        (declop.Result(), None, (Verdict.SUCCESS, 0.0)),
+        (declop.Result(requeue_after=0), None, (Verdict.SUCCESS, 0.0)),
+        (declop.Result(requeue_after=30), None, (Verdict.REQUEUE_AFTER, 30)),
+        (declop.Result(requeue_after=30), RuntimeError("x"), (Verdict.ERROR, 0.0)),
+        (None, Conflict("409"), (Verdict.ERROR, 0.0)),
+        (None, declop.TerminalError("bad"), (Verdict.TERMINAL_ERROR, 0.0)),
+        (None, InvalidResult("bad"), (Verdict.TERMINAL_ERROR, 0.0)),
+        (None, Fenced("refused"), (Verdict.FENCED, 0.0)),
+    ],
+)
+def test_classify_is_the_first_matching_row(outcome: Any, error: BaseException | None, expected: tuple[Verdict, float]) -> None:
+    assert classify(outcome, error) == expected
+
+
+def test_an_object_failing_its_model_is_terminal() -> None:
+    error = InvalidObject("7", ("spec.replicas: Input should be less than or equal to 10",))
+    assert classify(None, error) == (Verdict.TERMINAL_ERROR, 0.0)
+
+
+def test_an_outcome_that_is_no_outcome_is_terminal() -> None:
+    error = invalid_outcome("h", KEY, True)
+    assert isinstance(error, InvalidResult) and classify(True, error) == (Verdict.TERMINAL_ERROR, 0.0)
