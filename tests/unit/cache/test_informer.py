@@ -74,7 +74,7 @@ async def start(server: ListWatchServer, **kw: Any) -> tuple[Informer, Recorder]
     informer.subscribe(recorder)
     informer.start()
     await asyncio.wait_for(informer.synced.wait(), 15)
-    await until(lambda: not informer._emitting, what="the sync's changes emitted")
+    await until(lambda: not informer.listwatch.sync.emitting, what="the sync's changes emitted")
     return informer, recorder
 
 
@@ -704,7 +704,7 @@ def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
                 server.compact()
                 await until(lambda r=round_: informer.lists == r + 2, what="a relist")
             # a relist of more than a chunk of changes emits them with the collector paused too
-            await until(lambda: not informer._emitting, what="the last relist's changes emitted")
+            await until(lambda: not informer.listwatch.sync.emitting, what="the last relist's changes emitted")
             task.cancel()
             await holder.stop()
             assert gc.isenabled()
@@ -864,7 +864,7 @@ def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> Non
     async def scenario() -> None:
         informer = Informer(Recording(), resource, namespace="default", list_mode="paged")  # type: ignore[arg-type]
         for _ in range(20):
-            await informer._watch(initial=False, resource_version="7")
+            await informer.listwatch.watch(initial=False, resource_version="7")
 
     run(scenario())
     values = [int(params["timeoutSeconds"]) for params, _ in seen]

@@ -139,12 +139,13 @@ def test_set_shard_waits_for_a_sync_being_emitted() -> None:
     async def scenario() -> None:
         async with ListWatchServer() as server:
             informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
-            informer._emitting = 1  # as inside _emit_all
+            sync = informer.listwatch.sync
+            sync.emitting = 1  # as inside Sync.emit_all
             task = asyncio.ensure_future(informer.set_shard((HALVES[1],)))
             await asyncio.sleep(0.1)
             assert not task.done() and informer.shard.ranges == (HALVES[0],)
-            informer._emitting = 0
-            informer._calm.set()
+            sync.emitting = 0
+            sync.calm.set()
             await asyncio.wait_for(task, 5)
             assert informer.shard.ranges == (HALVES[1],)
 
