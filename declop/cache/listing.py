@@ -71,8 +71,8 @@ METADATA_KIND, METADATA_API_VERSION = "PartialObjectMetadata", "meta.k8s.io/v1"
 #: and the new store content is computed in steps of this many objects, yielding in between
 CHUNK = 1000
 
-#: changes a sync emits between two yields to the loop (a subscriber's work per change is tens
-#: of µs at 100k keys: a whole CHUNK at once is a long stall)
+#: changes a sync emits between two yields to the loop (each change costs its subscribers work:
+#: a whole CHUNK at once would stall the loop)
 EMIT_STEP = 250
 
 
