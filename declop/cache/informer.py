@@ -193,6 +193,18 @@ class Informer:
         return self.query.path
 
     @property
+    def list_mode(self) -> ListMode:
+        return self.listwatch.list_mode
+
+    @property
+    def page_size(self) -> int:
+        return self.listwatch.sync.page_size
+
+    @property
+    def min_watch_timeout(self) -> int:
+        return self.listwatch.min_watch_timeout
+
+    @property
     def idle_timeout(self) -> float:
         """Seconds of silence after which a watch is re-opened (the next watch's)."""
         return self.listwatch.idle_timeout
