@@ -131,7 +131,7 @@ class Informer:
         )
         self._task: asyncio.Task[None] | None = None
         self._resharding = asyncio.Lock()
-        # stats.lists when a range was last gained: a sync is owed while no sync completed since
+        # stats.lists at the last range change that needed a sync: one is owed until it moves on
         self._owed_at = -1
 
     # -- what it lists and watches, and its counters ---------------------------------------------

@@ -233,3 +233,25 @@ def test_a_transform_that_drops_the_uid_does_not_break_a_range_change() -> None:
                 await informer.stop()
 
     run(scenario())
+
+
+def test_a_sync_owed_to_a_gained_range_is_owed_until_one_completes() -> None:
+    """Where a range change leaves the list/watch loop: ranges only narrowed, a watch from the
+    store's resourceVersion; a range gained, a sync — still owed by a narrowing that comes
+    before that sync completes, no longer once it has."""
+    from declop.cache.watch import EMPTY, WATCHING
+    from declop.kube.discovery import ResourceInfo
+
+    resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+    quarters = split(4)
+
+    async def scenario() -> None:
+        informer = Informer(object(), resource, namespace="default", shard=ShardFilter("uid", quarters[:2]))  # type: ignore[arg-type]
+        await informer.listwatch.sync.replace([], "5", "paged")  # as after a first sync
+        assert not (await informer.set_shard(quarters[:1])).relisted and informer.listwatch.state == WATCHING
+        assert (await informer.set_shard(quarters[:3])).relisted and informer.listwatch.state == EMPTY
+        assert (await informer.set_shard(quarters[:2])).relisted, "only narrowed, but the gain's sync is owed"
+        await informer.listwatch.sync.replace([], "9", "paged")
+        assert not (await informer.set_shard(quarters[:1])).relisted and informer.listwatch.state == WATCHING
+
+    run(scenario())
