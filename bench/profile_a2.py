@@ -82,15 +82,15 @@ if "samples" in _exp:  # one compact sample of the loop thread every 5 ms while 
                 os.write(_out, f"SAMPLE {_tick[0]:.3f} {late * 1000:.0f} {' < '.join(parts)}\\n".encode())
     threading.Thread(target=_sample, daemon=True).start()
 if "nogc-list" in _exp:  # no cyclic GC while a LIST is decoded and stored (freeze follows anyway)
-    import declop.cache.informer as _inf
-    _list = _inf.Informer._list
+    import declop.cache.listing as _listing
+    _list = _listing.Sync.list
     async def _quiet_list(self):
         gc.disable()
         try:
             await _list(self)
         finally:
             gc.enable()
-    _inf.Informer._list = _quiet_list
+    _listing.Sync.list = _quiet_list
 """
 
 

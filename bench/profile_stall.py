@@ -29,6 +29,7 @@ import declop.cache.listing
 import declop.collector
 import declop.cache.watch
 from declop.cache.informer import Informer
+from declop.cache.listing import Sync
 from declop.testing.listwatch import ListWatchServer
 from declop.kube.transport import Transport
 
@@ -100,9 +101,9 @@ class Monitor:
 
 
 def _wrap_phases(marks: list[tuple[str, float]]) -> None:
-    """Time the informer's sync phases by wrapping its methods (declop itself is unchanged)."""
-    for name in ("_replace", "_emit_all"):
-        orig = getattr(Informer, name)
+    """Time the informer's sync phases by wrapping its Sync's methods (declop itself is unchanged)."""
+    for name in ("replace", "emit_all"):
+        orig = getattr(Sync, name)
         if asyncio.iscoroutinefunction(orig):
             async def wrapped(self: Any, *a: Any, __orig: Any = orig, __name: str = name) -> Any:
                 marks.append((f"{__name} start", asyncio.get_running_loop().time()))
@@ -117,7 +118,7 @@ def _wrap_phases(marks: list[tuple[str, float]]) -> None:
                     return __orig(self, *a)
                 finally:
                     marks.append((f"{__name} end", asyncio.get_running_loop().time()))
-        setattr(Informer, name, wrapped)
+        setattr(Sync, name, wrapped)
     orig = declop.collector.freeze
 
     def wrapped_f(*a: Any, __orig: Any = orig) -> Any:

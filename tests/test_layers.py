@@ -73,6 +73,7 @@ ORDER = [
     "cache",
     "cache.store",
     "cache.backoff",
+    "cache.stats",
     "cache.sharding",
     "cache.listing",
     "cache.watch",

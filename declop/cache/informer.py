@@ -1,21 +1,16 @@
 """Informer: keeps one :class:`~declop.cache.store.Store` in sync with the apiserver by list + watch.
 
 One informer per (resource, namespace, label selector), shared by every controller that needs it
-(:class:`InformerPool`). The loop is client-go's reflector (``tools/cache/reflector.go``), in
-asyncio; one pass of it is a *ListAndWatch*: sync the store (a streaming list, or paginated
-LISTs), then watch from the synced resourceVersion; a watch that was working and ends re-watches
-at once; a pass ends with a relist after a backoff.
+(:class:`InformerPool`). The :class:`Informer` owns its store, its subscribers and its task, and
+is made of parts it composes, each readable and testable alone:
 
-This module owns the :class:`Informer` itself — its state, its subscribers, starting and stopping
-it — and the pool. The Informer is made of parts, each in its own module:
-
-- :mod:`declop.cache.listing`: the list strategies (streaming, paginated, metadata-only, the
-  fallback between them) and the sync that swaps their result into the store;
-- :mod:`declop.cache.watch`: the loop, the watch stream, and the rules for how a stream or a
-  pass ends (resume, 410 → relist, bookmarks, idle and interrupted streams);
-- :mod:`declop.cache.backoff`: the delay before every relist and retried watch request;
-- :mod:`declop.cache.sharding`: server- or client-side shard filtering, and range changes
-  (:meth:`Informer.set_shard`).
+- :class:`~declop.cache.watch.ListWatch`: the list/watch loop, a state machine with one step
+  function (:mod:`declop.cache.watch`), retrying with a :class:`~declop.cache.backoff.Backoff`;
+- :class:`~declop.cache.listing.Sync`: the paginated LIST and the swap-in and emission of
+  every sync (:mod:`declop.cache.listing`);
+- :class:`~declop.cache.sharding.ShardScope`: the shard filter, a value the list and watch
+  consult; :meth:`Informer.set_shard` changes its ranges;
+- :class:`~declop.cache.stats.InformerStats`: its counters.
 
 Every name these parts export that the informer's users need is importable from here too.
 
@@ -23,9 +18,14 @@ Invariants:
 - events reach subscribers in the order the store applied them, after the store changed;
 - subscribers are called on the event loop and must not block (they only enqueue keys); a
   subscriber that raises is logged and the others still get the event;
-- a late subscriber gets the cache replayed as additions (with ``syncing`` set) before any
-  later change;
+- ``syncing`` is true exactly while subscribers receive a sync's changes (the initial list, a
+  relist, or the replay of the cache to a late subscriber);
+- a late subscriber gets the cache replayed as additions before any later change;
 - an informer that owns no shard range lists and watches nothing: its store is empty and synced;
+- a range change never cuts short a sync whose changes are being emitted, and range changes
+  take effect one after the other, in call order; ranges only narrowed: no sync (the watch
+  resumes from the store's resourceVersion); a range gained: a sync, owed until one completes,
+  even across later changes;
 - one informer per (resource, namespace, label selector, field selector, metadata only, shard
   key) in a pool; the pool's informer list is replaced, never changed, so any thread may read it.
 """
@@ -34,23 +34,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from declop.cache.backoff import Backoff as Backoff
 from declop.cache.listing import INITIAL_EVENTS_END as INITIAL_EVENTS_END
 from declop.cache.listing import LIST_MODES as LIST_MODES
 from declop.cache.listing import METADATA_ACCEPT as METADATA_ACCEPT
-from declop.cache.listing import METADATA_API_VERSION, METADATA_KIND, Listing
 from declop.cache.listing import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
 from declop.cache.listing import ListMode as ListMode
+from declop.cache.listing import Query, Sync
 from declop.cache.sharding import ShardChange as ShardChange
-from declop.cache.sharding import ShardFiltering, keeping_uid
 from declop.cache.sharding import ShardMode as ShardMode
+from declop.cache.sharding import ShardScope, keeping_uid, release
+from declop.cache.stats import InformerStats as InformerStats
 from declop.cache.store import Store, Transform, Writer, strip_managed_fields
-from declop.cache.watch import Watching
+from declop.cache.watch import EMPTY, WATCHING, ListWatch
 from declop.kube.discovery import ResourceInfo
 from declop.kube.transport import Transport
-from declop.leases.hashing import ShardFilter
+from declop.leases.hashing import ShardFilter, ShardRange, difference
 
 __all__ = [
     "INITIAL_EVENTS_END",
@@ -61,6 +62,7 @@ __all__ = [
     "EventHandler",
     "Informer",
     "InformerPool",
+    "InformerStats",
     "ListMode",
     "ShardChange",
     "ShardMode",
@@ -72,7 +74,7 @@ log = logging.getLogger("declop.informer")
 EventHandler = Callable[[Any, Any], None]
 
 
-class Informer(Watching, Listing, ShardFiltering):
+class Informer:
     """List + watch one resource into a Store; notify subscribers of every change."""
 
     def __init__(
@@ -98,64 +100,134 @@ class Informer(Watching, Listing, ShardFiltering):
         if shard_filtering not in ("auto", "client"):
             raise ValueError(f"shard_filtering must be auto or client, not {shard_filtering!r}")
         self.transport = transport
-        self.resource = resource
-        self.namespace = namespace if resource.namespaced else ""
-        self.label_selector = label_selector
-        self.field_selector = field_selector
-        #: lists and watches PartialObjectMetadata: the store holds metadata only
-        self.metadata_only = metadata_only
-        self.page_size = page_size
-        self.idle_timeout = idle_timeout
-        self.list_mode = list_mode
-        self.min_watch_timeout = min_watch_timeout
-        where = f" in {self.namespace}" if self.namespace else ""
+        #: what it lists and watches
+        self.query = Query(resource, namespace if resource.namespaced else "", label_selector, field_selector, metadata_only)
+        where = f" in {self.query.namespace}" if self.query.namespace else ""
         how = [*([label_selector] if label_selector else []), *([field_selector] if field_selector else [])]
         how += ["metadata only"] if metadata_only else []
         how += [f"sharded by {shard.key}"] if shard is not None else []
         sel = f" ({'; '.join(how)})" if how else ""
         self.name = f"{resource.group_resource}{where}{sel}"
-        # the kind/apiVersion of what the apiserver sends: the resource's, or PartialObjectMetadata
-        self._kind = METADATA_KIND if metadata_only else resource.kind
-        self._api_version = METADATA_API_VERSION if metadata_only else resource.api_version
+        self._kv = {"informer": self.name}
         self.store = Store(self.name)
         if shard is not None and shard.key == "uid" and transform is not None:
             transform = keeping_uid(transform)  # set_shard hashes cached objects again
         self._writer = Writer(self.store, transform)
-        self._subscribers: list[EventHandler] = []
+        self.stats = InformerStats()
+        # "client" from the start with shard_filtering="client" (no detection: to compare both
+        # modes on one apiserver), else detected by the first pass
+        mode: ShardMode = "client" if shard is not None and shard_filtering == "client" else ""
+        self._scope = ShardScope(shard, mode, self.stats, self._kv)
         self.synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._backoff = backoff or Backoff()
-        self._streaming = list_mode != "paged"  # "auto" turns this off for good when refused
-        self._events = 0  # events of the current watch stream
-        self._stream_synced = False  # the current stream's initial events are in the store
-        self.last_error: str = ""
-        self.lists = 0  # number of completed syncs (1 + relists), streaming or paginated
         #: True while subscribers receive a sync's changes (the initial list, a relist, or the
         #: replay of the cache to a late subscriber): controllers give such keys low priority
         self.syncing = False
-        self.last_sync_mode = ""  # "stream" or "paged": how the last sync was done
-        self._kv = {"informer": self.name}
-        #: the owned ranges (None: not sharded); change them with :meth:`set_shard` only
-        self.shard = shard
-        #: "client" from the start with ``shard_filtering="client"`` (no detection: to compare
-        #: both modes on one apiserver), else detected by the first pass
-        self.shard_mode: ShardMode = "client" if shard is not None and shard_filtering == "client" else ""
-        #: object events (not bookmarks) received on watch streams after their sync, before any
-        #: client-side filtering: what the apiserver sent this informer
-        self.events_received = 0
-        #: objects received by syncs (LIST items, initial events of a streaming list)
-        self.objects_listed = 0
-        #: objects and events dropped by the shard filter (client-side filtering)
-        self.dropped = 0
-        #: objects that left the store because their range was released
-        self.released = 0
-        self._emitting = 0  # >0 while a sync's changes are being emitted (not to be cut short)
-        self._calm = asyncio.Event()
-        self._calm.set()
-        self._resume_watch = False  # next pass: watch from the store's resourceVersion, no sync
+        self._subscribers: list[EventHandler] = []
+        sync = Sync(transport, self.query, self._writer, self._scope, self.stats, self._emit_listed, self.synced, page_size=page_size, kv=self._kv)
+        #: the list/watch loop
+        self.listwatch = ListWatch(
+            transport, self.query, self._writer, self._scope, self.stats, sync, self._emit,
+            list_mode=list_mode, backoff=backoff, idle_timeout=idle_timeout, min_watch_timeout=min_watch_timeout, kv=self._kv,
+        )
+        self._task: asyncio.Task[None] | None = None
         self._resharding = asyncio.Lock()
-        self._sync_owed = False  # a gained range's objects are not in the store until the next sync
-        self._warned_unfiltered = False
+        # stats.lists at the last range change that needed a sync: one is owed until it moves on
+        self._owed_at = -1
+
+    # -- what it lists and watches, and its counters ---------------------------------------------
+
+    @property
+    def resource(self) -> ResourceInfo:
+        return self.query.resource
+
+    @property
+    def namespace(self) -> str:
+        return self.query.namespace
+
+    @property
+    def label_selector(self) -> str:
+        return self.query.label_selector
+
+    @property
+    def field_selector(self) -> str:
+        return self.query.field_selector
+
+    @property
+    def metadata_only(self) -> bool:
+        """Lists and watches PartialObjectMetadata: the store holds metadata only."""
+        return self.query.metadata_only
+
+    @property
+    def lists(self) -> int:
+        """Completed syncs (1 + relists), streaming or paginated."""
+        return self.stats.lists
+
+    @property
+    def last_sync_mode(self) -> str:
+        """How the last sync was done: "stream" or "paged"."""
+        return self.stats.last_sync_mode
+
+    @property
+    def last_error(self) -> str:
+        """The last list or watch failure; "" once one works again."""
+        return self.stats.last_error
+
+    @property
+    def events_received(self) -> int:
+        return self.stats.events_received
+
+    @property
+    def objects_listed(self) -> int:
+        return self.stats.objects_listed
+
+    @property
+    def dropped(self) -> int:
+        return self.stats.dropped
+
+    @property
+    def released(self) -> int:
+        return self.stats.released
+
+    @property
+    def path(self) -> str:
+        return self.query.path
+
+    @property
+    def list_mode(self) -> ListMode:
+        return self.listwatch.list_mode
+
+    @property
+    def page_size(self) -> int:
+        return self.listwatch.sync.page_size
+
+    @property
+    def min_watch_timeout(self) -> int:
+        return self.listwatch.min_watch_timeout
+
+    @property
+    def idle_timeout(self) -> float:
+        """Seconds of silence after which a watch is re-opened (the next watch's)."""
+        return self.listwatch.idle_timeout
+
+    @idle_timeout.setter
+    def idle_timeout(self, value: float) -> None:
+        self.listwatch.idle_timeout = value
+
+    @property
+    def shard(self) -> ShardFilter | None:
+        """The owned ranges (None: not sharded); change them with :meth:`set_shard` only."""
+        return self._scope.filter
+
+    @property
+    def shard_mode(self) -> ShardMode:
+        """How a sharded informer filters: "server", "client", or "" until its first pass."""
+        return self._scope.mode
+
+    @shard_mode.setter
+    def shard_mode(self, mode: ShardMode) -> None:
+        self._scope.mode = mode
+
+    # -- subscribers -----------------------------------------------------------------------------
 
     def subscribe(self, handler: EventHandler) -> None:
         """Receive every future change; if already synced, replay the cache as additions first."""
@@ -168,12 +240,34 @@ class Informer(Watching, Listing, ShardFiltering):
             finally:
                 self.syncing = False
 
+    def _emit(self, old: Any, new: Any) -> None:
+        """A change a watch applied, to every subscriber."""
+        for handler in self._subscribers:
+            try:
+                handler(old, new)
+            except Exception:  # a subscriber bug must not kill the informer
+                log.exception("Event handler failed", extra={"kv": self._kv})
+
+    def _emit_listed(self, old: Any, new: Any) -> None:
+        """A change of a sync, to every subscriber, with ``syncing`` set."""
+        self.syncing = True
+        try:
+            for handler in self._subscribers:
+                try:
+                    handler(old, new)
+                except Exception:  # a subscriber bug must not kill the informer
+                    log.exception("Event handler failed", extra={"kv": self._kv})
+        finally:
+            self.syncing = False
+
+    # -- running ---------------------------------------------------------------------------------
+
     def start(self) -> None:
         if self._task is None:
             if self.shard is not None and self.shard.empty:
                 self._own_nothing()
                 return
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"informer {self.name}")
+            self._task = asyncio.get_running_loop().create_task(self.listwatch.run(), name=f"informer {self.name}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -183,6 +277,7 @@ class Informer(Watching, Listing, ShardFiltering):
             except asyncio.CancelledError:
                 pass
             self._task = None
+            self.listwatch.state = EMPTY  # a restart syncs
 
     def _own_nothing(self) -> None:
         """No owned ranges: nothing to list or watch; the store is (silently) empty and synced."""
@@ -192,17 +287,58 @@ class Informer(Watching, Listing, ShardFiltering):
             self._writer.replace([], self.store.resource_version)
         self.synced.set()
 
-    @property
-    def path(self) -> str:
-        return self.resource.path(namespace=self.namespace or None)
+    # -- shard ranges ----------------------------------------------------------------------------
 
-    def _emit(self, old: Any, new: Any) -> None:
-        for handler in self._subscribers:
-            try:
-                handler(old, new)
-            except Exception:  # a subscriber bug must not kill the informer
-                log.exception("Event handler failed", extra={"kv": self._kv})
+    async def set_shard(self, ranges: Iterable[ShardRange]) -> ShardChange:
+        """Own exactly ``ranges`` from now on; returns what changed.
 
+        - Objects of released ranges leave the store at once and are *not* emitted: they were
+          not deleted, they are someone else's now. Their keys are in the result so that the
+          caller can drop them from its queue.
+        - Ranges only released (no range gained): the watch restarts with the narrower selector
+          from the store's resourceVersion; no sync, no request beyond the new watch.
+        - A range gained: the informer syncs again with the new selector (server-side) or the
+          full list (client-side). The sync's diff against the store emits the gained objects as
+          additions, plus any change missed in kept ranges; unchanged objects emit nothing.
+        - A sync whose changes are being emitted is never cut short: this waits for it.
+
+        Call on the informer's loop; concurrent calls take effect one after the other, in order.
+        Must be a sharded informer (``shard=`` given)."""
+        if self.shard is None:
+            raise ValueError(f"informer {self.name} is not sharded; create it with shard=")
+        async with self._resharding:
+            return await self._set_shard(ranges)
+
+    async def _set_shard(self, ranges: Iterable[ShardRange]) -> ShardChange:
+        old = self._scope.filter
+        assert old is not None
+        new = old.with_ranges(ranges)
+        gained = difference(new.ranges, old.ranges)
+        if new == old:
+            return ShardChange((), (), False)
+        sync = self.listwatch.sync
+        while sync.emitting:
+            sync.calm.clear()
+            await sync.calm.wait()
+        running = self._task is not None
+        if running:
+            await self.stop()
+        self._scope.filter = new
+        gone = release(self.store, self._writer, new)
+        self.stats.released += len(gone)
+        # a sync still owed to an earlier gain (cut short by this change) is owed still
+        owed = self._owed_at == self.stats.lists
+        relist = bool(gained) or owed or not self.store.synced or not self.store.resource_version
+        self._owed_at = self.stats.lists if relist and not new.empty else -1
+        self.listwatch.state = EMPTY if relist else WATCHING
+        log.info(
+            f"Shard ranges changed: now {new}; {len(gone)} objects released"
+            + (", re-listing for the gained ranges" if relist and not new.empty else ""),
+            extra={"kv": {**self._kv, "released": len(gone), "gained": len(gained)}},
+        )
+        if running:
+            self.start()
+        return ShardChange(tuple(gone), gained, relist and not new.empty)
 
 
 # The pool stays in this module rather than one of its own: callers import InformerPool from

@@ -74,7 +74,7 @@ async def start(server: ListWatchServer, **kw: Any) -> tuple[Informer, Recorder]
     informer.subscribe(recorder)
     informer.start()
     await asyncio.wait_for(informer.synced.wait(), 15)
-    await until(lambda: not informer._emitting, what="the sync's changes emitted")
+    await until(lambda: not informer.listwatch.sync.emitting, what="the sync's changes emitted")
     return informer, recorder
 
 
@@ -225,8 +225,8 @@ def _key(name: str) -> Any:
 
 
 def test_in_stream_410_storm_is_backed_off_at_client_go_rates() -> None:
-    """Issue 10 item 1: a server answering every watch with an in-stream 410 got 769 LISTs in
-    2 s. With the real defaults (0.8 s doubling, jitter in [d, 2d)), 2.3 s hold at most 3."""
+    """A server answering every watch with an in-stream 410 must not get a LIST per answer.
+    With the real defaults (0.8 s doubling, jitter in [d, 2d)), 2.3 s hold at most 3."""
 
     async def scenario() -> None:
         async with ListWatchServer() as server:
@@ -403,8 +403,8 @@ def test_outage_of_500s_backs_off_logs_each_attempt_and_recovers(caplog: pytest.
 
 
 def test_idle_watch_rewatches_at_once_quietly(caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 10 item 3: a watch silent for the idle timeout (no bookmarks: watch cache off) is
-    normal. DEBUG only, re-watch at once from the last resourceVersion, no LIST."""
+    """A watch silent for the idle timeout (no bookmarks: watch cache off) is normal.
+    DEBUG only, re-watch at once from the last resourceVersion, no LIST."""
     caplog.set_level(logging.DEBUG, "declop.informer")
 
     async def scenario() -> None:
@@ -669,7 +669,7 @@ class Cycle:
 
 @MODES
 def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
-    """Issue 10 item 4: cycles that become garbage while the collector is paused for a sync are
+    """Cycles that become garbage while the collector is paused for a sync are
     collected, not frozen forever; tracked objects return to their baseline after relists.
 
     A second informer whose streaming list never ends keeps the collector paused (as when many
@@ -704,7 +704,7 @@ def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
                 server.compact()
                 await until(lambda r=round_: informer.lists == r + 2, what="a relist")
             # a relist of more than a chunk of changes emits them with the collector paused too
-            await until(lambda: not informer._emitting, what="the last relist's changes emitted")
+            await until(lambda: not informer.listwatch.sync.emitting, what="the last relist's changes emitted")
             task.cancel()
             await holder.stop()
             assert gc.isenabled()
@@ -729,7 +729,7 @@ def test_gc_freeze_pins_no_garbage_made_during_a_list(mode: str) -> None:
 def test_what_a_big_sync_emission_leaves_is_kept_out_of_full_collections(mode: str) -> None:
     """What subscribers keep for the changes of a sync of more than a chunk (a queue entry per
     key) is made with the collector paused and frozen chunk by chunk, so the full passes that
-    follow do not walk it (100-200 ms stalls at 100k keys otherwise); a small relist's changes
+    follow do not walk it (long stalls at many keys otherwise); a small relist's changes
     are emitted with the collector running and freeze nothing."""
     gc.collect()
     gc.unfreeze()
@@ -774,8 +774,7 @@ def test_what_a_big_sync_emission_leaves_is_kept_out_of_full_collections(mode: s
 @MODES
 def test_a_big_sync_emits_its_changes_a_step_at_a_time(mode: str) -> None:
     """The loop runs between every EMIT_STEP changes of a sync (each change costs a subscriber
-    tens of µs at 100k keys: a whole chunk at once was a 40-60 ms stall), and every change is
-    emitted once, in order."""
+    work: a whole chunk at once is a long stall), and every change is emitted once, in order."""
     from declop.cache.listing import EMIT_STEP
 
     ticks = 0
@@ -864,7 +863,7 @@ def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> Non
     async def scenario() -> None:
         informer = Informer(Recording(), resource, namespace="default", list_mode="paged")  # type: ignore[arg-type]
         for _ in range(20):
-            await informer._watch(initial=False, resource_version="7")
+            await informer.listwatch.watch(initial=False, resource_version="7")
 
     run(scenario())
     values = [int(params["timeoutSeconds"]) for params, _ in seen]

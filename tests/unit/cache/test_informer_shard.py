@@ -139,12 +139,13 @@ def test_set_shard_waits_for_a_sync_being_emitted() -> None:
     async def scenario() -> None:
         async with ListWatchServer() as server:
             informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", (HALVES[0],)))
-            informer._emitting = 1  # as inside _emit_all
+            sync = informer.listwatch.sync
+            sync.emitting = 1  # as inside Sync.emit_all
             task = asyncio.ensure_future(informer.set_shard((HALVES[1],)))
             await asyncio.sleep(0.1)
             assert not task.done() and informer.shard.ranges == (HALVES[0],)
-            informer._emitting = 0
-            informer._calm.set()
+            sync.emitting = 0
+            sync.calm.set()
             await asyncio.wait_for(task, 5)
             assert informer.shard.ranges == (HALVES[1],)
 
@@ -230,5 +231,27 @@ def test_a_transform_that_drops_the_uid_does_not_break_a_range_change() -> None:
                 assert store_names(informer) == in_half(server, 0)
             finally:
                 await informer.stop()
+
+    run(scenario())
+
+
+def test_a_sync_owed_to_a_gained_range_is_owed_until_one_completes() -> None:
+    """Where a range change leaves the list/watch loop: ranges only narrowed, a watch from the
+    store's resourceVersion; a range gained, a sync — still owed by a narrowing that comes
+    before that sync completes, no longer once it has."""
+    from declop.cache.watch import EMPTY, WATCHING
+    from declop.kube.discovery import ResourceInfo
+
+    resource = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+    quarters = split(4)
+
+    async def scenario() -> None:
+        informer = Informer(object(), resource, namespace="default", shard=ShardFilter("uid", quarters[:2]))  # type: ignore[arg-type]
+        await informer.listwatch.sync.replace([], "5", "paged")  # as after a first sync
+        assert not (await informer.set_shard(quarters[:1])).relisted and informer.listwatch.state == WATCHING
+        assert (await informer.set_shard(quarters[:3])).relisted and informer.listwatch.state == EMPTY
+        assert (await informer.set_shard(quarters[:2])).relisted, "only narrowed, but the gain's sync is owed"
+        await informer.listwatch.sync.replace([], "9", "paged")
+        assert not (await informer.set_shard(quarters[:1])).relisted and informer.listwatch.state == WATCHING
 
     run(scenario())
