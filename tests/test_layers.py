@@ -9,7 +9,11 @@ function or an ``if TYPE_CHECKING:`` block. ``from . import name`` where ``name`
 Packages: a subpackage (``declop/queue/``) is listed by its name, then its modules; the entries of
 one package are contiguous, so no module of a lower package imports one of a higher package and
 no two packages import each other. A package's ``__init__`` holds its docstring (what it owns and
-what it may import) and no imports.
+what it may import) and no imports — except a package that replaced a public module
+(:data:`REPLACED_MODULES`): so that ``from declop.registry import Registry`` keeps working, its
+``__init__`` re-exports the replaced module's public names and holds nothing else (explicit
+``from declop.x import Name as Name`` lines and ``__all__``). It sits at the bottom of its package:
+it may import its own modules as well as what its package may import.
 
 Exceptions: the ``testing`` slot (any module of ``declop/testing/`` not listed by name, including
 its ``__init__``) may import anything above ``cli`` plus every ``declop.testing`` module; the
@@ -107,6 +111,11 @@ ORDER = [
     "webhooks.server",
     "webhooks.endpoint",
     "registry",
+    "registry.options",
+    "registry.calls",
+    "registry.signatures",
+    "registry.registry",
+    "registry.decorators",
     "manager",
     "loader",
     "dev",
@@ -130,6 +139,10 @@ ORDER = [
 ]
 RANK = {name: i for i, name in enumerate(ORDER)}
 UNRESTRICTED = {"__init__", "__main__"}
+
+#: packages that replaced a public module of the same name: their ``__init__`` re-exports that
+#: module's public names (and nothing else), so the import path users know keeps working
+REPLACED_MODULES = {"registry"}
 
 
 def module_name(path: Path) -> str:
@@ -196,6 +209,8 @@ def declop_modules() -> list[Path]:
 def allowed(importer: str, imported: str) -> bool:
     if importer in UNRESTRICTED:
         return True
+    if importer in REPLACED_MODULES and imported.startswith(importer + "."):
+        return True  # the re-exports of a package that replaced a module: its own modules
     if importer == "testing":
         return RANK[imported] < RANK["testing"] or imported.startswith("testing")
     return RANK[imported] < RANK[importer]
@@ -309,6 +324,14 @@ def test_checker_rules() -> None:
     assert slot("declop.testing.plugin") == "testing"
     assert slot("declop.testing.certs") == "testing.certs"
     assert slot("declop.nonexistent") is None
+    assert allowed("registry", "registry.registry")  # a re-exporting __init__
+    assert not allowed("kube", "kube.labels")
+
+
+def test_checker_knows_a_reexporting_init() -> None:
+    assert only_reexports(ast.parse('"""doc"""\nfrom declop.x.y import Z as Z\n__all__ = ["Z"]\n'))
+    assert not only_reexports(ast.parse("from declop.x.y import Z\n"))
+    assert not only_reexports(ast.parse("from declop.x.y import Z as Z\nW = Z()\n"))
 
 
 # -- packages -------------------------------------------------------------------------------
@@ -341,10 +364,27 @@ def test_a_package_init_says_what_it_owns_and_imports_nothing(package: str) -> N
     tree = ast.parse(init.read_text())
     doc = " ".join((ast.get_docstring(tree) or "").split())
     assert "May import" in doc, f"{init.relative_to(PACKAGE_DIR)}: the docstring says what the package owns and what it may import"
-    assert imported_modules(init.read_text(), f"declop.{package}", package=True) == []
+    if package in REPLACED_MODULES:
+        assert only_reexports(tree), f"{init.relative_to(PACKAGE_DIR)}: re-exports (from declop.x import Name as Name) and __all__ only"
+    else:
+        assert imported_modules(init.read_text(), f"declop.{package}", package=True) == []
     assert package in ORDER and all(
         ORDER.index(package) < ORDER.index(m) for m in ORDER if m.startswith(package + ".")
     ), f"list {package} before its modules"
+
+
+def only_reexports(tree: ast.Module) -> bool:
+    """The module body is a docstring, ``from declop.x import Name as Name`` lines and ``__all__``."""
+    for i, node in enumerate(tree.body):
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("declop."):
+            if all(a.asname == a.name for a in node.names):
+                continue
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            continue
+        return False
+    return True
 
 
 def test_the_top_level_stays_small() -> None:
