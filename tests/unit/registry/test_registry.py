@@ -711,7 +711,7 @@ def test_clear_forgets_everything_and_reopens_a_frozen_registry() -> None:
     assert [r.name for r in reg.registrations] == ["second"]
 
 
-# -- tuning options (issue 16) -------------------------------------------------------------------
+# -- tuning options ----------------------------------------------------------------------------
 def test_tuning_defaults_and_values(reg: Registry) -> None:
     import declop
 
@@ -779,7 +779,7 @@ def test_shard_by_must_be_uid_or_namespace(reg: Registry, value: Any) -> None:
         reg.reconciler("pods", shard_by=value)
 
 
-# --------------------------------------------------------------------------- typed models (issue 26)
+# --------------------------------------------------------------------------- typed models
 
 from declop.typed.model import CustomResource  # noqa: E402 - the typed section's own import
 
