@@ -9,11 +9,9 @@ function or an ``if TYPE_CHECKING:`` block. ``from . import name`` where ``name`
 Packages: a subpackage (``declop/queue/``) is listed by its name, then its modules; the entries of
 one package are contiguous, so no module of a lower package imports one of a higher package and
 no two packages import each other. A package's ``__init__`` holds its docstring (what it owns and
-what it may import) and no imports — except a package that replaced a public module
-(:data:`REPLACED_MODULES`): so that ``from declop.registry import Registry`` keeps working, its
-``__init__`` re-exports the replaced module's public names and holds nothing else (explicit
-``from declop.x import Name as Name`` lines and ``__all__``). It sits at the bottom of its package:
-it may import its own modules as well as what its package may import.
+what it may import) and no imports — except a package that took the place of a module users
+import from (:data:`FACADES`: ``from declop.manager import Manager`` stays the import): its
+``__init__`` re-exports its ``__all__`` from the package's own modules, and imports nothing else.
 
 Exceptions: the ``testing`` slot (any module of ``declop/testing/`` not listed by name, including
 its ``__init__``) may import anything above ``cli`` plus every ``declop.testing`` module; the
@@ -139,10 +137,9 @@ ORDER = [
 ]
 RANK = {name: i for i, name in enumerate(ORDER)}
 UNRESTRICTED = {"__init__", "__main__"}
-
-#: packages that replaced a public module of the same name: their ``__init__`` re-exports that
-#: module's public names (and nothing else), so the import path users know keeps working
-REPLACED_MODULES = {"registry"}
+#: packages that replaced a module of the same import path: their ``__init__`` re-exports the
+#: public names from the package's own modules (and imports nothing else)
+FACADES = {"manager", "cli", "registry"}
 
 
 def module_name(path: Path) -> str:
@@ -209,8 +206,8 @@ def declop_modules() -> list[Path]:
 def allowed(importer: str, imported: str) -> bool:
     if importer in UNRESTRICTED:
         return True
-    if importer in REPLACED_MODULES and imported.startswith(importer + "."):
-        return True  # the re-exports of a package that replaced a module: its own modules
+    if importer in FACADES and imported.startswith(importer + "."):
+        return True  # the package's __init__ re-exporting its own modules' names
     if importer == "testing":
         return RANK[imported] < RANK["testing"] or imported.startswith("testing")
     return RANK[imported] < RANK[importer]
@@ -320,18 +317,12 @@ def test_checker_rules() -> None:
     assert not allowed("testing.certs", "testing.controlplane")
     assert allowed("__init__", "cli")
     assert allowed("__main__", "cli")
+    assert allowed("registry", "registry.decorators") and not allowed("registry.options", "registry.decorators")
+    assert not allowed("registry", "manager")
     assert slot("declop") == "__init__"
     assert slot("declop.testing.plugin") == "testing"
     assert slot("declop.testing.certs") == "testing.certs"
     assert slot("declop.nonexistent") is None
-    assert allowed("registry", "registry.registry")  # a re-exporting __init__
-    assert not allowed("kube", "kube.labels")
-
-
-def test_checker_knows_a_reexporting_init() -> None:
-    assert only_reexports(ast.parse('"""doc"""\nfrom declop.x.y import Z as Z\n__all__ = ["Z"]\n'))
-    assert not only_reexports(ast.parse("from declop.x.y import Z\n"))
-    assert not only_reexports(ast.parse("from declop.x.y import Z as Z\nW = Z()\n"))
 
 
 # -- packages -------------------------------------------------------------------------------
@@ -364,27 +355,19 @@ def test_a_package_init_says_what_it_owns_and_imports_nothing(package: str) -> N
     tree = ast.parse(init.read_text())
     doc = " ".join((ast.get_docstring(tree) or "").split())
     assert "May import" in doc, f"{init.relative_to(PACKAGE_DIR)}: the docstring says what the package owns and what it may import"
-    if package in REPLACED_MODULES:
-        assert only_reexports(tree), f"{init.relative_to(PACKAGE_DIR)}: re-exports (from declop.x import Name as Name) and __all__ only"
+    imports = imported_modules(init.read_text(), f"declop.{package}", package=True)
+    if package in FACADES:
+        assert all(m.startswith(f"declop.{package}.") for _, m in imports), f"{package}/__init__.py imports only its own modules"
+        reexported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        exported = next(
+            (ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"), []
+        )
+        assert reexported == set(exported), f"{package}/__init__.py re-exports exactly its __all__"
     else:
-        assert imported_modules(init.read_text(), f"declop.{package}", package=True) == []
+        assert imports == []
     assert package in ORDER and all(
         ORDER.index(package) < ORDER.index(m) for m in ORDER if m.startswith(package + ".")
     ), f"list {package} before its modules"
-
-
-def only_reexports(tree: ast.Module) -> bool:
-    """The module body is a docstring, ``from declop.x import Name as Name`` lines and ``__all__``."""
-    for i, node in enumerate(tree.body):
-        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("declop."):
-            if all(a.asname == a.name for a in node.names):
-                continue
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
-            continue
-        return False
-    return True
 
 
 def test_the_top_level_stays_small() -> None:

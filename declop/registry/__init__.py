@@ -18,8 +18,6 @@ swap; the decorators read it here when called.
 May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``webhooks``.
 """
 
-from declop.reconcile.registration import INJECTABLE as INJECTABLE
-from declop.reconcile.registration import Registration as Registration
 from declop.registry.decorators import RECONCILER_OPTIONS as RECONCILER_OPTIONS
 from declop.registry.decorators import background as background
 from declop.registry.decorators import converter as converter
@@ -33,7 +31,9 @@ from declop.registry.decorators import transform as transform
 from declop.registry.decorators import validator as validator
 from declop.registry.options import ReconcilerOptions as ReconcilerOptions
 from declop.registry.registry import IndexRegistration as IndexRegistration
+from declop.registry.registry import Registration as Registration
 from declop.registry.registry import Registry as Registry
+from declop.registry.signatures import INJECTABLE as INJECTABLE
 
 __all__ = [
     "INJECTABLE",

@@ -37,7 +37,7 @@ from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 if TYPE_CHECKING:
     from declop.registry.options import ResourceLike
 
-__all__ = ["IndexRegistration", "Registry"]
+__all__ = ["IndexRegistration", "Registration", "Registry"]  # Registration: what Registry.registrations holds
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -27,7 +27,7 @@ from declop.hints import KOPF_KWARGS, did_you_mean
 from declop.kube.resource import Resource
 from declop.reconcile.registration import INJECTABLE
 
-__all__ = ["TYPO_CUTOFF", "location", "typed_model", "wanted_names"]
+__all__ = ["INJECTABLE", "TYPO_CUTOFF", "location", "typed_model", "wanted_names"]  # INJECTABLE: the names a handler may declare
 
 #: a defaulted parameter this close to an injectable name (difflib ratio) is taken for a typo
 TYPO_CUTOFF = 0.8
