@@ -3,6 +3,10 @@
 The controller runs a :class:`Registration`; :mod:`declop.registry` builds and validates it (a
 registration that exists has passed every check there). It lives here, beside the controller,
 so that the controller does not import the registry (which also knows webhooks and hooks).
+The reconciler options are named, defaulted and checked once, in
+:class:`declop.registry.options.ReconcilerOptions`; a Registration holds them in canonical form
+under the same names (``ReconcilerOptions.settled``), with what the registry derived from the
+function (``fn``, ``name``, ``is_async``, ``wants``, ``model``) and the resource.
 
 Invariants:
 - a registration is frozen: nothing changes it after the registry accepted it;

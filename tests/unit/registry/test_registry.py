@@ -711,7 +711,7 @@ def test_clear_forgets_everything_and_reopens_a_frozen_registry() -> None:
     assert [r.name for r in reg.registrations] == ["second"]
 
 
-# -- tuning options (issue 16) -------------------------------------------------------------------
+# -- tuning options ----------------------------------------------------------------------------
 def test_tuning_defaults_and_values(reg: Registry) -> None:
     import declop
 
@@ -779,7 +779,7 @@ def test_shard_by_must_be_uid_or_namespace(reg: Registry, value: Any) -> None:
         reg.reconciler("pods", shard_by=value)
 
 
-# --------------------------------------------------------------------------- typed models (issue 26)
+# --------------------------------------------------------------------------- typed models
 
 from declop.typed.model import CustomResource  # noqa: E402 - the typed section's own import
 
@@ -856,3 +856,38 @@ def test_a_model_of_another_resource_is_refused() -> None:
 def test_a_typed_obj_on_a_metadata_only_cache_is_refused() -> None:
     with pytest.raises(RegistrationError, match="its cache holds metadata only"):
         Registry().reconciler(Gadget, metadata_only=True)(typed_gadget)
+
+
+# -- one spelling of the options -------------------------------------------------------------
+
+
+def test_every_option_is_a_registration_attribute() -> None:
+    """The options are named once (ReconcilerOptions); the Registration the engine reads keeps
+    their names, and the canonical form covers each of them."""
+    from declop.registry.options import OPTION_NAMES, ReconcilerOptions
+
+    attributes = {f.name for f in dataclasses.fields(Registration)}
+    assert set(OPTION_NAMES) <= attributes
+    assert set(ReconcilerOptions().settled(Resource("pods"))) == set(OPTION_NAMES) - {"name"}
+
+
+def test_the_decorators_show_the_options_as_their_signature() -> None:
+    """help() and inspect see every option by name and default, though the decorators forward them."""
+    import inspect
+
+    from declop.registry import RECONCILER_OPTIONS
+
+    module = inspect.signature(reconciler).parameters
+    method = inspect.signature(Registry.reconciler).parameters
+    assert list(module)[:2] == ["resource", "parts"] and tuple(module)[2:] == RECONCILER_OPTIONS
+    assert tuple(method)[3:] == RECONCILER_OPTIONS[:-1]  # self, resource, parts; no registry=
+    assert (module["max_concurrent"].default, module["shard_by"].default, module["priority"].default) == (1, "uid", True)
+
+
+def test_options_are_checked_when_built() -> None:
+    from declop.registry.options import ReconcilerOptions
+
+    with pytest.raises(RegistrationError, match="max_concurrent must be a positive int"):
+        ReconcilerOptions(max_concurrent=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ReconcilerOptions().timeout = 1  # type: ignore[misc]
