@@ -9,7 +9,9 @@ function or an ``if TYPE_CHECKING:`` block. ``from . import name`` where ``name`
 Packages: a subpackage (``declop/queue/``) is listed by its name, then its modules; the entries of
 one package are contiguous, so no module of a lower package imports one of a higher package and
 no two packages import each other. A package's ``__init__`` holds its docstring (what it owns and
-what it may import) and no imports.
+what it may import) and no imports — except a package that took the place of a module users
+import from (:data:`FACADES`: ``from declop.manager import Manager`` stays the import): its
+``__init__`` re-exports its ``__all__`` from the package's own modules, and imports nothing else.
 
 Exceptions: the ``testing`` slot (any module of ``declop/testing/`` not listed by name, including
 its ``__init__``) may import anything above ``cli`` plus every ``declop.testing`` module; the
@@ -108,6 +110,14 @@ ORDER = [
     "webhooks.endpoint",
     "registry",
     "manager",
+    "manager.options",
+    "manager.loss",
+    "manager.runnables",
+    "manager.preflight",
+    "manager.wiring",
+    "manager.leadership",
+    "manager.shutdown",
+    "manager.process",
     "loader",
     "dev",
     "dev.manifests",
@@ -130,6 +140,9 @@ ORDER = [
 ]
 RANK = {name: i for i, name in enumerate(ORDER)}
 UNRESTRICTED = {"__init__", "__main__"}
+#: packages that replaced a module of the same import path: their ``__init__`` re-exports the
+#: public names from the package's own modules (and imports nothing else)
+FACADES = {"manager", "cli"}
 
 
 def module_name(path: Path) -> str:
@@ -196,6 +209,8 @@ def declop_modules() -> list[Path]:
 def allowed(importer: str, imported: str) -> bool:
     if importer in UNRESTRICTED:
         return True
+    if importer in FACADES and imported.startswith(importer + "."):
+        return True  # the package's __init__ re-exporting its own modules' names
     if importer == "testing":
         return RANK[imported] < RANK["testing"] or imported.startswith("testing")
     return RANK[imported] < RANK[importer]
@@ -305,6 +320,8 @@ def test_checker_rules() -> None:
     assert not allowed("testing.certs", "testing.controlplane")
     assert allowed("__init__", "cli")
     assert allowed("__main__", "cli")
+    assert allowed("manager", "manager.process") and not allowed("manager.options", "manager.process")
+    assert not allowed("manager", "loader")
     assert slot("declop") == "__init__"
     assert slot("declop.testing.plugin") == "testing"
     assert slot("declop.testing.certs") == "testing.certs"
@@ -341,7 +358,16 @@ def test_a_package_init_says_what_it_owns_and_imports_nothing(package: str) -> N
     tree = ast.parse(init.read_text())
     doc = " ".join((ast.get_docstring(tree) or "").split())
     assert "May import" in doc, f"{init.relative_to(PACKAGE_DIR)}: the docstring says what the package owns and what it may import"
-    assert imported_modules(init.read_text(), f"declop.{package}", package=True) == []
+    imports = imported_modules(init.read_text(), f"declop.{package}", package=True)
+    if package in FACADES:
+        assert all(m.startswith(f"declop.{package}.") for _, m in imports), f"{package}/__init__.py imports only its own modules"
+        reexported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        exported = next(
+            (ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"), []
+        )
+        assert reexported == set(exported), f"{package}/__init__.py re-exports exactly its __all__"
+    else:
+        assert imports == []
     assert package in ORDER and all(
         ORDER.index(package) < ORDER.index(m) for m in ORDER if m.startswith(package + ".")
     ), f"list {package} before its modules"
