@@ -135,6 +135,17 @@ ORDER = [
     "testing.incluster",
     "testing",  # any other module in declop/testing/, and the testing package itself
     "cli",
+    "cli.help",
+    "cli.exits",
+    "cli.flags",
+    "cli.run",
+    "cli.dev",
+    "cli.crd",
+    "cli.sim",
+    "cli.rbac",
+    "cli.new",
+    "cli.assets_command",
+    "cli.entry",
     "__init__",
     "__main__",
 ]

@@ -45,8 +45,7 @@ async def after_loss(m: Any, *, leader_only_background: bool) -> None:
         if m.lifecycle is not None:
             stopping.append(m.lifecycle.stop_background(grace=0, leader_only=True, settle=min(0.5, m.loss.left())))
     await m.loss.bounded(asyncio.gather(*stopping), LOST_CLEANUP_SECONDS, "stopping the workers after the loss")
-    if m._stop is not None:
-        m._stop.set()
+    m.request_stop()
 
 
 class LeaderLease:

@@ -133,7 +133,8 @@ class Manager:
         #: shutdown hooks and background tasks a stop gave up on (they still run)
         self.left_running = 0
         self._stop: asyncio.Event | None = None
-        self._started_up = False  # the startup hooks all succeeded
+        #: the startup hooks all succeeded (the stop runs the shutdown hooks only then)
+        self.started_up = False
         #: reviews the optional grants (warnings only), started with the informers
         self._review_optional: Callable[[], Coroutine[Any, Any, None]] | None = None
 
@@ -332,13 +333,13 @@ class Manager:
             await self.probes.start()  # before the caches: /healthz answers while they sync
             if self.loop_lag is not None:
                 self.loop_lag.start()
-        if self.webhook_endpoint is not None:  # before startup hooks and informers: their writes may need it
-            assert self.transport is not None
+        if self.webhooks is not None:  # before startup hooks and informers: their writes may need it
+            assert self.webhook_endpoint is not None and self.transport is not None
             hooks = [(h, self.discovery.resolve_cached(h.resource)) for h in self.registry.webhooks]  # type: ignore[union-attr]
             await self.webhook_endpoint.start(hooks, self.transport.request)
         if self.lifecycle is not None:
             await self.lifecycle.startup()  # a failure raises ConfigError: nothing else starts
-        self._started_up = True
+        self.started_up = True
         self.informers.start()
         for c in self.controllers:
             self.group.start(Task(f"start {c.name}", functools.partial(c.start, self.leadership)))
@@ -370,6 +371,11 @@ class Manager:
         if self.leadership is not None and (self.elector is None or not self.elector.valid()):
             return  # lost before we got here: the loss stops everything
         self.lifecycle.start_background(every_replica=False)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to stop, as SIGTERM does (a lost Lease does)."""
+        if self._stop is not None:
+            self._stop.set()
 
     def lose(self) -> None:
         """A Lease was lost under a running call: exit 1; from now on every step of the stop

@@ -56,7 +56,7 @@ async def shutdown(m: Any) -> bool:
     lost = loss.happened  # also when the Lease was lost during the drain
     if not clean and not lost:
         log.warning("Grace period over; some reconciles did not finish", extra={"kv": {"gracePeriod": o.grace_period}})
-    if m.lifecycle is not None and m._started_up:
+    if m.lifecycle is not None and m.started_up:
         ok = await loss.bounded(m.lifecycle.shutdown(), 1.0 if lost else o.grace_period, "running the shutdown hooks")
         if ok is None:
             m.left_running += 1  # a hook still runs (in its thread): the Lease stays

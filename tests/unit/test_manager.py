@@ -111,7 +111,7 @@ def _manager(stuck: _Stuck, elector: Any, grace: float) -> tuple[Manager, Contro
     m.controllers = [c]
     hooks = [make_hook(stuck.shutdown_hook, "shutdown"), make_hook(stuck.background, "background")]
     m.lifecycle = Lifecycle(hooks, _Context(), m.executor)  # type: ignore[arg-type]
-    m._started_up = True
+    m.started_up = True
     m.elector, m.leadership = elector, asyncio.Event()
     return m, c
 
