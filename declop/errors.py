@@ -8,9 +8,8 @@ here are the ones several packages share; the others live beside the code that r
      ├── ConfigError            bad input from the user (files, options, kubeconfig); the CLI exits non-zero
      │    ├── RegistrationError   a decorator was misused, or used after the manager started
      │    │    ├── _BadConcurrency   declop.registry: max_concurrent is not a positive int (exit 2)
-     │    │    └── _BadShardKey      declop.registry: shard_by is neither "uid" nor "namespace" (exit 2)
-     │    ├── _BadShardKey        declop.manager: shard_by="namespace" on a cluster-scoped resource (exit 2)
-     │    ├── _BadOptions         declop.cli: command-line options that contradict each other (exit 2)
+     │    │    └── _BadShardKey      declop.registry: a shard_by that cannot spread the objects (exit 2)
+     │    ├── BadOptions          declop.cli: command-line options that contradict each other (exit 2)
      │    ├── KubeconfigError     declop.kube.kubeconfig: a malformed kubeconfig, named with its file
      │    ├── MissingPermissions  declop.kube.access: RBAC lacks grants declop needs, one line each
      │    └── ScaffoldError       declop.dev.scaffold: ``declop new`` cannot write the project it was asked for

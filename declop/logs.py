@@ -11,7 +11,7 @@ A log record may carry key/value pairs in ``record.kv`` (a dict). The formatters
 
 :class:`ReconcileLogger` is what handlers receive: every line carries ``controller``, ``namespace``,
 ``name`` and the reconcile's ``reconcileID``; extra pairs come as keyword arguments.
-Only ``cli.py`` installs handlers (:func:`configure`); a library user keeps full control.
+Only ``declop.cli`` installs handlers (:func:`configure`); a library user keeps full control.
 
 Invariant: declop's own messages never carry object contents (they name the type and the key).
 As a second line of defence, both formatters pass the pairs and the ``%`` arguments through

@@ -122,6 +122,14 @@ ORDER = [
     "registry.registry",
     "registry.decorators",
     "manager",
+    "manager.options",
+    "manager.loss",
+    "manager.runnables",
+    "manager.preflight",
+    "manager.wiring",
+    "manager.leadership",
+    "manager.shutdown",
+    "manager.process",
     "loader",
     "dev",
     "dev.manifests",
@@ -139,6 +147,17 @@ ORDER = [
     "testing.incluster",
     "testing",  # any other module in declop/testing/, and the testing package itself
     "cli",
+    "cli.help",
+    "cli.exits",
+    "cli.flags",
+    "cli.run",
+    "cli.dev",
+    "cli.crd",
+    "cli.sim",
+    "cli.rbac",
+    "cli.new",
+    "cli.assets_command",
+    "cli.entry",
     "__init__",
     "__main__",
 ]
@@ -326,6 +345,8 @@ def test_checker_rules() -> None:
     assert allowed("__main__", "cli")
     assert allowed("registry", "registry.decorators") and not allowed("registry.options", "registry.decorators")
     assert not allowed("registry", "manager")
+    assert allowed("manager", "manager.process") and not allowed("manager.options", "manager.process")
+    assert not allowed("manager", "loader")
     assert slot("declop") == "__init__"
     assert slot("declop.testing.plugin") == "testing"
     assert slot("declop.testing.certs") == "testing.certs"

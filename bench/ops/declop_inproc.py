@@ -35,7 +35,7 @@ import orjson  # noqa: E402
 
 import declop  # noqa: E402
 import declop.cache.watch  # noqa: E402
-import declop.manager  # noqa: E402
+import declop.manager.process  # noqa: E402
 from declop.logs import configure  # noqa: E402
 from declop.manager import Manager, Options  # noqa: E402
 from declop.registry import default_registry  # noqa: E402
@@ -61,7 +61,7 @@ def _timed_loads(line: bytes):
     return event
 
 
-class SyntheticWatchTransport(declop.manager.Transport):  # type: ignore[misc,name-defined]
+class SyntheticWatchTransport(declop.manager.process.Transport):  # type: ignore[misc,name-defined]
     """The real Transport, except that watches of the benchmark resource are synthetic."""
 
     phases: list[tuple[float, float]] = []
@@ -139,7 +139,7 @@ async def main(namespace: str, kubeconfig: str) -> None:
     synth = os.environ.get("BENCH_SYNTH")
     if synth:
         SyntheticWatchTransport.phases = [tuple(map(float, p.split(":"))) for p in synth.split(",")]
-        declop.manager.Transport = SyntheticWatchTransport
+        declop.manager.process.Transport = SyntheticWatchTransport
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -40,17 +40,48 @@ import math
 import random
 import socket
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from declop.clock import LEASE_CLOCK, WALL_CLOCK, Clock
 from declop.errors import ApiError, ConfigError, Conflict, NotFound
 
-__all__ = ["LeaderElector"]
+__all__ = ["LEASE_TIMINGS", "LeaderElector", "LeaseTimings"]
 
 log = logging.getLogger("declop.leader")
 
 #: the transport verb named in error lines, per HTTP method
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
+
+
+@dataclass(frozen=True)
+class LeaseTimings:
+    """How long a Lease lasts and how its holder renews it, in seconds; the defaults are
+    client-go's, and every other default of these three (manager options, CLI flags, the
+    simulators) is read from :data:`LEASE_TIMINGS`."""
+
+    #: a standby waits this long, on its own clock, before it takes a Lease nobody renewed
+    lease_duration: float = 15.0
+    #: the holder keeps trying to renew this long after its last renewal before it gives up
+    renew_deadline: float = 10.0
+    #: between two Lease attempts (acquire or renew)
+    retry_period: float = 2.0
+
+    def valid(self) -> bool:
+        """client-go's rule: duration > deadline > 1.2 × retry > 0."""
+        return self.lease_duration > self.renew_deadline > self.retry_period * 1.2 and self.retry_period > 0
+
+    def check(self, what: str) -> None:
+        """Raise :class:`~declop.errors.ConfigError` naming ``what`` unless :meth:`valid`."""
+        if not self.valid():
+            raise ConfigError(
+                f"{what} needs lease_duration > renew_deadline > 1.2 × retry_period > 0, got "
+                f"{self.lease_duration} / {self.renew_deadline} / {self.retry_period}"
+            )
+
+
+#: the default timings
+LEASE_TIMINGS = LeaseTimings()
 
 
 def _now_micro(wall_clock: Clock = WALL_CLOCK) -> str:
@@ -69,19 +100,15 @@ class LeaderElector:
         name: str,
         namespace: str,
         identity: str | None = None,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
+        lease_duration: float = LEASE_TIMINGS.lease_duration,
+        renew_deadline: float = LEASE_TIMINGS.renew_deadline,
+        retry_period: float = LEASE_TIMINGS.retry_period,
         clock: Clock = LEASE_CLOCK,
         on_change: Callable[[bool], None] | None = None,
         wall_clock: Clock = WALL_CLOCK,
         exclusive: bool = True,
     ) -> None:
-        if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
-            raise ConfigError(
-                "leader election needs lease_duration > renew_deadline > 1.2 × retry_period > 0, got "
-                f"{lease_duration} / {renew_deadline} / {retry_period}"
-            )
+        LeaseTimings(lease_duration, renew_deadline, retry_period).check("leader election")
         self.transport = transport
         self.name, self.namespace = name, namespace
         self.identity = identity or f"{socket.gethostname()}_{uuid.uuid4()}"

@@ -38,8 +38,8 @@ import uuid
 from typing import Any, Callable
 
 from declop.clock import LEASE_CLOCK, WALL_CLOCK, Clock
-from declop.errors import ApiError, ConfigError, NotFound
-from declop.leases.leader import LeaderElector
+from declop.errors import ApiError, NotFound
+from declop.leases.leader import LEASE_TIMINGS, LeaderElector, LeaseTimings
 from declop.leases.members import Members
 from declop.leases.ranges import ShardSet as ShardSet
 from declop.leases.ranges import lease_name as lease_name
@@ -60,20 +60,16 @@ class ShardLeases:
         *,
         lease_id: str,
         namespace: str,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
+        lease_duration: float = LEASE_TIMINGS.lease_duration,
+        renew_deadline: float = LEASE_TIMINGS.renew_deadline,
+        retry_period: float = LEASE_TIMINGS.retry_period,
         clock: Clock = LEASE_CLOCK,
         metrics: Any = None,
         identity: str | None = None,
         on_round: Callable[[], None] | None = None,
         wall_clock: Clock = WALL_CLOCK,
     ) -> None:
-        if not (lease_duration > renew_deadline > retry_period * 1.2 and retry_period > 0):
-            raise ConfigError(
-                "sharding needs lease_duration > renew_deadline > 1.2 × retry_period > 0, got "
-                f"{lease_duration} / {renew_deadline} / {retry_period}"
-            )
+        LeaseTimings(lease_duration, renew_deadline, retry_period).check("sharding")
         self.transport, self.namespace, self.lease_id = transport, namespace, lease_id
         suffix = uuid.uuid4().hex[:10]
         self.identity = identity or f"{socket.gethostname()}_{suffix}"

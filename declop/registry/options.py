@@ -188,6 +188,8 @@ class _BadConcurrency(RegistrationError):
 
 
 class _BadShardKey(RegistrationError):
-    """``shard_by`` is neither "uid" nor "namespace": a usage error (exit 2 from the CLI)."""
+    """A shard key that cannot spread a controller's objects: ``shard_by`` is neither "uid" nor
+    "namespace" (raised when declared), or "namespace" on a cluster-scoped resource (raised by the
+    manager's wiring). A usage error (exit 2 from the CLI)."""
 
     exit_code = 2

@@ -91,7 +91,7 @@ from typing import Any, Callable, Sequence
 
 from declop.errors import ApiError, Fenced
 from declop.kube.fencing import WriteFence
-from declop.leases.leader import LeaderElector
+from declop.leases.leader import LEASE_TIMINGS, LeaderElector
 from declop.leases.shards import ShardLeases, ShardSet, lease_name
 from declop.leases.watchdog import EXIT_BOUND, MARGIN, Watchdog
 from declop.testing.apiserver import FakeApiServer
@@ -126,9 +126,9 @@ class Scenario:
     shards: int = 4
     keys: int = 200
     duration: float = 60.0  # virtual seconds of faults and workload; then the run settles
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    lease_duration: float = LEASE_TIMINGS.lease_duration
+    renew_deadline: float = LEASE_TIMINGS.renew_deadline
+    retry_period: float = LEASE_TIMINGS.retry_period
     max_faults: int = 6
     #: the fault kinds a seed draws from (:data:`FAULT_KINDS`; empty: the family's default,
     #: :data:`SHARD_FAULT_KINDS` for the sharded families)

@@ -85,6 +85,7 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
 from declop.errors import ApiError, NotFound
 from declop.kube.keys import Request
 from declop.kube.transport import StreamIdle, StreamInterrupted
+from declop.leases.leader import LEASE_TIMINGS
 from declop.manager import Manager, Options
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
@@ -119,9 +120,9 @@ class World:
     shards: int = 4
     objects: int = 200
     duration: float = 60.0
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    lease_duration: float = LEASE_TIMINGS.lease_duration
+    renew_deadline: float = LEASE_TIMINGS.renew_deadline
+    retry_period: float = LEASE_TIMINGS.retry_period
     max_faults: int = 4
     kinds: tuple[str, ...] = WORLD_FAULTS
     faults: tuple[Fault, ...] | None = None

@@ -291,7 +291,7 @@ with files.image_source() as source:
         "source": str(source),
         "inputs": {name: (source / name).read_text() for name in files.IMAGE_FILES},
         "lock_problems": lock_problems(source),
-        "package": (source / "declop" / "cli.py").is_file(),
+        "package": (source / "declop" / "cli" / "entry.py").is_file(),
     }
 print(json.dumps({
     "checkout": str(files.checkout()),

@@ -9,17 +9,19 @@ import pytest
 from click.testing import CliRunner
 
 from declop import cli
+from declop.cli import dev as dev_command, run as run_command
+from declop.errors import ConfigError
 from declop.manager import Options
 
 
 @pytest.fixture()
 def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[Options], Path]:
     seen: list[Options] = []
-    monkeypatch.setattr(cli, "_run_manager", lambda configuration, options: seen.append(options))
-    monkeypatch.setattr(cli, "load_configuration", lambda *a, **kw: object())
-    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)
-    monkeypatch.setattr(cli, "load", lambda paths, modules: None)
-    monkeypatch.setattr(cli, "_require_registrations", lambda kw: None)
+    monkeypatch.setattr(run_command, "run_manager", lambda configuration, options: seen.append(options))
+    monkeypatch.setattr(run_command, "load_configuration", lambda *a, **kw: object())
+    monkeypatch.setattr(run_command, "setup_logging", lambda *a: None)
+    monkeypatch.setattr(run_command, "load", lambda paths, modules: None)
+    monkeypatch.setattr(run_command, "require_registrations", lambda kw: None)
     handlers = tmp_path / "h.py"
     handlers.write_text("")
     return seen, handlers
@@ -84,12 +86,12 @@ def no_control_plane(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("no control plane may start for a refused command")
 
     monkeypatch.setattr(controlplane, "ControlPlane", refuse)
-    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)
+    monkeypatch.setattr(dev_command, "setup_logging", lambda *a: None)
 
 
 def test_dev_refuses_reload_with_node(no_control_plane: None, tmp_path: Path) -> None:
     result: Any = CliRunner().invoke(cli.cli, ["dev", "--node", "--reload", str(tmp_path / "h.py")], standalone_mode=False)
-    assert isinstance(result.exception, cli.ConfigError) and getattr(result.exception, "exit_code", 1) == 2
+    assert isinstance(result.exception, ConfigError) and getattr(result.exception, "exit_code", 1) == 2
     assert str(result.exception) == "--reload restarts handlers in this process; with --node they run in-cluster: drop --reload (or --node)"
 
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 import declop.registry as registry_module
 from declop import cli
+from declop.cli import rbac as rbac_command, run as run_command
 from declop.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +36,8 @@ def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     before = set(sys.modules)
     fresh = Registry()
     monkeypatch.setattr(registry_module, "default_registry", fresh)
-    monkeypatch.setattr(cli, "default_registry", fresh)
-    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)  # leave the root logger alone
+    monkeypatch.setattr(rbac_command, "default_registry", fresh)
+    monkeypatch.setattr(rbac_command, "setup_logging", lambda *a: None)  # leave the root logger alone
     path = tmp_path / "rbac_handlers.py"
     path.write_text(HANDLERS)
     yield path
@@ -105,11 +106,11 @@ def test_a_bad_service_account_is_one_line(handlers: Path, capsys: pytest.Captur
 
 def test_run_passes_the_check_switch_and_the_rbac_command_of_its_own_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     seen: list[Any] = []
-    monkeypatch.setattr(cli, "_run_manager", lambda configuration, options: seen.append(options))
-    monkeypatch.setattr(cli, "load_configuration", lambda *a, **kw: object())
-    monkeypatch.setattr(cli, "_setup_logging", lambda *a: None)
-    monkeypatch.setattr(cli, "load", lambda paths, modules: None)
-    monkeypatch.setattr(cli, "_require_registrations", lambda kw: None)
+    monkeypatch.setattr(run_command, "run_manager", lambda configuration, options: seen.append(options))
+    monkeypatch.setattr(run_command, "load_configuration", lambda *a, **kw: object())
+    monkeypatch.setattr(run_command, "setup_logging", lambda *a: None)
+    monkeypatch.setattr(run_command, "load", lambda paths, modules: None)
+    monkeypatch.setattr(run_command, "require_registrations", lambda kw: None)
     args = ["run", "my handlers.py", "-m", "ops.more", "-n", "a", "--leader-elect", "--leader-election-namespace", "ops"]
     assert CliRunner().invoke(cli.cli, args, catch_exceptions=False).exit_code == 0
     assert CliRunner().invoke(cli.cli, [*args, "--no-check-permissions"], catch_exceptions=False).exit_code == 0

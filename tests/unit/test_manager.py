@@ -50,6 +50,7 @@ from declop.kube.keys import Request  # noqa: E402
 from declop.leases.leader import LeaderElector  # noqa: E402
 from declop.lifecycle import Lifecycle, make_hook  # noqa: E402
 from declop.manager import LOST_CLEANUP_SECONDS  # noqa: E402
+from declop.manager.leadership import LeaderLease  # noqa: E402
 from declop.reconcile.controller import Controller, Source  # noqa: E402
 from declop.reconcile.mapping import enqueue_self  # noqa: E402
 from declop.testing.apiserver import FakeApiServer  # noqa: E402
@@ -110,7 +111,7 @@ def _manager(stuck: _Stuck, elector: Any, grace: float) -> tuple[Manager, Contro
     m.controllers = [c]
     hooks = [make_hook(stuck.shutdown_hook, "shutdown"), make_hook(stuck.background, "background")]
     m.lifecycle = Lifecycle(hooks, _Context(), m.executor)  # type: ignore[arg-type]
-    m._started_up = True
+    m.started_up = True
     m.elector, m.leadership = elector, asyncio.Event()
     return m, c
 
@@ -119,7 +120,7 @@ async def _start(m: Manager, c: Controller, stuck: _Stuck) -> asyncio.Event:
     stop = asyncio.Event()
     m._stop = stop
     loop = asyncio.get_running_loop()
-    m._leading = loop.create_task(m._lead())
+    m.group.start(LeaderLease(m))
     await m.leadership.wait()  # type: ignore[union-attr]
     loop.create_task(c.start(m.leadership))
     assert m.lifecycle is not None

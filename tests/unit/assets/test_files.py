@@ -40,7 +40,7 @@ def test_from_an_install_the_image_source_is_the_package_beside_the_shipped_buil
         assert source != ROOT and not source.is_relative_to(ROOT)
         for name in files.IMAGE_FILES:
             assert (source / name).read_bytes() == (ROOT / name).read_bytes(), name
-        assert (source / "declop" / "cli.py").read_bytes() == (ROOT / "declop" / "cli.py").read_bytes()
+        assert (source / "declop" / "cli" / "entry.py").read_bytes() == (ROOT / "declop" / "cli" / "entry.py").read_bytes()
         assert (source / "declop" / "assets" / "controlplane" / "go.mod").is_file()
         # the links became files: the image's own wheel carries what an installed wheel does
         assert (source / "declop" / "assets" / "chart" / "Chart.yaml").is_file()
