@@ -86,6 +86,7 @@ ORDER = [
     "reconcile.predicates",
     "reconcile.mapping",
     "reconcile.finalizers",
+    "reconcile._reads",
     "reconcile.client",
     "reconcile.ownership",
     "reconcile.events",
