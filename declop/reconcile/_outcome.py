@@ -79,6 +79,7 @@ _SUCCESS = (Verdict.SUCCESS, 0.0)
 _ERROR = (Verdict.ERROR, 0.0)
 _TERMINAL = (Verdict.TERMINAL_ERROR, 0.0)
 _FENCED = (Verdict.FENCED, 0.0)
+_SUCCESS_LABEL = Verdict.SUCCESS.value
 
 
 def classify(outcome: Any, error: BaseException | None) -> tuple[Verdict, float]:
@@ -144,11 +145,15 @@ def settle(
     """Classify the outcome, log it, apply it to the queue and count it. Returns the result (the
     ``result`` label of the reconcile metrics)."""
     if error is None:
+        if outcome is None:  # the table's common row, without its steps: nothing to log, forget
+            c.queue.forget(key)
+            c.metrics.reconciled(c.name, _SUCCESS_LABEL, seconds)
+            return _SUCCESS_LABEL
         error = invalid_outcome(c.name, key, outcome)
     verdict, delay = classify(outcome, error)
     report(logger, verdict, error)
     apply(c.queue, c.keys, key, verdict, delay, error)
-    result = verdict.value
+    result: str = verdict.value
     c.metrics.reconciled(c.name, result, seconds)
     return result
 
