@@ -60,9 +60,9 @@ def view(model: type[BaseModel], obj: Mapping[str, Any]) -> BaseModel:
         InvalidObject: ``obj`` fails validation; its ``problems`` name each field path.
     """
     try:
-        if _plain(model):
-            return _own(model.model_validate(obj))  # type: ignore[no-any-return]
-        return model.model_validate_json(pydantic_core.to_json(obj))
+        if _plain(model):  # model_validate's own checks cost ~0.5 µs a call; the validator is the same
+            return _own(model.__pydantic_validator__.validate_python(obj))  # type: ignore[no-any-return]
+        return model.__pydantic_validator__.validate_json(pydantic_core.to_json(obj))  # type: ignore[no-any-return]
     except ValidationError as exc:
         meta = obj.get("metadata") or {}
         raise InvalidObject(str(meta.get("resourceVersion") or ""), problems(exc)) from None
@@ -109,7 +109,7 @@ def _plan(cls: type[BaseModel]) -> tuple[bool, bool, tuple[tuple[str, bool], ...
         differs = differs or field_differs
         if field_shares:
             walk.append((name, not models))
-    if differs and _strict(cls.__pydantic_core_schema__):
+    if differs and _strict(_core_schema(cls)):
         plain = False  # strict Python mode would refuse the cached JSON form: validate it as JSON
     plan = (plain, bool(walk) or cls.model_config.get("extra") == "allow", tuple(walk), differs)
     _PLANS[cls] = plan
@@ -144,6 +144,14 @@ def _type_plan(tp: Any) -> tuple[bool, bool, bool, bool]:
         if issubclass(tp, _ATOMS):
             return True, False, False, issubclass(tp, _JSON_DIFFERS)
     return False, True, True, True  # anything else: validated from JSON
+
+
+def _core_schema(cls: type[BaseModel]) -> Any:
+    """``cls``'s core schema, built first if it was deferred (``defer_build=True``), where it is a
+    placeholder until first use."""
+    if not cls.__pydantic_complete__:
+        cls.model_rebuild()
+    return cls.__pydantic_core_schema__
 
 
 def _strict(schema: Any) -> bool:

@@ -218,3 +218,22 @@ def test_a_typed_validator_on_a_strict_model_admits_the_stored_form_and_denies_b
     assert len(seen) == 1 and seen[0].spec.color is Color.BLUE and seen[0].spec.tags == {"a", "b"}
     assert denied["allowed"] is False and denied["status"]["code"] == 422
     assert denied["status"]["message"] == "spec.color: Input should be 'red' or 'blue'"
+
+
+class DeferredStrictSpec(BaseModel):
+    model_config = ConfigDict(strict=True, defer_build=True)
+
+    when: datetime.datetime
+
+
+class DeferredStrict(CustomResource, group="example.com", version="v1", kind="DeferredStrict"):
+    model_config = ConfigDict(defer_build=True, extra="allow")
+
+    spec: DeferredStrictSpec
+
+
+def test_a_strict_model_built_on_first_use_is_seen_as_strict() -> None:
+    """``defer_build=True``: the core schema is a placeholder until the class is built, so the plan
+    builds it rather than read the placeholder as "not strict"."""
+    obj = {"apiVersion": "example.com/v1", "kind": "DeferredStrict", "metadata": META, "spec": {"when": "2026-12-05T10:00:00Z"}}
+    assert view(DeferredStrict, obj).spec.when.day == 5
