@@ -21,7 +21,7 @@ import declop
 from declop.errors import InvalidObject
 from declop.registry import Registry
 from declop.typed.model import CustomResource
-from declop.typed.view import _plain, view
+from declop.typed.view import _plain, problems, view
 from declop.webhooks.server import WebhookServer
 
 
@@ -237,3 +237,46 @@ def test_a_strict_model_built_on_first_use_is_seen_as_strict() -> None:
     builds it rather than read the placeholder as "not strict"."""
     obj = {"apiVersion": "example.com/v1", "kind": "DeferredStrict", "metadata": META, "spec": {"when": "2026-12-05T10:00:00Z"}}
     assert view(DeferredStrict, obj).spec.when.day == 5
+
+
+# --------------------------------------------------------------------------- the law, over generated objects
+
+from hypothesis import given, settings  # noqa: E402 - this section's own imports
+from hypothesis import strategies as st  # noqa: E402
+
+#: JSON values, with the string forms the strict models' types take, so both outcomes are common
+_FORMS = st.sampled_from(["2026-12-05T10:00:00Z", "2026-12-05", "PT30M", "red", "blue", "x", "1", "", "true"])
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2, allow_nan=False) | _FORMS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_FORMS | st.sampled_from(["a", "start", "color"]), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _outcome(model: type[BaseModel], obj: dict[str, Any], through_view: bool) -> Any:
+    if through_view:
+        try:
+            return view(model, obj)  # type: ignore[arg-type]
+        except InvalidObject as exc:
+            return exc.problems
+    try:
+        return model.model_validate_json(pydantic_core.to_json(obj))
+    except ValidationError as exc:
+        return problems(exc)
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from([StrictThing, JsonNative, FieldStrict]),
+       spec=st.dictionaries(st.sampled_from(sorted({*StrictSpec.model_fields, *JsonNativeSpec.model_fields, *FieldStrictSpec.model_fields})),
+                            _JSON, max_size=6))
+def test_a_view_of_a_strict_model_accepts_exactly_what_its_json_form_accepts(model: type[CustomResource], spec: dict[str, Any]) -> None:
+    """Whatever path the plan picks (JSON for StrictThing and FieldStrict, the dict for
+    JsonNative), the view is what the JSON form gives, or is refused at the same field paths
+    (the direct path's wording may differ: "a valid list" where JSON says "a valid array")."""
+    obj = {"apiVersion": "example.com/v1", "kind": model.kind_of().kind, "metadata": META, "spec": spec}
+    got, expected = _outcome(model, obj, True), _outcome(model, obj, False)
+    if isinstance(expected, tuple):
+        assert isinstance(got, tuple), f"the view took what the JSON form refuses: {expected}"
+        assert [p.split(": ")[0] for p in got] == [p.split(": ")[0] for p in expected]
+    else:
+        assert got == expected
