@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from declop.cache.store import clone
 from declop.errors import InvalidObject, RegistrationError
@@ -223,3 +223,28 @@ def test_a_model_with_a_validator_is_validated_from_json_so_the_validator_cannot
     before = copy.deepcopy(cached)
     m = view(Mutating, cached)
     assert m.spec == {"a": 1, "scribbled": True} and cached == before
+
+
+class DeferredSpec(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
+    replicas: int = 1
+    config: FreeForm = Field(default_factory=dict)
+
+
+class Deferred(CustomResource, group="example.com", version="v1", kind="Deferred"):
+    model_config = ConfigDict(defer_build=True, extra="allow")
+
+    spec: DeferredSpec
+
+
+def test_a_model_built_on_first_use_is_viewed_and_shares_nothing() -> None:
+    """``defer_build=True``: the class's validator is a placeholder until first use; the view,
+    which calls the validator directly, builds it as ``model_validate`` would."""
+    cached = {"apiVersion": "example.com/v1", "kind": "Deferred", "metadata": {"name": "d"},
+              "spec": {"replicas": 2, "config": {"deep": [1]}}}
+    before = copy.deepcopy(cached)
+    d = view(Deferred, cached)
+    assert isinstance(d, Deferred) and d.spec.replicas == 2
+    d.spec.config["deep"].append(2)
+    assert cached == before
