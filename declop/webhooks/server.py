@@ -412,7 +412,8 @@ class WebhookServer:
                     max(deadline - time.monotonic(), 0.001),
                 )
                 if hook.model is not None:
-                    result = typed_converted(given, result) or _WRONG
+                    result = typed_converted(given, result)
+                    result = _WRONG if result is None else result
                 if result is not None and not isinstance(result, dict):
                     raise TypeError(f"the converter returned {type(result).__name__}, not an object or None")
             except Rejected as exc:

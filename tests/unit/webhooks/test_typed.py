@@ -279,3 +279,11 @@ def test_a_converter_annotation_is_checked_at_registration() -> None:
     with pytest.raises(RegistrationError, match="Gizmo and GizmoAgain are both example.com/v1; name each version once"):
         register_converter(twice)
     assert register_converter(lambda obj: None).webhooks[0].model is None  # untyped: dicts, as before
+
+
+def test_a_typed_converter_returning_something_else_fails_the_review() -> None:
+    def wrong(obj: Gizmo | GizmoV2, desired_api_version: str) -> Any:
+        return 42
+
+    response = post(register_converter(wrong), conversion("example.com/v2", OBJ))["response"]
+    assert response["result"]["status"] == "Failure" and "raised TypeError" in response["result"]["message"]
