@@ -214,7 +214,11 @@ def converted_object(model: BaseModel) -> dict[str, Any]:
 
 def _json(model: BaseModel) -> Any:
     """``model``'s JSON form: every value except a ``None`` never set; naive datetimes as UTC."""
-    return _utc(model).model_dump(mode="json", by_alias=True, exclude_computed_fields=True, exclude=_unset_nones(model) or None)
+    return _utc(model).model_dump(mode="json", by_alias=True, exclude=_unset_nones(model) or None, **_NO_COMPUTED)
+
+
+#: computed fields are left out where pydantic can (2.12 on); the apiserver prunes them anyway
+_NO_COMPUTED = {"exclude_computed_fields": True} if "exclude_computed_fields" in inspect.signature(BaseModel.model_dump).parameters else {}
 
 
 def _unset_nones(value: Any) -> Any:
