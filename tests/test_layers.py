@@ -111,6 +111,7 @@ ORDER = [
     "webhooks.patch",
     "webhooks.admission",
     "webhooks.conversion",
+    "webhooks.typed",
     "webhooks.declaration",
     "webhooks.configuration",
     "webhooks.certs",

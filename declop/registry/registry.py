@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeVar
 
@@ -223,12 +224,14 @@ class Registry:
         if kind == "converter" and isinstance(resource, type):
             named = getattr(resource, "kind_of")().crd_name  # one converter serves every version of the CRD
         hook = make_webhook(fn, kind, named, **options)
-        model = typed_model(fn, hook.name, Resource(named))
-        if model is not None and kind != "validator":
-            raise RegistrationError(
-                f"@declop.{kind} {hook.name!r}{location(fn)} declares obj: {model.__qualname__}; a typed obj is for "
-                f"reconcilers and validators — a {kind} gets the object as a dict"
-            )
+        if kind != "converter":
+            model = typed_model(fn, hook.name, Resource(named))
+        elif "declop.typed.model" in sys.modules:  # a converter names the models of the versions it reads
+            from declop.webhooks.typed import converter_models
+
+            model = converter_models(fn, hook.name, named) or None
+        else:
+            model = None
         if model is not None:
             hook = dataclasses.replace(hook, model=model)
         for other in self._webhooks:

@@ -24,15 +24,36 @@ into what the apiserver accepts (apiextensions ``validateStructural`` and friend
   a ``format`` the apiserver does not know goes;
 * the key order of every node is fixed, so the same model always gives the same bytes.
 
+Defaults (``default:``) are what Python would fill in, so that the apiserver stores what a
+handler reads (its structural defaulting applies a property's default when the key is absent,
+then recurses into the value, nested defaults included):
+
+* a plain default is its JSON form; a ``default_factory`` is called when the schema is made and
+  gives a default the same way — unless it reads the other fields (``lambda data: ...``), raises,
+  gives a value that holds a date, time or UUID (taken as "now" or "new": ``datetime.now``,
+  ``uuid4``), gives different values on two calls, has no JSON form, or gives a value the field
+  itself refuses (``Field(default_factory=list, min_length=1)``); then there is no default, as
+  before: the field is optional to the apiserver and Python fills it in on read;
+* an object's default is its full value, not ``{}``: the apiserver validates a default as
+  written (required fields, CEL rules), before nested defaults apply; a ``None`` in it is left
+  out where the nested field has no other default and is not required (absent and null read
+  the same, and an enum refuses a null), so ``= Spec()`` and ``Field(default_factory=Spec)``
+  give the same schema;
+
 Every refusal is a :class:`~declop.errors.RegistrationError` of one line naming the model and
 the field path (``Widget: spec.owner: …``) and what to write instead.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
+from datetime import date, time
 from typing import Any, Mapping
 
 from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue, NoDefault
+from pydantic_core import CoreSchema, SchemaValidator, core_schema
 
 from declop.errors import RegistrationError
 from declop.typed.model import CustomResource
@@ -70,7 +91,7 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
         RegistrationError: one line naming the model and field the apiserver would refuse.
     """
     try:
-        raw = model.model_json_schema()
+        raw = model.model_json_schema(schema_generator=_Generator)
     except Exception as exc:  # pydantic's own refusal (a type with no JSON schema)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RegistrationError(f"{model.__name__}: pydantic cannot describe it as JSON schema: {first}") from None
@@ -97,6 +118,73 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     if rules:
         root["x-kubernetes-validations"] = [_ordered_rule(r.validation()) for r in rules]
     return root
+
+
+class _Generator(GenerateJsonSchema):
+    """pydantic's JSON schema, with the value of a ``default_factory`` as the field's default
+    where it can be known when the schema is made (the module's docstring says when)."""
+
+    def generate(self, schema: CoreSchema, mode: JsonSchemaMode = "validation") -> JsonSchemaValue:
+        # the model's shared definitions, for the validators that check a factory's value
+        self._core_definitions = list(schema.get("definitions") or ()) if schema.get("type") == "definitions" else []
+        return super().generate(schema, mode)
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        factory = schema.get("default_factory")
+        if factory is None:
+            return super().get_default_value(schema)
+        if schema.get("default_factory_takes_data"):
+            return NoDefault
+        try:
+            first, second = factory(), factory()  # type: ignore[call-arg]
+        except Exception:
+            return NoDefault
+        if _volatile(first):
+            return NoDefault
+        try:
+            encoded = self.encode_default(first)
+            if encoded != self.encode_default(second):
+                return NoDefault
+            validator = SchemaValidator(core_schema.definitions_schema(schema["schema"], self._core_definitions))
+            validator.validate_json(json.dumps(encoded))
+        except Exception:  # no JSON form, or a value the field itself refuses
+            return NoDefault
+        return first
+
+
+def _volatile(value: Any) -> bool:
+    """Whether ``value`` holds a date, a time or a UUID: a factory that gives one is taken as
+    "now" or "new", never as a constant to write into a CRD."""
+    if isinstance(value, (date, time, uuid.UUID)):
+        return True
+    if isinstance(value, BaseModel):
+        return any(_volatile(v) for v in (*value.__dict__.values(), *(value.__pydantic_extra__ or {}).values()))
+    if isinstance(value, Mapping):
+        return any(_volatile(k) or _volatile(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_volatile(v) for v in value)
+    return False
+
+
+def _settled(value: Any, node: Mapping[str, Any]) -> Any:
+    """``value``, the default of ``node``, without the ``None`` of a nested field that has no
+    default of its own and is not required (the apiserver would store a null that reads as
+    absent, or refuse it in an enum)."""
+    if isinstance(value, dict):
+        properties = node.get("properties")
+        if isinstance(properties, Mapping):
+            required = set(node.get("required") or ())
+            return {
+                k: _settled(v, properties[k]) if k in properties else v
+                for k, v in value.items()
+                if not (v is None and k in properties and "default" not in properties[k] and k not in required)
+            }
+        values = node.get("additionalProperties")
+        if isinstance(values, Mapping):
+            return {k: _settled(v, values) for k, v in value.items()}
+    elif isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        return [_settled(v, node["items"]) for v in value]
+    return value
 
 
 def _ordered_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,6 +308,8 @@ class _Converter:
                 raise self.error(where, "an object with no fields and no value type; use FreeForm, dict[str, X] or a model with fields")
         if out.get("x-kubernetes-list-type") == "set" and out.get("items", {}).get("type") in ("object", "array"):
             raise self.error(where, "a set of objects or lists is not allowed; use a list with ListType('map', keys=(...)) for objects")
+        if "default" in out:
+            out["default"] = _settled(out["default"], out)
         return {k: out[k] for k in _ORDER if k in out}
 
 

@@ -9,7 +9,9 @@ objects (same CA, same Service or URL), so a rollout changes nothing.
 Each webhook entry has (docs/webhooks.md):
 
 - ``rules``: the resource as discovery resolved it, all versions (``apiVersions: ["*"]``, so
-  ``matchPolicy: Equivalent`` covers every version), the decorator's operations, the scope;
+  ``matchPolicy: Equivalent`` covers every version) — for a typed validator or mutator
+  (``obj: Widget``) its model's version only, to which the apiserver converts an object written
+  at another — the decorator's operations, the scope;
 - ``clientConfig``: ``service`` (namespace, name, port, path) with ``--webhook-service``,
   else ``url`` (``--webhook-url`` + path), and the ``caBundle``;
 - ``sideEffects: None``, ``admissionReviewVersions: ["v1"]``, ``failurePolicy`` and
@@ -111,6 +113,12 @@ def parse_service(value: str) -> tuple[str, str, int]:
     return ns, name, number
 
 
+def _versions(hook: Webhook) -> list[str]:
+    """Every version, or a typed handler's model's only (the apiserver converts to it)."""
+    kind_of = getattr(hook.model, "kind_of", None)
+    return [kind_of().version] if kind_of is not None else ["*"]
+
+
 def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespace: str | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": hook.name,
@@ -118,7 +126,7 @@ def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespac
         "rules": [
             {
                 "apiGroups": [info.group],
-                "apiVersions": ["*"],
+                "apiVersions": _versions(hook),
                 "operations": list(hook.operations),
                 "resources": [info.plural],
                 "scope": "Namespaced" if info.namespaced else "Cluster",

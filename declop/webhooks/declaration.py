@@ -112,8 +112,9 @@ class Webhook:
     wants: frozenset[str] | None = None
     #: also admit requests in :data:`SYSTEM_NAMESPACES` (validators and mutators; opt-in)
     system_namespaces: bool = False
-    #: a validator's typed model (``obj: Widget``): ``obj`` is validated first, and an object
-    #: that fails is denied (422) with each field path, without calling the handler
+    #: a validator's or mutator's typed model (``obj: Widget``): ``obj`` is validated first, and
+    #: an object that fails is denied (422) with each field path, without calling the handler;
+    #: a converter's: the tuple of version models ``obj`` names (``obj: WidgetV1 | WidgetV2``)
     model: Any = None
 
     @property

@@ -21,6 +21,7 @@ Invariants:
 - :func:`check_size` refuses a body with more than :data:`MAX_CONTAINERS` brackets before any
   of it is decoded (two ``bytes.count``): a body of 7 MiB of ``[],`` would
   be 2.4 million lists, half a GiB of Python and 25 s of parsing;
+- :func:`dismantle` frees what :func:`loads` built the same way, a member at a time;
 - bodies above :data:`PIECE` bytes are parsed as pieces of at most about :data:`PIECE` bytes
   each, joined in Python (every piece is one short C call; the rest lets other threads run).
 """
@@ -29,11 +30,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any, Callable, Iterator
 
 __all__ = [
     "KEEP_DEPTH", "MAX_CONTAINERS", "MAX_DEPTH", "PIECE", "TooDeep", "TooMany", "bounded_clone",
-    "check_depth", "check_size", "loads",
+    "check_depth", "check_size", "dismantle", "loads",
 ]
 
 #: levels of nesting of an object (the object itself is level 1) a webhook handles
@@ -288,3 +290,33 @@ def _skeleton(body: bytes) -> bytes:
         raise ValueError("the request body is not valid JSON (unbalanced brackets)")
     out.append(body[kept:])
     return b"".join(out)
+
+
+def dismantle(trees: list[Any]) -> None:
+    """Free ``trees`` (emptying the list) one member at a time, so freeing a large tree never
+    holds the interpreter for long: each step frees one scalar or one empty container, and the
+    loop's thread runs between steps.
+
+    Only what nobody else holds is taken apart: a container a handler kept a reference to (or
+    that appears twice) is only let go of, its content intact."""
+    stack: list[Any] = []
+    while trees:
+        tree = trees.pop()
+        if type(tree) in (dict, list) and tree and sys.getrefcount(tree) == 2:  # ``tree`` and the call's argument
+            stack.append(tree)
+        del tree
+    while stack:
+        container = stack.pop()
+        if type(container) is dict:
+            while container:
+                _, value = container.popitem()
+                if type(value) in (dict, list) and value and sys.getrefcount(value) == 2:
+                    stack.append(value)
+                del value
+        else:
+            while container:
+                value = container.pop()
+                if type(value) in (dict, list) and value and sys.getrefcount(value) == 2:
+                    stack.append(value)
+                del value
+        del container

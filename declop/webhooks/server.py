@@ -35,7 +35,7 @@ Invariants:
   uncompressed, within the header, body and idle timeouts, at most :data:`MAX_IN_FLIGHT`
   requests and :data:`MAX_CONNECTIONS` connections at once (docs/webhooks.md, "Limits");
 - a body above :data:`OFFLOAD_BYTES` is parsed, copied, diffed, encoded and freed in one
-  thread of its own, in pieces (:func:`~declop.webhooks.decode.loads`, :func:`_dismantle`):
+  thread of its own, in pieces (:func:`~declop.webhooks.decode.loads`, :func:`~declop.webhooks.decode.dismantle`):
   the loop, which also renews the Lease and answers probes, is never held for long; smaller
   ones are cheaper on the loop. The cyclic collector is *not* paused for them (why:
   docs/webhooks.md, "Memory and the event loop");
@@ -59,7 +59,6 @@ import functools
 import json
 import logging
 import ssl
-import sys
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -71,7 +70,7 @@ from declop.serving.http import MiB, Guard, Limits, Serving, body, serve
 from declop.webhooks.admission import AdmissionRequest, BadReview, Oversized, allow, deny, parse_admission
 from declop.webhooks.conversion import ConversionRequest, converted, describe, failed, finish, parse_conversion
 from declop.webhooks.declaration import Rejected, Webhook
-from declop.webhooks.decode import TooDeep, bounded_clone, check_depth
+from declop.webhooks.decode import TooDeep, bounded_clone, check_depth, dismantle
 from declop.webhooks.patch import diff
 
 __all__ = [
@@ -275,7 +274,7 @@ class WebhookServer:
         if self._decoder is None:
             trees.clear()
             return
-        freeing = asyncio.wrap_future(self._decoder.submit(_dismantle, trees))
+        freeing = asyncio.wrap_future(self._decoder.submit(dismantle, trees))
         self._freeing.add(freeing)
         freeing.add_done_callback(self._freeing.discard)
 
@@ -300,11 +299,14 @@ class WebhookServer:
             "request_uid": uid,
             "warnings": warnings,
         }
+        before: Any = None  # a typed mutator's model, as JSON, before the call
         if hook.model is not None and obj is not None:
-            from declop.typed.view import view  # pydantic: only for a typed validator
+            from declop.typed.view import view  # pydantic: only for a typed validator or mutator
+            from declop.webhooks.typed import snapshot
 
             try:
                 available["obj"] = view(hook.model, obj)
+                before = snapshot(available["obj"]) if hook.kind == "mutator" else None
             except InvalidObject as exc:
                 logger.info("Denied", reason="; ".join(exc.problems), dryRun=review.dry_run)
                 return self._reply(deny(uid, "; ".join(exc.problems), code=422), "denied")
@@ -338,6 +340,11 @@ class WebhookServer:
             logger.debug("Allowed", seconds=seconds, dryRun=review.dry_run, warnings=len(warnings) + len(extra))
             return self._reply(allow(uid, warnings=[*warnings, *extra]), "allowed")
         # mutator
+        if before is not None:
+            from declop.webhooks.typed import mutated as typed_mutated
+
+            result = await self._work(big, typed_mutated, obj, before, available["obj"], result)
+            result = result if result is not None else _WRONG
         if result is not None and not isinstance(result, dict):
             log.error(
                 "Mutator returned something other than None or an object; the request is denied",
@@ -389,11 +396,24 @@ class WebhookServer:
                 out.append(original)
                 continue
             what = f"{describe(original)} from {original.get('apiVersion')} to {desired}"
+            given: Any = obj
+            if hook.model is not None:  # a typed converter: obj as its version's model
+                from declop.webhooks.typed import converted as typed_converted, source_view
+
+                try:
+                    given = source_view(hook.model, obj)
+                except (InvalidObject, ValueError) as exc:  # it fails its model, or has none (NoModel)
+                    reason = "; ".join(exc.problems) if isinstance(exc, InvalidObject) else str(exc)
+                    logger.info("Conversion refused", object=describe(original), reason=reason)
+                    return self._reply(failed(review.uid, f"converting {what}: {reason}"), "denied")
             try:
                 result = await self._call(
-                    hook, hook.arguments({"obj": obj, "desired_api_version": desired, "logger": logger}),
+                    hook, hook.arguments({"obj": given, "desired_api_version": desired, "logger": logger}),
                     max(deadline - time.monotonic(), 0.001),
                 )
+                if hook.model is not None:
+                    result = typed_converted(given, result)
+                    result = _WRONG if result is None else result
                 if result is not None and not isinstance(result, dict):
                     raise TypeError(f"the converter returned {type(result).__name__}, not an object or None")
             except Rejected as exc:
@@ -415,6 +435,10 @@ class WebhookServer:
         return await self._answer(converted(review.uid, out), "allowed", big)
 
 
+#: what a typed handler's unusable answer becomes: refused like an untyped one's
+_WRONG = object()
+
+
 def _failed(hook: Webhook) -> str:
     return f"webhook {hook.name} failed on this request; the operator's log has the details"
 
@@ -428,8 +452,6 @@ def _warnings(result: Any) -> list[str] | None:
     if isinstance(result, (list, tuple)) and all(isinstance(w, str) for w in result):
         return list(result)
     return None
-
-
 
 
 def _encode(review: dict[str, Any]) -> bytes:
@@ -466,33 +488,3 @@ def _too_deep(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], TooDeep] |
 def _copies_to_convert(objects: list[dict[str, Any]], desired: str) -> list[dict[str, Any] | None]:
     """A copy of each object to convert (None for those already at ``desired``)."""
     return [None if o.get("apiVersion") == desired else bounded_clone(o) for o in objects]
-
-
-def _dismantle(trees: list[Any]) -> None:
-    """Free ``trees`` (emptying the list) one member at a time, so freeing a large tree never
-    holds the interpreter for long: each step frees one scalar or one empty container, and the
-    loop's thread runs between steps.
-
-    Only what nobody else holds is taken apart: a container a handler kept a reference to (or
-    that appears twice) is only let go of, its content intact."""
-    stack: list[Any] = []
-    while trees:
-        tree = trees.pop()
-        if type(tree) in (dict, list) and tree and sys.getrefcount(tree) == 2:  # ``tree`` and the call's argument
-            stack.append(tree)
-        del tree
-    while stack:
-        container = stack.pop()
-        if type(container) is dict:
-            while container:
-                _, value = container.popitem()
-                if type(value) in (dict, list) and value and sys.getrefcount(value) == 2:
-                    stack.append(value)
-                del value
-        else:
-            while container:
-                value = container.pop()
-                if type(value) in (dict, list) and value and sys.getrefcount(value) == 2:
-                    stack.append(value)
-                del value
-        del container

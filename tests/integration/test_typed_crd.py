@@ -59,6 +59,25 @@ class Gauge(
     status: GaugeStatus | None = None
 
 
+class SprocketPort(BaseModel):
+    name: str = "http"
+    number: int = Field(80, ge=1)
+
+
+class SprocketSpec(BaseModel):
+    replicas: int = Field(1, ge=0)
+    image: str = "nginx:1.27"
+    secretName: str | None = None
+    ports: list[SprocketPort] = Field(default_factory=lambda: [SprocketPort()])
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Sprocket(CustomResource, group=GROUP, version="v1", kind="Sprocket"):
+    """The examples' spelling: the spec a default_factory, so an object may leave it out."""
+
+    spec: SprocketSpec = Field(default_factory=SprocketSpec)
+
+
 class DialSpec(BaseModel):
     size: int = Field(1, ge=1)
 
@@ -71,7 +90,7 @@ class DialV1beta1(CustomResource, group=GROUP, version="v1beta1", kind="Dial", s
     spec: DialSpec
 
 
-CRDS = definitions([Gauge, DialV1, DialV1beta1])
+CRDS = definitions([Gauge, Sprocket, DialV1, DialV1beta1])
 
 
 def kubectl(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -113,9 +132,24 @@ def test_a_valid_object_is_stored_with_defaults_applied(env: dict[str, str], nam
     created = create(env, namespace, gauge("plain"))
     assert created.returncode == 0, created.stderr
     stored = json.loads(kubectl(env, "get", "gauge", "plain", "-n", namespace, "-o", "json").stdout)
-    assert stored["spec"] == {"image": "nginx", "replicas": 1, "mode": "fast", "port": 80, "even": 0}
+    assert stored["spec"] == {"image": "nginx", "replicas": 1, "mode": "fast", "port": 80, "even": 0, "labels": {}, "extra": {}}
     printed = kubectl(env, "get", "gg", "plain", "-n", namespace).stdout  # the short name and the column
     assert printed.split("\n")[0].split() == ["NAME", "REPLICAS"] and printed.split("\n")[1].split() == ["plain", "1"]
+
+
+def test_an_object_applied_without_spec_is_stored_with_the_default_factorys_spec(env: dict[str, str], namespace: str) -> None:
+    """``spec: SprocketSpec = Field(default_factory=SprocketSpec)``: what Python would read is
+    what the apiserver stores, nested defaults and the list's default item included."""
+    manifest = json.dumps({"apiVersion": f"{GROUP}/v1", "kind": "Sprocket", "metadata": {"name": "bare"}})
+    applied = kubectl(env, "apply", "-n", namespace, "-f", "-", stdin=manifest)
+    assert applied.returncode == 0, applied.stderr
+    stored = json.loads(kubectl(env, "get", "sprocket", "bare", "-n", namespace, "-o", "json").stdout)
+    assert stored["spec"] == {"replicas": 1, "image": "nginx:1.27", "ports": [{"name": "http", "number": 80}], "labels": {}}
+    assert Sprocket.model_validate(stored).spec == SprocketSpec()
+    partial = json.dumps({"apiVersion": f"{GROUP}/v1", "kind": "Sprocket", "metadata": {"name": "partial"}, "spec": {"ports": [{"number": 8080}]}})
+    assert kubectl(env, "apply", "-n", namespace, "-f", "-", stdin=partial).returncode == 0
+    stored = json.loads(kubectl(env, "get", "sprocket", "partial", "-n", namespace, "-o", "json").stdout)
+    assert stored["spec"] == {"replicas": 1, "image": "nginx:1.27", "ports": [{"name": "http", "number": 8080}], "labels": {}}
 
 
 def test_the_status_subresource_keeps_the_typed_status(env: dict[str, str], namespace: str) -> None:

@@ -91,6 +91,54 @@ def convert(obj, desired_api_version, logger):
     logger.info("converted", to=desired_api_version)
 '''
 
+TYPED = '''
+import os
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+import declop
+from declop.typed.model import CustomResource
+
+GROUP = os.environ["WH_GROUP"]
+
+class Limits(BaseModel):
+    cpu: str = "100m"
+    memory: str | None = None
+
+class GizmoSpec(BaseModel):
+    size: int = Field(1, ge=0, le=10)
+    color: str = "blue"
+    tags: dict[str, str] = Field(default_factory=dict)
+    limits: Limits = Field(default_factory=Limits)
+    stamped: datetime | None = None
+
+class Gizmo(CustomResource, group=GROUP, version="v1", kind="Gizmo"):
+    spec: GizmoSpec = Field(default_factory=GizmoSpec)
+
+class GizmoSpecV2(BaseModel):
+    replicas: int = 1
+    paint: str = "blue"
+
+class GizmoV2(CustomResource, group=GROUP, version="v2", kind="Gizmo", storage=False):
+    spec: GizmoSpecV2 = Field(default_factory=GizmoSpecV2)
+
+@declop.mutator(Gizmo)
+def stamp(obj: Gizmo, **_):
+    if obj.metadata.labels.get("stamp") != "yes":
+        return
+    obj.spec.tags.pop("drop-me", None)
+    obj.spec.tags["stamped"] = "yes"
+    obj.spec.limits.memory = "64Mi"
+    obj.spec.stamped = datetime(2026, 1, 2, 3, 4, 5)  # naive: sent as UTC
+
+@declop.converter(Gizmo)
+def convert(obj: Gizmo | GizmoV2, desired_api_version, **_):
+    if isinstance(obj, Gizmo):
+        return GizmoV2(metadata=obj.metadata, spec=GizmoSpecV2(replicas=obj.spec.size, paint=obj.spec.color))
+    return Gizmo(metadata=obj.metadata, spec=GizmoSpec(size=obj.spec.replicas, color=obj.spec.paint))
+'''
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -329,6 +377,54 @@ def test_converter_round_trips_between_versions(setup: Setup) -> None:
         kubectl(setup.env, "replace", "-f", "-", stdin=json.dumps(alpha))
         assert get(setup, f"gadgets.v1.{setup.group}", "g")["spec"] == {"replicas": 5, "appearance": {"color": "red"}}
         assert records(op, "converted")
+
+
+def test_typed_mutator_and_converter_store_what_the_model_says(setup: Setup, tmp_path: Path) -> None:
+    """``obj: Gizmo`` on a mutator and ``obj: Gizmo | GizmoV2`` on a converter, with the CRD from
+    ``declop crd``: the stored object has what the mutator set and nothing it did not (the
+    CRD's defaults, filled in before admission, stay; the removed tag goes; the naive time is
+    UTC); an unchanged object gets no patch; each version reads as its model converts it."""
+    handlers = tmp_path / "typed.py"
+    handlers.write_text(TYPED)
+    crd = subprocess.run([sys.executable, "-m", "declop", "crd", str(handlers)], env=setup.env, capture_output=True, text=True, timeout=60)
+    assert crd.returncode == 0, crd.stderr
+    kubectl(setup.env, "apply", "-f", "-", stdin=crd.stdout)
+    setup.crds.append(f"gizmos.{setup.group}")
+    kubectl(setup.env, "wait", "--for", "condition=established", f"crd/gizmos.{setup.group}", "--timeout=30s")
+
+    def gizmo(name: str, version: str, spec: dict[str, Any], stamp: bool = True) -> str:
+        meta = {"name": name, "namespace": setup.namespace, "labels": {"stamp": "yes" if stamp else "no"}}
+        return json.dumps({"apiVersion": f"{setup.group}/{version}", "kind": "Gizmo", "metadata": meta, "spec": spec})
+
+    with setup.operator(handlers=handlers) as op:
+        op.wait_for_line("Registered the conversion webhook")
+        op.wait_for_line("Registered MutatingWebhookConfiguration")
+        probe = gizmo("probe", "v1", {})
+        wait_for(lambda: "stamped" in setup.apply(probe, "--dry-run=server", "-o", "json").stdout, 20, 0.2, "the mutator to be called")
+
+        manifest = gizmo("g", "v1", {"size": 2, "tags": {"drop-me": "x", "keep": "y"}})
+        applied = setup.apply(manifest)
+        assert applied.returncode == 0, applied.stderr
+        stored = get(setup, f"gizmos.v1.{setup.group}", "g")
+        assert stored["spec"] == {
+            "size": 2, "color": "blue", "tags": {"keep": "y", "stamped": "yes"},
+            "limits": {"cpu": "100m", "memory": "64Mi"}, "stamped": "2026-01-02T03:04:05Z",
+        }
+        kubectl(setup.env, "label", "gizmo.v1." + setup.group, "g", "-n", setup.namespace, "seen=1")  # nothing for the mutator to do
+        answers = wait_for(
+            lambda: (found := [(r["operation"], r["patchOps"]) for r in records(op, "Allowed") if r.get("name") == "g" and "patchOps" in r])[1:] and found,
+            10, what="the mutator's answers to the create and the label",
+        )
+        # remove the tag, add a tag, limits.memory and stamped: four; the label: none
+        assert answers[0] == ("CREATE", 4) and answers[1] == ("UPDATE", 0)
+        assert get(setup, f"gizmos.v1.{setup.group}", "g")["spec"] == stored["spec"]
+
+        v2 = get(setup, f"gizmos.v2.{setup.group}", "g")
+        assert v2["spec"] == {"replicas": 2, "paint": "blue"} and v2["metadata"]["labels"] == {"stamp": "yes", "seen": "1"}
+
+        written = setup.apply(gizmo("h", "v2", {"replicas": 4, "paint": "red"}, stamp=False))
+        assert written.returncode == 0, written.stderr
+        assert get(setup, f"gizmos.v1.{setup.group}", "h")["spec"] == {"size": 4, "color": "red", "tags": {}, "limits": {"cpu": "100m"}}
 
 
 def test_certificate_renewed_while_running_fails_no_admission(setup: Setup, k8s_api: kubernetes.client.ApiClient) -> None:

@@ -168,7 +168,7 @@ def test_optional_model_is_inlined_and_nullable() -> None:
 
 def test_free_form_only_where_asked() -> None:
     p = field(Widget, "spec")["properties"]
-    assert p["extra"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert p["extra"] == {"type": "object", "default": {}, "x-kubernetes-preserve-unknown-fields": True}  # default_factory=dict
     asked = [n for n in walk(openapi_schema(Widget)) if n.get("x-kubernetes-preserve-unknown-fields")]
     assert asked == [p["extra"]]
 

@@ -10,6 +10,7 @@ import declop
 from declop.kube.discovery import ResourceInfo
 from declop.errors import ConfigError
 from declop.registry import Registry
+from declop.typed.model import CustomResource
 from declop.webhooks.configuration import ClientConfig, configuration, conversion_patch, parse_service
 
 WIDGETS = ResourceInfo("example.com", "v1", "widgets", "Widget", True)
@@ -150,3 +151,24 @@ def test_a_missing_configuration_says_the_chart_makes_it(error):
         "creates it (empty) at install; if it was deleted, `helm upgrade` the release to restore it (without the "
         f"chart: create it, or grant create on validatingwebhookconfigurations) ({error[0]} {error[1]})"
     )
+
+
+class TypedWidget(CustomResource, group="example.com", version="v1", kind="Widget"):
+    pass
+
+
+def test_a_typed_validator_or_mutator_is_sent_its_models_version_only():
+    """``obj: Widget`` is one version's model: with ``matchPolicy: Equivalent`` the apiserver
+    converts an object written at another version to that one before calling the webhook (and
+    converts a mutator's patched object back), so the model never reads another version's fields."""
+    def check(obj: TypedWidget) -> None: ...
+
+    reg = Registry()
+    declop.validator(TypedWidget, registry=reg)(check)
+    declop.mutator(TypedWidget, registry=reg)(check)
+    declop.mutator("widgets.example.com", registry=reg)(lambda obj: None)
+    client = ClientConfig(b"CA", url="https://127.0.0.1:9443")
+    for kind, expected in (("validator", [["v1"]]), ("mutator", [["v1"], ["*"]])):
+        config = configuration(kind, "my-op", [(h, WIDGETS) for h in reg.webhooks if h.kind == kind], client, None)
+        assert [e["rules"][0]["apiVersions"] for e in config["webhooks"]] == expected
+        assert all(e["matchPolicy"] == "Equivalent" for e in config["webhooks"])

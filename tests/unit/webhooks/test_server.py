@@ -558,7 +558,6 @@ def test_a_large_request_s_objects_a_handler_kept_are_left_whole():
 
 from pydantic import BaseModel, Field  # noqa: E402 - the typed section's own imports
 
-from declop.errors import RegistrationError  # noqa: E402
 from declop.typed.model import CustomResource  # noqa: E402
 
 
@@ -590,10 +589,11 @@ def test_a_typed_validator_gets_the_model_and_an_invalid_object_is_denied_by_fie
     assert answer["response"]["status"]["message"] == "spec.size: Input should be less than or equal to 5"
 
 
-def test_a_typed_obj_on_a_mutator_is_refused_at_registration():
-    declop.mutator(TypedWidget, registry=Registry())(lambda obj: None)  # an untyped obj: the dict, as before
-
-    def mutate(obj: TypedWidget) -> None: ...
-
-    with pytest.raises(RegistrationError, match="a typed obj is for reconcilers and validators — a mutator gets the object as a dict"):
-        declop.mutator(TypedWidget, registry=Registry())(mutate)
+def test_a_mutator_with_an_untyped_obj_still_gets_the_dict():
+    """Typed mutators and converters: tests/unit/webhooks/test_typed.py."""
+    reg = Registry()
+    seen: list[Any] = []
+    declop.mutator(TypedWidget, registry=reg)(lambda obj: seen.append(obj))
+    assert reg.webhooks[0].model is None
+    post(reg, f"/mutate/{reg.webhooks[0].name}", admission())
+    assert seen == [OBJ]
