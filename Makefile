@@ -69,7 +69,8 @@ pin-base:
 	@tools/pin-base.sh
 
 # The seed example in-cluster: control plane + a real node, the image from the Dockerfile, the
-# chart with examples/pods.py as its handlers; the Pod's logs follow. In a second terminal:
+# chart with examples/pods.py as its handlers and the RBAC `declop rbac examples/pods.py --values`
+# generates for them (least privilege, as in a real cluster); the Pod's logs follow. In a second terminal:
 #   export KUBECONFIG=$$PWD/.declop/kubeconfig PATH=<assets>:$$PATH   (printed at start)
 #   kubectl run nginx --image nginx; kubectl label pod nginx env=prod; kubectl delete pod nginx
 run: setup node

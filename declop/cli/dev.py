@@ -8,10 +8,12 @@ import asyncio
 import importlib.util
 import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import click
@@ -23,14 +25,14 @@ from declop.cli.run import require_registrations
 from declop.errors import ConfigError
 from declop.kube.transport import load_configuration
 from declop.loader import expand, load
-from declop.registry import default_registry
+from declop.registry import Registry, default_registry
 
 if TYPE_CHECKING:
     # `declop run` never needs these: the dev loop and the CRD generator load pydantic and YAML,
     # so the commands that use them import them when they run
     from declop.dev.loop import Sources
 
-__all__ = ["dev"]
+__all__ = ["dev", "node_rbac"]
 
 
 @click.command(
@@ -48,7 +50,7 @@ __all__ = ["dev"]
 @click.option("--reload/--no-reload", "reload", default=None, envvar=env("DEV_RELOAD"), help="Restart the operator when a .py file of PATHS (or in their folders) is saved, re-apply -f files when they change. On by default; not with --node.")
 @click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
 @click.option("--no-controller-manager", is_flag=True, envvar=env("NO_CONTROLLER_MANAGER"), help="Run only etcd and kube-apiserver (faster start, no GC).")
-@click.option("--node", is_flag=True, envvar=env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: declop's image (and yours FROM it, when a Dockerfile sits beside PATHS), Helm chart, handlers from a ConfigMap; RBAC from the rbac-values.yaml beside PATHS (declop rbac --values), else everything.")
+@click.option("--node", is_flag=True, envvar=env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: declop's image (and yours FROM it, when a Dockerfile sits beside PATHS), Helm chart, handlers from a ConfigMap; RBAC from the rbac-values.yaml beside PATHS, else the one `declop rbac PATHS --values` generates (least privilege).")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and
     the CRDs of the typed models in PATHS, and run PATHS on it, restarting them when you save a
@@ -187,19 +189,37 @@ def _dev_image(kw: dict[str, Any]) -> Any:
     return dev_images(kw["paths"], echo=_echo)
 
 
+def node_rbac(cp: Any, paths: Sequence[str], registry: Registry | None = None) -> Path:
+    """The chart values ``dev --node`` installs the operator's RBAC from: the ``rbac-values.yaml``
+    beside the handlers, else what ``declop rbac PATHS --values`` writes for the handlers loaded
+    in ``registry`` (the default one: ``dev --node`` loaded them), names read against the dev
+    cluster as that command reads them — least privilege, never everything."""
+    from declop.cli.rbac import catalog, values_of
+    from declop.testing.incluster import RBAC_VALUES, project_rbac
+
+    given = project_rbac(paths)
+    if given is not None:
+        return given
+    command = shlex.join(["declop", "rbac", *paths])
+    names = catalog(cp.kubeconfig_path, echo=_echo)
+    generated = Path(cp.tmp_dir) / RBAC_VALUES
+    generated.write_text(values_of(registry or default_registry, names, command=command))
+    _echo(f"No {RBAC_VALUES} beside the handlers: the RBAC `{command} --values` generates ({generated})")
+    return generated
+
+
 def _run_in_cluster(cp: Any, kw: dict[str, Any], images: Any) -> None:
     """Import the images, helm install the chart with PATHS as handlers, follow the operator's logs."""
     import subprocess
 
     from declop.assets.files import chart_dir
-    from declop.testing.incluster import handler_files, install_operator, project_rbac
+    from declop.testing.incluster import handler_files, install_operator
 
     assert cp.node is not None and images is not None
     for tar in images.tars:
         cp.node.import_image(tar)
-    rbac = project_rbac(kw["paths"])
-    granted = f"RBAC from {rbac}" if rbac is not None else "RBAC: everything (no rbac-values.yaml beside the handlers)"
-    click.echo(f"Installing the chart (release declop, namespace declop-system, image {images.runs}, {granted}) and waiting for the Pod to be Ready…", err=True)
+    rbac = node_rbac(cp, kw["paths"])
+    click.echo(f"Installing the chart (release declop, namespace declop-system, image {images.runs}, RBAC from {rbac}) and waiting for the Pod to be Ready…", err=True)
     install_operator(cp, chart_dir(), handler_files(kw["paths"]), image=images.runs, rbac_values=rbac)
     click.echo("Operator running in-cluster; its logs follow (kubectl logs -n declop-system deploy/declop -f). Ctrl-C stops everything.", err=True)
     sys.stdout.flush()

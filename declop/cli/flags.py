@@ -17,6 +17,7 @@ import click
 
 from declop.cli.exits import BadOptions
 from declop.cli.help import env
+from declop.kube.kubeconfig import pod_namespace
 from declop.leases.leader import LEASE_TIMINGS, LeaseTimings
 from declop.manager.options import Flag, Options
 from declop.version import __version__
@@ -103,7 +104,11 @@ def options_from(kw: dict[str, Any], *, secure_by_default: bool = True) -> Optio
 
 
 def rbac_command(kw: dict[str, Any]) -> str:
-    """The ``declop rbac`` command printing the RBAC of the handlers and options of this run."""
+    """The ``declop rbac`` command printing the RBAC of the handlers and options of this run: every
+    option that changes a grant the start-up check reviews (the Lease's name and namespace — the
+    Pod's when not given, as ``declop run`` takes it —, the webhooks' names and CA Secret, the
+    cluster asked for names), so running it prints what makes that check pass. In a Pod the check
+    adds ``--service-account`` (:func:`declop.manager.preflight.advice`)."""
     args = ["declop", "rbac", *kw.get("paths", ())]
     for module in kw.get("modules", ()):
         args += ["-m", module]
@@ -112,10 +117,26 @@ def rbac_command(kw: dict[str, Any]) -> str:
             args += ["-n", namespace]
     if kw.get("leader_elect"):
         args.append("--leader-elect")
+        if kw.get("leader_election_id") not in (None, "declop"):
+            args += ["--leader-election-id", kw["leader_election_id"]]
     if kw.get("shards"):
         args += ["--shards", str(kw["shards"])]
-    if (kw.get("leader_elect") or kw.get("shards")) and kw.get("leader_election_namespace"):
-        args += ["--leader-election-namespace", kw["leader_election_namespace"]]
+    if kw.get("leader_elect") or kw.get("shards"):
+        lease_ns = kw.get("leader_election_namespace") or pod_namespace()
+        if lease_ns != "default":  # declop rbac's own default
+            args += ["--leader-election-namespace", lease_ns]
+    if kw.get("webhook_name") not in (None, "declop"):
+        args += ["--webhook-name", kw["webhook_name"]]
+    if kw.get("webhook_cert_dir"):
+        args += ["--webhook-cert-dir", kw["webhook_cert_dir"]]
+    else:
+        service = kw.get("webhook_service") or ""
+        ca_ns = kw.get("webhook_namespace") or (service.partition("/")[0] if "/" in service else None)
+        if ca_ns:
+            args += ["--webhook-namespace", ca_ns]
+    for flag in ("kubeconfig", "context"):
+        if kw.get(flag):
+            args += [f"--{flag}", kw[flag]]
     return shlex.join(args)
 
 

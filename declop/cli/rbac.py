@@ -1,19 +1,71 @@
-"""``declop rbac``: the RBAC the loaded handlers need, as YAML manifests or the chart's values."""
+"""``declop rbac``: the RBAC the loaded handlers need, as YAML manifests or the chart's values.
+
+Names are read as ``declop run`` reads them (:class:`~declop.kube.catalog.Catalog`): against
+the apiserver's discovery when the kubeconfig names one that answers, else against Kubernetes'
+standard resources; typed models bring their own names and scope either way. A name neither
+knows is refused in one line with the right spelling, exit 1.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from declop.cli.exits import BadOptions, setup_logging
 from declop.cli.help import Command, env
 from declop.cli.run import require_registrations
-from declop.errors import ConfigError
+from declop.errors import ApiError, ConfigError
 from declop.loader import load
-from declop.registry import default_registry
+from declop.registry import Registry, default_registry
 
-__all__ = ["rbac"]
+if TYPE_CHECKING:
+    from declop.kube.catalog import Catalog
+
+__all__ = ["catalog", "rbac", "values_of"]
+
+
+def catalog(
+    kubeconfig: str | None = None, context: str | None = None, *, offline: bool = False,
+    echo: Callable[[str], None] = lambda line: click.echo(line, err=True),
+) -> Catalog:
+    """The resources to read names against: the apiserver's (discovery, 5 s at most) when the
+    kubeconfig names one that answers, else Kubernetes' standard ones — said on ``echo`` when a
+    kubeconfig was found but its apiserver did not answer. ``offline``: never ask a cluster.
+
+    Raises:
+        ConfigError: ``kubeconfig`` or ``context`` was given and cannot be used.
+    """
+    from declop.kube.catalog import Catalog, discover
+    from declop.kube.transport import load_configuration
+
+    if offline:
+        return Catalog.standard()
+    try:
+        configuration = load_configuration(kubeconfig, context)
+    except ConfigError:
+        if kubeconfig or context:
+            raise
+        return Catalog.standard()  # no cluster configured: nothing to ask
+    try:
+        resources = asyncio.run(discover(configuration))
+    except (ApiError, TimeoutError) as exc:
+        fallback = Catalog.standard()
+        why = exc.reason if isinstance(exc, ApiError) and exc.status == 0 else (str(exc) or "no answer in 5 s")
+        echo(f"declop rbac: the apiserver at {configuration.host} did not answer discovery ({why}); "
+             f"names are read against {fallback.source} (--offline says so without asking)")  # fmt: skip
+        return fallback
+    return Catalog.served(resources, source=f"the apiserver at {configuration.host}")
+
+
+def values_of(registry: Registry, names: Catalog, *, command: str) -> str:
+    """What ``declop rbac ... --values`` writes for ``registry``'s handlers (``declop dev --node``
+    installs the chart with it when no rbac-values.yaml sits beside the handlers)."""
+    from declop.kube.rbac import values_yaml
+
+    grants = registry.grants(names.resolve, cluster_scoped=names.cluster_scoped)
+    return values_yaml(grants, webhooks=bool(registry.webhooks), command=command)
 
 
 @click.command(
@@ -38,6 +90,9 @@ __all__ = ["rbac"]
 @click.option("--metrics-secure", "metrics_secure", is_flag=True, envvar=env("RBAC_METRICS_SECURE"), help="Grant what secure metrics check callers with (declop run --metrics-port, HTTPS by default): create on tokenreviews and subjectaccessreviews.")
 @click.option("--name", "role_name", default="declop", show_default=True, envvar=env("RBAC_NAME"), help="Name of the Roles/ClusterRoles (and bindings).")
 @click.option("--service-account", default=None, envvar=env("RBAC_SERVICE_ACCOUNT"), help="NAMESPACE:NAME of the ServiceAccount to bind the roles to (default: no bindings).")
+@click.option("--kubeconfig", type=click.Path(), default=None, envvar=env("KUBECONFIG"), help="Kubeconfig whose apiserver's discovery reads the names (default: $KUBECONFIG, then in-cluster, then ~/.kube/config; none: Kubernetes' standard resources).")
+@click.option("--context", "context", default=None, envvar=env("CONTEXT"), help="Kubeconfig context to use.")
+@click.option("--offline", is_flag=True, envvar=env("RBAC_OFFLINE"), help="Ask no cluster: read names against Kubernetes' standard resources and the typed models.")
 @click.option("--values", "values_file", default=None, type=click.Path(), envvar=env("RBAC_VALUES"), help="Write Helm values for charts/declop (rbac.generated, and webhooks) to this file instead of printing manifests.")
 def rbac(**kw: Any) -> None:
     """Print the RBAC the handlers need as YAML: exactly the verbs declop sends, per resource.
@@ -45,10 +100,13 @@ def rbac(**kw: Any) -> None:
     Every source (primary, owns=, watches=, indexes) gets get/list/watch; the primary patch with a
     finalizer and /status patch/update when it is a custom resource; owns= children
     create/update/patch/delete (and the primary's /finalizers update for blockOwnerDeletion);
-    Events create/patch; Leases, webhook configurations and the CA Secret by name; and each
-    permissions= entry. See docs/rbac.md.
+    Events create/patch (in namespace default for a cluster-scoped primary, where its Events
+    go); Leases, webhook configurations and the CA Secret by name; and each permissions= entry.
+    Names are read as declop run reads them: from the apiserver's discovery when one answers,
+    else from Kubernetes' standard resources; cluster-scoped ones (nodes, a typed model with
+    scope="Cluster") go in a ClusterRole, also with -n. See docs/rbac.md.
     """
-    from declop.kube.rbac import manifests, reasons, to_yaml, values_yaml
+    from declop.kube.rbac import manifests, reasons, to_yaml
 
     setup_logging("plain", 0, True)
     if not kw["paths"] and not kw["modules"]:
@@ -63,21 +121,24 @@ def rbac(**kw: Any) -> None:
         account = (sa_ns, sa_name)
     own = account[0] if account else "default"
     lease_ns = kw["leader_election_namespace"] or own
+    names = catalog(kw["kubeconfig"], kw["context"], offline=kw["offline"])
+    command = " ".join(["declop", "rbac", *kw["paths"], *(f"-m {m}" for m in kw["modules"])])
+    if kw["values_file"]:
+        text = values_of(default_registry, names, command=command)
+        with open(kw["values_file"], "w") as f:
+            f.write(text)
+        click.echo(f"wrote {kw['values_file']}", err=True)
+        return
     grants = default_registry.grants(
+        names.resolve,
         leader=(lease_ns, kw["leader_election_id"]) if kw["leader_elect"] else None,
         shards=lease_ns if kw["shards"] else None,
         webhook_name=kw["webhook_name"],
         ca_secret_namespace=None if kw["webhook_cert_dir"] else (kw["webhook_namespace"] or own),
         metrics_auth=kw["metrics_secure"],
+        cluster_scoped=names.cluster_scoped,
     )
-    command = " ".join(["declop", "rbac", *kw["paths"], *(f"-m {m}" for m in kw["modules"])])
-    if kw["values_file"]:
-        text = values_yaml(grants, webhooks=bool(default_registry.webhooks), command=command)
-        with open(kw["values_file"], "w") as f:
-            f.write(text)
-        click.echo(f"wrote {kw['values_file']}", err=True)
-        return
     namespaces = tuple(dict.fromkeys(n for n in kw["namespaces"] if n))
-    docs = manifests(grants, name=kw["role_name"], namespaces=namespaces, service_account=account)
+    docs = manifests(grants, name=kw["role_name"], namespaces=namespaces, service_account=account, cluster_scoped=names.cluster_scoped)
     header = f"Generated by `{command}`: the RBAC of these handlers; see docs/rbac.md."
     click.echo(to_yaml(docs, header=header, notes=reasons(grants)), nl=False)

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from declop import registry as registry_module
 from declop.errors import ConfigError
+from declop.kube.catalog import Catalog
 from declop.kube.rbac import values_yaml
 from declop.version import __version__
 
@@ -399,7 +400,8 @@ def rbac_values(handlers: str | Path) -> str:
 
     The file is executed (as ``declop rbac`` loads it) with a registry of its own standing in for
     declop's default one, so its ``@declop.reconciler`` lands there and the caller's registrations
-    are untouched; the grants go through :func:`declop.kube.rbac.values_yaml`, as the command's do.
+    are untouched; the grants go through :func:`declop.kube.rbac.values_yaml`, as the command's do,
+    names and scopes read as ``declop rbac --offline`` reads them (the typed model's own scope).
     """
     own = registry_module.Registry()
     saved, registry_module.default_registry = registry_module.default_registry, own
@@ -407,4 +409,6 @@ def rbac_values(handlers: str | Path) -> str:
         runpy.run_path(str(handlers), run_name="declop_scaffold_handlers")
     finally:
         registry_module.default_registry = saved
-    return values_yaml(own.grants(), webhooks=bool(own.webhooks), command=RBAC_COMMAND)
+    names = Catalog.standard()
+    grants = own.grants(names.resolve, cluster_scoped=names.cluster_scoped)
+    return values_yaml(grants, webhooks=bool(own.webhooks), command=RBAC_COMMAND)

@@ -247,7 +247,9 @@ def _legacy_path(group: str, version: str) -> str:
 # --------------------------------------------------------------------------- resolution
 
 
-def resolve(name: str, resources: Sequence[ResourceInfo]) -> ResourceInfo:
+def resolve(
+    name: str, resources: Sequence[ResourceInfo], *, watchable: bool = True, unknown: str = "not served by the apiserver"
+) -> ResourceInfo:
     """The resource ``name`` means, as kubectl reads it, among ``resources`` (in server order).
 
     ``name`` is case-insensitive and is one of ``pods`` / ``pod`` / ``po`` / ``Pod`` (plural,
@@ -256,9 +258,11 @@ def resolve(name: str, resources: Sequence[ResourceInfo]) -> ResourceInfo:
     after the first dot starts with a version (``v1``, ``v2beta1``) the name is read as
     ``plural.version.group`` first and as ``plural.group`` only if that matches nothing.
 
-    Choice among matches: only resources that can be listed and watched; per group the
-    preferred version unless a version was named; across groups core wins, then the one
-    group that serves it in its preferred version; anything else is ambiguous.
+    Choice among matches: only resources that can be listed and watched (any verbs with
+    ``watchable=False``: RBAC names ``tokenreviews`` too); per group the preferred version unless
+    a version was named; across groups core wins, then the one group that serves it in its
+    preferred version; anything else is ambiguous. ``unknown`` says why a name that matches
+    nothing is unknown (what ``resources`` are).
 
     Raises:
         ConfigError: the name is unknown, matches only resources that cannot be listed and
@@ -270,10 +274,10 @@ def resolve(name: str, resources: Sequence[ResourceInfo]) -> ResourceInfo:
         lead = f"{hint} (or check" if hint else "check"
         tail = ")" if hint else ""
         raise ConfigError(
-            f"unknown resource {name!r}: not served by the apiserver; "
+            f"unknown resource {name!r}: {unknown}; "
             f"{lead} the name with 'kubectl api-resources'{tail}"
         )
-    usable = [r for r in matches if not r.verbs or _WATCHABLE <= set(r.verbs)]
+    usable = [r for r in matches if not watchable or not r.verbs or _WATCHABLE <= set(r.verbs)]
     if not usable:
         found = ", ".join(_unique(f"{r} ({'/'.join(r.verbs)})" for r in matches))
         raise ConfigError(

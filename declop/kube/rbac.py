@@ -26,7 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from declop.errors import RegistrationError
+from declop.errors import ConfigError, RegistrationError
+from declop.kube.catalog import STANDARD_GROUPS, Catalog
 
 __all__ = [
     "CLUSTER",
@@ -72,71 +73,33 @@ CONVERSION_VERBS = ("patch",)
 CA_SECRET_VERBS = ("get", "update")
 METRICS_AUTH_VERBS = ("create",)
 
-#: built-in resources outside the core group, by plural: a bare ``"deployments"`` means apps
-_BUILTIN_GROUPS = {
-    "deployments": "apps", "statefulsets": "apps", "daemonsets": "apps", "replicasets": "apps",
-    "controllerrevisions": "apps", "jobs": "batch", "cronjobs": "batch",
-    "horizontalpodautoscalers": "autoscaling", "ingresses": "networking.k8s.io",
-    "ingressclasses": "networking.k8s.io", "networkpolicies": "networking.k8s.io",
-    "poddisruptionbudgets": "policy", "leases": "coordination.k8s.io",
-    "endpointslices": "discovery.k8s.io", "storageclasses": "storage.k8s.io",
-    "csidrivers": "storage.k8s.io", "csinodes": "storage.k8s.io", "volumeattachments": "storage.k8s.io",
-    "roles": "rbac.authorization.k8s.io", "rolebindings": "rbac.authorization.k8s.io",
-    "clusterroles": "rbac.authorization.k8s.io", "clusterrolebindings": "rbac.authorization.k8s.io",
-    "customresourcedefinitions": "apiextensions.k8s.io", "priorityclasses": "scheduling.k8s.io",
-    "runtimeclasses": "node.k8s.io", "certificatesigningrequests": "certificates.k8s.io",
-    "validatingwebhookconfigurations": "admissionregistration.k8s.io",
-    "mutatingwebhookconfigurations": "admissionregistration.k8s.io",
-    "validatingadmissionpolicies": "admissionregistration.k8s.io",
-    "validatingadmissionpolicybindings": "admissionregistration.k8s.io",
-    "apiservices": "apiregistration.k8s.io", "flowschemas": "flowcontrol.apiserver.k8s.io",
-    "prioritylevelconfigurations": "flowcontrol.apiserver.k8s.io",
-}  # fmt: skip
-#: built-in cluster-scoped resources, as (group, plural): a Role cannot grant them
-_CLUSTER_SCOPED = frozenset({
-    ("", "nodes"), ("", "namespaces"), ("", "persistentvolumes"), ("", "componentstatuses"),
-    ("storage.k8s.io", "storageclasses"), ("storage.k8s.io", "csidrivers"), ("storage.k8s.io", "csinodes"),
-    ("storage.k8s.io", "volumeattachments"), ("rbac.authorization.k8s.io", "clusterroles"),
-    ("rbac.authorization.k8s.io", "clusterrolebindings"), ("apiextensions.k8s.io", "customresourcedefinitions"),
-    ("scheduling.k8s.io", "priorityclasses"), ("networking.k8s.io", "ingressclasses"), ("node.k8s.io", "runtimeclasses"),
-    ("certificates.k8s.io", "certificatesigningrequests"), ("apiregistration.k8s.io", "apiservices"),
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
-    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
-    ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
-    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
-    ("flowcontrol.apiserver.k8s.io", "flowschemas"), ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations"),
-})  # fmt: skip
-#: API groups served by Kubernetes itself: a primary there is not a custom resource
-_BUILTIN = frozenset({"", "events.k8s.io", "autoscaling", *_BUILTIN_GROUPS.values()})
-_VERSION = re.compile(r"v\d+(?:alpha\d+|beta\d+)?")
+#: Kubernetes' own resources (no cluster asked), for the defaults that read a name offline
+_STANDARD = Catalog.standard(models=False)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def group_resource(name: str) -> tuple[str, str]:
-    """``(apiGroup, plural)`` of a resource name as registered, read the way the apiserver would.
+    """``(apiGroup, plural)`` of a resource name as registered, read against Kubernetes' standard
+    resources (:class:`~declop.kube.catalog.Catalog`), never raising: the default where no
+    catalog is given.
 
-    ``"pods"`` → ``("", "pods")``; ``"deployments"`` and ``"deployments.apps"`` →
-    ``("apps", "deployments")``; ``"widgets.example.com"`` and ``"widgets.v1.example.com"`` (the
-    name a typed model registers) → ``("example.com", "widgets")``; ``"pods.v1"`` → ``("", "pods")``.
-    A subresource stays on the plural: ``"widgets.example.com/status"`` → ``("example.com",
-    "widgets/status")``. Singular names, kinds and short names need discovery: the start-up check
-    resolves names through the apiserver; this reading is what ``declop rbac`` prints offline.
+    ``"pods"`` → ``("", "pods")``; ``"deployments"``, ``"Deployment"``, ``"deploy"`` and
+    ``"deployments.apps"`` → ``("apps", "deployments")``; ``"widgets.example.com"`` and
+    ``"widgets.v1.example.com"`` (the name a typed model registers) → ``("example.com",
+    "widgets")``. A subresource stays on the plural: ``"widgets.example.com/status"`` →
+    ``("example.com", "widgets/status")``. A name nothing answers to is read from its spelling;
+    ``declop rbac`` and the start-up check use :meth:`Catalog.resolve`, which refuses it.
     """
     text, slash, sub = name.strip().partition("/")
-    plural, dot, rest = text.lower().partition(".")
-    suffix = f"/{sub}" if slash else ""
-    if not dot:
-        return _BUILTIN_GROUPS.get(plural, ""), plural + suffix
-    version, _, group = rest.partition(".")
-    if _VERSION.fullmatch(version):
-        return group, plural + suffix  # plural.version.group, or plural.version for core
-    return rest, plural + suffix
+    group, plural = _STANDARD.lenient(text)
+    return group, plural + (f"/{sub}" if slash else "")
 
 
 def is_cluster_scoped(group: str, resource: str) -> bool:
-    """Whether ``resource`` (``plural`` or ``plural/sub``) of ``group`` is a built-in cluster-scoped
-    one (nodes, namespaces …). Custom resources need discovery: the start-up check asks it."""
-    return (group, resource.partition("/")[0]) in _CLUSTER_SCOPED
+    """Whether ``resource`` (``plural`` or ``plural/sub``) of ``group`` is a standard
+    cluster-scoped one (nodes, namespaces …); a :class:`~declop.kube.catalog.Catalog` knows the
+    scope of custom resources and typed models too."""
+    return _STANDARD.cluster_scoped(group, resource)
 
 
 ClusterScoped = Callable[[str, str], bool]
@@ -144,7 +107,7 @@ ClusterScoped = Callable[[str, str], bool]
 
 def is_custom(group: str) -> bool:
     """Whether resources of ``group`` are custom resources (not served by Kubernetes itself)."""
-    return group not in _BUILTIN and not group.endswith(".k8s.io")
+    return group not in STANDARD_GROUPS and not group.endswith(".k8s.io")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +210,7 @@ def needs(
     ca_secret_namespace: str | None = None,
     metrics_auth: bool = False,
     resolve: Resolve = group_resource,
+    cluster_scoped: ClusterScoped = is_cluster_scoped,
 ) -> list[Grant]:
     """Every grant the registrations need, sorted and without duplicates.
 
@@ -262,14 +226,27 @@ def needs(
         metrics_auth: secure metrics (``--metrics-port``, HTTPS by default) check each caller's
             token and access: ``create`` on TokenReviews and SubjectAccessReviews (optional:
             without them scrapes are refused, reconciling goes on).
-        resolve: name → (apiGroup, plural); the offline :func:`group_resource` by default.
+        resolve: name → (apiGroup, plural); the offline :func:`group_resource` by default. A
+            :class:`~declop.errors.ConfigError` it raises is re-raised naming the declaration.
+        cluster_scoped: the scope of a resource: a cluster-scoped primary's Events go to
+            namespace ``default``, where the apiserver puts them (an Event lives in its
+            involved object's namespace).
+
+    Raises:
+        ConfigError: ``resolve`` refused a name (one line: which declaration, and the spelling).
     """
     out: dict[Grant, Grant] = {}
+
+    def named(name: str, who: str) -> tuple[str, str]:
+        try:
+            return resolve(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{who}: {exc}") from None
 
     def add(where: str | None, name: str, verbs: Iterable[str], why: str, *, required: bool = True,
             sub: str = "", object_name: str = "", handlers: bool = True) -> None:  # fmt: skip
         base, _, given_sub = name.partition("/")
-        group, plural = resolve(base)
+        group, plural = named(base, why.partition(": ")[0])
         resource = f"{plural}/{sub or given_sub}" if (sub or given_sub) else plural
         for verb in verbs:
             grant = Grant(where, group, resource, object_name, verb, required, why, handlers)
@@ -280,9 +257,11 @@ def needs(
     covered: set[tuple[str, str]] = set()
     for src in sources:
         who = f"@reconciler {src.name!r}" if src.name else "@reconciler"
-        group, plural = resolve(src.resource)
-        covered.update({(group, plural), *(resolve(o) for o in src.owns), *(resolve(w) for w in src.watches)})
-        for where in ((WATCHED,) if src.namespaces is None else src.namespaces):
+        group, plural = named(src.resource, who)
+        covered.update({(group, plural), *(named(o, f"{who} owns=") for o in src.owns),
+                        *(named(w, f"{who} watches=") for w in src.watches)})  # fmt: skip
+        wheres = (WATCHED,) if src.namespaces is None else src.namespaces
+        for where in wheres:
             add(where, src.resource, SOURCE_VERBS, f"{who}: the primary's informer (get for client.live.get)")
             if src.finalizer:
                 add(where, src.resource, FINALIZER_VERBS, f"{who}: finalizer= (a JSON patch of metadata.finalizers)")
@@ -300,9 +279,15 @@ def needs(
                 add(where, watched, SOURCE_VERBS, f"{who}: watches= informer")
             for p in src.permissions:
                 add(where, p.resource, (p.verb,), f"{who}: permissions=", object_name=p.name)
-            add(where, "events.events.k8s.io", EVENT_VERBS, "client.event (events.k8s.io/v1; patch folds repeats)", required=False)
+        if cluster_scoped(group, plural):
+            add("default", "events.events.k8s.io", EVENT_VERBS,
+                "client.event (events.k8s.io/v1; patch folds repeats): a cluster-scoped object's Events go to namespace default",
+                required=False)  # fmt: skip
+        else:
+            for where in wheres:
+                add(where, "events.events.k8s.io", EVENT_VERBS, "client.event (events.k8s.io/v1; patch folds repeats)", required=False)
     for name in reads:
-        if resolve(name) not in covered:  # an index on a source is served by the source's informers
+        if named(name, "an index or transform") not in covered:  # an index on a source is served by the source's informers
             add(WATCHED, name, SOURCE_VERBS, "an index or transform: its informer")
     if leader is not None:
         namespace, lease = leader
@@ -316,7 +301,7 @@ def needs(
             add(CLUSTER, f"{plural}.admissionregistration.k8s.io", WEBHOOK_CONFIGURATION_VERBS,
                 "webhooks: server-side apply of the configuration", object_name=webhook_name, handlers=False)  # fmt: skip
     for resource in sorted(set(converters)):
-        group, plural = resolve(resource)
+        group, plural = named(resource, "@converter")
         add(CLUSTER, "customresourcedefinitions.apiextensions.k8s.io", CONVERSION_VERBS,
             "@converter: the CRD's spec.conversion", object_name=f"{plural}.{group}", handlers=False)  # fmt: skip
     if webhook_name and ca_secret_namespace is not None:

@@ -12,22 +12,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import shlex
 from typing import Any, Callable, Coroutine
 
 from declop.cache.informer import InformerPool
 from declop.errors import ApiError, ConfigError, Forbidden
-from declop.kube.access import check_access
+from declop.kube.access import MissingPermissions, check_access
 from declop.kube.discovery import Discovery
 from declop.kube.kubeconfig import pod_namespace
-from declop.kube.rbac import Grant, Resolve, group_resource, is_cluster_scoped
+from declop.kube.catalog import Catalog
+from declop.kube.rbac import ClusterScoped, Grant, Resolve, group_resource, is_cluster_scoped
 from declop.manager.options import Options
 from declop.reconcile.registration import Registration
 from declop.registry import Registry
 
-__all__ = ["REVIEW", "check_fields", "check_names", "check_permissions", "discover", "grants"]
+__all__ = ["REVIEW", "SELF_REVIEW_PATH", "advice", "check_fields", "check_names", "check_permissions", "discover", "grants"]
 
 #: the runnable that reviews the optional grants while the caches fill
 REVIEW = "permission check (optional writes)"
+#: who this identity is (authentication.k8s.io/v1, GA in Kubernetes 1.28; every identity may ask)
+SELF_REVIEW_PATH = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
 log = logging.getLogger("declop.manager")
 
@@ -110,8 +114,11 @@ async def check_fields(transport: Any, discovery: Discovery, informers: Informer
                 ) from None
 
 
-def grants(options: Options, registry: Registry, resolve: Resolve | None = None) -> list[Grant]:
-    """The RBAC grants these registrations and options need (:mod:`declop.kube.rbac`)."""
+def grants(
+    options: Options, registry: Registry, resolve: Resolve | None = None, cluster_scoped: ClusterScoped | None = None
+) -> list[Grant]:
+    """The RBAC grants these registrations and options need (:mod:`declop.kube.rbac`), names and
+    scopes read as ``declop rbac`` reads them when given the same catalog."""
     o = options
     lease_ns = o.leader_election_namespace or pod_namespace()
     ca_ns = None
@@ -125,7 +132,29 @@ def grants(options: Options, registry: Registry, resolve: Resolve | None = None)
         webhook_name=o.webhook_name,
         ca_secret_namespace=ca_ns,
         metrics_auth=bool(o.metrics_secure and (o.metrics_port or o.debug_reconciles)),
+        cluster_scoped=cluster_scoped or is_cluster_scoped,
     )
+
+
+async def advice(transport: Any, command: str) -> str:
+    """``command`` (a ``declop rbac`` line), with ``--service-account NS:NAME`` when this identity
+    is a ServiceAccount (the apiserver's SelfSubjectReview says who it is): the manifests it then
+    prints bind every Role and ClusterRole they hold to it — with ``-n`` and a cluster-scoped
+    resource there are both, and binding only the Role would fail this check again. Unchanged when
+    the identity is not a ServiceAccount, or the apiserver cannot say."""
+    if "--service-account" in command:
+        return command
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    try:
+        answer = await transport.request("POST", SELF_REVIEW_PATH, body=body, lane="informer")
+    except ApiError:
+        return command
+    user = str((((answer or {}).get("status") or {}).get("userInfo") or {}).get("username") or "")
+    prefix = "system:serviceaccount:"
+    namespace, _, name = user.removeprefix(prefix).partition(":")
+    if not user.startswith(prefix) or not namespace or not name:
+        return command
+    return f"{command} --service-account {shlex.quote(f'{namespace}:{name}')}"
 
 
 async def check_permissions(
@@ -133,28 +162,24 @@ async def check_permissions(
 ) -> Callable[[], Coroutine[Any, Any, None]] | None:
     """Review every required grant with the apiserver (a missing one raises); return the review
     of the optional ones (the writes a handler may do: warnings only), to run while the caches
-    fill — None when there is none."""
+    fill — None when there is none.
 
-    def resolve(name: str) -> tuple[str, str]:
-        try:
-            info = discovery.resolve_cached(name)
-        except ConfigError:
-            return group_resource(name)  # not served (yet): the offline reading
-        return info.group, info.plural
-
-    scopes = {(r.group, r.plural): r.namespaced for r in discovery.resources()}
-
-    def cluster_scoped(group: str, resource: str) -> bool:
-        namespaced = scopes.get((group, resource.partition("/")[0]))
-        return is_cluster_scoped(group, resource) if namespaced is None else not namespaced
-
-    needed = grants(options, registry, resolve)
+    Names and scopes are read from what the apiserver serves (then the typed models), with the
+    :class:`~declop.kube.catalog.Catalog` ``declop rbac`` uses: the grants reviewed here are the
+    ones that command prints, so the fix it names is one that passes this check.
+    """
+    catalog = Catalog.served(discovery.resources(), source=f"the apiserver at {transport.host}")
+    cluster_scoped = catalog.cluster_scoped
+    needed = grants(options, registry, catalog.resolve, cluster_scoped)
     started = asyncio.get_running_loop().time()
     check = functools.partial(
         check_access, transport.request, namespaces=options.namespaces,
         command=options.rbac_command, cluster_scoped=cluster_scoped,
     )  # fmt: skip
-    await check([g for g in needed if g.required])
+    try:
+        await check([g for g in needed if g.required])
+    except MissingPermissions as exc:
+        raise MissingPermissions(exc.denied, await advice(transport, options.rbac_command)) from None
     log.debug("Checked the permissions declop needs", extra={"kv": {"seconds": round(asyncio.get_running_loop().time() - started, 4)}})
     optional = [g for g in needed if not g.required]
     return (lambda: check(optional)) if optional else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeVar
 
 from declop.errors import RegistrationError
-from declop.kube.rbac import Grant, Resolve, Source, group_resource, needs
+from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
@@ -161,9 +161,12 @@ class Registry:
         webhook_name: str = "declop",
         ca_secret_namespace: str | None = None,
         metrics_auth: bool = False,
+        cluster_scoped: ClusterScoped = is_cluster_scoped,
     ) -> list[Grant]:
         """Every RBAC grant the registrations need (``declop rbac`` prints them, ``declop run``
-        checks them at start); the deployment facts as :func:`declop.kube.rbac.needs` takes them."""
+        checks them at start); the deployment facts as :func:`declop.kube.rbac.needs` takes them,
+        names read with ``resolve`` and scopes with ``cluster_scoped`` (a
+        :class:`~declop.kube.catalog.Catalog`'s, for both to read as ``declop run`` does)."""
         sources = [
             Source(
                 r.resource, finalizer=r.finalizer is not None, owns=tuple(o.name for o in r.owns),
@@ -183,6 +186,7 @@ class Registry:
             ca_secret_namespace=ca_secret_namespace if self._webhooks else None,
             metrics_auth=metrics_auth,
             resolve=resolve,
+            cluster_scoped=cluster_scoped,
         )
 
     def index(self, resource: ResourceLike, name: str, fn: Callable[[Mapping[str, Any]], Iterable[str | None]]) -> None:

@@ -8,10 +8,11 @@ path a user takes on a real cluster (README, "Deploying with Helm"). The Dockerf
 inputs and the chart come from :mod:`declop.assets.files`: a checkout and an installed wheel work
 alike.
 
-The RBAC: a project with a ``rbac-values.yaml`` beside its handlers (what ``declop rbac
-handlers.py --values rbac-values.yaml`` writes; every ``declop new`` project has one) is installed
-with it and nothing else, so the Pod runs with exactly the permissions a cluster would give it;
-without one, the operator gets everything (:data:`DEV_RBAC`).
+The RBAC is a values file and nothing else, so the Pod runs with exactly the permissions a
+cluster would give it: the project's ``rbac-values.yaml`` beside its handlers (what ``declop rbac
+handlers.py --values rbac-values.yaml`` writes; every ``declop new`` project has one), else the
+one ``declop dev --node`` generates the same way (:func:`declop.cli.dev.node_rbac`). The dev
+cluster never grants everything: a permission the handlers lack shows here, not in production.
 
 Invariants: declop's image tarball is reused only while every build input (Dockerfile, setup.cfg,
 pyproject.toml, README.md, the lock files, declop/**) is byte-identical; it is written aside and moved into place,
@@ -37,7 +38,6 @@ from declop.testing.controlplane import ControlPlane
 from declop.version import __version__
 
 __all__ = [
-    "DEV_RBAC",
     "RBAC_VALUES",
     "DevImages",
     "cached_declop_image",
@@ -48,9 +48,6 @@ __all__ = [
     "project_rbac",
 ]
 
-#: A local dev cluster grants the operator everything: the handlers may touch any resource, and
-#: nothing the user cares about lives there. Production RBAC comes from the chart's values.
-DEV_RBAC = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
 #: the chart values ``declop rbac handlers.py --values`` writes into a project (``declop new`` does)
 RBAC_VALUES = scaffold.RBAC_VALUES
 
@@ -105,7 +102,7 @@ def project_folder(paths: Iterable[str]) -> Path | None:
 
 def project_rbac(paths: Iterable[str]) -> Path | None:
     """The ``rbac-values.yaml`` in the folder of the first handler path (or that path, a folder),
-    or None: the RBAC ``declop dev --node`` installs the chart with instead of :data:`DEV_RBAC`."""
+    or None: then ``declop dev --node`` generates one (:func:`declop.cli.dev.node_rbac`)."""
     for raw in paths:
         path = Path(raw).resolve()
         folder = path if path.is_dir() else path.parent
@@ -162,26 +159,24 @@ def install_operator(
     chart: Path,
     files: Sequence[Path],
     *,
+    rbac_values: Path,
     release: str = "declop",
     namespace: str = "declop-system",
     extra_args: Sequence[str] = (),
     image: str = f"declop:{__version__}",
-    rbac_values: Path | None = None,
 ) -> None:
     """``helm install --wait`` the chart with ``files`` as handlers and the local ``image``
     (``repository:tag``, imported into the node); its RBAC is the values file ``rbac_values``
-    (``declop rbac --values``) when given, else :data:`DEV_RBAC`."""
+    (what ``declop rbac --values`` writes) and nothing else."""
     repository, _, tag = image.rpartition(":")
     values: dict[str, object] = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "handlers": {"files": {f.name: f.read_text() for f in files}},
         "extraArgs": list(extra_args),
     }
-    if rbac_values is None:
-        values["rbac"] = {"rules": DEV_RBAC}
     path = Path(cp.tmp_dir) / "dev-values.json"
     path.write_text(json.dumps(values))
-    rbac = ["-f", str(rbac_values)] if rbac_values is not None else []
+    rbac = ["-f", str(rbac_values)]
     result = subprocess.run(
         ["helm", "install", release, str(chart), "-n", namespace, "--create-namespace",
          *rbac, "-f", str(path), "--wait", "--timeout", "180s"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -119,7 +120,8 @@ def test_the_chart_with_generated_values_and_one_permission_removed(
         assert str(refused.value).splitlines() == [
             "this identity lacks 1 permission the handlers need (SelfSubjectAccessReview):",
             f"missing permission: list configmaps in namespace {namespace}",
-            f"print the RBAC the handlers need with: declop rbac {handlers} -n {namespace} --leader-elect",
+            f"print the RBAC the handlers need with: declop rbac {handlers} -n {namespace} --leader-elect "
+            f"--service-account {namespace}:op-declop",
         ]
         # ... through the CLI: one line each, the fix, exit 1, no traceback
         kubeconfig = tmp_path / "kubeconfig"
@@ -140,7 +142,8 @@ def test_the_chart_with_generated_values_and_one_permission_removed(
             "declop: error: this identity lacks 1 permission the handlers need (SelfSubjectAccessReview):",
             f"missing permission: list configmaps in namespace {namespace}",
             f"print the RBAC the handlers need with: declop rbac {handlers} -n {namespace} --leader-elect "
-            f"--leader-election-namespace {namespace}",
+            f"--leader-election-id {env['DECLOP_LEADER_ELECTION_ID']} --leader-election-namespace {namespace} "
+            f"--kubeconfig {kubeconfig} --service-account {namespace}:op-declop",
         ]
         # the chart's Role as rendered from the generated values: the operator starts and reconciles
         rule["verbs"] = ["get", "list", "watch", "patch"]
@@ -271,3 +274,141 @@ def test_an_operator_under_exactly_the_generated_rbac_reconciles_without_a_403(
     median = {k: sorted(v)[len(v) // 2] for k, v in costs.items()}
     print(f"measured: start -> first reconcile, median of 5: with the check {median[True] * 1000:.0f} ms, "
           f"without {median[False] * 1000:.0f} ms; runs {costs}")  # fmt: skip
+
+
+# -- issue 44: names read as `declop run` reads them, cluster-scoped models, the advice that fixes --
+
+SPELLINGS_HANDLERS = """
+import declop
+
+@declop.reconciler("Pod", labels="rbac-spell=yes", owns=["Deployment", "cj", "statefulset.apps", "svc", "rs"],
+                   permissions=[("get", "secret"), ("create", "tokenreviews")])
+def spelled(request, client, obj):
+    CALLS.append(request.name)
+
+CALLS = []
+"""
+
+
+def test_declop_rbac_grants_what_declop_runs_resolver_resolves_and_the_check_passes(
+    control_plane: Any, namespace: str, tmp_path: Path, loaded: Registry
+) -> None:
+    """Defect 7 of issue 44: each spelling `declop run` accepts (kind, short name, singular with
+    its group) is granted as the resource the apiserver's discovery resolves it to — offline from
+    the standard table and online from discovery, the same bytes — and under exactly that RBAC
+    `declop run`'s start-up check passes (failed before: Pod, Deployment, cj, statefulset.apps,
+    svc, rs and secret were printed as core-group `pod`, `deployment`, `cj` ... rules)."""
+    import asyncio
+
+    from declop.kube.catalog import discover
+    from declop.kube.discovery import resolve
+
+    tools = control_plane.env()
+    handlers = tmp_path / "rbac_spellings.py"
+    handlers.write_text(SPELLINGS_HANDLERS)
+    sh(tools, "kubectl", "create", "serviceaccount", "spelled", "-n", namespace)
+    args = (str(handlers), "-n", namespace, "--service-account", f"{namespace}:spelled", "--name", "spelled")
+    offline = declop_rbac(tools, *args, "--offline")
+    online = declop_rbac(tools, *args, "--kubeconfig", control_plane.kubeconfig_path)
+    assert online == offline
+    served = asyncio.run(discover(control_plane.configuration()))
+    granted = {(rule["apiGroups"][0], rule["resources"][0]) for doc in yaml.safe_load_all(online) for rule in doc.get("rules", ())}
+    for spelling in ("Pod", "Deployment", "cj", "statefulset.apps", "svc", "rs", "secret", "tokenreviews"):
+        info = resolve(spelling, served, watchable=False)  # what declop run resolves it to
+        assert (info.group, info.plural) in granted, (spelling, info)
+    assert not [g for g in granted if g[0] == "" and g[1] in ("pod", "deployment", "cj", "svc", "rs", "secret", "statefulset")]
+    sh(tools, "kubectl", "apply", "-f", "-", stdin=online)
+    load([str(handlers)], [])
+    calls = loaded.registrations[0].fn.__globals__["CALLS"]
+    options = Options(namespaces=(namespace,), grace_period=2, check_permissions=True)
+    try:
+        with OperatorRunner(loaded, configuration=identity(control_plane, namespace, "spelled"), options=options):
+            core = kubernetes.client.CoreV1Api(control_plane.api_client())
+            core.create_namespaced_pod(namespace, {
+                "metadata": {"name": "p", "labels": {"rbac-spell": "yes"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+            })  # fmt: skip
+            wait_for(lambda: "p" in calls, 20, what="the reconcile of p")
+    finally:
+        subprocess.run(["kubectl", "delete", "clusterrole,clusterrolebinding", "spelled-cluster", "--ignore-not-found"], env=tools, capture_output=True, check=False)
+
+
+RACK_HANDLERS = """
+import declop
+from pydantic import BaseModel
+
+class RackSpec(BaseModel):
+    slots: int = 1
+
+class RackStatus(BaseModel):
+    used: int = 0
+
+class Rack(declop.CustomResource, group="{group}", version="v1", kind="Rack", scope="Cluster"):
+    spec: RackSpec
+    status: RackStatus | None = None
+
+@declop.reconciler(Rack, owns=["configmaps"], finalizer="example.com/cleanup")
+def rack(request, client, obj):
+    CALLS.append(request.name)
+    if obj is not None:
+        client.event(obj, "Seen", "the rack is known")
+
+CALLS = []
+"""
+
+
+def test_a_cluster_scoped_model_with_n_starts_under_the_rbac_the_advice_prints(
+    control_plane: Any, namespace: str, tmp_path: Path, loaded: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect 4 of issue 44: `declop rbac -n NS` put a scope="Cluster" model in NS's Role, which
+    cannot grant it; the start-up check stopped and named the same command (failed before, at the
+    advice: no --service-account, and that command printed the racks in NS's Role only, as
+    tests/unit/test_cli_rbac.py shows). Now: with no RBAC the check
+    stops and names `declop rbac ... -n NS --service-account NS:racks`; what that prints (a
+    ClusterRole for the racks, a Role in NS, the Events' Role in default, all bound) is applied,
+    and the operator starts, reconciles a Rack and records its Event with no missing permission."""
+    tools = control_plane.env()
+    group = f"rack{secrets.token_hex(3)}.example.com"
+    handlers = tmp_path / "rbac_racks.py"
+    handlers.write_text(RACK_HANDLERS.format(group=group))
+    crd = sh({**tools, "PYTHONPATH": str(ROOT)}, sys.executable, "-m", "declop", "crd", str(handlers))
+    sh(tools, "kubectl", "apply", "-f", "-", stdin=crd)
+    sh(tools, "kubectl", "wait", "--for=condition=Established", "--timeout=30s", f"crd/racks.{group}")
+    sh(tools, "kubectl", "create", "serviceaccount", "racks", "-n", namespace)
+    load([str(handlers)], [])
+    calls = loaded.registrations[0].fn.__globals__["CALLS"]
+    as_operator = identity(control_plane, namespace, "racks")
+    options = Options(
+        namespaces=(namespace,), grace_period=2, check_permissions=True, rbac_command=f"declop rbac {handlers} -n {namespace} --name racks",
+    )  # fmt: skip
+    custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
+    try:
+        with pytest.raises(ConfigError) as refused:
+            with OperatorRunner(loaded, configuration=as_operator, options=options):
+                pass
+        advice = str(refused.value).splitlines()[-1]
+        assert advice == f"print the RBAC the handlers need with: declop rbac {handlers} -n {namespace} --name racks --service-account {namespace}:racks"
+        printed = declop_rbac(tools, *shlex.split(advice.partition(": ")[2])[2:])
+        docs = list(yaml.safe_load_all(printed))
+        roles = {(d["kind"], d["metadata"].get("namespace")): {r["resources"][0] for r in d["rules"]} for d in docs if "rules" in d}
+        assert roles == {
+            ("ClusterRole", None): {"racks", "racks/finalizers", "racks/status"},
+            ("Role", "default"): {"events"},
+            ("Role", namespace): {"configmaps"},
+        }
+        assert {d["kind"] for d in docs} == {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+        sh(tools, "kubectl", "apply", "-f", "-", stdin=printed)
+        custom.create_cluster_custom_object(group, "v1", "racks", {"apiVersion": f"{group}/v1", "kind": "Rack", "metadata": {"name": "r1"}, "spec": {"slots": 4}})
+        with caplog.at_level("DEBUG", logger="declop"):
+            with OperatorRunner(loaded, configuration=as_operator, options=options):
+                wait_for(lambda: "r1" in calls, 20, what="the reconcile of r1")
+                events = kubernetes.client.EventsV1Api(control_plane.api_client())
+                wait_for(lambda: any(e.regarding.name == "r1" for e in events.list_namespaced_event("default").items), 20,
+                         what="the Rack's Event in default")  # fmt: skip
+                wait_for(lambda: len([r for r in caplog.records if r.getMessage() == "Reviewed permissions"]) >= 2, 10,
+                         what="both permission reviews")  # fmt: skip
+        assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("missing permission")] == []
+    finally:
+        subprocess.run(["kubectl", "delete", "clusterrole,clusterrolebinding", "racks-cluster", "--ignore-not-found"], env=tools, capture_output=True, check=False)
+        subprocess.run(["kubectl", "delete", "role,rolebinding", "racks", "-n", "default", "--ignore-not-found"], env=tools, capture_output=True, check=False)
+        subprocess.run(["kubectl", "delete", "crd", f"racks.{group}", "--ignore-not-found", "--wait=false"], env=tools, capture_output=True, check=False)

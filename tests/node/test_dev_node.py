@@ -1,12 +1,14 @@
 """`declop dev --node examples/pods.py` (what `make run` starts), as a new user runs it.
 
 One command: a control plane and a node, the image from the Dockerfile, the chart with the file
-as its handlers; the operator runs as a Pod, its lines reach the terminal and `kubectl logs`,
-and Ctrl-C leaves the host as it was.
+as its handlers and the RBAC `declop rbac examples/pods.py --values` generates (no wildcard: the
+seed has no rbac-values.yaml); the operator runs as a Pod, its lines reach the terminal and
+`kubectl logs`, and Ctrl-C leaves the host as it was.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -53,6 +55,10 @@ def test_declop_dev_node_runs_the_seed_in_cluster_and_ctrl_c_leaves_nothing(
         def seen(message: str) -> int:
             return sum(1 for l in lines if l.startswith(f"INFO {message}") and '"name": "nginx"' in l)
 
+        assert any("No rbac-values.yaml beside the handlers" in l for l in lines), "\n".join(lines)
+        role = json.loads(kubectl("get", "clusterrole", "declop-system-declop", "-o", "json"))
+        granted = {(r["apiGroups"][0], r["resources"][0]) for r in role["rules"]}
+        assert {("", "pods"), ("events.k8s.io", "events")} <= granted and ("*", "*") not in granted, role["rules"]
         kubectl("run", "nginx", "--image", "nginx")
         wait_for(lambda: seen("Pod created") >= 1, timeout=60, what="'Pod created' in the terminal")  # a fresh Lease: ~27 s
         kubectl("label", "pod", "nginx", "env=prod")

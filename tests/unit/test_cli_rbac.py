@@ -1,6 +1,8 @@
 """``declop rbac``: loads handler files as ``declop run`` does and prints their RBAC as YAML, the
 same bytes every time, or writes the chart's values file; the flags pick Role vs ClusterRole,
-Leases and bindings."""
+Leases and bindings. Names are read as ``declop run`` reads them (kinds, short names, singulars,
+typed models with their scope), or refused in one line; tests/integration/test_rbac_generated.py
+checks the same against the real apiserver."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(registry_module, "default_registry", fresh)
     monkeypatch.setattr(rbac_command, "default_registry", fresh)
     monkeypatch.setattr(rbac_command, "setup_logging", lambda *a: None)  # leave the root logger alone
+    monkeypatch.setenv("DECLOP_RBAC_OFFLINE", "1")  # ask no cluster: Kubernetes' standard resources
     path = tmp_path / "rbac_handlers.py"
     path.write_text(HANDLERS)
     yield path
@@ -69,7 +72,7 @@ def test_prints_a_clusterrole_with_the_verbs_declop_sends(handlers: Path) -> Non
 
 def test_the_output_is_byte_identical_across_runs(handlers: Path) -> None:
     """Two processes (each with its own hash seed): the same bytes."""
-    args = [sys.executable, "-m", "declop", "rbac", str(handlers), "-n", "b", "-n", "a", "--leader-elect", "--service-account", "ops:op"]
+    args = [sys.executable, "-m", "declop", "rbac", str(handlers), "-n", "b", "-n", "a", "--leader-elect", "--service-account", "ops:op", "--offline"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     outputs = {
         subprocess.run(args, env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True, timeout=60).stdout
@@ -116,3 +119,118 @@ def test_run_passes_the_check_switch_and_the_rbac_command_of_its_own_options(mon
     assert CliRunner().invoke(cli.cli, [*args, "--no-check-permissions"], catch_exceptions=False).exit_code == 0
     assert [o.check_permissions for o in seen] == [True, False]
     assert seen[0].rbac_command == "declop rbac 'my handlers.py' -m ops.more -n a --leader-elect --leader-election-namespace ops"
+    # every option that changes a grant the check reviews is passed on: else the command prints
+    # RBAC for the Lease 'declop' while the operator asks for 'my-op', and the check fails again
+    more = ["--leader-election-id", "my-op", "--webhook-name", "hooks", "--webhook-namespace", "certs", "--kubeconfig", "k", "--context", "c"]
+    assert CliRunner().invoke(cli.cli, [*args, *more], catch_exceptions=False).exit_code == 0
+    assert seen[-1].rbac_command == (
+        "declop rbac 'my handlers.py' -m ops.more -n a --leader-elect --leader-election-id my-op --leader-election-namespace ops "
+        "--webhook-name hooks --webhook-namespace certs --kubeconfig k --context c"
+    )
+    # each of them is an option of declop rbac
+    assert {"--leader-election-id", "--webhook-name", "--webhook-namespace", "--kubeconfig", "--context"} <= {
+        opt for param in rbac_command.rbac.params for opt in param.opts
+    }
+
+
+def rules_of(output: str) -> dict[tuple[str | None, str, str, str], list[str]]:
+    """(kind, namespace, group, resource) → verbs of every rule printed (resourceNames aside)."""
+    out = {}
+    for doc in yaml.safe_load_all(output):
+        for rule in doc.get("rules", ()):
+            key = (doc["kind"], doc["metadata"].get("namespace"), rule["apiGroups"][0], rule["resources"][0])
+            out[key] = rule["verbs"]
+    return out
+
+
+@pytest.mark.parametrize("spelling", ["Deployment", "deploy", "deployment", "deployments", "DEPLOYMENTS", "deployments.apps", "deployments.v1.apps"])
+def test_every_spelling_declop_run_accepts_grants_the_resource_it_means(handlers: Path, spelling: str) -> None:
+    """Defect 7 of issue 44: owns=["Deployment"] or ["deploy"] printed a core-group `deployment`
+    rule, exit 0 (failed before: ('', 'deployment') and ('', 'deploy'))."""
+    handlers.write_text(f"import declop\n\n@declop.reconciler('pods', owns=[{spelling!r}])\ndef a(request):\n    pass\n")
+    result = rbac(str(handlers))
+    assert result.exit_code == 0, result.output
+    printed = rules_of(result.output)
+    assert printed[("ClusterRole", None, "apps", "deployments")] == ["get", "list", "watch", "create", "update", "patch", "delete"]
+    assert {resource for (_, _, group, resource) in printed if group == ""} == {"pods", "pods/finalizers"}
+
+
+def test_a_name_nothing_answers_to_is_refused_in_one_line_with_the_right_spelling(
+    handlers: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handlers.write_text("import declop\n\n@declop.reconciler('pods', owns=['deploymnts'])\ndef a(request):\n    pass\n")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["rbac", str(handlers)])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("declop: error: @reconciler 'a' owns=: unknown resource 'deploymnts'")
+    assert "did you mean 'deployments.apps'?" in err
+
+
+CLUSTER_MODEL = """
+import declop
+from pydantic import BaseModel
+
+class GadgetSpec(BaseModel):
+    size: int = 1
+
+class GadgetStatus(BaseModel):
+    ready: bool = False
+
+class Gadget(declop.CustomResource, group="scope.example.com", version="v1", kind="Gadget", scope="Cluster"):
+    spec: GadgetSpec
+    status: GadgetStatus | None = None
+
+@declop.reconciler(Gadget, owns=["configmaps"], finalizer="example.com/cleanup")
+def gadget(request, obj: Gadget):
+    pass
+"""
+
+
+def test_a_cluster_scoped_model_goes_in_a_clusterrole_and_its_events_in_default(handlers: Path) -> None:
+    """Defect 4 of issue 44: with -n, a scope="Cluster" model was granted in the namespace's Role,
+    which cannot grant it (failed before: gadgets in the Role of team-a, no ClusterRole)."""
+    handlers.write_text(CLUSTER_MODEL)
+    result = rbac(str(handlers), "-n", "team-a", "--service-account", "ops:op")
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.output))
+    assert [(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs] == [
+        ("ClusterRole", "declop-cluster", None), ("ClusterRoleBinding", "declop-cluster", None),
+        ("Role", "declop", "default"), ("RoleBinding", "declop", "default"),
+        ("Role", "declop", "team-a"), ("RoleBinding", "declop", "team-a"),
+    ]  # fmt: skip
+    printed = rules_of(result.output)
+    assert {k: v for k, v in printed.items() if k[0] == "ClusterRole"} == {
+        ("ClusterRole", None, "scope.example.com", "gadgets"): ["get", "list", "watch", "patch"],
+        ("ClusterRole", None, "scope.example.com", "gadgets/finalizers"): ["update"],
+        ("ClusterRole", None, "scope.example.com", "gadgets/status"): ["update", "patch"],
+    }
+    # an Event lives in its involved object's namespace; a cluster-scoped object's in default
+    assert printed[("Role", "default", "events.k8s.io", "events")] == ["create", "patch"]
+    assert {k[3] for k in printed if k[:2] == ("Role", "team-a")} == {"configmaps"}
+    # all namespaces: the ClusterRole holds it too, the Events still in default
+    whole = rules_of(rbac(str(handlers)).output)
+    assert ("ClusterRole", None, "scope.example.com", "gadgets") in whole
+    assert ("Role", "default", "events.k8s.io", "events") in whole and ("ClusterRole", None, "events.k8s.io", "events") not in whole
+
+
+def test_without_offline_an_unreachable_cluster_falls_back_to_the_standard_resources(
+    handlers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubeconfig whose apiserver does not answer: one line on stderr, then the same output as
+    --offline (the names are read against Kubernetes' standard resources)."""
+    monkeypatch.delenv("DECLOP_RBAC_OFFLINE")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    handlers.write_text("import declop\n\n@declop.reconciler('pods', owns=['deploy'])\ndef a(request):\n    pass\n")
+    asked = CliRunner().invoke(cli.cli, ["rbac", str(handlers), "--kubeconfig", str(kubeconfig)], catch_exceptions=False)
+    offline = CliRunner().invoke(cli.cli, ["rbac", str(handlers), "--offline"], catch_exceptions=False)
+    assert asked.exit_code == offline.exit_code == 0, asked.stderr
+    assert asked.stdout == offline.stdout
+    assert "did not answer discovery" in asked.stderr and "standard resources" in asked.stderr
+    assert offline.stderr == ""

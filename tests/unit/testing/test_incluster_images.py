@@ -50,7 +50,7 @@ def test_the_pod_runs_the_project_image_when_there_is_one() -> None:
 
 
 def test_a_projects_rbac_values_beside_the_handlers_are_its_rbac(tmp_path: Path) -> None:
-    """What `declop dev --node` installs the chart with instead of DEV_RBAC (everything)."""
+    """What `declop dev --node` installs the chart with (else it generates one: test_cli_dev_node.py)."""
     project = tmp_path / "widget-operator"
     project.mkdir()
     (project / "handlers.py").write_text("")
