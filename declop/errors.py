@@ -51,6 +51,7 @@ bug, so none may be mistaken for a user's error by an ``except DeclopError``::
      ├── _Overran            declop.webhooks.server: a webhook handler passed its timeout
      ├── ValueError
      │    ├── TooDeep           declop.webhooks.decode: a body nested too deep (denied, named)
+     │    ├── NoModel           declop.webhooks.typed: an object of a version the converter names no model for
      │    └── TooMany           declop.webhooks.decode: a body with too many containers (``Oversized``)
      └── RuntimeError
           ├── Deadlock          declop.testing.simloop: a simulated world with nothing to run and no timer
