@@ -146,6 +146,8 @@ ORDER = [
     "testing.buildkit",
     "testing.image",
     "testing.host",
+    "testing.runrecord",
+    "testing.recovery",
     "testing.node",
     "testing.controlplane",
     "testing.incluster",

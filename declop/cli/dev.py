@@ -43,6 +43,7 @@ __all__ = ["dev", "node_rbac"]
         "declop dev examples/greeting/handlers.py -f examples/greeting/crd.yaml   # apply the CRD first; reload on save",
         "declop dev examples/pods.py --metrics-port 8080   # curl localhost:8080/metrics",
         "sudo -E declop dev --node examples/pods.py        # with a real node; handlers in-cluster",
+        "sudo declop dev --node --clean                    # only remove what a killed node left",
     ),
 )
 @run_options
@@ -51,6 +52,7 @@ __all__ = ["dev", "node_rbac"]
 @click.option("--kubeconfig-out", type=click.Path(), default=".declop/kubeconfig", show_default=True, envvar=env("KUBECONFIG_OUT"), help="Where to write the admin kubeconfig.")
 @click.option("--no-controller-manager", is_flag=True, envvar=env("NO_CONTROLLER_MANAGER"), help="Run only etcd and kube-apiserver (faster start, no GC).")
 @click.option("--node", is_flag=True, envvar=env("DEV_NODE"), help="Also run a real node (containerd + kubelet; needs root) and run PATHS in-cluster: declop's image (and yours FROM it, when a Dockerfile sits beside PATHS), Helm chart, handlers from a ConfigMap; RBAC from the rbac-values.yaml beside PATHS, else the one `declop rbac PATHS --values` generates (least privilege).")
+@click.option("--clean", is_flag=True, help="With --node: only remove what a killed `declop dev --node` (or `make run`) left on the host — its processes, mounts, links, iptables rules, sysctls and folders, one line each — then exit. Every --node start does this first.")
 def dev(**kw: Any) -> None:
     """Start a local control plane (etcd + kube-apiserver + controller-manager), apply -f files and
     the CRDs of the typed models in PATHS, and run PATHS on it, restarting them when you save a
@@ -74,6 +76,9 @@ def dev(**kw: Any) -> None:
     from declop.dev.manifests import from_models, read as read_manifests
     from declop.testing.controlplane import ControlPlane
 
+    if kw["clean"]:
+        _clean(kw)
+        return
     if kw["node"]:
         if kw["reload"]:
             raise BadOptions("--reload restarts handlers in this process; with --node they run in-cluster: drop --reload (or --node)")
@@ -83,7 +88,10 @@ def dev(**kw: Any) -> None:
             raise BadOptions("--node runs handler files from a ConfigMap; -m modules belong in your own image (docs/deploy.md)")
         from declop.testing.node import Node
 
-        Node(ControlPlane()).check()  # no root, no packages: one line before anything starts
+        from declop.testing import recovery
+
+        Node(ControlPlane()).check()  # no root, no packages, another node: one line before anything starts
+        recovery.recover(echo=_echo)  # what a killed node left, before minutes of image building
 
     reload = not kw["node"] if kw["reload"] is None else kw["reload"]
     runs = bool(kw["paths"] or kw["modules"])
@@ -110,7 +118,8 @@ def dev(**kw: Any) -> None:
         stopping.set()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP too: a closed terminal stops the node as Ctrl-C does, undoing its changes to the host
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     started = False
     try:
         what = "kube-controller-manager, and a node: containerd, kubelet, kube-proxy, kube-scheduler" if kw["node"] else "kube-controller-manager"
@@ -124,7 +133,8 @@ def dev(**kw: Any) -> None:
             click.echo(f"export KUBECONFIG={out}")
             click.echo(f"# kubectl and helm built for it: export PATH={cp.assets_dir}:$PATH", err=True)
             sys.stdout.flush()
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            for sig in previous:
+                signal.signal(sig, signal.default_int_handler)
             configuration = load_configuration(out, None)
             sources = Sources(tuple(kw["paths"]), tuple(kw["modules"]), tuple(kw["files"]))
             started = True
@@ -147,9 +157,24 @@ def dev(**kw: Any) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if started:  # also after an error: its one line follows this one
             click.echo("Control plane stopped.", err=True)
+
+
+def _clean(kw: dict[str, Any]) -> None:
+    """``dev --node --clean``: undo what killed node runs left (one line each), start nothing."""
+    if not kw["node"]:
+        raise BadOptions("--clean removes what a killed local node left: give it with --node (declop dev --node --clean)")
+    if kw["paths"] or kw["modules"] or kw["files"]:
+        raise BadOptions("--clean only cleans up and starts nothing: drop PATHS, -m and -f")
+    if os.geteuid() != 0:
+        raise ConfigError("cleaning up after a local node needs root (its processes, mounts, iptables rules and sysctls are root's); run it as root")
+    from declop.testing import recovery
+
+    if recovery.recover(echo=_echo) == 0:
+        _echo("Nothing to clean up: no killed declop node left anything on this host.")
 
 
 def _find_module(name: str) -> Any:
@@ -172,10 +197,10 @@ def _echo(line: str) -> None:
 
 
 async def _serve_until_signal(run: Any) -> int:
-    """``await run(stop)`` with SIGTERM/SIGINT setting ``stop``."""
+    """``await run(stop)`` with SIGTERM/SIGINT/SIGHUP setting ``stop``."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     result: int = await run(stop)
     return result

@@ -62,6 +62,7 @@ from declop.testing.process import Component, free_ports, launch
 
 if TYPE_CHECKING:
     from declop.testing.node import Node
+    from declop.testing.recovery import Claim
 
 __all__ = ["ControlPlane", "find_assets"]
 
@@ -139,6 +140,7 @@ class ControlPlane:
         self._ports: dict[str, int] = {}
         self._procs: dict[str, Component] = {}
         self._ssl: ssl.SSLContext | None = None
+        self._claim: Claim | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -175,7 +177,16 @@ class ControlPlane:
             self._host_ip = node.host_ip
         atexit.register(self.stop)
         try:
-            self._dir = Path(tempfile.mkdtemp(prefix="declop-cp-"))
+            if node is not None:
+                from declop.testing import recovery
+
+                # the host: another node refused, a killed one cleaned up, then our run record
+                self._claim = recovery.claim()
+                node = Node(self, claim=self._claim)
+            if self._claim is not None:  # recorded before it is made, as each process it runs
+                self._dir = self._claim.record.make_folder("declop-cp-")
+            else:
+                self._dir = Path(tempfile.mkdtemp(prefix="declop-cp-"))
             hosts = [self._host_ip, *_SERVICE_HOSTS] if node is not None else []
             self._certs = generate(self._dir / "certs", hosts)
             self._start_etcd_and_apiserver()
@@ -193,17 +204,25 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop every process (by pid) and delete the temporary directory. Idempotent.
 
-        With a node, the node goes first and undoes every host change it made.
+        With a node, the node goes first and undoes every host change it made; the run record
+        goes last, once everything is undone (an interrupted stop leaves it to the next start).
         """
-        if self.node is not None:
-            self.node.stop()
-            self.node = None
-        self._stop_processes()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-        self._ssl = None
-        atexit.unregister(self.stop)
+        undone = False
+        try:
+            if self.node is not None:
+                self.node.stop()
+                self.node = None
+            self._stop_processes()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+            undone = True
+        finally:
+            self._ssl = None
+            atexit.unregister(self.stop)
+            if self._claim is not None:
+                self._claim.release(undone=undone)
+                self._claim = None
 
     def stop_apiserver(self) -> None:
         """Stop kube-apiserver only (etcd and its data stay); :meth:`start_apiserver` brings it back."""
@@ -394,6 +413,8 @@ class ControlPlane:
     def _launch(self, name: str, args: list[str]) -> Component:
         process = launch(name, [self.binary(name), *args], self._workdir())
         self._procs[name] = process
+        if self._claim is not None:
+            self._claim.record.add_process(name, process.popen.pid)
         return process
 
     def _etcd_args(self) -> list[str]:

@@ -4,7 +4,10 @@
 parts change on the host; :meth:`HostState.restore` puts back exactly what changed since and
 :meth:`HostState.difference` lists what still differs. Invariants: nothing that existed before
 the record is removed or rewritten (someone else's iptables rules, files and mounts are never
-touched), and every step is idempotent, so an interrupted restore can be run again.
+touched), and every step is idempotent, so an interrupted restore can be run again. A
+:class:`HostState` round-trips through JSON (:meth:`HostState.to_json`, :meth:`HostState.from_json`),
+so a run record (:mod:`declop.testing.runrecord`) can carry it to the run that cleans up after a
+killed one.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["HOST_PATHS", "SYSCTLS", "HostState", "Rules"]
+__all__ = ["BRIDGE", "HOST_PATHS", "SYSCTLS", "HostState", "Rules", "bridge_ports"]
 
+#: the CNI bridge a local node's Pods hang off (created by the bridge plugin, deleted on stop)
+BRIDGE = "declop0"
 # Folders kubelet, containerd and libcni use whatever their configuration says.
 HOST_PATHS = (
     "/var/lib/kubelet",
@@ -63,6 +69,36 @@ class HostState:
             nft_tables=nft_tables(),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bridge": self.bridge,
+            "bridge_existed": self.bridge_existed,
+            "sysctls": self.sysctls,
+            "paths": {path: None if was is None else sorted(was) for path, was in self.paths.items()},
+            "mounts": sorted(self.mounts),
+            "iptables": {
+                tool: {table: [sorted(chains), rules] for table, (chains, rules) in r.tables.items()}
+                for tool, r in self.iptables.items()
+            },
+            "nft_tables": sorted(self.nft_tables),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HostState:
+        """The inverse of :meth:`to_json`; ``KeyError``/``TypeError``/``ValueError`` if malformed."""
+        return cls(
+            bridge=str(data["bridge"]),
+            bridge_existed=bool(data["bridge_existed"]),
+            sysctls={str(k): str(v) for k, v in data["sysctls"].items()},
+            paths={str(k): None if v is None else set(v) for k, v in data["paths"].items()},
+            mounts=set(data["mounts"]),
+            iptables={
+                tool: Rules({table: (set(chains), list(rules)) for table, (chains, rules) in tables.items()})
+                for tool, tables in data["iptables"].items()
+            },
+            nft_tables=set(data["nft_tables"]),
+        )
+
     def restore(self, private: Path | None, cgroup_root: str) -> None:
         for mount in self._new_mounts(str(private or "")):
             umount(mount)
@@ -73,6 +109,8 @@ class HostState:
         for table in nft_tables() - self.nft_tables:  # iptables-nft made it: drop it whole
             subprocess.run(["nft", "delete", "table", *table.split()], capture_output=True, check=False)
         if not self.bridge_existed and Path(f"/sys/class/net/{self.bridge}").exists():
+            for port in bridge_ports(self.bridge):  # the host ends of Pods' veths: ours, as the bridge is
+                subprocess.run(["ip", "link", "delete", port], capture_output=True, check=False)
             subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
         for name, value in self.sysctls.items():
             if read_sysctl(name) != value:
@@ -93,6 +131,7 @@ class HostState:
         for tool, before in self.iptables.items():
             found += before.difference(tool)
         if not self.bridge_existed and Path(f"/sys/class/net/{self.bridge}").exists():
+            found += [f"interface {port}" for port in bridge_ports(self.bridge)]
             found.append(f"interface {self.bridge}")
         found += [
             f"sysctl {name}={read_sysctl(name)} (was {value})"
@@ -169,6 +208,14 @@ class Rules:
             extra += [f"{tool} {table} chain {c}" for c in sorted(chains - old_chains)]
             extra += [f"{tool} {table} {r}" for r in rules if r not in old_rules]
         return extra
+
+
+def bridge_ports(bridge: str) -> list[str]:
+    """The interfaces enslaved to ``bridge`` (none when it does not exist)."""
+    try:
+        return sorted(p.name for p in Path(f"/sys/class/net/{bridge}/brif").iterdir())
+    except OSError:
+        return []
 
 
 def nft_tables() -> set[str]:

@@ -11,6 +11,9 @@ Guarantees:
   ``tools/node/build.sh`` installs them). :meth:`Node.check` raises one ``ConfigError`` naming
   what is missing before anything is touched.
 - At most one node runs on a host at a time (a lock file); a second gets ``ConfigError``.
+- Before its first change to the host, a node run writes a run record (:mod:`declop.testing.runrecord`)
+  naming what it starts and changes, kept current as it goes; the next run undoes a record whose
+  owner was killed before it starts (:mod:`declop.testing.recovery`).
 - All state lives in one private folder. Everything the node changes outside it is recorded when
   it starts and undone by :meth:`Node.stop`: processes (stopped by pid — the ones we started, the
   containerd shims from their ``shim.pid`` files, container processes from our own cgroups —
@@ -24,11 +27,11 @@ Guarantees:
 
 # size: one piece: the Node class, whose start records every change it makes to the host and whose
 # stop undoes exactly those (the guarantees above); each component's flags come from the same
-# private folder and lock. Host state is declop.testing.host, processes declop.testing.process.
+# private folder and claim. Host state is declop.testing.host, processes declop.testing.process,
+# the lock and the run record declop.testing.recovery and declop.testing.runrecord.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -36,14 +39,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from declop.errors import ConfigError
-from declop.testing import host
+from declop.testing import host, recovery
+from declop.testing.host import BRIDGE
 from declop.testing.process import Component, free_ports, launch
 
 
@@ -73,8 +76,6 @@ PACKAGES = {
     "iptables": "/usr/sbin/iptables",
     "nftables": "/usr/sbin/nft",
 }
-LOCK_FILE = "/run/declop-node.lock"
-BRIDGE = "declop0"
 NODE_NAME = "declop-node"
 START_TIMEOUT = 90.0
 POD_GRACE = 3.0
@@ -115,16 +116,26 @@ class Node:
     Args:
         control_plane: a ``ControlPlane(node=True)``; it calls :meth:`start` and :meth:`stop`.
         assets_dir: folder with the node binaries; default :func:`find_node_assets`.
+        claim: the host, already taken with :func:`declop.testing.recovery.claim` by the caller
+            (the control plane, whose processes the same record names), who releases it after
+            :meth:`stop`; by default :meth:`start` takes it and :meth:`stop` releases it.
     """
 
-    def __init__(self, control_plane: Cluster, *, assets_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        control_plane: Cluster,
+        *,
+        assets_dir: str | None = None,
+        claim: recovery.Claim | None = None,
+    ) -> None:
         self._cp = control_plane
         self._assets_dir = assets_dir
         self.name = NODE_NAME
         self.host_ip = _host_ip()
         self.startup_seconds: float | None = None
         self._dir: Path | None = None
-        self._lock: int | None = None
+        self._claim = claim
+        self._owns_claim = False
         self._procs: dict[str, Component] = {}
         self._host: host.HostState | None = None
         self._cgroup_root = ""
@@ -147,9 +158,8 @@ class Node:
                 f"run `declop assets build --node` as root (or apt-get install {' '.join(missing)})"
             )
         self.assets_dir  # noqa: B018 - raises ConfigError when the binaries are not built
-        if self._lock is None:  # not our own lock: is another node running? (start takes it)
-            self._take_lock()
-            self._release_lock()
+        if self._claim is None:  # is another node running? (start takes the host)
+            recovery.check_free()
 
     @property
     def assets_dir(self) -> str:
@@ -163,11 +173,14 @@ class Node:
             raise RuntimeError("this Node is already running")
         self.check()
         began = time.monotonic()
-        self._take_lock()
+        if self._claim is None:
+            self._claim, self._owns_claim = recovery.claim(), True
+        record = self._claim.record
         try:
-            self._host = host.HostState.record(BRIDGE)
-            self._dir = Path(tempfile.mkdtemp(prefix="declop-node-"))
+            self._host = record.host
+            self._dir = record.make_folder("declop-node-")
             self._cgroup_root = f"/declop-{secrets.token_hex(4)}"
+            record.set_cgroup_root(self._cgroup_root)
             host.make_cgroups(self._cgroup_root)
             self._start_containerd()
             self.import_image(self._pause_image())
@@ -182,7 +195,12 @@ class Node:
         self.startup_seconds = time.monotonic() - began
 
     def stop(self) -> None:
-        """Stop everything and undo every host change (see the module docstring). Idempotent."""
+        """Stop everything and undo every host change (see the module docstring). Idempotent.
+
+        The run record goes only once all is undone: a stop that fails or is interrupted leaves
+        it for the next start (:func:`declop.testing.recovery.claim`) to finish.
+        """
+        undone = False
         try:
             for name in ("kube-scheduler", "kube-proxy", "kubelet"):
                 if name in self._procs:
@@ -197,8 +215,11 @@ class Node:
                 host.unmount_under(self._dir)
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._last_dir, self._dir = self._dir, None
+            undone = True
         finally:
-            self._release_lock()
+            if self._owns_claim and self._claim is not None:
+                self._claim.release(undone=undone)
+                self._claim, self._owns_claim = None, False
 
     def leftovers(self) -> list[str]:
         """What of this node is still on the host (processes, mounts, chains…); empty after stop.
@@ -457,6 +478,8 @@ class Node:
         process = launch(name, [binary, *args], self._workdir())
         self._procs[name] = process
         self._pids[name] = process.popen.pid
+        if self._claim is not None:
+            self._claim.record.add_process(name, process.popen.pid)
 
     def _binary(self, name: str) -> str:
         return str(Path(self.assets_dir) / name)
@@ -465,22 +488,6 @@ class Node:
         if self._dir is None:
             raise RuntimeError("the node is not running; call start()")
         return self._dir
-
-    def _take_lock(self) -> None:
-        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(
-                f"another declop node runs on this host (lock {LOCK_FILE}); stop it first"
-            ) from None
-        self._lock = fd
-
-    def _release_lock(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
 
 
 def _containerd_config(base: Path, cni_conf: Path, runc_root: Path) -> str:
