@@ -48,6 +48,7 @@ from declop.errors import ConfigError
 from declop.testing import host, recovery
 from declop.testing.host import BRIDGE
 from declop.testing.process import Component, free_ports, launch
+from declop.testing.runrecord import start_time
 
 
 class Cluster(Protocol):
@@ -229,10 +230,10 @@ class Node:
         state = self._host
         if state is None:
             return []
-        found = [f"process {pid} ({name})" for name, pid in self._pids.items() if _alive(pid)]
+        found = [f"process {pid} ({name})" for name, pid in self._pids.items() if start_time(pid) is not None]
         if self._last_dir or self._dir:
             socket_path = str((self._last_dir or self._dir) / "containerd" / "containerd.sock")  # type: ignore[operator]
-            found += [f"containerd-shim {pid}" for pid in _shims_of(socket_path) if _alive(pid)]
+            found += [f"containerd-shim {pid}" for pid in _shims_of(socket_path) if start_time(pid) is not None]
         found += [f"container process {pid}" for pid in host.cgroup_pids(self._cgroup_root)]
         private = str(self._last_dir or self._dir or "")
         found += state.difference(private, self._cgroup_root)
@@ -549,15 +550,6 @@ def _shims_of(socket_path: str) -> list[int]:
         if any(argv[i : i + 2] == wanted for i in range(len(argv) - 1)):
             found.append(int(entry.name))
     return found
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -175,15 +175,15 @@ def _stop_processes(record: RunRecord, echo: Echo) -> None:
     for process in record.processes:
         if process.alive():
             targets[process.pid] = process
+    if record.cgroup_root:  # the Pods' processes (their folders are under the run's too)
+        for pid in host.cgroup_pids(record.cgroup_root):
+            found = ProcessId.of(f"container process {_comm(pid)}", pid)
+            if found is not None and pid not in targets:
+                targets[pid] = found
     for pid, name in _processes_of_folders(record.folders):
         if pid not in targets:
             found = ProcessId.of(name, pid)
             if found is not None:
-                targets[pid] = found
-    if record.cgroup_root:
-        for pid in host.cgroup_pids(record.cgroup_root):
-            found = ProcessId.of(f"container process {_comm(pid)}", pid)
-            if found is not None and pid not in targets:
                 targets[pid] = found
     for process in targets.values():
         if process.alive():  # still this very process: signal it, never a recycled pid
@@ -201,8 +201,10 @@ def _stop_processes(record: RunRecord, echo: Echo) -> None:
 
 
 def _processes_of_folders(folders: list[str]) -> list[tuple[int, str]]:
-    """(pid, name) of the processes whose working folder is in one of ``folders`` or whose
-    command line names one (containerd's shims, ``ctr`` and the components started in them)."""
+    """(pid, name) of the processes whose working folder is in one of ``folders``, or whose
+    command line or environment names one: the components (started in them), containerd's shims
+    and ``ctr`` (their ``-address``), ``helm`` and ``kubectl`` (``KUBECONFIG`` in the control
+    plane's folder)."""
     if not folders:
         return []
     roots = [f.rstrip("/") for f in folders]
@@ -215,10 +217,11 @@ def _processes_of_folders(folders: list[str]) -> list[tuple[int, str]]:
         except OSError:
             cwd = ""
         try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+            named = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
         except OSError:
             continue
-        if any(cwd == r or cwd.startswith(r + "/") or r in argv for r in roots):
+        text = named.decode(errors="replace")
+        if any(cwd == r or cwd.startswith(r + "/") or r in text for r in roots):
             found.append((int(entry.name), _comm(int(entry.name))))
     return found
 

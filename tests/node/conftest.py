@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 
 from declop.testing import ControlPlane
 from declop.testing.image import BuildKit, BuiltImage, build_image, declop_image
-from declop.testing.host import HOST_PATHS, SYSCTLS
+from declop.testing.host import HOST_PATHS, SYSCTLS, cgroup_hierarchies
+from declop.testing.runrecord import RECORDS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +87,9 @@ def _host_snapshot() -> dict[str, object]:
         "paths": {path: os.path.lexists(path) for path in HOST_PATHS},
         "mounts": Path("/proc/self/mountinfo").read_text().count("\n"),
         "node processes": sorted(_node_processes()),
-        "cgroups": sorted(p.name for p in Path("/sys/fs/cgroup/cpu").iterdir() if p.name.startswith("declop-")),
+        "node folders": sorted(str(p) for p in Path(tempfile.gettempdir()).glob("declop-node-*")),
+        "cgroups": sorted(str(c) for h in cgroup_hierarchies() for c in h.glob("declop-*")),
+        "run records": sorted(p.name for p in RECORDS_DIR.glob("*")) if RECORDS_DIR.is_dir() else [],
     }
 
 

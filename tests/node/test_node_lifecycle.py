@@ -58,7 +58,7 @@ def test_a_second_node_on_the_same_host_is_refused_with_one_line() -> None:
         first = cp.node
         assert first is not None
         second = ControlPlane(node=True)
-        with pytest.raises(ConfigError, match="another declop node runs on this host"):
+        with pytest.raises(ConfigError, match=r"^another declop node is running on this host \(pid \d+, `.*`, since .*\); stop it with Ctrl-C"):
             second.start()
         assert second.node is None and not second.pids  # refused before anything started
         # The first node is untouched by the refusal.

@@ -124,3 +124,33 @@ def test_dev_without_watchfiles_says_what_to_install(no_control_plane: None, tmp
 def test_dev_names_a_missing_module_before_starting(no_control_plane: None) -> None:
     result: Any = CliRunner().invoke(cli.cli, ["dev", "-m", "no_such_pkg.handlers"], standalone_mode=False)
     assert str(result.exception) == "no module named 'no_such_pkg.handlers'; is it installed or on PYTHONPATH?"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--clean"], "--clean removes what a killed local node left: give it with --node (declop dev --node --clean)"),
+        (["--node", "--clean", "h.py"], "--clean only cleans up and starts nothing: drop PATHS, -m and -f"),
+    ],
+)
+def test_dev_clean_is_refused_beside_what_it_does_not_do(no_control_plane: None, args: list[str], line: str) -> None:
+    result: Any = CliRunner().invoke(cli.cli, ["dev", *args], standalone_mode=False)
+    assert isinstance(result.exception, ConfigError) and getattr(result.exception, "exit_code", 1) == 2
+    assert str(result.exception) == line
+
+
+def test_dev_clean_without_root_says_so(no_control_plane: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dev_command.os, "geteuid", lambda: 1000)
+    result: Any = CliRunner().invoke(cli.cli, ["dev", "--node", "--clean"], standalone_mode=False)
+    assert str(result.exception).startswith("cleaning up after a local node needs root")
+
+
+def test_dev_clean_only_cleans_up_and_says_when_there_was_nothing(no_control_plane: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from declop.testing import recovery
+
+    calls: list[object] = []
+    monkeypatch.setattr(dev_command.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(recovery, "recover", lambda echo: calls.append(echo) or 0)
+    result: Any = CliRunner().invoke(cli.cli, ["dev", "--node", "--clean"])
+    assert result.exit_code == 0 and len(calls) == 1  # no control plane (the fixture refuses one)
+    assert result.output == "Nothing to clean up: no killed declop node left anything on this host.\n"
