@@ -158,6 +158,8 @@ def _recover_locked(echo: Echo, folder: Path, lock_file: Path) -> int:
     live = [r for r in found if r.owner_alive() and r.owner.pid != os.getpid()]
     if live:  # it does not hold the lock, yet runs: leave it alone, start nothing beside it
         raise ConfigError(_running_message(live, lock_file))
+    for aside in folder.glob(".*.json.*"):  # a record half-written when its owner died; only the
+        aside.unlink(missing_ok=True)  # lock's holder writes one, and that is this process, now
     for record in found:  # a record of this process is from an earlier run here that failed to stop
         echo(f"A declop node ({record.describe()}) was stopped without cleaning up; removing what it left:")
         undo(record, echo)

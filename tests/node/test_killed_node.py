@@ -63,8 +63,15 @@ class Run:
     def output(self) -> str:
         return "\n".join(self.lines[-40:])
 
+    def wait(self, condition: Callable[[], object], what: str, timeout: float = START) -> None:
+        """wait_for, with this run's last lines (as they are then) when it times out."""
+        try:
+            wait_for(condition, timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {' '.join(self.argv[-3:])} said:\n{self.output()}") from None
+
     def wait_line(self, text: str, timeout: float = START) -> str:
-        wait_for(lambda: any(text in l for l in self.lines), timeout=timeout, what=f"{text!r} from {self.argv}:\n{self.output()}")
+        self.wait(lambda: any(text in l for l in self.lines), repr(text), timeout)
         return next(l for l in self.lines if text in l)
 
     def record(self) -> RunRecord | None:
@@ -82,7 +89,7 @@ class Run:
             return None
 
     def wait_record(self, ready: Callable[[RunRecord], bool], what: str, timeout: float = START) -> RunRecord:
-        wait_for(lambda: (r := self.record()) is not None and ready(r), timeout=timeout, what=f"{what}:\n{self.output()}")
+        self.wait(lambda: (r := self.record()) is not None and ready(r), what, timeout)
         record = self.record()
         assert record is not None
         return record
@@ -189,7 +196,7 @@ def test_a_killed_node_is_cleaned_up_by_the_next_start(tmp_path: Path, host_snap
         kubelet = next(p for p in record.processes if p.name == "kubelet")
         containerd = next(p for p in record.processes if p.name == "containerd")
         third.kill(signal.SIGINT, group=True)  # Ctrl-C: the clean-up stops the scheduler, kube-proxy, kubelet…
-        wait_for(lambda: not kubelet.alive(), timeout=60, what="the kubelet stopped by the clean-up")
+        third.wait(lambda: not kubelet.alive(), "the kubelet stopped by the clean-up", timeout=60)
         third.kill()
         third.proc.wait()
         assert containerd.alive() and record.path.exists(), "killed after its clean-up, not during it"
@@ -211,7 +218,7 @@ def test_a_killed_node_is_cleaned_up_by_the_next_start(tmp_path: Path, host_snap
         fifth.wait_line("Operator running in-cluster")
         play_the_seed(fifth, tmp_path / "kubeconfig")
         fifth.kill(signal.SIGHUP, group=True)
-        wait_for(lambda: "Control plane stopped." in fifth.lines, timeout=120, what=f"the stop on SIGHUP:\n{fifth.output()}")
+        fifth.wait(lambda: "Control plane stopped." in fifth.lines, "the stop on SIGHUP", timeout=120)
         fifth.proc.wait()
     finally:
         for run in runs:
@@ -254,11 +261,11 @@ def play_the_seed(run: Run, kubeconfig: Path) -> None:
         return sum(1 for l in run.lines if l.startswith(f"INFO {message}") and '"name": "nginx"' in l)
 
     kubectl("run", "nginx", "--image", "nginx")
-    wait_for(lambda: seen("Pod created") >= 1, timeout=90, what=f"'Pod created':\n{run.output()}")
+    run.wait(lambda: seen("Pod created") >= 1, "'Pod created'", timeout=90)
     kubectl("label", "pod", "nginx", "env=prod")
-    wait_for(lambda: seen("Pod created") >= 2, timeout=30, what=f"'Pod created' after the label:\n{run.output()}")
+    run.wait(lambda: seen("Pod created") >= 2, "'Pod created' after the label", timeout=30)
     kubectl("delete", "pod", "nginx")
-    wait_for(lambda: seen("The pod was deleted") >= 1, timeout=60, what=f"'The pod was deleted':\n{run.output()}")
+    run.wait(lambda: seen("The pod was deleted") >= 1, "'The pod was deleted'", timeout=60)
 
 
 pytestmark = pytest.mark.node

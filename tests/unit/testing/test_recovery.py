@@ -130,7 +130,8 @@ def test_a_claim_cleans_up_then_records_the_host_and_releases(tmp_path: Path) ->
     records_dir.mkdir()
     leftover = tmp_path / "declop-cp-old"
     leftover.mkdir()
-    killed_run(records_dir, [leftover], [])
+    killed = killed_run(records_dir, [leftover], [])
+    (records_dir / f".{killed.path.name}.x1y2z3").write_text("{")  # killed while writing it aside
     lines: list[str] = []
     claim = recovery.claim(lines.append, lock_file=tmp_path / "lock", folder=records_dir)
     try:
