@@ -20,8 +20,9 @@ This namespace holds what a handler author uses every day: the decorators, the k
 result, the client, the write helpers and the errors a handler catches or raises. Everything
 else lives in the package that owns it and is imported from there (``declop.errors``,
 ``declop.manager``, ``declop.webhooks``, ``declop.testing`` …; docs/architecture.md lists them).
-``declop.CustomResource`` (the base of a typed custom resource, docs/typed.md) is loaded on first
-use: ``import declop`` does not import pydantic.
+``declop.CustomResource`` (the base of a typed custom resource, docs/typed.md) and
+``declop.Condition`` (a typed status condition) are loaded on first use: ``import declop`` does
+not import pydantic.
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ from declop.registry import validator as validator
 from declop.webhooks.declaration import Rejected as Rejected
 
 if TYPE_CHECKING:
+    from declop.typed.condition import Condition as Condition
     from declop.typed.model import CustomResource as CustomResource
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "Condition",
     "Conflict",
     "CustomResource",
     "Fenced",
@@ -105,8 +108,8 @@ __all__ = [
     "validator",
 ]
 
-#: front-door names loaded on first use (``declop.CustomResource`` imports pydantic)
-LAZY_NAMES = {"CustomResource": "declop.typed.model"}
+#: front-door names loaded on first use (they import pydantic)
+LAZY_NAMES = {"Condition": "declop.typed.condition", "CustomResource": "declop.typed.model"}
 
 for _name in __all__:
     if _name in LAZY_NAMES:

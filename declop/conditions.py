@@ -2,15 +2,25 @@
 
 The Kubernetes convention (``metav1.Condition``), with the semantics of apimachinery's
 ``meta.SetStatusCondition`` / ``FindStatusCondition`` / ``RemoveStatusCondition`` /
-``IsStatusConditionTrue``, on plain dicts — raw JSON objects are declop's model. Read the
-names with the module's: ``declop.conditions.set(...)``, ``declop.conditions.is_true(...)``.
+``IsStatusConditionTrue``, on plain dicts or on a typed status. Read the names with the
+module's: ``declop.conditions.set(...)``, ``declop.conditions.is_true(...)``.
 
     status = declop.clone(obj.get("status") or {})
-    declop.conditions.set(status.setdefault("conditions", []), "Ready", True,
+    declop.conditions.set(status, "Ready", True,
                           reason="Available", message="3/3 replicas ready",
                           observed_generation=obj["metadata"]["generation"])
     if status != (obj.get("status") or {}):
         client.patch_status(request, {"status": status})
+
+What the functions take, as ``conditions``:
+
+- the list itself (of dicts, or of condition models: changed in place);
+- a status dict: its ``conditions`` list (created by :func:`set` when missing);
+- a typed status — a pydantic model with a ``conditions`` field (``list[declop.Condition]``, or a
+  list of any condition model): :func:`set` and :func:`remove` work on the JSON form of its
+  entries and, when something changed, **assign** the new list back (entries of the field's
+  item class), so the field counts as set and a typed ``client.patch_status(request, status)``
+  sends it. The readers return the model's own entry.
 
 Invariants:
 
@@ -26,14 +36,18 @@ Invariants:
 - a status, reason, type or generation the apiserver's validation of ``metav1.Condition``
   would refuse raises ``ValueError`` here, before any request, with one line saying which.
 
-Nothing here talks to the apiserver; the functions change only the list they are given.
+Nothing here talks to the apiserver; the functions change only the list (or status) they are
+given. pydantic is never imported here: a typed status exists only once it is loaded.
 """
 
 from __future__ import annotations
 
 import datetime
 import re
-from typing import Any, Iterable, Mapping, MutableSequence
+import typing
+from typing import Any, Callable, Iterable, Mapping, MutableMapping, MutableSequence
+
+from declop.typed.dump import as_json, is_model
 
 __all__ = ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
 
@@ -117,7 +131,7 @@ def _generation(value: Any) -> Any:
 
 
 def set(  # noqa: A001 - read as declop.conditions.set
-    conditions: MutableSequence[Condition],
+    conditions: Any,
     type: str,  # noqa: A002 - the field's name
     status: str | bool,
     *,
@@ -133,21 +147,35 @@ def set(  # noqa: A001 - read as declop.conditions.set
       ``lastTransitionTime`` moves (to ``last_transition_time`` or now) only when ``status``
       changes — or when the entry has none. Fields not listed here are kept.
 
-    ``status`` is ``"True"``, ``"False"``, ``"Unknown"`` or a bool. ``observed_generation`` is
-    the ``metadata.generation`` the condition describes (None, or 0, leaves it out).
+    ``conditions`` is the list, a status dict or a typed status (see the module's docstring: a
+    typed status gets its changed list assigned back). ``status`` is ``"True"``, ``"False"``,
+    ``"Unknown"`` or a bool. ``observed_generation`` is the ``metadata.generation`` the
+    condition describes (None, or 0, leaves it out).
 
     Raises:
-        TypeError: ``conditions`` is not a list (``None``: pass ``status.setdefault("conditions", [])``).
+        TypeError: ``conditions`` is none of those (``None``: pass the status, or
+            ``status.setdefault("conditions", [])``).
         ValueError: a type, status, reason, message or generation the apiserver would refuse.
     """
-    if not isinstance(conditions, MutableSequence):
-        raise TypeError(
-            f"conditions must be the list to change, not {_type_name(conditions)}; "
-            "pass status.setdefault('conditions', [])"
-        )
     new_status = _status(status)
     _check(type, reason, message, observed_generation)
-    generation = _generation(observed_generation)
+    entries, put_back = _editable(conditions)
+    changed = _set(entries, type, new_status, reason, message, _generation(observed_generation), last_transition_time)
+    if changed and put_back is not None:
+        put_back(entries)
+    return changed
+
+
+def _set(
+    conditions: MutableSequence[Condition],
+    type: str,  # noqa: A002
+    new_status: str,
+    reason: str,
+    message: str,
+    generation: int | None,
+    last_transition_time: datetime.datetime | str | None,
+) -> bool:
+    """:func:`set` on a list of dicts, its arguments checked."""
     existing = get(conditions, type)
     if existing is None:
         condition: Condition = {
@@ -180,38 +208,124 @@ def set(  # noqa: A001 - read as declop.conditions.set
     return changed
 
 
-def get(conditions: Iterable[Mapping[str, Any]] | None, type: str) -> Any:  # noqa: A002
-    """The condition of this ``type`` (the dict in the list itself, not a copy), or None.
+def get(conditions: Any, type: str) -> Any:  # noqa: A002
+    """The condition of this ``type`` (the entry in the list itself — a dict, or the model of
+    a typed status — not a copy), or None.
 
-    ``conditions`` may be None (an object with no status yet): ``get((obj.get("status") or
-    {}).get("conditions"), "Ready")``.
+    ``conditions`` is the list, a status dict or a typed status, and may be None (an object
+    with no status yet): ``get(obj.get("status"), "Ready")``, ``get(obj.status, "Ready")``.
     """
-    for condition in conditions or ():
-        if condition.get("type") == type:
+    for condition in _entries(conditions):
+        if _field(condition, "type") == type:
             return condition
     return None
 
 
-def remove(conditions: MutableSequence[Condition], type: str) -> bool:  # noqa: A002
-    """Remove every condition of this ``type`` (in place); True if one was there."""
-    keep = [c for c in conditions if c.get("type") != type]
-    if len(keep) == len(conditions):
+def remove(conditions: Any, type: str) -> bool:  # noqa: A002
+    """Remove every condition of this ``type`` (in place, or assigned back to a typed status);
+    True if one was there."""
+    entries, put_back = _editable(conditions)
+    keep = [c for c in entries if _field(c, "type") != type]
+    if len(keep) == len(entries):
         return False
-    conditions[:] = keep
+    entries[:] = keep
+    if put_back is not None:
+        put_back(entries)
     return True
 
 
-def is_status(conditions: Iterable[Mapping[str, Any]] | None, type: str, status: str | bool) -> bool:  # noqa: A002
+def is_status(conditions: Any, type: str, status: str | bool) -> bool:  # noqa: A002
     """True when the condition ``type`` is present and its status is ``status``."""
     condition = get(conditions, type)
-    return condition is not None and condition.get("status") == _status(status)
+    return condition is not None and _field(condition, "status") == _status(status)
 
 
-def is_true(conditions: Iterable[Mapping[str, Any]] | None, type: str) -> bool:  # noqa: A002
+def is_true(conditions: Any, type: str) -> bool:  # noqa: A002
     """True when the condition ``type`` is present with status ``"True"``."""
     return is_status(conditions, type, "True")
 
 
-def is_false(conditions: Iterable[Mapping[str, Any]] | None, type: str) -> bool:  # noqa: A002
+def is_false(conditions: Any, type: str) -> bool:  # noqa: A002
     """True when the condition ``type`` is present with status ``"False"``."""
     return is_status(conditions, type, "False")
+
+
+# -- what the functions take: a list, a status dict, a typed status ---------------------------
+
+
+def _field(condition: Any, name: str) -> Any:
+    """One field of an entry: a dict's key, a model's attribute (an enum read as its value)."""
+    if isinstance(condition, Mapping):
+        return condition.get(name)
+    value = getattr(condition, name, None)
+    return getattr(value, "value", value)
+
+
+def _entries(conditions: Any) -> Iterable[Any]:
+    """The entries to read, whatever form ``conditions`` comes in."""
+    if conditions is None:
+        return ()
+    if is_model(conditions):
+        return _typed_list(conditions) or ()
+    if isinstance(conditions, Mapping):
+        return conditions.get("conditions") or ()
+    return conditions  # type: ignore[no-any-return]
+
+
+def _typed_list(status: Any) -> Any:
+    if "conditions" not in type(status).model_fields:
+        raise TypeError(
+            f"{type(status).__name__} has no conditions field; pass the status model that has one "
+            "(conditions: list[declop.Condition])"
+        )
+    return status.conditions
+
+
+def _editable(conditions: Any) -> tuple[MutableSequence[Condition], Callable[[list[Any]], None] | None]:
+    """The list of dicts to change, and what puts it back where it came from (None: it is the
+    list itself, changed in place)."""
+    if is_model(conditions):
+        status = conditions
+        entries = [dict(as_json(c)) for c in _typed_list(status) or ()]
+        item = _item_class(type(status))
+
+        def assign(changed: list[Any]) -> None:
+            status.conditions = [_rebuilt(item, c) for c in changed]  # assigned: the field is set
+
+        return entries, assign
+    if isinstance(conditions, MutableMapping):
+        if conditions.get("conditions") is None:
+            conditions["conditions"] = []
+        conditions = conditions["conditions"]
+    if not isinstance(conditions, MutableSequence):
+        raise TypeError(
+            f"conditions must be the list to change or the status that holds it, not {_type_name(conditions)}; "
+            "pass the status (obj.status, or status.setdefault('conditions', []) for a dict)"
+        )
+    models = [type(c) for c in conditions if is_model(c)]
+    if not models:
+        return conditions, None
+    given = conditions
+    entries = [dict(as_json(c)) for c in given]
+
+    def replace(changed: list[Any]) -> None:
+        given[:] = [_rebuilt(models[0], c) for c in changed]
+
+    return entries, replace
+
+
+def _rebuilt(item: Any, entry: Condition) -> Any:
+    return entry if item is None else item.model_validate(entry)
+
+
+def _item_class(model: Any) -> Any:
+    """The model class of the entries of ``model``'s ``conditions`` field (``list[Condition]``,
+    ``Annotated[...]``, ``... | None``), or None when they are dicts."""
+    tp = model.model_fields["conditions"].annotation
+    for _ in range(8):
+        origin = typing.get_origin(tp)
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if origin is None or not args:
+            break
+        tp = args[0]
+    return tp if isinstance(tp, type) and hasattr(tp, "model_validate") else None

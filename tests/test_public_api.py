@@ -19,6 +19,7 @@ import declop
 EXPECTED = {
     "AsyncClient",
     "Client",
+    "Condition",
     "Conflict",
     "CustomResource",
     "Fenced",
@@ -74,7 +75,9 @@ def test_the_surface_is_locked() -> None:
 def test_the_front_door_is_small() -> None:
     # 31, not 30: declop.Fenced (issue 22) is raised by a handler's own writes once its Lease is
     # gone, so a handler that catches broadly must be able to name it from the front door.
-    assert len(declop.__all__) <= 31
+    # 32: declop.Condition (issue 44), the typed entry declop.conditions works on, which every
+    # typed status with conditions declares — as central to a typed status as declop.conditions.
+    assert len(declop.__all__) <= 32
 
 
 def test_star_import_gives_exactly_all() -> None:
@@ -107,10 +110,11 @@ def test_conditions_surface() -> None:
     assert declop.conditions.__all__ == ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource", "Condition"}))
 def test_public_objects_claim_the_package(name: str) -> None:
     """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X`` — except for the
-    lazy ``CustomResource``, whose home is ``declop.typed.model`` (its models' pickles name it)."""
+    lazy ``CustomResource`` and ``Condition``, whose homes are in ``declop.typed`` (pickles of
+    their models name them)."""
     assert getattr(declop, name).__module__ == "declop"
 
 
@@ -133,6 +137,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "converter": "declop.registry",
         "Rejected": "declop.webhooks.declaration",
         "CustomResource": "declop.typed.model",
+        "Condition": "declop.typed.condition",
         "Request": "declop.kube.keys",
         "Phase": "declop.reconcile.result",
         "Result": "declop.reconcile.result",
@@ -240,6 +245,12 @@ def test_testing_star_import() -> None:
 
 
 def test_import_declop_does_not_import_pydantic() -> None:
-    """``declop.CustomResource`` is lazy: a handler file without typed models never pays for pydantic."""
-    code = "import sys, declop; assert 'pydantic' not in sys.modules, 'pydantic'; declop.CustomResource; assert 'pydantic' in sys.modules"
+    """``declop.CustomResource`` and ``declop.Condition`` are lazy: a handler file without typed
+    models never pays for pydantic — nor does using ``declop.conditions`` on dicts."""
+    for name in ("CustomResource", "Condition"):
+        code = (
+            "import sys, declop; declop.conditions.set([], 'Ready', True, reason='Ok'); "
+            f"assert 'pydantic' not in sys.modules, 'pydantic'; declop.{name}; assert 'pydantic' in sys.modules"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)
     subprocess.run([sys.executable, "-c", code], check=True)

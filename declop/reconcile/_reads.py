@@ -1,6 +1,10 @@
 """What both client flavours share: the :class:`ClientContext` of one manager, and the base
 class that reads the cache (``get``, ``list``: deep copies, no API call) and parses targets and
 keys. The write methods live in :mod:`declop.reconcile.client`, side by side for the two flavours.
+
+Typed everywhere: a target may be a typed model class (``client.get(Widget, key)``: its
+resource, and the read gives the model's validated view), and an object may be a typed model
+(its JSON form, :func:`declop.typed.dump.as_json`, is what is written).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from declop.cache.informer import InformerPool
 from declop.kube.keys import Request
 from declop.kube.labels import Selector
 from declop.kube.transport import Transport
+from declop.typed.dump import as_json, is_model
 
 __all__ = ["ClientContext", "KeyLike", "Obj", "Target", "DEFAULT_FIELD_MANAGER"]
 
@@ -52,10 +57,15 @@ class ClientContext:
         #: run stays deterministic); None: such a call is a mistake and raises
         self.inline: Callable[[Coroutine[Any, Any, Any]], Any] | None = None
 
-    def resolve(self, target: str | ResourceInfo) -> ResourceInfo:
-        return target if isinstance(target, ResourceInfo) else self.discovery.resolve_cached(target)
+    def resolve(self, target: str | ResourceInfo | type) -> ResourceInfo:
+        if isinstance(target, ResourceInfo):
+            return target
+        if _model_class(target):  # a typed model names its resource: widgets.v1.example.com
+            target = target.kind_of().resource  # type: ignore[union-attr]
+        return self.discovery.resolve_cached(target)
 
-    def resolve_kind(self, obj: Mapping[str, Any]) -> ResourceInfo:
+    def resolve_kind(self, obj: Mapping[str, Any] | Any) -> ResourceInfo:
+        obj = as_json(obj, "identity")
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if not api_version or not kind:
             raise ConfigError("the object has no apiVersion/kind; pass the resource name as well")
@@ -70,6 +80,20 @@ class ClientContext:
             if r.kind == kind and r.group == group and r.version == version:
                 return r
         raise ConfigError(f"no resource of kind {kind} in {api_version} is served by the apiserver")
+
+
+def _model_class(target: Any) -> bool:
+    """``target`` is a typed model class that names a kind (a ``CustomResource`` subclass)."""
+    return isinstance(target, type) and getattr(target, "__kind__", None) is not None
+
+
+def typed(target: Any, obj: Obj) -> Any:
+    """``obj`` as ``target``'s validated view when ``target`` is a typed model class, else as it is."""
+    if not _model_class(target):
+        return obj
+    from declop.typed.view import view  # pydantic is loaded: a model class exists
+
+    return view(target, obj)
 
 
 class _Base:
@@ -149,7 +173,8 @@ class _Base:
     def get(
         self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None
     ) -> Obj:
-        """A copy of the cached object; raises :class:`~declop.errors.NotFound` if it is not there."""
+        """A copy of the cached object; raises :class:`~declop.errors.NotFound` if it is not there.
+        With a typed model class as the target (``client.get(Widget, key)``), its validated view."""
         target, key = self._split(target, key)
         resource = self._resource(target)
         req = self._key(resource, key, namespace, name)
@@ -157,11 +182,11 @@ class _Base:
             for store in self._own:  # what woke this reconcile: never older than its event
                 obj = store.get(req)
                 if obj is not None:
-                    return clone(obj)  # type: ignore[no-any-return]
+                    return typed(target, obj) if _model_class(target) else clone(obj)  # type: ignore[no-any-return]
         for store in self._stores(resource, req.namespace):
             obj = store.get(req)
             if obj is not None:
-                return clone(obj)  # type: ignore[no-any-return]
+                return typed(target, obj) if _model_class(target) else clone(obj)  # type: ignore[no-any-return]
         raise NotFound(f'{resource.group_resource} "{req}" not found')
 
     def list(
@@ -172,19 +197,22 @@ class _Base:
         labels: str | Mapping[str, str] | Selector | None = None,
         index: tuple[str, str] | None = None,
     ) -> list[Obj]:
-        """Copies of the cached objects, filtered by namespace, label selector and/or an index."""
+        """Copies of the cached objects, filtered by namespace, label selector and/or an index
+        (the validated views, for a typed model class as the target)."""
         resource = self._resource(target)
         ns = namespace or "" if resource.namespaced else ""
         out: list[Obj] = []
+        copy = (lambda o: typed(target, o)) if _model_class(target) else clone
         for store in self._stores(resource, ns):
-            out.extend(clone(o) for o in store.list(namespace=ns or None, selector=labels, index=index))
+            out.extend(copy(o) for o in store.list(namespace=ns or None, selector=labels, index=index))
         return out
 
     # -- request building for writes -----------------------------------------------------------
     def _write_target(self, target: Any, obj: Any) -> tuple[ResourceInfo, Obj]:
-        if isinstance(target, Mapping) and obj is None:
-            return self._ctx.resolve_kind(target), dict(target)
-        return self._resource(target), dict(obj)
+        if obj is None and (isinstance(target, Mapping) or is_model(target)):
+            body = dict(as_json(target, "whole"))
+            return self._ctx.resolve_kind(body), body
+        return self._resource(target), dict(as_json(obj, "whole"))
 
     def _obj_path(self, resource: ResourceInfo, obj: Mapping[str, Any], with_name: bool, sub: str | None = None) -> str:
         meta = obj.get("metadata") or {}

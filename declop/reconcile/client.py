@@ -35,6 +35,11 @@ A resource cached only as metadata (``PartialObjectMetadata``) is read as metada
 cache, unless another source caches it whole.
 Keys may be a :class:`~declop.kube.keys.Request`, ``"ns/name"``, or ``name=``/``namespace=`` keywords; a
 bare name on a namespaced resource means the namespace of the object being reconciled.
+
+Typed everywhere: wherever an object is taken (``create``, ``update``, ``apply``, ``delete``,
+``event``, a ``patch`` body) a typed model is taken too, as its JSON form
+(:func:`declop.typed.dump.as_json`); a typed model class is a resource name, and ``get``,
+``list`` and ``live`` reads through it give validated views (``client.get(Widget, key)``).
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from declop.errors import CacheNotSyncedError, NotFound
 from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
 from declop.kube.transport import PATCH_TYPES
-from declop.reconcile._reads import ClientContext, KeyLike, Obj, Target, _Base
+from declop.reconcile._reads import ClientContext, KeyLike, Obj, Target, _Base, typed
+from declop.typed.dump import as_json, is_model
 
 __all__ = ["AsyncClient", "Client", "ClientContext"]
 
@@ -111,9 +117,12 @@ class AsyncClient(_Base):
         field_manager: str | None = None,
         force: bool | None = None,
     ) -> Obj:
-        """Patch one object; ``type`` is merge (default), json, strategic or apply."""
+        """Patch one object; ``type`` is merge (default), json, strategic or apply. A typed model
+        as ``patch`` sends the fields set on it (:func:`declop.typed.dump.as_json`, ``"set"``)."""
         if isinstance(target, Request) or (patch is None and not isinstance(target, str)):
             target, key, patch = None, target, key
+        if is_model(patch):
+            patch = as_json(patch, "set")
         resource = self._resource(target)
         req = self._key(resource, key, namespace, name)
         if type not in PATCH_TYPES:
@@ -144,9 +153,11 @@ class AsyncClient(_Base):
         return await self.patch(target, key, patch, type=type, subresource="status")
 
     async def apply(
-        self, obj: Mapping[str, Any], *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
+        self, obj: Mapping[str, Any] | Any, *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
     ) -> Obj:
-        """Server-side apply of ``obj`` (needs apiVersion, kind, metadata.name)."""
+        """Server-side apply of ``obj`` (needs apiVersion, kind, metadata.name); a typed model
+        applies the fields set on it — the fields this manager owns."""
+        obj = as_json(obj, "set")
         resource = self._ctx.resolve_kind(obj)
         meta = obj.get("metadata") or {}
         return await self.patch(
@@ -186,7 +197,8 @@ class AsyncClient(_Base):
             raise ValueError(f"propagation must be one of {sorted(PROPAGATIONS)}, got {propagation!r}")
         if grace_period is not None and (isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < 0):
             raise ValueError(f"grace_period is whole seconds, 0 or more; got {grace_period!r}")
-        if isinstance(target, Mapping):
+        if isinstance(target, Mapping) or is_model(target):
+            target = as_json(target, "identity")
             resource = self._ctx.resolve_kind(target)
             meta = target["metadata"]
             key = Request(meta.get("namespace") or "", meta["name"])
@@ -208,8 +220,8 @@ class AsyncClient(_Base):
         except NotFound:
             pass
 
-    async def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
-        """Record a Kubernetes Event about ``obj``, as ``kubectl describe`` shows them.
+    async def event(self, obj: Mapping[str, Any] | Any, reason: str, message: str, type: str = "Normal") -> None:
+        """Record a Kubernetes Event about ``obj`` (a dict or a typed model), as ``kubectl describe`` shows them.
 
         ``reason`` is a short CamelCase word (``"ChildCreated"``), ``message`` a sentence for
         people, ``type`` is ``"Normal"`` (the default) or ``"Warning"`` — what ``kubectl get events
@@ -242,12 +254,13 @@ class AsyncLiveReader:
         self._c = client
 
     async def get(self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None) -> Obj:
-        """GET one object from the apiserver (a request every call; NotFound if absent)."""
+        """GET one object from the apiserver (a request every call; NotFound if absent); the
+        validated view for a typed model class as the target."""
         target, key = self._c._split(target, key)
         resource = self._c._resource(target)
         req = self._c._key(resource, key, namespace, name)
         path = resource.path(namespace=req.namespace or None, name=req.name)
-        return await self._c._ctx.transport.request("GET", path)  # type: ignore[no-any-return]
+        return typed(target, await self._c._ctx.transport.request("GET", path))  # type: ignore[no-any-return]
 
     async def list(self, target: Target = None, *, namespace: str | None = None, labels: str | None = None) -> list[Obj]:
         """LIST from the apiserver, every page (a request per page of 500)."""
@@ -258,7 +271,7 @@ class AsyncLiveReader:
         items: list[Obj] = []
         while True:
             page = await self._c._ctx.transport.request("GET", resource.path(namespace=namespace), params=params)
-            items.extend(page.get("items") or ())
+            items.extend(typed(target, o) for o in page.get("items") or ())
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
@@ -330,7 +343,8 @@ class Client(_Base):
         field_manager: str | None = None,
         force: bool | None = None,
     ) -> Obj:
-        """Patch one object; ``type`` is merge (default), json, strategic or apply."""
+        """Patch one object; ``type`` is merge (default), json, strategic or apply. A typed model
+        as ``patch`` sends the fields set on it (:func:`declop.typed.dump.as_json`, ``"set"``)."""
         return self._run(
             self._async.patch(
                 target, key, patch, type=type, namespace=namespace, name=name,
@@ -347,9 +361,10 @@ class Client(_Base):
     patch_status.__doc__ = AsyncClient.patch_status.__doc__
 
     def apply(
-        self, obj: Mapping[str, Any], *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
+        self, obj: Mapping[str, Any] | Any, *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
     ) -> Obj:
-        """Server-side apply of ``obj`` (needs apiVersion, kind, metadata.name)."""
+        """Server-side apply of ``obj`` (needs apiVersion, kind, metadata.name); a typed model
+        applies the fields set on it — the fields this manager owns."""
         return self._run(self._async.apply(obj, field_manager=field_manager, force=force, subresource=subresource))
 
     def delete(
@@ -379,8 +394,8 @@ class Client(_Base):
             self._async.delete(target, key, namespace=namespace, name=name, propagation=propagation, grace_period=grace_period)
         )
 
-    def event(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal") -> None:
-        """Record a Kubernetes Event about ``obj``, as ``kubectl describe`` shows them.
+    def event(self, obj: Mapping[str, Any] | Any, reason: str, message: str, type: str = "Normal") -> None:
+        """Record a Kubernetes Event about ``obj`` (a dict or a typed model), as ``kubectl describe`` shows them.
 
         ``reason`` is a short CamelCase word (``"ChildCreated"``), ``message`` a sentence for
         people, ``type`` is ``"Normal"`` (the default) or ``"Warning"`` — what ``kubectl get events
@@ -405,7 +420,8 @@ class LiveReader:
         self._a = AsyncLiveReader(client)
 
     def get(self, target: Any = None, key: KeyLike = None, *, namespace: str | None = None, name: str | None = None) -> Obj:
-        """GET one object from the apiserver (a request every call; NotFound if absent)."""
+        """GET one object from the apiserver (a request every call; NotFound if absent); the
+        validated view for a typed model class as the target."""
         return self._c._run(self._a.get(target, key, namespace=namespace, name=name))
 
     def list(self, target: Target = None, *, namespace: str | None = None, labels: str | None = None) -> list[Obj]:

@@ -1,6 +1,12 @@
 """Events: a rate-limited recorder of Kubernetes Events (``events.k8s.io/v1``) for handlers.
 
-``client.event(obj, "Scaled", "Scaled to 3 replicas")`` records an Event about ``obj``.
+``client.event(obj, "Scaled", "Scaled to 3 replicas")`` records an Event about ``obj`` — the
+object as read: a dict, or a typed model (``obj: Widget``), named by its JSON identity
+(:func:`declop.typed.dump.as_json`).
+
+The unit-test kit's fake apiserver (:mod:`declop.testing.apiserver`) records Events through
+this same recorder, so what is sent, folded, dropped or only logged is the same in a unit test
+as in a cluster.
 
 Invariants:
 - recording never fails a reconcile: API errors are logged as warnings and dropped — except
@@ -10,7 +16,9 @@ Invariants:
   every 5 minutes — client-go's spam filter); past it, Events are dropped and counted;
 - repeats of the same (object, type, reason, note) within 10 minutes update the existing
   Event's ``series`` (count, lastObservedTime) instead of creating new ones — at most one such
-  update every 10 seconds per Event, the rest are folded into the next update's count.
+  update every 10 seconds per Event, the rest are folded into the next update's count;
+- ``reportingController`` is ``declop.io/<controller>`` made a qualified name (what the
+  apiserver requires: at most 63 characters, starting and ending with a letter or digit).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -25,14 +34,24 @@ from typing import Any, Mapping
 
 from declop.clock import MONOTONIC, Clock
 from declop.errors import Fenced, NotFound
+from declop.typed.dump import as_json
 
-__all__ = ["EventRecorder"]
+__all__ = ["EventRecorder", "reporting_controller"]
 
 log = logging.getLogger("declop.events")
 
 SERIES_WINDOW = 600.0
 SERIES_MIN_INTERVAL = 10.0
 PATH = "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+
+
+def reporting_controller(controller: str) -> str:
+    """``declop.io/<controller>`` as a qualified name: characters other than letters, digits,
+    ``-``, ``_`` and ``.`` become ``-``, the name is cut to 63 and trimmed to start and end with
+    a letter or digit (``declop.io/declop`` when nothing is left)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", controller)[:63]
+    name = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", name)
+    return f"declop.io/{name or 'declop'}"
 
 
 def _micro_time(ts: float) -> str:
@@ -77,10 +96,10 @@ class EventRecorder:
         return True
 
     async def record(
-        self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal", *, controller: str = ""
+        self, obj: Mapping[str, Any] | Any, reason: str, message: str, type: str = "Normal", *, controller: str = ""
     ) -> None:
-        """Record (or count a repeat of) an Event about ``obj``. Never raises, but
-        :class:`~declop.errors.Fenced` for a call whose Lease is not known valid."""
+        """Record (or count a repeat of) an Event about ``obj`` (a dict or a typed model). Never
+        raises, but :class:`~declop.errors.Fenced` for a call whose Lease is not known valid."""
         try:
             await self._record(obj, reason, message, type, controller)
         except Fenced:
@@ -88,9 +107,10 @@ class EventRecorder:
         except Exception as exc:  # noqa: BLE001 - events are best effort
             log.warning("Could not record event", extra={"kv": {"reason": reason, "error": str(exc)}})
 
-    async def _record(self, obj: Mapping[str, Any], reason: str, message: str, type: str, controller: str) -> None:
+    async def _record(self, obj: Any, reason: str, message: str, type: str, controller: str) -> None:
         if type not in ("Normal", "Warning"):
             raise ValueError(f"event type must be Normal or Warning, got {type!r}")
+        obj = as_json(obj, "identity")
         meta = obj.get("metadata") or {}
         uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
         namespace = meta.get("namespace") or "default"
@@ -120,7 +140,7 @@ class EventRecorder:
             self.dropped += 1
             return
         name = f"{meta.get('name', 'object')}.{time.time_ns():x}"[:253]
-        reporter = f"declop.io/{controller or self.reporter}"[:128]
+        reporter = reporting_controller(controller or self.reporter)
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",

@@ -33,6 +33,7 @@ from typing import Any, Awaitable, Callable, Literal, Mapping, MutableMapping, T
 from declop.cache.store import clone
 from declop.errors import Conflict, DeclopError, NotFound
 from declop.reconcile.result import describe
+from declop.typed.dump import as_json, is_model
 
 __all__ = [
     "AlreadyOwnedError",
@@ -91,19 +92,11 @@ def _same_object(ref: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
 
 
 def _identity(owner: Any) -> Mapping[str, Any]:
-    """``owner`` as a mapping: a dict stays itself; a typed object (a ``CustomResource`` view,
-    told apart by its ``metadata`` attribute, so pydantic is never imported here) gives the fields
-    an ownerReference names."""
-    if isinstance(owner, Mapping):
-        return owner
-    meta = getattr(owner, "metadata", None)
-    if meta is None:
+    """``owner`` as a mapping: a dict stays itself; a typed object (``obj: Widget``) gives its
+    JSON identity — apiVersion, kind, metadata (:func:`declop.typed.dump.as_json`)."""
+    if not isinstance(owner, Mapping) and getattr(owner, "metadata", None) is None:
         raise TypeError(f"an owner is the object as read (a dict or a typed view), got {type(owner).__name__}")
-    return {
-        "apiVersion": getattr(owner, "apiVersion", ""),
-        "kind": getattr(owner, "kind", ""),
-        "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
-    }
+    return as_json(owner, "identity")  # type: ignore[no-any-return]
 
 
 def owner_reference(
@@ -130,18 +123,20 @@ def owner_reference(
     }
 
 
-def controller_of(obj: Mapping[str, Any]) -> Obj | None:
-    """The ownerReference with ``controller: true``, or None."""
-    for ref in _meta(obj).get("ownerReferences") or ():
+def controller_of(obj: Mapping[str, Any] | Any) -> Obj | None:
+    """The ownerReference with ``controller: true`` (of a dict or a typed model), or None."""
+    for ref in _meta(as_json(obj, "identity")).get("ownerReferences") or ():
         if ref.get("controller"):
             return dict(ref)
     return None
 
 
-def set_controller_reference(child: MutableMapping[str, Any], owner: Mapping[str, Any] | Any) -> bool:
+def set_controller_reference(child: MutableMapping[str, Any] | Any, owner: Mapping[str, Any] | Any) -> bool:
     """Make ``owner`` the controller of ``child`` (in memory); True if ``child`` changed.
 
     ``owner`` is the object as the handler got it: the dict, or a typed view (``obj: Widget``).
+    ``child`` is a dict, changed in place, or a typed model, whose
+    ``metadata.ownerReferences`` is assigned the new list.
 
     Sets ``controller: true`` and ``blockOwnerDeletion: true``; an existing reference to the same
     owner (group, kind, name) is replaced in place, others are kept.
@@ -152,6 +147,12 @@ def set_controller_reference(child: MutableMapping[str, Any], owner: Mapping[str
             and the child has no namespace (a cluster-scoped child cannot have a namespaced
             owner — set the child's ``metadata.namespace`` first if it is namespaced).
     """
+    if is_model(child):
+        typed, child = child, clone(as_json(child, "identity"))
+        changed = set_controller_reference(child, owner)
+        if changed:
+            typed.metadata.ownerReferences = child["metadata"]["ownerReferences"]
+        return changed
     owner = _identity(owner)
     ref = owner_reference(owner)
     owner_ns = _meta(owner).get("namespace") or ""
@@ -221,9 +222,9 @@ def _plan(obj: Mapping[str, Any], existing: Obj | None, mutate: Mutate | None) -
         if inspect.isawaitable(returned):
             raise TypeError("mutate returned an awaitable; mutate functions are plain functions")
         if returned is not None:
-            desired = returned
+            desired = clone(as_json(returned, "whole")) if is_model(returned) else returned
     if not isinstance(desired, dict):
-        raise TypeError(f"mutate must change the object in place (or return a dict), got {describe(desired)}")
+        raise TypeError(f"mutate must change the object in place (or return a dict or a model), got {describe(desired)}")
     before, after = _meta(obj if existing is None else existing), _meta(desired)
     for field in ("name", "namespace"):
         if (before.get(field) or "") != (after.get(field) or "") and (existing is not None or before.get(field)):
@@ -238,13 +239,14 @@ def _plan(obj: Mapping[str, Any], existing: Obj | None, mutate: Mutate | None) -
     return "updated", desired
 
 
-def create_or_update(client: Any, obj: Mapping[str, Any], mutate: Mutate | None = None, *, resource: Any = None) -> Operation:
+def create_or_update(client: Any, obj: Mapping[str, Any] | Any, mutate: Mutate | None = None, *, resource: Any = None) -> Operation:
     """Create ``obj`` or bring the existing one in line; write only when something changed.
 
     ``obj`` names the object (apiVersion, kind, metadata.name and namespace) and is the starting
-    point of a create. ``mutate(o)`` sets the fields you own on ``o`` — the existing object when
-    there is one (a copy from the cache), else a copy of ``obj`` — in place (or returns a new
-    dict). Returns ``"created"``, ``"updated"`` (a PUT with the cached resourceVersion: 409 if the
+    point of a create: a dict, or a typed model (its JSON form: every value but a ``None`` never
+    set, :func:`declop.typed.dump.as_json`). ``mutate(o)`` sets the fields you own on ``o`` — the
+    existing object when there is one (a copy from the cache), else a copy of ``obj``, as a dict
+    — in place (or returns a new dict, or a model whose JSON form is the whole object). Returns ``"created"``, ``"updated"`` (a PUT with the cached resourceVersion: 409 if the
     cache was stale, retried like any conflict) or ``"unchanged"`` (nothing is sent).
 
     ``client`` is the handler's :class:`~declop.reconcile.client.Client` (or a ``FakeClient``); for an
@@ -253,6 +255,7 @@ def create_or_update(client: Any, obj: Mapping[str, Any], mutate: Mutate | None 
     """
     if inspect.iscoroutinefunction(getattr(client, "create", None)):
         raise TypeError("this is an AsyncClient: use `await declop.acreate_or_update(client, obj, mutate)`")
+    obj = as_json(obj, "whole")
     target, key = _target(obj, resource)
     try:
         existing = client.get(target, key)
@@ -267,9 +270,10 @@ def create_or_update(client: Any, obj: Mapping[str, Any], mutate: Mutate | None 
 
 
 async def acreate_or_update(
-    client: Any, obj: Mapping[str, Any], mutate: Mutate | None = None, *, resource: Any = None
+    client: Any, obj: Mapping[str, Any] | Any, mutate: Mutate | None = None, *, resource: Any = None
 ) -> Operation:
     """:func:`create_or_update` for ``async def`` handlers (their :class:`~declop.reconcile.client.AsyncClient`)."""
+    obj = as_json(obj, "whole")
     target, key = _target(obj, resource)
     try:
         existing = client.get(target, key)  # cache reads are plain calls in both flavours

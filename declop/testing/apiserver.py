@@ -8,6 +8,13 @@ Invariants:
 - every write request is recorded as one :class:`Write`, in order, before it is served (a refused
   one too); a refusal (404, 409, 422 …) raises the :class:`~declop.errors.ApiError` the real
   transport raises; a write under a closed fence (:mod:`declop.kube.fencing`) is not recorded;
+- a write of an Event (``events.k8s.io`` or core) goes to :attr:`FakeApiServer.events`, not
+  ``writes``: a new one as ``Write("event", …)`` keyed by the object it is about, a repeat
+  folded into its series as the ``patch`` it is. ``client.event(...)`` reaches them through
+  the real :class:`~declop.reconcile.events.EventRecorder` (:attr:`FakeApiServer.recorder`,
+  on a :class:`~declop.clock.FakeClock` that moves only when a test advances it), and a new
+  events.k8s.io/v1 Event is validated as the apiserver validates it: one it refuses is a 422
+  (which the recorder logs, as in a cluster) and is not in ``events``;
 - a request body goes through a JSON round trip, as on the wire: one that is not JSON fails here;
 - objects live in real :class:`~declop.cache.store.Store` objects (so registry indexes work) and
   take their resourceVersion from one counter; a write naming a stale one is a 409 Conflict, a
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Callable, Iterable, Mapping, Sequence
 
 from declop.cache.store import Store, Writer, clone
+from declop.clock import FakeClock
 from declop.errors import ConfigError
 from declop.kube.discovery import ResourceInfo
 from declop.kube.fencing import check
@@ -46,6 +54,7 @@ from declop.kube.keys import Request, key_of
 from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
 from declop.leases.hashing import fnv1a64
 from declop.reconcile.client import ClientContext
+from declop.reconcile.events import EventRecorder
 from declop.registry import Registry
 from declop.testing.resources import FakeDiscovery
 
@@ -57,7 +66,7 @@ class _Context(ClientContext):
     """A ClientContext over the fake apiserver; unknown kinds are learned, not refused."""
 
     def __init__(self, server: FakeApiServer) -> None:
-        super().__init__(server, server.discovery, None, None, recorder=server)  # type: ignore[arg-type]
+        super().__init__(server, server.discovery, None, None, recorder=server.recorder)  # type: ignore[arg-type]
 
     def resolve_kind(self, obj: Mapping[str, Any]) -> ResourceInfo:
         try:
@@ -111,6 +120,38 @@ def _fail(status: int, reason: str, message: str, method: str, path: str, causes
     if causes:
         status_obj["details"] = {"causes": causes}
     return error_from(status, reason, dumps(status_obj), method, path)
+
+
+_QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def event_refusals(event: Mapping[str, Any], namespace: str) -> list[str]:
+    """Why the apiserver refuses to create this events.k8s.io/v1 Event in ``namespace`` (empty:
+    it accepts it) — kubernetes' ``ValidateEventCreate`` for that version, field by field."""
+    out: list[str] = []
+    name = (event.get("metadata") or {}).get("name") or ""
+    if not name or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        out.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain is required")
+    if not event.get("eventTime"):
+        out.append("eventTime: Required value")
+    if event.get("type") not in ("Normal", "Warning"):
+        out.append(f"type: Invalid value: \"\": has invalid value: {event.get('type') or ''}")
+    regarding = event.get("regarding") or {}
+    if not regarding.get("namespace") and namespace not in ("default", "kube-system"):
+        out.append(f"involvedObject.namespace: Invalid value: \"\": does not match event.namespace")
+    for field, limit in (("reportingController", 0), ("reportingInstance", 128), ("action", 128), ("reason", 128)):
+        value = event.get(field) or ""
+        if not value:
+            out.append(f"{field}: Required value")
+        elif limit and len(value) > limit:
+            out.append(f"{field}: Invalid value: \"\": can have at most {limit} characters")
+    controller = event.get("reportingController") or ""
+    if controller and (not _QUALIFIED_NAME.match(controller) or len(controller.rpartition("/")[2]) > 63):
+        out.append(f"reportingController: Invalid value: {controller!r}: must be a qualified name")
+    if len(event.get("note") or "") > 1024:
+        out.append("message: Invalid value: \"\": can have at most 1024 characters")
+    return out
 
 
 def _sort_key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -257,6 +298,11 @@ class FakeApiServer:
 
     def __init__(self, resources: Iterable[ResourceInfo | Mapping[str, Any]] = (), *, history: int = 10_000) -> None:
         self.discovery = FakeDiscovery(resources)
+        #: the clock of :attr:`recorder`'s spam filter and series folding: it moves only when a
+        #: test advances it (``fake.server.clock.advance(11)``)
+        self.clock = FakeClock()
+        #: ``client.event(...)``'s recorder: the real one, sending to this fake
+        self.recorder = EventRecorder(self, clock=self.clock)
         self.context = _Context(self)
         self.writes: list[Write] = []
         #: record every write in :attr:`writes` (False: a long simulation that never reads them
@@ -383,16 +429,6 @@ class FakeApiServer:
         return _copy(obj)
 
     # -- the transport face -----------------------------------------------------------------------
-    async def record(self, obj: Mapping[str, Any], reason: str, message: str, type: str = "Normal", **_: Any) -> None:
-        """The event recorder face: ``client.event(...)`` lands in :attr:`events`."""
-        meta = obj.get("metadata") or {}
-        check("POST", f"/apis/events.k8s.io/v1/namespaces/{meta.get('namespace') or 'default'}/events")
-        self.events.append(
-            Write("event", "events", Request(meta.get("namespace") or "", meta.get("name") or ""),
-                  {"reason": reason, "message": message, "type": type, "involvedObject": {
-                      "kind": obj.get("kind"), "name": meta.get("name"), "uid": meta.get("uid")}})
-        )
-
     async def request(
         self,
         method: str,
@@ -420,6 +456,8 @@ class FakeApiServer:
         if sub == "status" and verb in ("update", "patch"):
             verb += "_status"
         key_name = name if name is not None else ((body or {}).get("metadata") or {}).get("name") or ""
+        if info.kind == "Event" and info.group in ("", "events.k8s.io"):
+            return self._event(info, namespace, name, body, verb, patch_type, method, path)
         if self.record_writes:
             self.writes.append(Write(verb, info.group_resource, Request(namespace, key_name), clone(body), patch_type))
         if method == "POST":
@@ -432,6 +470,30 @@ class FakeApiServer:
         if method == "DELETE":
             return self._delete(info, namespace, name, body or {}, method, path)
         raise _fail(405, "MethodNotAllowed", f"{method} is not supported by the fake apiserver", method, path)
+
+    def _event(self, info: ResourceInfo, namespace: str, name: str | None, body: Any, verb: str,
+               patch_type: str | None, method: str, path: str) -> Any:
+        """A write of an Event: recorded in :attr:`events`; a new events.k8s.io one validated first."""
+        if method == "POST":
+            refusals = event_refusals(body or {}, namespace) if info.group == "events.k8s.io" else []
+            if refusals:  # not in events: what the apiserver refuses was never recorded
+                raise _fail(422, "Invalid", f'Event "{((body or {}).get("metadata") or {}).get("name")}" is invalid: '
+                            + ", ".join(refusals), method, path)
+            sent = clone(body)
+            created = self._create(info, namespace, body, method, path)
+            regarding = (sent or {}).get("regarding") or (sent or {}).get("involvedObject") or {}
+            if self.record_writes:
+                self.events.append(Write("event", info.group_resource,
+                                         Request(regarding.get("namespace") or "", regarding.get("name") or ""), sent))
+            return created
+        if self.record_writes:
+            self.events.append(Write(verb, info.group_resource, Request(namespace, name or ""), clone(body), patch_type))
+        assert name is not None, f"{method} {path}: no object name"
+        if method == "PUT":
+            return self._update(info, namespace, name, body, None, method, path)
+        if method == "PATCH":
+            return self._patch(info, namespace, name, body, patch_type or "merge", None, method, path)
+        return self._delete(info, namespace, name, body or {}, method, path)
 
     def _route(self, method: str, path: str) -> tuple[ResourceInfo, str, str | None, str | None]:
         parts = [p for p in path.split("?")[0].split("/") if p]

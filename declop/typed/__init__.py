@@ -6,7 +6,7 @@ The same class gives a handler a validated, typed view of the cached object (``o
 CRD that ``declop crd`` prints, and the resource name a decorator takes (``@declop.reconciler(Widget)``).
 docs/typed.md is the guide.
 
-May import: the base (``errors``, ``logs``, ``conditions`` …) and pydantic; every layer below may
+May import: the base (``errors``, ``logs`` …) and pydantic; every layer below may
 import it. ``declop.typed.model`` is the public home of the names (``from declop.typed.model
 import CustomResource``).
 """

@@ -23,22 +23,23 @@ Invariants:
   ``None`` the handler never set; its ``metadata`` gives ``labels`` and ``annotations`` only
   where set or non-empty (the rest is the original's, as
   :func:`declop.webhooks.conversion.finish` keeps it);
-* the JSON form (:func:`_json`) is pydantic's (``mode="json"``, aliases, no computed fields)
+* the JSON form (:func:`_json`) is :func:`declop.typed.dump.as_json`'s ``"whole"`` form,
+  the one every typed write uses: pydantic's (``mode="json"``, aliases, no computed fields)
   with a naive ``datetime`` taken as UTC (``…Z``): the apiserver refuses a ``date-time``
-  without a zone. (A small private helper of this module; the status writes have their own.)
+  without a zone.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from datetime import datetime, timezone
 from types import UnionType
 from typing import Any, Callable, Mapping, Union
 
 from pydantic import BaseModel
 
 from declop.errors import RegistrationError
+from declop.typed.dump import as_json
 from declop.typed.model import CustomResource
 from declop.typed.view import view
 
@@ -214,52 +215,4 @@ def converted_object(model: BaseModel) -> dict[str, Any]:
 
 def _json(model: BaseModel) -> Any:
     """``model``'s JSON form: every value except a ``None`` never set; naive datetimes as UTC."""
-    return _utc(model).model_dump(mode="json", by_alias=True, exclude=_unset_nones(model) or None, **_NO_COMPUTED)
-
-
-#: computed fields are left out where pydantic can (2.12 on); the apiserver prunes them anyway
-_NO_COMPUTED = {"exclude_computed_fields": True} if "exclude_computed_fields" in inspect.signature(BaseModel.model_dump).parameters else {}
-
-
-def _unset_nones(value: Any) -> Any:
-    """pydantic's ``exclude`` for the ``None`` fields that were never set, at any depth."""
-    if isinstance(value, BaseModel):
-        spec: dict[Any, Any] = {}
-        for name in type(value).model_fields:
-            field = getattr(value, name, None)
-            if field is None:
-                if name not in value.model_fields_set:
-                    spec[name] = True
-            else:
-                sub = _unset_nones(field)
-                if sub:
-                    spec[name] = sub
-        return spec
-    if isinstance(value, (list, tuple)):
-        return {i: sub for i, item in enumerate(value) if (sub := _unset_nones(item))}
-    if isinstance(value, dict):
-        return {k: sub for k, item in value.items() if (sub := _unset_nones(item))}
-    return None
-
-
-def _utc(value: Any) -> Any:
-    """``value`` with every naive ``datetime`` made UTC; the same object where there is none."""
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-    if isinstance(value, BaseModel):
-        fields = {k: _utc(v) for k, v in value.__dict__.items()}
-        extra = {k: _utc(v) for k, v in (value.__pydantic_extra__ or {}).items()}
-        if all(fields[k] is v for k, v in value.__dict__.items()) and all(extra[k] is v for k, v in (value.__pydantic_extra__ or {}).items()):
-            return value
-        copy = value.model_copy()
-        copy.__dict__.update(fields)
-        if copy.__pydantic_extra__ is not None:
-            copy.__pydantic_extra__.update(extra)
-        return copy
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_utc(v) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
-    if isinstance(value, dict):
-        pairs = {k: _utc(v) for k, v in value.items()}
-        return value if all(pairs[k] is v for k, v in value.items()) else pairs
-    return value
+    return as_json(model, "whole")

@@ -13,9 +13,9 @@
   finds everything in place sends nothing (so the Deployment's status updates, which wake us,
   never cause a write loop). The mutate functions set only the fields this operator owns, and
   spell out the values the apiserver would default inside lists (``protocol: TCP``).
-* **Status.** ``status.conditions`` holds a ``Ready`` condition with ``observedGeneration``, set
-  with ``declop.conditions.set``: its ``lastTransitionTime`` changes only when its status does.
-  Status is written only when it differs.
+* **Status.** ``status.conditions`` (a list of ``declop.Condition``) holds a ``Ready`` condition
+  with ``observedGeneration``, set with ``declop.conditions.set`` on the typed status: its
+  ``lastTransitionTime`` changes only when its status does. Status is written only when it differs.
 * **The CRD is the model.** ``Widget`` (a ``CustomResource``) declares the kind, its printer
   columns and the schema of ``spec`` and ``status`` — bounds, defaults, the conditions list keyed
   by ``type``; ``declop crd`` prints the CRD from it and ``declop dev`` applies it (docs/typed.md).
@@ -29,8 +29,7 @@ The pure functions below (``desired_*``) are what ``examples/test_widget_unit.py
 tests without any cluster, through ``declop.testing.fake.run_reconcile``.
 """
 
-from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, Field
 
@@ -47,23 +46,12 @@ class WidgetSpec(BaseModel):
     secretName: str | None = Field(None, description="A Secret whose checksum the status records (examples/watches.py).")
 
 
-class Condition(BaseModel):
-    """One condition of the object's state, as Kubernetes writes them (metav1.Condition)."""
-
-    type: str = Field(min_length=1, max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    observedGeneration: int | None = Field(None, ge=0)
-    lastTransitionTime: datetime
-
-
 class WidgetStatus(BaseModel):
     """What the operator saw at its last reconcile."""
 
     observedGeneration: int | None = None
     readyReplicas: int = 0
-    conditions: Annotated[list[Condition], ListType("map", keys=("type",))] = Field(default_factory=list)
+    conditions: Annotated[list[declop.Condition], ListType("map", keys=("type",))] = Field(default_factory=list)
     secretChecksum: str | None = None
 
 
@@ -148,18 +136,15 @@ def desired_status(widget: Widget, deployment) -> WidgetStatus:
     available = settled and ready >= want
     status.observedGeneration = generation
     status.readyReplicas = ready
-    # declop.conditions keeps lastTransitionTime when the status does not change; it works on
-    # the JSON form, which the model reads back
-    conditions = [c.model_dump(mode="json", exclude_none=True) for c in status.conditions]
-    if declop.conditions.set(
-        conditions,
+    # keeps lastTransitionTime when the status does not change, and assigns the list back
+    declop.conditions.set(
+        status,
         "Ready",
         available,
         reason="Available" if available else "Progressing",
         message=f"{ready}/{want} replicas ready",
         observed_generation=generation,
-    ):
-        status.conditions = [Condition.model_validate(c) for c in conditions]
+    )
     return status
 
 

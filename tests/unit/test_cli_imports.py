@@ -18,11 +18,22 @@ RUN_PATH = "import sys, declop.cli, declop.manager, declop.registry, declop.load
 @pytest.mark.parametrize(
     # aiohttp.web and the servers: only a run with --health-port, --metrics-port or webhooks;
     # prometheus-client (~28 ms): only a run that serves /metrics
-    "module", ["pydantic", "yaml", "declop.dev.loop", "declop.typed", "aiohttp.web", "declop.serving.probes", "declop.webhooks.server",
+    "module", ["pydantic", "yaml", "declop.dev.loop", "declop.typed.model", "aiohttp.web", "declop.serving.probes", "declop.webhooks.server",
      "prometheus_client", "declop.serving.metrics"]
 )
 def test_the_run_path_does_not_import(module: str) -> None:
     code = f"{RUN_PATH}; assert {module!r} not in sys.modules, sorted(m for m in sys.modules if m.startswith({module!r}))"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: the typed modules the run path may load: ``declop.typed.dump`` (the JSON form the client,
+#: Events and declop.conditions take a typed model as) imports nothing but the standard library
+#: and never pydantic (its own invariant, tests/unit/typed/test_dump.py); its package is empty
+TYPED_ON_THE_RUN_PATH = ["declop.typed", "declop.typed.dump"]
+
+
+def test_the_run_path_imports_no_other_typed_module() -> None:
+    code = f"{RUN_PATH}; loaded = sorted(m for m in sys.modules if m.startswith('declop.typed')); assert loaded == {TYPED_ON_THE_RUN_PATH!r}, loaded"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -167,7 +167,7 @@ def test_qualified_types_and_reasons_with_punctuation_are_valid():
 
 
 def test_set_needs_the_list_itself():
-    with pytest.raises(TypeError, match=r"not None; pass status.setdefault\('conditions', \[\]\)"):
+    with pytest.raises(TypeError, match=r"not None; pass the status \(obj.status, or status.setdefault\('conditions', \[\]\) for a dict\)"):
         conditions.set(None, "Ready", True, reason="Available")  # type: ignore[arg-type]
 
 
@@ -263,3 +263,125 @@ def test_timestamp_is_utc_whole_seconds():
 def test_timestamp_defaults_to_now():
     lower = utc_now_seconds()
     assert lower <= parse(conditions.timestamp()) <= utc_now_seconds()
+
+
+# -- a typed status (declop.Condition), a status dict -----------------------------------------
+
+from typing import Annotated, Literal  # noqa: E402
+
+from pydantic import BaseModel, Field  # noqa: E402
+
+import declop  # noqa: E402
+from declop.typed.model import ListType  # noqa: E402
+from declop.typed.view import status_patch  # noqa: E402
+
+
+class TypedStatus(BaseModel):
+    observedGeneration: int | None = None
+    conditions: Annotated[list[declop.Condition], ListType("map", keys=("type",))] = Field(default_factory=list)
+
+
+class OwnCondition(BaseModel):
+    """A project's own condition class (what operators wrote before declop.Condition)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    observedGeneration: int | None = None
+    lastTransitionTime: datetime.datetime
+
+
+class OwnStatus(BaseModel):
+    conditions: list[OwnCondition] | None = None
+
+
+def test_set_on_a_typed_status_assigns_the_list_back_as_set():
+    """A fresh status (its conditions a default never set) gets the list assigned, so a typed
+    patch_status sends it — the first Ready condition is never dropped."""
+    status = TypedStatus()
+    assert conditions.set(status, "Ready", True, reason="Available", message="3/3", observed_generation=2,
+                          last_transition_time=HOUR_BEFORE) is True
+    assert "conditions" in status.model_fields_set
+    (ready,) = status.conditions
+    assert isinstance(ready, declop.Condition)
+    assert (ready.type, ready.status, ready.reason, ready.message, ready.observedGeneration) == ("Ready", "True", "Available", "3/3", 2)
+    assert ready.lastTransitionTime == parse(HOUR_BEFORE)
+    assert status_patch(status, None) == {"conditions": [
+        {"type": "Ready", "status": "True", "observedGeneration": 2, "lastTransitionTime": HOUR_BEFORE,
+         "reason": "Available", "message": "3/3"}]}
+
+
+def test_an_unchanged_typed_status_is_left_alone_and_the_time_is_kept():
+    stored = {"conditions": [{"type": "Ready", "status": "True", "reason": "Available", "message": "ok",
+                              "observedGeneration": 4, "lastTransitionTime": HOUR_BEFORE}]}
+    status = TypedStatus.model_validate(stored)
+    before = status.conditions
+    assert conditions.set(status, "Ready", True, reason="Available", message="ok", observed_generation=4) is False
+    assert status.conditions is before
+    assert conditions.set(status, "Ready", True, reason="Available", message="changed", observed_generation=4) is True
+    assert status.conditions[0].lastTransitionTime == parse(HOUR_BEFORE)  # status unchanged: time kept
+    assert status_patch(status, stored) == {"conditions": [{**stored["conditions"][0], "message": "changed"}]}
+
+
+def test_a_status_change_moves_the_time_on_a_typed_status():
+    status = TypedStatus.model_validate({"conditions": [
+        {"type": "Ready", "status": "False", "reason": "Progressing", "message": "", "lastTransitionTime": HOUR_BEFORE},
+        {"type": "Degraded", "status": "False", "reason": "Fine", "message": "", "lastTransitionTime": HOUR_BEFORE}]})
+    assert conditions.set(status, "Ready", "True", reason="Available", last_transition_time=HOUR_AFTER)
+    assert [c.type for c in status.conditions] == ["Ready", "Degraded"]
+    assert status.conditions[0].lastTransitionTime == parse(HOUR_AFTER)
+    assert status.conditions[1].lastTransitionTime == parse(HOUR_BEFORE)
+
+
+def test_the_readers_and_remove_take_a_typed_status():
+    status = TypedStatus()
+    assert conditions.get(status, "Ready") is None and not conditions.is_true(status, "Ready")
+    conditions.set(status, "Ready", True, reason="Available")
+    conditions.set(status, "Degraded", False, reason="Fine")
+    assert conditions.get(status, "Ready") is status.conditions[0]
+    assert conditions.is_true(status, "Ready") and conditions.is_false(status, "Degraded")
+    assert conditions.is_status(status, "Degraded", False)
+    assert conditions.remove(status, "Missing") is False
+    assert conditions.remove(status, "Ready") is True
+    assert [c.type for c in status.conditions] == ["Degraded"]
+    assert all(isinstance(c, declop.Condition) for c in status.conditions)
+
+
+def test_a_projects_own_condition_class_and_an_optional_list_are_kept():
+    status = OwnStatus()
+    conditions.set(status, "Ready", True, reason="Available")
+    assert isinstance(status.conditions[0], OwnCondition)
+    assert status.model_dump(mode="json", exclude_unset=True)["conditions"][0]["reason"] == "Available"
+
+
+def test_a_list_of_condition_models_is_changed_in_place():
+    status = TypedStatus()
+    conditions.set(status, "Ready", False, reason="Progressing")
+    entries = status.conditions
+    assert conditions.set(entries, "Ready", True, reason="Available") is True
+    assert status.conditions is entries and isinstance(entries[0], declop.Condition) and entries[0].status == "True"
+
+
+def test_a_status_dict_gets_its_list():
+    status: dict = {}
+    assert conditions.set(status, "Ready", True, reason="Available", last_transition_time=HOUR_BEFORE)
+    assert status == {"conditions": [{"type": "Ready", "status": "True", "reason": "Available", "message": "",
+                                      "lastTransitionTime": HOUR_BEFORE}]}
+    assert conditions.is_true(status, "Ready") and conditions.get(status, "Ready") is status["conditions"][0]
+    assert conditions.remove(status, "Ready") and status == {"conditions": []}
+
+
+def test_a_model_without_conditions_is_one_clear_line():
+    class Bare(BaseModel):
+        ready: bool = False
+
+    with pytest.raises(TypeError, match=r"^Bare has no conditions field; pass the status model that has one"):
+        conditions.set(Bare(), "Ready", True, reason="Available")
+
+
+def test_what_the_apiserver_refuses_leaves_a_typed_status_alone():
+    status = TypedStatus()
+    with pytest.raises(ValueError, match="reason '' is not valid"):
+        conditions.set(status, "Ready", True, reason="")
+    assert status.conditions == [] and "conditions" not in status.model_fields_set

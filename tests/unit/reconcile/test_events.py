@@ -100,3 +100,36 @@ def test_a_fenced_event_ends_the_call_while_other_failures_are_only_logged() -> 
     failing = Recorder(fail=True)
     record(EventRecorder(failing, clock=FakeClock()), 1)  # logged and dropped, as before
     assert len(failing.calls) == 1
+
+
+def test_the_reporting_controller_is_a_qualified_name() -> None:
+    """The apiserver refuses an Event whose reportingController is not a qualified name (a name
+    part of at most 63 characters, starting and ending with a letter or digit)."""
+    from declop.reconcile.events import reporting_controller
+
+    assert reporting_controller("widget") == "declop.io/widget"
+    assert reporting_controller("_private_") == "declop.io/private"
+    assert reporting_controller("a b/c") == "declop.io/a-b-c"
+    assert reporting_controller("x" * 80) == "declop.io/" + "x" * 63
+    assert reporting_controller("__") == "declop.io/declop"
+
+
+def test_a_typed_object_is_named_by_its_json_identity() -> None:
+    from pydantic import Field
+
+    from declop.typed.model import CustomResource, FreeForm
+
+    class Thing(CustomResource, group="example.com", version="v1", kind="Thing"):
+        spec: FreeForm = Field(default_factory=dict)
+
+    t = Recorder()
+    thing = Thing.model_validate({"apiVersion": "example.com/v1", "kind": "Thing",
+                                  "metadata": {"name": "t", "namespace": "ns", "uid": "u2", "resourceVersion": "9"}})
+
+    async def go() -> None:
+        await EventRecorder(t, clock=FakeClock()).record(thing, "Seen", "typed", controller="c")
+
+    asyncio.run(go())
+    (method, path, body) = t.calls[0]
+    assert path == "/apis/events.k8s.io/v1/namespaces/ns/events"
+    assert body["regarding"] == {"apiVersion": "example.com/v1", "kind": "Thing", "name": "t", "namespace": "ns", "uid": "u2", "resourceVersion": "9"}

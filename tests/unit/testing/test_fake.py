@@ -199,7 +199,7 @@ def test_delete_honours_finalizers_and_not_found_is_success() -> None:
 def test_events_and_live_reads() -> None:
     fake = FakeClient([cm()])
     fake.event(fake.get("configmaps", "ns/c"), "Synced", "all good")
-    assert fake.events == [Write("event", "events", declop.Request("ns", "c"), fake.events[0].body)]
+    assert fake.events == [Write("event", "events.events.k8s.io", declop.Request("ns", "c"), fake.events[0].body)]
     assert fake.events[0].body["reason"] == "Synced"
     assert fake.writes == []
     assert fake.live.get("configmaps", "ns/c")["data"] == {"k": "v"}
