@@ -45,6 +45,7 @@ ORDER = [
     "typed.schema",
     "typed.crd",
     "typed.view",
+    "typed.status",
     "queue",
     "queue.ratelimit",
     "queue.stats",

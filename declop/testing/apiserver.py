@@ -201,14 +201,34 @@ def _walk(doc: Any, parts: list[str]) -> Any:
     return doc
 
 
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality as the apiserver's ``test`` has it: ``1 == 1.0``, ``true`` is not ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_json_equal(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
 def _json_patch(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
     """RFC 6902: add, remove, replace, move, copy, test. Raises ValueError when an op fails."""
     doc = clone(doc)
     for op in ops:
         kind, parts = op.get("op"), _pointer(op.get("path", ""))
         try:
-            if kind == "test":
-                if _walk(doc, parts) != op.get("value"):
+            if kind == "test":  # as the apiserver's: a missing key tests as null, its parent must exist
+                parent = _walk(doc, parts[:-1]) if parts else None
+                if parts and isinstance(parent, dict) and parts[-1] not in parent:
+                    found = None
+                else:
+                    found = _walk(doc, parts)
+                if not _json_equal(found, op.get("value")):
                     raise ValueError(f"test failed at {op['path']}")
                 continue
             if kind in ("move", "copy"):
