@@ -146,7 +146,7 @@ class AsyncClient(_Base):
             return unchanged
         if not typed:
             return await self.patch(target, key, patch, type=type, subresource="status")
-        written = await _typed_status(self.patch(target, key, patch, type="json", subresource="status"))
+        written = await _typed_status(self.patch(target, key, _encoded(patch), type="json", subresource="status"))
         self._status_written(target, key, written)
         return written
 
@@ -248,6 +248,13 @@ async def _typed_status(write: Coroutine[Any, Any, Obj]) -> Obj:
                 "nothing was written (the reconcile is retried on the new status)", exc.body
             ) from None
         raise
+
+
+def _encoded(ops: Any) -> bytes:
+    """The ops as Go writes JSON: the apiserver's ``test`` compares a value by its bytes."""
+    from declop.typed.status import encode
+
+    return encode(ops)
 
 
 def _hint_job_orphans(job: Request) -> None:
@@ -368,7 +375,7 @@ class Client(_Base):
             return unchanged
         if not typed:
             return self._run(self._async.patch(target, key, patch, type=type, subresource="status"))
-        written = self._run(_typed_status(self._async.patch(target, key, patch, type="json", subresource="status")))
+        written = self._run(_typed_status(self._async.patch(target, key, _encoded(patch), type="json", subresource="status")))
         self._status_written(target, key, written)
         return written
 

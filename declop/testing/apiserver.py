@@ -102,7 +102,10 @@ def _now() -> str:
 
 
 def _wire(body: Any) -> Any:
-    """What the apiserver receives: a JSON round trip (non-JSON values fail here, as on the wire)."""
+    """What the apiserver receives: a JSON round trip (non-JSON values fail here, as on the wire);
+    a body sent already encoded (bytes) is decoded."""
+    if isinstance(body, (bytes, bytearray)):
+        return loads(body)
     return None if body is None else loads(dumps(body))
 
 
@@ -202,18 +205,16 @@ def _walk(doc: Any, parts: list[str]) -> Any:
 
 
 def _json_equal(a: Any, b: Any) -> bool:
-    """JSON equality as the apiserver's ``test`` has it: ``1 == 1.0``, ``true`` is not ``1``."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
+    """Equality as the apiserver's ``test`` has it: objects key by key (in any order), arrays
+    item by item, and a scalar by the bytes of its JSON as Go writes it (``1`` is not ``1.0``,
+    and ``true`` is not ``1``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_json_equal(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
+    if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
-    return bool(a == b)
+    from declop.typed.status import encode  # pydantic: loaded by a test of typed writes only
+
+    return encode(a) == encode(b)
 
 
 def _json_patch(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:

@@ -46,8 +46,11 @@ Invariants:
 
 from __future__ import annotations
 
+import decimal
 import enum
 import inspect
+import math
+import re
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -58,7 +61,7 @@ from pydantic.fields import FieldInfo
 from declop.errors import ApiError
 from declop.typed.model import CustomResource
 
-__all__ = ["refused", "status_ops", "to_json"]
+__all__ = ["encode", "refused", "status_ops", "to_json"]
 
 
 class _Absent:
@@ -106,6 +109,82 @@ def refused(error: ApiError) -> bool:
     body = error.body if isinstance(error.body, Mapping) else {}
     details = body.get("details") or {}
     return not details.get("causes") and not details.get("name")
+
+
+def encode(ops: Any) -> bytes:
+    """``ops`` as the JSON bytes Go's ``encoding/json`` would write for the same values.
+
+    The apiserver's ``test`` compares a scalar by its bytes: the JSON of the stored object as Go
+    writes it against the test value as sent, compacted. So a value is sent as Go writes it —
+    a float in Go's shortest form (``0.00001``, ``1e-7``, ``1e+21``; an integral one without
+    ``.0``), strings in UTF-8 with ``<``, ``>``, ``&``, U+2028 and U+2029 escaped as ``\u003c``
+    … and control characters as Go escapes them — or an unchanged value would fail its test.
+    """
+    out: list[str] = []
+    _encode(ops, out)
+    return "".join(out).encode()
+
+
+def _encode(value: Any, out: list[str]) -> None:
+    t = type(value)
+    if t is str:
+        out.append(_go_string(value))
+    elif value is None:
+        out.append("null")
+    elif t is bool:
+        out.append("true" if value else "false")
+    elif t is int:
+        out.append(str(value))
+    elif t is float:
+        out.append(_go_float(value))
+    elif t is dict:
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            if i:
+                out.append(",")
+            out.append(_go_string(k))
+            out.append(":")
+            _encode(v, out)
+        out.append("}")
+    elif t is list:
+        out.append("[")
+        for i, v in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(v, out)
+        out.append("]")
+    elif isinstance(value, (str, int, float, dict, list)):  # a subclass (an enum's value is plain)
+        _encode((str if isinstance(value, str) else bool if isinstance(value, bool) else int if isinstance(value, int)
+                 else float if isinstance(value, float) else dict if isinstance(value, dict) else list)(value), out)
+    else:
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+#: Go's escapes (encoding/json with HTML escaping, as the apiserver encodes objects)
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f",
+            "<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_ESCAPES.update({chr(c): f"\\u{c:04x}" for c in range(0x20) if chr(c) not in _ESCAPES})
+_NEEDS = re.compile("[\"\\\\<>&\u2028\u2029\x00-\x1f]")
+
+
+def _go_string(s: str) -> str:
+    return '"' + _NEEDS.sub(lambda m: _ESCAPES[m.group()], s) + '"'
+
+
+def _go_float(f: float) -> str:
+    """``strconv.AppendFloat(f, 'f' or 'e', -1, 64)`` as encoding/json picks (and trims) it."""
+    if f != f or f in (math.inf, -math.inf):
+        raise ValueError(f"{f} has no JSON form")
+    a = abs(f)
+    if a != 0 and (a < 1e-6 or a >= 1e21):
+        mantissa, _, exp = repr(f).partition("e")  # shortest digits; Python writes e-07, Go e-7
+        if exp.startswith("-0"):
+            exp = "-" + exp[2:]
+        return f"{mantissa.removesuffix('.0')}e{exp}"
+    text = format(decimal.Decimal(repr(f)), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
 
 
 # --------------------------------------------------------------------------- the walk
