@@ -21,15 +21,19 @@ test-typed-props`` runs 100 with a random one).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import enum
 import itertools
 import os
+import re
 import string
 import types
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Literal, Optional
+from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
 import kubernetes.client
 import pytest
@@ -229,52 +233,82 @@ def _enum_like(annotation: Any) -> bool:
     return any(isinstance(a, type) and issubclass(a, enum.Enum) or getattr(a, "__origin__", None) is Literal for a in args)
 
 
-# --------------------------------------------------------------------------- edits
+# --------------------------------------------------------------------------- values and edits
+
+
+def values_of(tp: Any, metadata: Any = ()) -> st.SearchStrategy[Any]:
+    """Values a field annotated ``tp`` accepts (models as dicts by alias), bounds of
+    ``metadata`` (``ge``, ``le``, ``min_length``, ``max_length``) respected."""
+    bounds = {type(m).__name__: m for m in metadata}
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return values_of(args[0], [*metadata, *args[1:]])
+    if origin in (Union, types.UnionType):
+        if set(args) == {int, str}:
+            return st.one_of(st.integers(-(2**31), 2**31), st.text(string.ascii_letters + "%-", min_size=1, max_size=5))
+        (inner,) = [a for a in args if a is not type(None)]
+        return st.one_of(st.none(), values_of(inner, metadata))
+    if origin is Literal:
+        return st.sampled_from(args)
+    if origin is list:
+        return st.lists(values_of(args[0]), max_size=3)
+    if origin is dict:
+        return st.dictionaries(st.text(string.ascii_lowercase + "/~.-", min_size=1, max_size=4), values_of(args[1]), max_size=3)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        fields = tp.model_fields.items()
+        required = {i.alias or n: values_of(i.annotation, i.metadata) for n, i in fields if i.is_required()}
+        optional = {i.alias or n: values_of(i.annotation, i.metadata) for n, i in fields if not i.is_required()}
+        return st.fixed_dictionaries(required, optional=optional)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return st.sampled_from(list(tp))
+    if tp is datetime:
+        zones = st.sampled_from([None, timezone.utc, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-7))])
+        return st.builds(lambda d, z: d.replace(tzinfo=z), st.datetimes(datetime(1970, 1, 1), datetime(2200, 1, 1)), zones)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        lo = getattr(bounds.get("Ge"), "ge", -(2**53))
+        return st.integers(lo, getattr(bounds.get("Le"), "le", 2**53))
+    if tp is float:
+        return st.floats(allow_nan=False, allow_infinity=False, width=64)
+    if tp is str:
+        lo, hi = getattr(bounds.get("MinLen"), "min_length", 0), getattr(bounds.get("MaxLen"), "max_length", 8)
+        return st.text(st.characters(exclude_categories=("Cs",)), min_size=lo, max_size=min(hi, 8))
+    raise NotImplementedError(f"no values for {tp!r}")
 
 
 def edit(data: st.DataObject, model: BaseModel, depth: int = 0) -> None:
     """One random in-place change somewhere in ``model``."""
-    names = list(type(model).model_fields)
-    name = data.draw(st.sampled_from(names))
+    name = data.draw(st.sampled_from(list(type(model).model_fields)))
     info = type(model).model_fields[name]
-    spec = _spec_of(type(model), name)
     value = getattr(model, name)
     action = data.draw(st.sampled_from(["set", "inner"]))
     if action == "inner" and isinstance(value, BaseModel) and depth < 3:
         edit(data, value, depth + 1)
         return
-    if action == "inner" and isinstance(value, list) and spec.inner is not None:
-        inner = TypeAdapter(spec.inner.annotation())
+    if action == "inner" and isinstance(value, list):
+        item = _args_of(info.annotation, list)[0]
         if value and data.draw(st.booleans()):
             value.pop(data.draw(st.integers(0, len(value) - 1)))
         else:
-            value.append(inner.validate_python(data.draw(spec.inner.values())))
+            value.append(TypeAdapter(item).validate_python(data.draw(values_of(item))))
         return
-    if action == "inner" and isinstance(value, dict) and spec.inner is not None:
+    if action == "inner" and isinstance(value, dict):
+        item = _args_of(info.annotation, dict)[1]
         if value and data.draw(st.booleans()):
             del value[data.draw(st.sampled_from(sorted(value)))]
         else:
             key = data.draw(st.text(string.ascii_lowercase + "/~", min_size=1, max_size=3))
-            value[key] = TypeAdapter(spec.inner.annotation()).validate_python(data.draw(spec.inner.values()))
+            value[key] = TypeAdapter(item).validate_python(data.draw(values_of(item)))
         return
-    setattr(model, name, TypeAdapter(info.annotation).validate_python(data.draw(spec.values())))
+    setattr(model, name, TypeAdapter(info.annotation).validate_python(data.draw(values_of(info.annotation, info.metadata))))
 
 
-SPECS: dict[type, ModelSpec] = {}
-
-
-def _spec_of(cls: type, name: str) -> Type:
-    return next(f.type for f in SPECS[cls].fields if f.name == name)
-
-
-def _register(spec: ModelSpec) -> None:
-    SPECS[spec.cls] = spec
-    for f in spec.fields:
-        t: Type | None = f.type
-        while t is not None:
-            if t.model is not None:
-                _register(t.model)
-            t = t.inner
+def _args_of(tp: Any, origin: type) -> tuple[Any, ...]:
+    """The arguments of the ``origin`` (list, dict) inside ``tp`` (through Annotated and Optional)."""
+    while typing.get_origin(tp) is not origin:
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return typing.get_args(tp)
 
 
 # --------------------------------------------------------------------------- the apiserver
@@ -287,12 +321,12 @@ def apis(control_plane: Any) -> Iterator[tuple[Any, Any]]:
     api.close()
 
 
-def cr_class(status: ModelSpec) -> type[CustomResource]:
+def cr_class(status: Any) -> type[CustomResource]:
     n = next(_names)
     kind = f"Prop{n}"
 
     def body(ns: dict[str, Any]) -> None:
-        ns["__annotations__"] = {"spec": dict[str, str], "status": Optional[status.cls]}  # noqa: UP007
+        ns["__annotations__"] = {"spec": dict[str, str], "status": Optional[status]}  # noqa: UP007
         ns["spec"] = Field(default_factory=dict)
         ns["status"] = None
 
@@ -338,31 +372,35 @@ def write(kubeconfig: str, namespace: str, plural: str, ops: list[dict[str, Any]
 @given(spec=models(), data=st.data())
 def test_a_typed_status_round_trips_through_the_apiserver(apis: tuple[Any, Any], kubeconfig: str, namespace: str,
                                                           spec: ModelSpec, data: st.DataObject) -> None:
+    round_trips(apis, kubeconfig, namespace, cr_class(spec.cls), data)
+
+
+def round_trips(apis: tuple[Any, Any], kubeconfig: str, namespace: str, model: Any, data: st.DataObject) -> None:
+    """The law, on one object of ``model``'s kind: a random status, the same again, random edits."""
     ext, custom = apis
-    _register(spec)
-    model = cr_class(spec)
+    cls = typing.get_args(model.model_fields["status"].annotation)[0]
     plural = install(ext, custom, model, namespace)
     try:
         stored = custom.get_namespaced_custom_object(GROUP, "v1", namespace, plural, "p")
         # 1: a random value, over what was read
-        s = spec.cls.model_validate(data.draw(spec.values(), label="status"))
+        s = cls.model_validate(data.draw(values_of(cls), label="status"))
         ops = status_ops(s, stored.get("status"))
         if ops:
             stored = write(kubeconfig, namespace, plural, ops)
-        back = view(model, stored).status or spec.cls.model_validate({})
+        back = view(model, stored).status or cls.model_validate({})
         assert law(s, back) == [], (ops, stored.get("status"))
         # 2: the same again: nothing to send
         assert status_ops(s, stored.get("status")) == []
         # 3: in-place edits of the view of what is stored
         for _ in range(data.draw(st.integers(1, 3), label="rounds")):
             obj = view(model, stored)
-            status = obj.status or spec.cls()  # type: ignore[attr-defined]
+            status = obj.status or cls()
             for _ in range(data.draw(st.integers(1, 3), label="edits")):
                 edit(data, status)
             ops = status_ops(status, stored.get("status"))
             if ops:
                 stored = write(kubeconfig, namespace, plural, ops)
-            back = view(model, stored).status or spec.cls.model_validate({})
+            back = view(model, stored).status or cls.model_validate({})
             assert law(status, back) == [], (ops, stored.get("status"))
             assert status_ops(status, stored.get("status")) == []
     finally:
@@ -384,10 +422,7 @@ def test_values_go_writes_in_another_spelling_pass_their_test(apis: tuple[Any, A
     ``&``, U+2028 or a control character, and a float Go writes as ``0.00001`` or ``1e-7``, must
     be sent as Go writes them, or a write that changes another field of the same object fails."""
     ext, custom = apis
-    spec = ModelSpec([FieldSpec("text", Type("str"), "value", ""), FieldSpec("ratio", Type("float"), "value", 0.0),
-                      FieldSpec("amounts", Type("dict", inner=Type("float")), "factory")])
-    spec.cls = Tricky
-    model = cr_class(spec)
+    model = cr_class(Tricky)
     plural = install(ext, custom, model, namespace)
     try:
         s = Tricky.model_validate(TRICKY)
@@ -406,3 +441,50 @@ def test_values_go_writes_in_another_spelling_pass_their_test(apis: tuple[Any, A
             assert law(t, view(model, stored).status) == []
     finally:
         ext.delete_custom_resource_definition(f"{plural}.{GROUP}")
+
+
+# --------------------------------------------------------------------------- the docs' own models
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _classes(source: str, name: str) -> dict[str, Any]:
+    """The imports and classes of ``source`` (nothing else runs: no registration)."""
+    tree = ast.parse(source)
+    tree.body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.ClassDef))]
+    ns: dict[str, Any] = {"__name__": name}
+    exec(compile(tree, name, "exec"), ns)  # noqa: S102 - the project's own docs and examples
+    return ns
+
+
+def _docs_sources() -> Iterator[tuple[str, str]]:
+    text = (ROOT / "docs/typed.md").read_text()
+    for i, block in enumerate(re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)):
+        if "Status(BaseModel)" in block:
+            yield f"docs/typed.md#{i}", block
+    yield "examples/crd/handlers.py", (ROOT / "examples/crd/handlers.py").read_text()
+    template = (ROOT / "declop/dev/templates/operator/handlers.py.tmpl").read_text()
+    yield "the scaffold", string.Template(template).safe_substitute(
+        kind="Memo", group="scaffold.example.com", version="v1", plural="memos", finalizer="scaffold.example.com/cleanup")
+
+
+DOCS_MODELS = [
+    (where, cls) for where, source in _docs_sources() for cls in _classes(source, where.replace("/", "_")).values()
+    if isinstance(cls, type) and issubclass(cls, CustomResource) and "status" in cls.model_fields and cls.__module__ != CustomResource.__module__
+]
+
+
+def test_the_docs_models_are_all_found() -> None:
+    assert {w.split("#")[0] for w, _ in DOCS_MODELS} == {"docs/typed.md", "examples/crd/handlers.py", "the scaffold"}
+
+
+@pytest.mark.parametrize("where,docs_model", DOCS_MODELS, ids=[f"{w}:{c.__name__}" for w, c in DOCS_MODELS])
+@settings(max_examples=max(2, EXAMPLES // 4), deadline=None, database=None, derandomize="DECLOP_PROPS_EXAMPLES" not in os.environ,
+          suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+@given(data=st.data())
+def test_the_docs_status_models_round_trip(apis: tuple[Any, Any], kubeconfig: str, namespace: str, where: str,
+                                           docs_model: Any, data: st.DataObject) -> None:
+    """docs/typed.md's, examples/crd's and the scaffold's status models, by the same law (each
+    on a kind of its own, with the status model as it is written there)."""
+    status = typing.get_args(docs_model.model_fields["status"].annotation)[0]
+    round_trips(apis, kubeconfig, namespace, cr_class(status), data)
