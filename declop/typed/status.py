@@ -92,8 +92,8 @@ def status_ops(status: BaseModel | None, read: Any) -> list[dict[str, Any]]:
         seen: Any = type(status).model_validate(raw if raw is not ABSENT else {})
     except ValidationError:
         seen = ABSENT  # the read status does not fit the model (or it lacks required fields)
-    if seen is not ABSENT and _equal(status, seen):
-        return []
+    if seen is not ABSENT and _eq(status, seen):
+        return []  # the common case: one comparison (a difference only in spelling is found by the walk)
     tests: list[dict[str, Any]] = []
     changes: list[dict[str, Any]] = []
     _node(("status",), status, seen, raw, True, tests, changes)
@@ -210,7 +210,7 @@ def _node(path: tuple[str, ...], now: Any, seen: Any, raw: Any, none_default: bo
                 continue
             value = getattr(now, name)
             before = getattr(seen, name) if same else ABSENT
-            if before is not ABSENT and _equal(value, before):
+            if before is not ABSENT and _unchanged(value, before):
                 continue
             key = _alias(name, info)
             _node((*path, key), value, before, raw.get(key, ABSENT), _none_default(info), tests, changes)
@@ -221,6 +221,8 @@ def _node(path: tuple[str, ...], now: Any, seen: Any, raw: Any, none_default: bo
     if isinstance(now, dict) and isinstance(raw, dict):
         _entries(path, now, seen if isinstance(seen, dict) else {}, raw, set(), tests, changes)
         return
+    if isinstance(now, (BaseModel, dict)) and seen is not ABSENT and _equal(now, seen):
+        return  # written whole, but the same in JSON (a naive datetime against its UTC form)
     form = _form(now, said_only=True)
     if form == {} and raw is ABSENT and isinstance(now, BaseModel):
         return  # nothing said in an object that is not stored: absent reads the same
@@ -235,7 +237,7 @@ def _entries(path: tuple[str, ...], now: Mapping[Any, Any], seen: Mapping[Any, A
         key = _key(k)
         keys[key] = value
         before = _lookup(seen, k)
-        if before is not ABSENT and _equal(value, before):
+        if before is not ABSENT and _unchanged(value, before):
             continue
         _node((*path, key), value, before, raw.get(key, ABSENT), False, tests, changes)  # a key's None is stored
     for k in seen:
@@ -288,10 +290,25 @@ def _none_default(info: FieldInfo) -> bool:
     return info.default_factory is None and not info.is_required() and info.default is None
 
 
+def _eq(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an odd __eq__: not known equal
+        return False
+
+
+def _unchanged(a: Any, b: Any) -> bool:
+    """Whether a field need not be visited: a model or a map that ``==`` finds different is
+    walked (its parts compared one by one); anything else is compared by :func:`_equal`."""
+    if isinstance(a, (BaseModel, dict)) and type(a) is type(b):
+        return _eq(a, b) and (type(a) is not dict or _same(a, b))
+    return _equal(a, b)
+
+
 def _equal(a: Any, b: Any) -> bool:
     """``a`` and ``b`` have the same JSON form (Python's ``==`` first: the common case)."""
     try:
-        if a == b and (type(a) not in (dict, list) or _same(a, b)):  # free-form JSON: True is not 1
+        if _same(a, b) if type(a) in (dict, list) else a == b:  # free-form JSON: True is not 1
             return True
     except Exception:  # noqa: BLE001 - an odd __eq__: compare the JSON forms
         pass
