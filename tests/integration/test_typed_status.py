@@ -151,7 +151,7 @@ def test_a_field_another_writer_changed_since_the_read_is_a_conflict_retried_and
             lamps.patch_namespaced_custom_object_status(
                 GROUP, "v1", request.namespace, "lamps", request.name, {"status": {"level": 100, "note": "theirs"}}
             )
-        status.level = obj.spec.level + (status.level if status.level >= 100 else 0)
+        status.level = obj.spec.level + (100 if status.level >= 100 else 0)  # 7 over theirs: 107, and stays
         client.patch_status(request, status)
 
     def read() -> dict[str, Any]:
@@ -161,8 +161,13 @@ def test_a_field_another_writer_changed_since_the_read_is_a_conflict_retried_and
     lamps.create_namespaced_custom_object(GROUP, "v1", namespace, "lamps", body)
     lamps.patch_namespaced_custom_object_status(GROUP, "v1", namespace, "lamps", "r", {"status": {"level": 1}})
     caplog.set_level(logging.INFO, logger="declop")
-    with OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5)):
-        wait_for(lambda: read()["status"]["level"] == 107, 20, what="the retried write on the other writer's level")
+    with OperatorRunner(registry, kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5)) as op:
+        try:
+            wait_for(lambda: read()["status"]["level"] == 107, 20, what="the retried write on the other writer's level")
+        except AssertionError:
+            q = op.manager.controllers[0].queue
+            key = Request(namespace, "r")
+            raise AssertionError(f"read {read_levels}, stored {read()['status']}, queue len {len(q)} requeues {q.num_requeues(key)} waiting {q.is_waiting(key)}") from None
         # the first write (level 7 over the 1 it read) was refused: not a silent overwrite of 100
         assert read_levels[:2] == [1, 100], read_levels
         assert read()["status"]["note"] == "theirs"  # only they changed it: kept
