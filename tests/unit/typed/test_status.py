@@ -20,7 +20,7 @@ from declop.testing.apiserver import _json_patch
 from declop.testing.fake import FakeClient, run_reconcile
 from declop.typed.crd import definitions
 from declop.typed.model import CustomResource, IntOrString, ListType
-from declop.typed.status import refused, status_ops, to_json
+from declop.typed.status import encode, refused, status_ops, to_json
 from declop.typed.view import view
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -334,3 +334,22 @@ def test_another_object_is_diffed_against_the_cache_and_unchanged_returns_the_ob
     assert [(w.verb, w.patch_type) for w in c.writes] == [("patch_status", "json")]
     with pytest.raises(ValueError, match="drop type='json'"):
         c.patch_status("dials.example.com", "default/d", DialStatus(level=5), type="json")
+
+
+def test_encode_writes_json_as_go_does() -> None:
+    """The apiserver's ``test`` compares a scalar by the bytes Go writes for the stored value
+    (tests/integration/test_typed_status_props.py shows a Python spelling failing it)."""
+    assert encode([{"s": "<a>&\u2028\b\x01é", "f": [1.0, 0.1, 1e-5, 1e-7, 1.5e21, 123456789012345680000.0, -0.0], "n": None, "t": True}]) == (
+        '[{"s":"\\u003ca\\u003e\\u0026\\u2028\\b\\u0001é","f":[1,0.1,0.00001,1e-7,1.5e+21,123456789012345680000,-0],'
+        '"n":null,"t":true}]'
+    ).encode()
+    with pytest.raises(ValueError):
+        encode([float("nan")])
+
+
+def test_the_fakes_test_compares_as_the_apiserver_does() -> None:
+    assert apply({"a": 1}, [{"op": "test", "path": "/status/missing", "value": None}]) == {"a": 1}  # absent tests as null
+    with pytest.raises(ValueError):
+        apply({"a": 1}, [{"op": "test", "path": "/status/a", "value": True}])  # true is not 1
+    with pytest.raises(ValueError):
+        apply({"a": {}}, [{"op": "test", "path": "/status/b/c", "value": None}])  # the parent must exist
