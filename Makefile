@@ -16,7 +16,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 IMAGE_TAR ?= build/declop-image.tar
 
-.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit sim dist clean
+.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit test-typed-props sim dist clean
 
 all: test
 
@@ -101,6 +101,13 @@ test-fast: setup
 
 test-unit: venv
 	$(PY) -m pytest tests/unit tests/test_public_api.py tests/test_layers.py $(PYTEST_ARGS)
+
+# The typed status round trips (tests/integration/test_typed_status_props.py) with PROPS_EXAMPLES
+# Hypothesis examples and a random seed; `make test` runs 6 with a fixed one. ~3 s an example.
+PROPS_EXAMPLES ?= 100
+test-typed-props: setup
+	DECLOP_ASSETS_DIR=$(ASSETS) DECLOP_PROPS_EXAMPLES=$(PROPS_EXAMPLES) \
+		$(PY) -m pytest tests/integration/test_typed_status_props.py $(PYTEST_ARGS)
 
 # The Lease simulator (docs/simulation.md): SIM_SEEDS seeds of each scenario family (10,000
 # by default), in SIM_JOBS processes, one line per failure. SIM_SEEDS=300 is what `make test` runs.

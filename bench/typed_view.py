@@ -25,9 +25,11 @@ Per call, the median over many runs of:
   that builds new lists and dicts, so nothing is left to copy in Python — it needs pydantic-core's
   reuse of a class's prebuilt validator switched off while it is built, an internal); ``copy a
   cached view`` (``model_copy(deep=True)``); ``share a cached view`` (unsafe);
-* ``status_patch``: ``declop.typed.view.status_patch`` of the view's status against the cached
-  status, unchanged (``{}``) and with one field changed, for the object's own status and for a
-  ``wide`` status holding the spec's ~60 models again (the diff's cost follows the status's size).
+* ``status_ops``: :func:`declop.typed.status.status_ops` (what ``patch_status`` sends for a model)
+  of the view's status against the status read, unchanged (``[]``: one validation of the read
+  status and one model comparison) and with one field changed (the walk, then the guarded
+  ``add``), plus :func:`~declop.typed.status.encode` of the changed ops; for the object's own status and for a
+  ``wide`` status holding the spec's ~60 models again (the cost follows the status's size).
 
     python bench/typed_view.py [--runs 15] [--number 2000]
 
@@ -52,7 +54,8 @@ from pydantic_core import SchemaValidator, core_schema
 
 from declop.cache.store import clone
 from declop.typed.model import CustomResource, FreeForm
-from declop.typed.view import status_patch, view
+from declop.typed.status import encode, status_ops
+from declop.typed.view import view
 
 
 class Port(BaseModel):
@@ -285,10 +288,13 @@ def main() -> None:
     for shape, model, obj in (("many fields", Widget, OBJ), ("wide status", Wide, WIDE)):
         stored = obj["status"]
         status = view(model, obj).status
-        changed = status.model_copy(deep=True)
+        changed = view(model, obj).status
         changed.phase = "Degraded"
-        cells.setdefault("status_patch, unchanged", {})[shape] = median_us(lambda: status_patch(status, stored), args.runs, n)
-        cells.setdefault("status_patch, one field changed", {})[shape] = median_us(lambda: status_patch(changed, stored), args.runs, n)
+        ops = status_ops(changed, stored)
+        assert status_ops(status, stored) == [] and len(ops) == 2
+        cells.setdefault("status_ops, unchanged", {})[shape] = median_us(lambda: status_ops(status, stored), args.runs, n)
+        cells.setdefault("status_ops, one field changed", {})[shape] = median_us(lambda: status_ops(changed, stored), args.runs, n)
+        cells.setdefault("encode of those ops", {})[shape] = median_us(lambda: encode(ops), args.runs, n)
         cells.setdefault("(status JSON bytes)", {})[shape] = len(pydantic_core.to_json(stored))
     columns = ["many fields", "few fields", "small", "wide status"]
     print(f"\n| µs per call | {' | '.join(columns)} |")

@@ -46,6 +46,7 @@ ORDER = [
     "typed.schema",
     "typed.crd",
     "typed.view",
+    "typed.status",
     "conditions",
     "queue",
     "queue.ratelimit",

@@ -158,9 +158,11 @@ async def add_finalizer(c: ControllerState, call: Call) -> None:
 
 
 def arguments(c: ControllerState, call: Call, obj: Any) -> dict[str, Any]:
-    """The handler's keyword arguments for ``call`` on ``obj``, with a client bound to its key."""
+    """The handler's keyword arguments for ``call`` on ``obj``, with a client bound to its key
+    that knows ``obj`` (the cached dict, never changed in place) as what the handler read: the
+    base of its typed status writes."""
     reg, key = c.registration, call.key
-    client = (AsyncClient if reg.is_async else Client)(c.ctx, c.resource, key, c.name, c.primary.stores)
+    client = (AsyncClient if reg.is_async else Client)(c.ctx, c.resource, key, c.name, c.primary.stores, obj)
     return reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
 
 

@@ -106,6 +106,7 @@ class _Base:
         request: Request | None = None,
         controller: str = "",
         own: Sequence[Store] = (),
+        read: Obj | None = None,
     ) -> None:
         self._ctx = ctx
         self.primary = primary
@@ -113,6 +114,9 @@ class _Base:
         self.controller = controller
         #: the stores of the informers whose events wake this controller (read first for its own key)
         self._own = own
+        #: the object the handler was handed (a cached dict, never changed in place), then what
+        #: each typed status write of it returned: the base of a typed status write to it
+        self._read = read
 
     # -- argument parsing -------------------------------------------------------------------
     def _resource(self, target: Target) -> ResourceInfo:
@@ -221,23 +225,40 @@ class _Base:
             raise ConfigError(f"{resource.group_resource} is namespaced: set metadata.namespace")
         return resource.path(namespace=ns or None, name=meta["name"] if with_name else None, subresource=sub)
 
-    def _status_patch(self, target: Any, key: Any, patch: Any, type: str) -> tuple[Any, Any, Any, Obj | None]:
-        """``patch_status``'s arguments in order, a typed status turned into its merge patch; the
-        last is the cached object when a typed status changes nothing (then nothing is sent)."""
+    def _status_patch(self, target: Any, key: Any, patch: Any, type: str) -> tuple[Any, Any, Any, Obj | None, bool]:
+        """``patch_status``'s arguments in order, a typed status turned into its guarded JSON
+        patch (:func:`declop.typed.status.status_ops`); then the object to return unsent when a
+        typed status changes nothing, and whether the patch is typed (its base is the object the
+        handler read when it writes that object, else the cached one)."""
         if isinstance(target, Request) or (patch is None and not isinstance(target, str)):
             target, key, patch = None, target, key
         pydantic = sys.modules.get("pydantic")  # a model exists only once pydantic is loaded
-        if pydantic is not None and isinstance(patch, pydantic.BaseModel):
-            from declop.typed.view import status_patch
+        if pydantic is None or not isinstance(patch, pydantic.BaseModel):
+            return target, key, patch, None, False
+        from declop.typed.status import status_ops
 
-            if type != "merge":
-                raise ValueError(f"a typed status is sent as a merge patch; drop type={type!r}")
-            cached = self.get(target, key)
-            diff = status_patch(patch, cached.get("status"))
-            if not diff:
-                return target, key, None, cached
-            patch = {"status": diff}
-        return target, key, patch, None
+        if type != "merge":
+            raise ValueError(f"a typed status is sent as a guarded JSON patch declop makes; drop type={type!r}")
+        base = self._read if self._is_read(target, key) else None
+        if base is None:
+            base = self.get(target, key)
+        ops = status_ops(patch, base.get("status"))
+        if not ops:
+            return target, key, None, clone(base), True
+        return target, key, ops, None, True
+
+    def _is_read(self, target: Any, key: Any) -> bool:
+        """``target``/``key`` name the object this handler was handed."""
+        if self._read is None or self.request is None:
+            return False
+        resource = self._resource(target)
+        return resource is self.primary and self._key(resource, key, None, None) == self.request
+
+    def _status_written(self, target: Any, key: Any, written: Any) -> None:
+        """A typed status write of the handler's own object succeeded: the next one diffs
+        against what it stored (not what the handler read: its own change is no conflict)."""
+        if self._read is not None and isinstance(written, dict) and self._is_read(target, key):
+            self._read = written
 
     def _with_kind(self, resource: ResourceInfo, obj: Obj) -> Obj:
         obj.setdefault("apiVersion", resource.api_version)

@@ -54,7 +54,7 @@ import logging
 from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 from declop.cache.store import Store
-from declop.errors import CacheNotSyncedError, NotFound
+from declop.errors import ApiError, CacheNotSyncedError, Conflict, NotFound
 from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
 from declop.kube.transport import PATCH_TYPES
@@ -142,15 +142,22 @@ class AsyncClient(_Base):
         """Patch ``.status`` through the status subresource.
 
         ``patch`` may be a pydantic model — the status model of a typed resource, or the whole
-        typed object: then a merge patch of only the fields that differ from the cached object's
-        status is sent — among the fields set on the model (read from the object or assigned; a
-        default never set is not sent); a field set to ``None`` removes it; fields the model does
-        not carry are left alone. When nothing differs no request is made and the cached object
-        (a copy) is returned."""
-        target, key, patch, unchanged = self._status_patch(target, key, patch, type)
+        typed object: then the stored status is made to say what the model says
+        (:mod:`declop.typed.status`, docs/typed.md): a JSON patch of only what differs from the
+        status the handler read (the cached one for another object), each changed path guarded by
+        a ``test`` of the value read there. A default the model never set and never changed is
+        not sent; fields the model does not carry are left alone. When nothing differs no
+        request is made and the object read (a copy) is returned. When another writer changed a
+        path this write changes since the read, nothing is written and
+        :class:`~declop.errors.Conflict` is raised: the reconcile is retried on fresh state."""
+        target, key, patch, unchanged, typed = self._status_patch(target, key, patch, type)
         if unchanged is not None:
             return unchanged
-        return await self.patch(target, key, patch, type=type, subresource="status")
+        if not typed:
+            return await self.patch(target, key, patch, type=type, subresource="status")
+        written = await _typed_status(self.patch(target, key, _encoded(patch), type="json", subresource="status"))
+        self._status_written(target, key, written)
+        return written
 
     async def apply(
         self, obj: Mapping[str, Any] | Any, *, field_manager: str | None = None, force: bool = True, subresource: str | None = None
@@ -239,6 +246,29 @@ class AsyncClient(_Base):
         return AsyncLiveReader(self)
 
 
+async def _typed_status(write: Coroutine[Any, Any, Obj]) -> Obj:
+    """A typed status write, its refused ``test`` (another writer changed a path it changes
+    since the handler read it) raised as :class:`~declop.errors.Conflict`, which is retried."""
+    from declop.typed.status import refused
+
+    try:
+        return await write
+    except ApiError as exc:
+        if refused(exc):
+            raise Conflict(
+                "the status changed since the handler read it, at a field this write changes; "
+                "nothing was written (the reconcile is retried on the new status)", exc.body
+            ) from None
+        raise
+
+
+def _encoded(ops: Any) -> bytes:
+    """The ops as Go writes JSON: the apiserver's ``test`` compares a value by its bytes."""
+    from declop.typed.status import encode
+
+    return encode(ops)
+
+
 def _hint_job_orphans(job: Request) -> None:
     """Log :data:`JOB_HINT` once per process (with the first such Job's key)."""
     global _job_hint_logged
@@ -288,8 +318,9 @@ class Client(_Base):
         request: Request | None = None,
         controller: str = "",
         own: Sequence[Store] = (),
+        read: Obj | None = None,
     ) -> None:
-        super().__init__(ctx, primary, request, controller, own)
+        super().__init__(ctx, primary, request, controller, own, read)
         self._async = AsyncClient(ctx, primary, request, controller, own)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -353,10 +384,14 @@ class Client(_Base):
         )  # fmt: skip
 
     def patch_status(self, target: Any, key: KeyLike = None, patch: Any = None, *, type: str = "merge") -> Obj:
-        target, key, patch, unchanged = self._status_patch(target, key, patch, type)  # reads this client's cache
+        target, key, patch, unchanged, typed = self._status_patch(target, key, patch, type)  # reads this client's cache
         if unchanged is not None:
             return unchanged
-        return self._run(self._async.patch(target, key, patch, type=type, subresource="status"))
+        if not typed:
+            return self._run(self._async.patch(target, key, patch, type=type, subresource="status"))
+        written = self._run(_typed_status(self._async.patch(target, key, _encoded(patch), type="json", subresource="status")))
+        self._status_written(target, key, written)
+        return written
 
     patch_status.__doc__ = AsyncClient.patch_status.__doc__
 

@@ -165,9 +165,10 @@ class FakeClient(_FakeStores, Client):
         server: FakeApiServer | None = None,
         primary: ResourceInfo | str | None = None,
         request: Request | str | None = None,
+        read: Obj | None = None,
     ) -> None:
         server, info, req = _setup(objects, resources, registry, server, primary, request)
-        Client.__init__(self, server.context, info, req)
+        Client.__init__(self, server.context, info, req, read=read)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return _drive(coro)
@@ -194,9 +195,10 @@ class FakeAsyncClient(_FakeStores, AsyncClient):
         server: FakeApiServer | None = None,
         primary: ResourceInfo | str | None = None,
         request: Request | str | None = None,
+        read: Obj | None = None,
     ) -> None:
         server, info, req = _setup(objects, resources, registry, server, primary, request)
-        AsyncClient.__init__(self, server.context, info, req)
+        AsyncClient.__init__(self, server.context, info, req, read=read)
 
     @property
     def sync(self) -> FakeClient:
@@ -381,10 +383,10 @@ async def _reconcile(
             if reg.model is not None:
                 reg.view(obj)  # as the controller: an invalid object never gets our finalizer
             obj = await ensure_finalizer(server, info, obj, reg.finalizer)
-        view: Client | AsyncClient = (
-            FakeAsyncClient(server=server, primary=info, request=key)
+        view: Client | AsyncClient = (  # knows obj as what the handler read, as the controller's client does
+            FakeAsyncClient(server=server, primary=info, request=key, read=obj)
             if reg.is_async
-            else FakeClient(server=server, primary=info, request=key)
+            else FakeClient(server=server, primary=info, request=key, read=obj)
         )
         given = obj
         if reg.metadata_only and obj is not None:  # what a metadata-only cache holds

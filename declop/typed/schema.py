@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import date, time
+from datetime import date, datetime, time, timezone
 from typing import Any, Mapping
 
 from pydantic import BaseModel
@@ -129,6 +129,12 @@ class _Generator(GenerateJsonSchema):
         self._core_definitions = list(schema.get("definitions") or ()) if schema.get("type") == "definitions" else []
         return super().generate(schema, mode)
 
+    def encode_default(self, dft: Any) -> Any:
+        """A default's JSON form, a naive ``datetime`` in it taken as UTC (``…Z``): the
+        apiserver refuses a ``date-time`` without a zone in a CRD's ``default:``, and a status
+        write sends a naive one as UTC (:mod:`declop.typed.status`)."""
+        return super().encode_default(_aware(dft))
+
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
         factory = schema.get("default_factory")
         if factory is None:
@@ -150,6 +156,22 @@ class _Generator(GenerateJsonSchema):
         except Exception:  # no JSON form, or a value the field itself refuses
             return NoDefault
         return first
+
+
+def _aware(value: Any) -> Any:
+    """``value`` with every naive ``datetime`` in it made UTC (the same object where there is none)."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+    if isinstance(value, BaseModel):
+        update = {k: a for k, v in value.__dict__.items() if (a := _aware(v)) is not v}
+        return value.model_copy(update=update) if update else value
+    if isinstance(value, dict):
+        pairs = {k: _aware(v) for k, v in value.items()}
+        return pairs if any(pairs[k] is not v for k, v in value.items()) else value
+    if isinstance(value, (list, tuple)):
+        items = [_aware(v) for v in value]
+        return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value
+    return value
 
 
 def _volatile(value: Any) -> bool:

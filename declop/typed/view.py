@@ -1,8 +1,8 @@
-"""The typed view of a cached object, and the status patch of a typed write.
+"""The typed view of a cached object.
 
 A handler that declares ``obj: Widget`` (a :class:`~declop.typed.model.CustomResource`
-subclass) gets :func:`view` of the cached object instead of a dict copy;
-``client.patch_status(request, status)`` with a pydantic model sends :func:`status_patch`.
+subclass) gets :func:`view` of the cached object instead of a dict copy. (What
+``client.patch_status(request, status)`` sends for a model is :mod:`declop.typed.status`.)
 
 Invariants:
 
@@ -24,11 +24,6 @@ Invariants:
 * an object that fails validation raises :class:`~declop.errors.InvalidObject` with one
   ``"<field path>: <message>"`` line per error (``spec.replicas: Input should be less than or
   equal to 10``), never the object's values;
-* :func:`status_patch` is a JSON merge patch holding only what differs from the stored status,
-  among the fields that are *set* on the model (read from the object, passed to the constructor or
-  assigned): a default the handler never set is not sent, so it cannot overwrite another writer's
-  value; keys the model does not carry are left as stored; a field set to ``None`` removes a stored
-  key; ``{}`` when nothing differs;
 * :func:`model_of` reads a handler's ``obj`` annotation at registration (strings included, as
   ``from __future__ import annotations`` writes them) and fails there, not at the first call.
 """
@@ -50,7 +45,7 @@ from pydantic import BaseModel, ValidationError
 from declop.errors import InvalidObject, RegistrationError
 from declop.typed.model import CustomResource
 
-__all__ = ["model_of", "problems", "status_patch", "view"]
+__all__ = ["model_of", "problems", "view"]
 
 
 def view(model: type[BaseModel], obj: Mapping[str, Any]) -> BaseModel:
@@ -211,38 +206,6 @@ def _path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(object)"
-
-
-def status_patch(status: BaseModel | Mapping[str, Any] | None, stored: Any) -> dict[str, Any]:
-    """The merge patch of ``.status`` that turns ``stored`` (the cached status) into ``status``.
-
-    ``status`` is the status model, or a whole :class:`~declop.typed.model.CustomResource`
-    (its ``status`` is taken). Only fields set on the model that differ are in it (unset
-    defaults are not); ``{}`` when nothing differs.
-    """
-    if isinstance(status, CustomResource):
-        status = getattr(status, "status", None)
-    if isinstance(status, BaseModel):
-        new: Any = status.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    else:
-        new = dict(status or {})
-    return _diff(stored if isinstance(stored, Mapping) else {}, new)
-
-
-def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    patch: dict[str, Any] = {}
-    for k, v in new.items():
-        if k not in old:
-            if v is not None:
-                patch[k] = v
-        elif old[k] != v:
-            if isinstance(v, Mapping) and isinstance(old[k], Mapping):
-                sub = _diff(old[k], v)
-                if sub:
-                    patch[k] = sub
-            else:
-                patch[k] = v
-    return patch
 
 
 def model_of(fn: Callable[..., Any], handler: str) -> type[CustomResource] | None:

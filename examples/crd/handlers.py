@@ -21,7 +21,8 @@
   by ``type``; ``declop crd`` prints the CRD from it and ``declop dev`` applies it (docs/typed.md).
   There is no hand-written CRD to keep in step. The handler declares ``obj: Widget | None`` and
   gets a validated ``Widget`` (``obj.spec.replicas``); ``client.patch_status(request, status)``
-  with the ``WidgetStatus`` model sends only the fields that changed.
+  with the ``WidgetStatus`` model sends only what changed since the handler read it (docs/typed.md,
+  "Status writes").
 * **Predicates.** ``generation_changed`` drops the Widget's own status-only updates (our writes
   coming back); events on the children are not filtered.
 
@@ -172,7 +173,7 @@ def widget(request, client, logger, obj: Widget | None, **_):
         deployment = None  # just created: the cache sees it a moment later, and that wakes us
     status = desired_status(obj, deployment)
     if status != obj.status:
-        client.patch_status(request, status)  # a merge patch of only the fields that differ
+        client.patch_status(request, status)  # only what differs from what was read, guarded
         ready = next(c for c in status.conditions if c.type == "Ready")
         logger.info("Status updated", ready=ready.status, reason=ready.reason)
     return None

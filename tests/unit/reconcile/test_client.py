@@ -1,6 +1,6 @@
 """declop.reconcile.client: the sync and async clients show the same signatures, ``delete``
 sends DeleteOptions (propagation, grace period) and warns once about a Job's orphaned Pods, a
-typed ``patch_status`` sends the merge patch of only what changed, and nothing when nothing did,
+typed ``patch_status`` sends the guarded JSON patch of only what changed, and nothing when nothing did,
 and every write verb of both clients is refused (``declop.Fenced``, nothing sent) under a closed
 write fence — also from a plain handler's thread.
 
@@ -150,7 +150,9 @@ def client() -> FakeClient:
 def test_a_typed_status_sends_only_the_changed_fields() -> None:
     c = client()
     returned = c.patch_status(KEY, DialStatus(level=3, observedGeneration=1))
-    assert [(w.verb, w.body, w.patch_type) for w in c.writes] == [("patch_status", {"status": {"level": 3}}, "merge")]
+    assert [(w.verb, w.body, w.patch_type) for w in c.writes] == [("patch_status", [
+        {"op": "test", "path": "/status/level", "value": 2}, {"op": "add", "path": "/status/level", "value": 3},
+    ], "json")]
     assert returned["status"] == {"level": 3, "observedGeneration": 1, "other": "kept"}
 
 
@@ -169,17 +171,17 @@ def test_the_whole_typed_object_may_be_passed() -> None:
     assert dial.status is not None
     dial.status.observedGeneration = 2
     c.patch_status(KEY, dial)
-    assert [w.body for w in c.writes] == [{"status": {"observedGeneration": 2}}]
+    assert [w.body[-1] for w in c.writes] == [{"op": "add", "path": "/status/observedGeneration", "value": 2}]
 
 
 def test_the_async_client_does_the_same() -> None:
     c = client().aio
     asyncio.run(c.patch_status(KEY, DialStatus(level=5)))
-    assert [w.body for w in c.writes] == [{"status": {"level": 5}}]
+    assert [w.body[-1] for w in c.writes] == [{"op": "add", "path": "/status/level", "value": 5}]
 
 
-def test_a_typed_status_is_a_merge_patch_only() -> None:
-    with pytest.raises(ValueError, match="a typed status is sent as a merge patch"):
+def test_a_typed_status_is_a_patch_declop_makes() -> None:
+    with pytest.raises(ValueError, match="a typed status is sent as a guarded JSON patch"):
         client().patch_status(KEY, DialStatus(level=5), type="json")
 
 

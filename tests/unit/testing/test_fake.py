@@ -540,10 +540,10 @@ def test_run_reconcile_hands_a_typed_handler_its_model_and_sends_only_the_change
     reg, things = typed_registry(seen)
     out = run_reconcile(things, "default/t", [thing("t", 3, {"note": "someone else's"})], registry=reg)
     assert out.ok and isinstance(seen[0], Thing) and seen[0].spec.size == 3
-    assert [(w.verb, w.body) for w in out.writes_of("patch_status")] == [
-        ("patch_status", {"status": {"ready": True, "observedGeneration": 1}})
-    ]
-    assert out.client.get("things.example.com", "default/t")["status"]["note"] == "someone else's"
+    assert [(w.verb, w.patch_type) for w in out.writes_of("patch_status")] == [("patch_status", "json")]
+    assert out.client.get("things.example.com", "default/t")["status"] == {
+        "note": "someone else's", "ready": True, "observedGeneration": 1,  # the note: not the model's, kept
+    }
     again = run_reconcile(things, "default/t", client=out.client, registry=reg)
     assert again.ok and again.writes == ()  # nothing differs: nothing sent
 
@@ -570,7 +570,8 @@ def test_an_async_typed_handler_gets_its_model_too() -> None:
 
     out = run_reconcile(athings, "default/a", [thing("a", 1)], registry=reg)
     assert out.ok and isinstance(seen[0], Thing)
-    assert [w.body for w in out.writes] == [{"status": {"ready": True}}]
+    assert [w.verb for w in out.writes] == ["patch_status"]
+    assert out.client.get("things.example.com", "default/a")["status"] == {"ready": True}
 
 
 def test_a_typed_view_leaves_the_fake_cache_intact() -> None:

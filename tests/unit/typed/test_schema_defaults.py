@@ -124,3 +124,20 @@ def test_the_default_is_the_full_value_so_rules_on_the_nested_model_see_every_fi
         ruled: Ruled = Field(default_factory=Ruled)
 
     assert props(Holder)["ruled"]["default"] == {"replicas": 2}
+
+
+def test_a_naive_datetime_default_is_written_as_utc() -> None:
+    """Found by tests/integration/test_typed_status_props.py: a naive default was written with no
+    zone, and the apiserver refused the whole CRD (``must be of type date-time``)."""
+    from datetime import datetime as dt
+
+    class Stamp(BaseModel):
+        at: dt = dt(1983, 3, 18, 3, 24, 35, 24625)
+
+    class Clock(CustomResource, group="example.com", version="v1", kind="Clock"):
+        spec: Stamp = Field(default_factory=Stamp)
+        stamps: list[Stamp] = [Stamp(at=dt(2020, 1, 1))]
+
+    props = openapi_schema(Clock)["properties"]
+    assert props["spec"]["properties"]["at"]["default"] == "1983-03-18T03:24:35.024625Z"
+    assert props["stamps"]["default"] == [{"at": "2020-01-01T00:00:00Z"}]

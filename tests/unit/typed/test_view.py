@@ -1,5 +1,5 @@
 """The typed view of a cached object (declop.typed.view): validated, sharing nothing with the
-cache, failures named by field path; the status merge patch; the ``obj`` annotation read at
+cache, failures named by field path; the ``obj`` annotation read at
 registration (this module uses ``from __future__ import annotations``, so every annotation below
 is a string until it is resolved)."""
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from declop.cache.store import clone
 from declop.errors import InvalidObject, RegistrationError
 from declop.typed.model import CustomResource, FreeForm
-from declop.typed.view import model_of, status_patch, view
+from declop.typed.view import model_of, view
 
 
 class Port(BaseModel):
@@ -105,43 +105,6 @@ def test_the_message_never_holds_the_value() -> None:
     with pytest.raises(InvalidObject) as caught:
         view(Widget, bad)
     assert "s3cr3t" not in str(caught.value)
-
-
-# --------------------------------------------------------------------------- status_patch
-
-
-def test_status_patch_holds_only_the_changed_fields() -> None:
-    w = view(Widget, OBJ)
-    assert w.status is not None
-    w.status.ready = True
-    w.status.observedGeneration = 2
-    assert status_patch(w.status, OBJ["status"]) == {"ready": True, "observedGeneration": 2}
-
-
-def test_status_patch_is_empty_when_nothing_changed() -> None:
-    w = view(Widget, OBJ)
-    assert status_patch(w.status, OBJ["status"]) == {}
-    assert status_patch(w, OBJ["status"]) == {}  # the whole object: its status is taken
-
-
-def test_a_default_never_set_is_not_sent() -> None:
-    """``WidgetStatus(ready=True)`` must not reset ``phase`` (its default "") set by someone else."""
-    assert status_patch(WidgetStatus(ready=True), {"phase": "Running"}) == {"ready": True}
-
-
-def test_a_field_set_to_none_removes_the_stored_key_and_unknown_keys_stay() -> None:
-    stored = {"ready": True, "observedGeneration": 3, "unknown": "x"}
-    assert status_patch(WidgetStatus(ready=True, observedGeneration=None), stored) == {"observedGeneration": None}
-
-
-def test_nested_mappings_are_patched_by_their_changed_keys() -> None:
-    stored = {"inner": {"a": 1, "b": {"c": 2, "d": 3}}}
-    new = WidgetStatus(inner={"a": 1, "b": {"c": 2, "d": 4}})
-    assert status_patch(new, stored) == {"inner": {"b": {"d": 4}}}
-
-
-def test_status_patch_against_no_stored_status() -> None:
-    assert status_patch(WidgetStatus(ready=True), None) == {"ready": True}
 
 
 # --------------------------------------------------------------------------- model_of
