@@ -56,6 +56,7 @@ ORDER = [
     "queue.batches",
     "kube",
     "kube.labels",
+    "kube.fields",
     "kube.keys",
     "kube.resource",
     "kube.credentials",

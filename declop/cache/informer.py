@@ -380,6 +380,8 @@ class InformerPool:
         self._all: tuple[Informer, ...] = ()  # the same informers; copy-on-write, read from any thread
         # group_resource -> its unfiltered informers, full ones first; copy-on-write, read from any thread
         self._unfiltered: dict[str, tuple[Informer, ...]] = {}
+        # group_resource -> who is told of each of its unfiltered informers (:meth:`follow_unfiltered`)
+        self._followers: dict[str, list[Callable[[Informer], None]]] = {}
         #: group_resource -> the user's transform for it (replaces the default)
         self.transforms: dict[str, Transform] = {}
         self._started = False
@@ -432,6 +434,8 @@ class InformerPool:
                 both = (*self._unfiltered.get(gr, ()), informer)
                 order = lambda i: (i.metadata_only, i.shard is not None)  # noqa: E731
                 self._unfiltered = {**self._unfiltered, gr: tuple(sorted(both, key=order))}
+                for follow in self._followers.get(gr, ()):
+                    follow(informer)
             if self._started:
                 informer.start()
         return informer
@@ -464,6 +468,13 @@ class InformerPool:
         first = informers[0]
         kind = (first.metadata_only, first.shard.key if first.shard is not None else "")
         return [i for i in informers if (i.metadata_only, i.shard.key if i.shard is not None else "") == kind]
+
+    def follow_unfiltered(self, resource: ResourceInfo, follow: Callable[[Informer], None]) -> None:
+        """Call ``follow`` with every unfiltered informer of ``resource``: those there are now, and
+        each one created later, as it is created (before it starts). On the loop only."""
+        self._followers.setdefault(resource.group_resource, []).append(follow)
+        for informer in self._unfiltered.get(resource.group_resource, ()):
+            follow(informer)
 
     def add_indexer(self, resource: ResourceInfo, name: str, fn: Any) -> None:
         self.indexers.setdefault(resource.group_resource, {})[name] = fn

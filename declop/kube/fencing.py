@@ -5,9 +5,11 @@ the controller puts the call's :class:`WriteFence` in a context variable (:func:
 :func:`leave`) around everything that may write for it: our finalizer patch, the handler call,
 the finalizer release. The transport (:class:`~declop.kube.transport.Transport`, and the fake
 apiserver of :mod:`declop.testing`) asks :func:`current` for it and calls :meth:`WriteFence.check`
-before it sends any request that is not a GET — after its client-side rate-limit wait and again
-before each retry, so the check is the last thing before the bytes leave. A fence that is not
-valid at that instant raises :class:`~declop.errors.Fenced`: nothing is sent.
+before it sends any request that is not a GET — after its client-side rate-limit wait, again
+before each retry, and again once the attempt holds its pooled connection
+(:class:`FencedConnector`), so the check is the last thing before the bytes
+leave. A fence that is not valid at that instant raises :class:`~declop.errors.Fenced`: nothing is
+sent.
 
 How the fence reaches every write of a call:
 
@@ -25,7 +27,8 @@ Invariants:
 - a check that fails raises and marks the fence ``tripped`` (the first :class:`Fenced`), so the
   controller settles the call as fenced — once, whatever the handler did with the exception;
 - a check costs one ``ContextVar.get`` without a fence, and one call of the Lease's ``valid()``
-  (a clock read) with one: ``bench/fence_check.py`` measures it.
+  (a clock read) with one: ``bench/fence_check.py`` measures it; a write is checked twice per
+  attempt (before it, and with its connection).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Callable
 
+import aiohttp
+
 from declop.errors import Fenced
 
-__all__ = ["WriteFence", "check", "current", "enter", "leave"]
+__all__ = ["FencedConnector", "WriteFence", "check", "current", "enter", "leave"]
 
 
 class WriteFence:
@@ -89,3 +94,31 @@ def check(method: str, path: str) -> None:
     fence = _CURRENT.get()
     if fence is not None:
         fence.check(method, path)
+
+
+class FencedConnector(aiohttp.TCPConnector):
+    """The request session's connection pool, which checks a fenced write once more when it has
+    its connection: the last moment before its bytes are written.
+
+    A write passes :meth:`WriteFence.check` in :meth:`~declop.kube.transport.Transport.request`,
+    then may wait here — for one of ``max_connections`` connections shared with lists, Lease
+    renewals and other writes, or for a new connection's handshakes. A Lease lost meanwhile must
+    stop it: after :meth:`connect` hands over a connection, the write's fence (the context
+    variable of the task sending it; aiohttp acquires the connection in that task) is checked,
+    and a refused write gives the unused connection back to the pool and raises
+    :class:`~declop.errors.Fenced`. Between the connection being handed over and the request being
+    written there is no wait. Costs one ``ContextVar.get`` per request; GETs are never fenced.
+
+    (The alternative, a pool of its own for fenced writes, still waits for a handshake, or behind
+    other writes once that pool is full: only a check after the wait closes the gap.)"""
+
+    async def connect(self, req: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = await super().connect(req, *args, **kwargs)
+        fence = current()
+        if fence is not None and req.method != "GET":
+            try:
+                fence.check(req.method, req.url.path)
+            except BaseException:
+                conn.release()  # nothing was written on it: back to the pool, reusable
+                raise
+        return conn

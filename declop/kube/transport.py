@@ -19,8 +19,10 @@ Owns:
 - request counters by verb, used by tests and benchmarks to prove "no reads on the hot path";
 - the write fence of a reconcile call (:mod:`declop.kube.fencing`): a request other than a GET
   made for a call whose Lease is not known valid raises :class:`~declop.errors.Fenced` instead
-  of being sent — checked right before every attempt goes out (after the rate-limit wait, after
-  a retry's), once per attempt; a refused request is not counted.
+  of being sent — checked before every attempt (after the rate-limit wait, after a retry's), and
+  again once the attempt holds its connection (:class:`~declop.kube.fencing.FencedConnector`): the pool is shared with
+  lists and Lease renewals, and a write can wait there for a free connection, or for a new one's
+  TCP and TLS handshakes, long after its first check; a refused request is not counted.
 
 Invariants:
 - no model object is ever built: bodies are decoded to plain dicts/lists (orjson when installed);
@@ -44,8 +46,8 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
-from declop.errors import ApiError, Conflict, Forbidden, NotFound
-from declop.kube.fencing import current
+from declop.errors import ApiError, Conflict, Fenced, Forbidden, NotFound
+from declop.kube.fencing import FencedConnector, current
 from declop.kube.kubeconfig import RestConfig, from_kubernetes
 from declop.kube.proxy import redact_text
 from declop.kube.kubeconfig import load as load_kubeconfig
@@ -257,7 +259,9 @@ class Transport:
         return self._stream_session
 
     def _new_session(self, *, force_close: bool) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=force_close)
+        # the request session's pool checks a fenced write again once it has a connection
+        pool = aiohttp.TCPConnector if force_close else FencedConnector
+        connector = pool(limit=self._max_connections, force_close=force_close)
         return aiohttp.ClientSession(
             # no Accept-Encoding: the apiserver would gzip every large LIST page, costing CPU
             # on both sides for no gain on loopback and in-cluster networks
@@ -273,12 +277,15 @@ class Transport:
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(by_verb=dict(self._counts), by_resource=dict(self._by_resource))
 
-    def _count(self, method: str, path: str, params: Mapping[str, Any] | None) -> None:
+    def _count(self, method: str, path: str, params: Mapping[str, Any] | None, n: int = 1) -> None:
         verb = _verb(method, path, params)
-        self._counts[verb] += 1
+        self._counts[verb] += n
         resource = rbac_resource(path)
         if resource is not None:
-            self._by_resource[(*resource, verb)] += 1
+            self._by_resource[(*resource, verb)] += n
+        if n < 0:  # a refused request taken back: no zero entries left behind
+            self._counts += collections.Counter()
+            self._by_resource += collections.Counter()
 
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": self.user_agent}
@@ -322,7 +329,7 @@ class Transport:
         for attempt in range(self._retries + 1):
             headers = await self._headers(content_type)
             if fence is not None:
-                fence.check(method, path)  # the last moment before it is sent: after every wait
+                fence.check(method, path)  # after every wait; FencedConnector checks once more
             if not attempt:
                 self._count(method, path, params)
             if accept:
@@ -349,6 +356,10 @@ class Transport:
                         await asyncio.sleep(_retry_after(resp.headers.get("Retry-After"), attempt))
                         continue
                     raise error_from(resp.status, resp.reason or "", payload, method, path)
+            except Fenced:  # refused by FencedConnector after a wait for a connection: not sent
+                if not attempt:
+                    self._count(method, path, params, -1)
+                raise
             except aiohttp.ClientConnectionError as exc:
                 raise self._connect_error(exc, f"cannot reach the apiserver at {self.host}") from exc
             except asyncio.TimeoutError as exc:

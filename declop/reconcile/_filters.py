@@ -3,7 +3,9 @@
 Owns the questions the controller's subscriber asks of an update before the predicates
 (:func:`finalizer_work`; our own finalizer echoes are
 :meth:`~declop.reconcile._keys.FinalizerWrites.is_echo`'s) and before choosing its priority
-(:func:`only_churn`), and :func:`only_our_finalizer`, the shape of our echo.
+(:func:`only_churn`), :func:`only_our_finalizer`, the shape of our echo, and
+:func:`in_filter`, the question a ``labels=``/``fields=`` controller asks of the changes an
+unfiltered cache of its resource sees (:meth:`~declop.reconcile.controller.Controller.unfiltered_subscriber`).
 
 Invariants:
 - the finalizer protocol does not depend on predicates: our finalizer taken off a live object
@@ -16,9 +18,25 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["finalizer_work", "ident", "only_churn", "only_our_finalizer"]
+from declop.kube.fields import parse_fields
+from declop.kube.labels import parse_selector
+
+__all__ = ["finalizer_work", "ident", "in_filter", "only_churn", "only_our_finalizer"]
+
+
+def in_filter(labels: str, fields: str) -> Callable[[Any], bool]:
+    """Whether an object is selected by a ``labels=``/``fields=`` filter, as the apiserver
+    selects it for the filtered informer (fields: :mod:`declop.kube.fields`)."""
+    by_labels, by_fields = parse_selector(labels), parse_fields(fields)
+
+    def selected(obj: Any) -> bool:
+        if by_labels and not by_labels((obj.get("metadata") or {}).get("labels")):
+            return False
+        return not by_fields or by_fields(obj)
+
+    return selected
 
 
 def ident(obj: Any) -> tuple[str | None, str]:

@@ -18,7 +18,7 @@ from declop.kube.discovery import Discovery, ResourceInfo
 from declop.errors import ConfigError, NotFound
 from declop.cache.informer import InformerPool
 from declop.kube.keys import Request
-from declop.kube.labels import Selector
+from declop.kube.labels import Selector, parse_selector
 from declop.kube.transport import Transport
 from declop.typed.dump import as_json, is_model
 
@@ -206,10 +206,41 @@ class _Base:
         resource = self._resource(target)
         ns = namespace or "" if resource.namespaced else ""
         out: list[Obj] = []
+        raw: list[Obj] = []  # the stores' own objects; copied (or typed) once, below
         copy = (lambda o: typed(target, o)) if _model_class(target) else clone
         for store in self._stores(resource, ns):
-            out.extend(copy(o) for o in store.list(namespace=ns or None, selector=labels, index=index))
+            raw.extend(store.list(namespace=ns or None, selector=labels, index=index))
+        if resource is self.primary and self.request is not None and self._own:
+            self._own_version(raw, ns, labels, index)
+        out.extend(copy(o) for o in raw)
         return out
+
+    def _own_version(self, out: list[Obj], ns: str, labels: Any, index: tuple[str, str] | None) -> None:
+        """In a list of the primary resource, the reconciled object as :meth:`get` reads it: from
+        the stores that woke this reconcile when they hold it (the unfiltered stores the list read
+        may lag them); when they do not (it left the filter), the unfiltered stores' copy stays,
+        and their catching up wakes the controller again (``Controller.unfiltered_subscriber``)."""
+        req = self.request
+        assert req is not None
+        for store in self._own:
+            mine = store.get(req)
+            if mine is not None:
+                break
+        else:
+            return
+        if ns and req.namespace != ns or labels and not parse_selector(labels)(mine["metadata"].get("labels")):
+            mine = None
+        elif index is not None and not any(o is mine for o in store.list(index=index)):
+            mine = None  # (the bucket of the index value: no longer than the list itself)
+        at = next((i for i, o in enumerate(out) if o["metadata"]["name"] == req.name
+                   and (o["metadata"].get("namespace") or "") == req.namespace), None)
+        if mine is None:
+            if at is not None:
+                del out[at]
+        elif at is None:
+            out.append(mine)
+        else:
+            out[at] = mine
 
     # -- request building for writes -----------------------------------------------------------
     def _write_target(self, target: Any, obj: Any) -> tuple[ResourceInfo, Obj]:

@@ -38,7 +38,11 @@ Invariants:
   ``resourceVersion``/``managedFields`` (and ``status``, for the primary) are added with the
   registration's low priorities; everything else with :data:`~declop.queue.priority.NORMAL`;
 - our own finalizer writes are not reconciled again, and the finalizer protocol does not depend
-  on predicates (:mod:`declop.reconcile._filters`).
+  on predicates (:mod:`declop.reconcile._filters`);
+- with ``labels=``/``fields=``, a controller is subscribed to every cache its handler reads its
+  own resource from: its filtered informers, and each unfiltered one of the resource
+  (:meth:`Controller.unfiltered_subscriber`), so no cache the handler read is left to catch up
+  without waking it.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ from declop.queue.workqueue import QueueEmpty, QueueShutDown, WorkQueue
 from declop.reconcile._call import Call, held
 from declop.reconcile._call import ControllerMetrics as ControllerMetrics
 from declop.reconcile._fence import Gate
-from declop.reconcile._filters import finalizer_work, only_churn
+from declop.kube.keys import key_of
+from declop.reconcile._filters import finalizer_work, in_filter, only_churn
 from declop.reconcile._keys import FinalizerWrites, KeyNotes, PrimaryCache
 from declop.reconcile._outcome import retry
 from declop.reconcile._preparation import prepare_all
@@ -284,6 +289,38 @@ class Controller:
 
         return on_event
 
+    def unfiltered_subscriber(self, selected: Callable[[Any], bool]) -> Callable[[Any, Any], None]:
+        """The subscriber of a ``labels=``/``fields=`` controller (``selected``: its filter) on an
+        unfiltered informer of its resource.
+
+        Once an object has left the filter, the filtered cache no longer holds it and the handler
+        reads it (``client.get(request)``, ``client.list()``) from the unfiltered cache, a second
+        watch stream that can lag the first: woken by the filtered DELETED, the handler may read
+        the object there as it was, still matching. So a change seen by the unfiltered cache of
+        an object that matched this controller's informers before it (``old``), while those
+        informers no longer hold it, wakes the controller (trigger ``left-filter``): the handler
+        reads what that cache caught up to. An object still in a filtered cache is left to that
+        cache's own events; other objects cost one look at ``old``'s labels (and fields)."""
+        add, own, keys = self.queue.add, self.primary, self.keys
+
+        def on_event(old: Any, new: Any) -> None:
+            if old is None or not selected(old):
+                return  # an addition, or an object that was not in the filter
+            key = key_of(old)
+            for informer in own.informers:
+                if informer.namespace and informer.namespace != key.namespace:
+                    continue
+                shard = informer.shard
+                if shard is not None and not shard.matches(old):
+                    continue
+                if informer.store.get(key) is not None:
+                    return  # still in the filtered cache: its own events wake the controller
+                add(key)
+                keys.trace(key).note("left-filter", ((new or old).get("metadata") or {}).get("resourceVersion"))
+                return
+
+        return on_event
+
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
 
@@ -293,6 +330,10 @@ class Controller:
         for source in self.sources:
             for informer in source.informers:
                 informer.subscribe(self.subscriber(source, informer))
+        reg = self.registration
+        if (reg.labels or reg.fields) and self.primary.informers:
+            selected = in_filter(reg.labels, reg.fields)
+            self.ctx.informers.follow_unfiltered(self.resource, lambda i: i.subscribe(self.unfiltered_subscriber(selected)))
         self.log.info("Starting Controller", extra={"kv": {"controller": self.name, "resource": str(self.resource)}})
         pending = self.informers()
         while True:

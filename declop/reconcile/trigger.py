@@ -13,6 +13,9 @@ bounded, names of objects go into :attr:`Trigger.details` instead):
 - ``owns:<Kind>`` — an owned child changed (detail: ``<Kind> <namespace>/<name>``);
 - ``watches:<resource>`` — a watched object mapped to this key (detail: the map function and
   the object);
+- ``left-filter`` — with ``labels=``/``fields=``: the object left the filter, and an unfiltered
+  cache the handler then reads it from saw the change
+  (:meth:`~declop.reconcile.controller.Controller.unfiltered_subscriber`);
 - ``finalizer`` — the finalizer protocol needs the key (deletion started, our finalizer removed);
 - ``requeue_after`` — the previous run returned ``Result(requeue_after=...)``;
 - ``retry`` — the previous run failed (detail: the error's type) and was retried with backoff.

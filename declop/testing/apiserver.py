@@ -51,6 +51,7 @@ from declop.errors import ConfigError
 from declop.kube.discovery import ResourceInfo
 from declop.kube.fencing import check
 from declop.kube.keys import Request, key_of
+from declop.kube.labels import Selector, parse_selector
 from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
 from declop.leases.hashing import fnv1a64
 from declop.reconcile.client import ClientContext
@@ -179,14 +180,11 @@ def _shard_match(selector: str | None) -> Callable[[Mapping[str, Any]], bool] | 
     return match
 
 
-def _labels_match(obj: Mapping[str, Any], selector: str) -> bool:
-    """An equality-only label selector (``a=b,c=d``); anything else matches everything."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    for term in selector.split(","):
-        k, eq, v = term.partition("=")
-        if eq and labels.get(k.strip()) != v.strip().lstrip("="):
-            return False
-    return True
+def _selected(selector: Selector | None, shard: Callable[[Mapping[str, Any]], bool] | None, obj: Mapping[str, Any]) -> bool:
+    """Does a watch with this label selector (and shard selector) select ``obj``?"""
+    if selector is not None and not selector((obj.get("metadata") or {}).get("labels")):
+        return False
+    return shard is None or shard(obj)
 
 
 # --------------------------------------------------------------------------- patches
@@ -337,8 +335,9 @@ class FakeApiServer:
         #: how many changes the watch history keeps (older resourceVersions are "too old": 410;
         #: 0: none — no watch or continue token from before the latest change is served)
         self.history = history
-        # the changes, oldest first: (resourceVersion, group_resource, event type, object)
-        self._changes: list[tuple[int, str, str, Obj]] = []
+        # the changes, oldest first: (resourceVersion, group_resource, event type, object, the
+        # object before a MODIFIED that changed its labels — what a label-selected watch needs)
+        self._changes: list[tuple[int, str, str, Obj, Obj | None]] = []
         self._change_rvs: list[int] = []
         self._compacted = 0  # resourceVersions up to this one are gone from the history
         self._changed: asyncio.Event | None = None  # set (and replaced) at every change
@@ -353,15 +352,18 @@ class FakeApiServer:
         self._last_rv = str(next(self._counter))
         return self._last_rv
 
-    def _record_change(self, info: ResourceInfo, etype: str, obj: Obj) -> None:
-        """Append one change to the watch history (bounded) and wake the watches."""
+    def _record_change(self, info: ResourceInfo, etype: str, obj: Obj, before: Obj | None = None) -> None:
+        """Append one change to the watch history (bounded) and wake the watches. ``before``: the
+        object a MODIFIED replaced, kept only when the change moved its labels (a label-selected
+        watch then sends ADDED or DELETED, :meth:`watch`)."""
         rv = int(obj["metadata"]["resourceVersion"])
         if self.history <= 0:  # what the trimming below would leave, without copying the object
             self._compacted = rv
             self._changes.clear()
             self._change_rvs.clear()
         else:
-            self._changes.append((rv, info.group_resource, etype, _copy(obj)))
+            moved = before is not None and (before["metadata"].get("labels") or {}) != (obj["metadata"].get("labels") or {})
+            self._changes.append((rv, info.group_resource, etype, _copy(obj), _copy(before) if moved else None))
             self._change_rvs.append(rv)
         if len(self._changes) > self.history:
             drop = len(self._changes) - self.history // 2
@@ -575,7 +577,7 @@ class FakeApiServer:
         info, namespace, _name, _sub = self._route("GET", path)
         loop = asyncio.get_running_loop()
         ends = loop.time() + float(params.get("timeoutSeconds") or 1800)
-        selector = params.get("labelSelector") or None
+        selector = parse_selector(params.get("labelSelector")) or None
         bookmarks = str(params.get("allowWatchBookmarks")).lower() == "true"
         gr = info.group_resource
         shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
@@ -592,7 +594,7 @@ class FakeApiServer:
         if str(params.get("sendInitialEvents")).lower() == "true":
             last = int(self._last_rv)
             for obj in sorted(self.store(info).list(namespace=namespace or None, selector=selector), key=_sort_key):
-                if shard is None or shard(obj):
+                if _selected(None, shard, obj):
                     yield line("ADDED", obj)
             yield bookmark(str(last), initial_end=True)
         else:
@@ -606,18 +608,23 @@ class FakeApiServer:
             at = bisect.bisect_right(self._change_rvs, last)
             pending = self._changes[at:]
             if pending:
-                for rv, res, etype, obj in pending:
+                for rv, res, etype, obj, before in pending:
                     last = rv
                     if res != gr:
                         continue
                     meta = obj["metadata"]
                     if namespace and meta.get("namespace") != namespace:
                         continue
-                    if selector and not _labels_match(obj, selector):
-                        continue
-                    if shard is not None and not shard(obj):
-                        continue
-                    yield line(etype, obj)
+                    if _selected(selector, shard, obj):
+                        if before is not None and not _selected(selector, shard, before):
+                            etype = "ADDED"  # it starts to match: new to this watch
+                        yield line(etype, obj)
+                    elif before is not None and _selected(selector, shard, before):
+                        # it stops matching: the apiserver sends DELETED with the object as it
+                        # was (still matching), at the change's resourceVersion
+                        gone = _copy(before)
+                        gone["metadata"]["resourceVersion"] = meta["resourceVersion"]
+                        yield line("DELETED", gone)
                 continue
             now = loop.time()
             if now >= ends:
@@ -710,7 +717,7 @@ class FakeApiServer:
             self._record_change(info, "DELETED", new)
         else:
             writer.upsert(new)
-            self._record_change(info, "MODIFIED", new)
+            self._record_change(info, "MODIFIED", new, stored)
         return _copy(new)
 
     def _update(self, info: ResourceInfo, namespace: str, name: str, body: Any, sub: str | None, method: str, path: str) -> Obj:

@@ -189,10 +189,56 @@ def test_a_fence_that_closes_during_the_rate_limit_wait_stops_the_write_after_th
     assert server.received == []
 
 
+def test_a_write_waiting_for_a_pooled_connection_is_checked_again_when_it_gets_one() -> None:
+    """Issue 42: the pool (one connection here) is held by a hanging list. A write passes its
+    check, then waits for the connection; the Lease is lost while it waits. When the list ends,
+    the write gets the connection and is refused there: nothing reaches the apiserver, and the
+    connection goes back to the pool for the next request."""
+    hanging, release = asyncio.Event(), asyncio.Event()
+    server = Server()
+    plain = server.handle
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.path == "/hang":
+            server.received.append((request.method, request.path))
+            hanging.set()
+            await release.wait()
+            return web.json_response({})
+        return await plain(request)
+
+    server.handle = handle  # type: ignore[method-assign]
+    leader = {"valid": True}
+    checked = asyncio.Event()
+
+    def valid() -> bool:
+        checked.set()
+        return leader["valid"]
+
+    fence = WriteFence(valid, "ops/leader", KEY)
+
+    async def test(t: Transport) -> None:
+        listing = asyncio.ensure_future(t.request("GET", "/hang", lane="informer"))
+        await hanging.wait()  # the only connection is taken
+        write = asyncio.ensure_future(_under(fence, t.request("PATCH", PATH, body={})))
+        await checked.wait()  # it passed its first check; no connection is free for it
+        assert not write.done()
+        leader["valid"] = False  # the Lease is lost while the write waits in the pool
+        release.set()
+        await listing
+        with pytest.raises(Fenced):
+            await write
+        assert fence.tripped is not None
+        assert t.statistics().writes == 0, "a refused write is not counted as sent"
+        await t.request("GET", PATH)  # the connection went back to the pool
+
+    asyncio.run(_serve(server, test, max_connections=1))
+    assert server.received == [("GET", "/hang"), ("GET", PATH)]
+
+
 def test_a_retry_is_checked_again_before_it_is_sent() -> None:
     """A 503 is retried after its Retry-After; a Lease that expired meanwhile stops the retry."""
     server = Server(unavailable=1)
-    script = Fence(True, False)  # before attempt 1, before attempt 2
+    script = Fence(True, True, False)  # attempt 1: before it and with its connection; attempt 2
     fence = WriteFence(script, "ops/leader", KEY)
 
     async def test(t: Transport) -> None:
@@ -201,7 +247,7 @@ def test_a_retry_is_checked_again_before_it_is_sent() -> None:
 
     asyncio.run(_serve(server, test))
     assert server.received == [("PATCH", PATH)], "the first attempt went out, the retry did not"
-    assert script.asked == 2
+    assert script.asked == 3
 
 
 def test_a_task_started_by_an_async_handler_carries_the_fence() -> None:

@@ -334,3 +334,55 @@ def test_the_reconciled_object_is_read_from_the_informer_that_woke_the_controlle
         assert client.get(CM_KEY)["data"] == {"v": "1"}
         woke.upsert(_labelled("2"))
     assert Client(ctx, info, CM_KEY, "copy").get(CM_KEY)["data"] == {"v": "1"}, "no own stores: the shared cache"
+
+
+def test_a_list_of_the_primary_shows_the_reconciled_object_as_get_reads_it() -> None:
+    """Issue 42: ``client.list()`` of the primary resource reads the unfiltered cache, which may
+    lag the filtered one that woke the reconcile; the reconciled object in it is the one
+    ``get(request)`` reads — newer, gone when it no longer matches the list's selector, there when
+    the lagging cache has not seen it yet — and every other object is the unfiltered cache's."""
+    server = FakeApiServer()
+    info = server.discovery.resolve_cached("configmaps")
+    pool = InformerPool(transport=None)  # type: ignore[arg-type]
+    shared = _cached(pool, info, "1")  # the unfiltered cache: not yet seen the update
+    other = {**_labelled("7"), "metadata": {**_labelled("7")["metadata"], "name": "d"}}
+    shared.upsert(other)
+    woke = _cached(pool, info, "2", labels="app=x")
+    ctx = ClientContext(server, server.discovery, pool, None)  # type: ignore[arg-type]
+
+    def listed(client: Any, **kw: Any) -> dict[str, str]:
+        return {o["metadata"]["name"]: o["data"]["v"] for o in client.list(**kw)}
+
+    for flavour in (Client, AsyncClient):
+        client = flavour(ctx, info, CM_KEY, "copy", (woke.store,))
+        assert listed(client) == {"c": "2", "d": "7"}
+        assert listed(client, labels="app=x") == {"c": "2", "d": "7"}
+        assert listed(client, namespace="default") == {"c": "2", "d": "7"}
+        newer = _labelled("3")
+        newer["metadata"]["labels"] = {"app": "x", "tier": "web"}
+        woke.upsert(newer)
+        assert listed(client, labels="tier=web") == {"c": "3"}, "the unfiltered copy has no tier label"
+        assert listed(client, labels="tier=db") == {}
+        shared.delete(CM_KEY)  # the lagging cache has not seen c at all
+        assert listed(client) == {"c": "3", "d": "7"}
+        # left the filter: the unfiltered cache's copy, as any other read
+        woke.delete(CM_KEY)
+        assert listed(client) == {"d": "7"}
+        shared.upsert(_labelled("1"))
+        assert listed(client) == {"c": "1", "d": "7"}
+        woke.upsert(_labelled("2"))
+    assert listed(Client(ctx, info, CM_KEY, "copy")) == {"c": "1", "d": "7"}, "no own stores: the shared cache"
+
+
+def test_a_list_with_an_index_keeps_the_reconciled_object_only_if_its_newer_version_is_indexed() -> None:
+    server = FakeApiServer()
+    info = server.discovery.resolve_cached("configmaps")
+    pool = InformerPool(transport=None)  # type: ignore[arg-type]
+    pool.add_indexer(info, "by_v", lambda o: [o["data"]["v"]])
+    shared = _cached(pool, info, "1")
+    woke = _cached(pool, info, "2", labels="app=x")
+    ctx = ClientContext(server, server.discovery, pool, None)  # type: ignore[arg-type]
+    client = AsyncClient(ctx, info, CM_KEY, "copy", (woke.store,))
+    assert [o["data"]["v"] for o in client.list(index=("by_v", "1"))] == []
+    assert [o["data"]["v"] for o in client.list(index=("by_v", "2"))] == ["2"]
+    assert shared.store.get(CM_KEY)["data"] == {"v": "1"}  # type: ignore[index]

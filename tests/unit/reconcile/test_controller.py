@@ -1225,3 +1225,125 @@ def test_a_batch_cancelled_before_a_thread_took_it_is_not_left_running() -> None
         assert calls == []
     finally:
         release.set()
+
+
+# -- two caches of the primary resource: the filtered one that wakes, an unfiltered one it reads ---
+
+
+def _labelled(rv: str, app: str | None = "x", name: str = "a") -> dict[str, Any]:
+    return cm(name, resourceVersion=rv, labels={"app": app} if app else {})
+
+
+async def _two_caches(handler: Any, **options: Any) -> tuple[Controller, Any, Any, Any]:
+    """A ``labels="app=x"`` controller over real informers of one pool (fed by hand: each cache
+    gets its events when the test says, as two watch streams with their own delays would), the
+    object a in both caches, labelled; the controller started."""
+    from declop.cache.informer import InformerPool
+    from declop.reconcile.client import ClientContext
+    from declop.testing.apiserver import FakeApiServer
+
+    server = FakeApiServer()
+    info = server.discovery.resolve_cached("configmaps")
+    pool = InformerPool(transport=None)  # type: ignore[arg-type]
+    filtered = pool.get(info, "", "app=x")
+    unfiltered = pool.get(info, "")
+    for informer in (filtered, unfiltered):
+        Writer(informer.store).upsert(_labelled("1"))
+        informer.store.synced = True
+        informer.synced.set()
+    registry = declop.registry.Registry()
+    registry.reconciler("configmaps", labels="app=x", **options)(handler)
+    reg = registry.registrations[0]
+    ctx = ClientContext(server, server.discovery, pool, asyncio.get_running_loop())  # type: ignore[arg-type]
+    c = Controller(reg, info, [Source((filtered,), enqueue_self, primary=True)], ctx)
+    await c.start()
+    return c, pool, filtered, unfiltered
+
+
+def _deliver(informer: Any, old: Any, new: Any) -> None:
+    """One watch event reaching ``informer``: its store changes, then its subscribers hear it."""
+    writer = Writer(informer.store)
+    if new is None:
+        writer.delete(Request("ns", old["metadata"]["name"]))
+    else:
+        writer.upsert(new)
+    informer._emit(old, new)
+
+
+async def _until(condition: Any, what: str) -> None:
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never happened: {what}")
+
+
+@pytest.mark.parametrize("read", ["get", "list"])
+def test_an_object_that_left_the_filter_is_reconciled_again_when_the_lagging_cache_catches_up(read: str) -> None:
+    """Issue 42: the object a loses the label ``app=x``. The filtered informer delivers it first
+    (DELETED, as the apiserver sends it) and wakes the controller; the handler reads a from the
+    unfiltered cache, which has not seen the change: still labelled. When that cache catches up,
+    the controller must be woken again, or the handler's last look at a is the stale one."""
+    seen: list[Any] = []
+
+    async def handler(request: Any, client: Any, **_: Any) -> None:
+        if read == "get":
+            obj = client.get(request)
+        else:
+            obj = next(o for o in client.list() if o["metadata"]["name"] == request.name)
+        seen.append((obj["metadata"]["resourceVersion"], obj["metadata"]["labels"]))
+
+    async def main() -> list[Any]:
+        c, _pool, filtered, unfiltered = await _two_caches(handler)
+        try:
+            await _until(lambda: len(seen) == 1, "the initial list's reconcile")
+            # the change: rv 2 takes the label off; the filtered stream delivers it first
+            _deliver(filtered, _labelled("2"), None)
+            await _until(lambda: len(seen) == 2, "the reconcile of the DELETED")
+            assert seen[1] == ("1", {"app": "x"}), "read from the lagging cache: still labelled"
+            _deliver(unfiltered, _labelled("1"), _labelled("2", app=None))
+            await _until(lambda: len(seen) == 3, "a reconcile once the unfiltered cache caught up")
+            return seen
+        finally:
+            await c.stop(grace=1)
+
+    assert asyncio.run(main())[-1] == ("2", {})
+
+
+def test_changes_of_objects_outside_the_filter_or_still_in_it_wake_nothing_through_the_unfiltered_cache() -> None:
+    """Only the unfiltered cache's view of an object that matched the filter, while the filtered
+    cache no longer holds it, wakes the controller; an unfiltered informer created after the
+    controller started (here a metadata-only one) is followed as well."""
+    calls: list[str] = []
+    triggers: list[Any] = []
+
+    async def handler(request: Any, trigger: Any, **_: Any) -> None:
+        calls.append(request.name)
+        triggers.append(trigger.names)
+
+    async def main() -> list[str]:
+        c, pool, filtered, unfiltered = await _two_caches(handler)
+        try:
+            await _until(lambda: calls == ["a"], "the initial list's reconcile")
+            # an object that never matched: created, changed, deleted — all unfiltered
+            _deliver(unfiltered, None, _labelled("2", app="y", name="b"))
+            _deliver(unfiltered, _labelled("2", app="y", name="b"), _labelled("3", app="y", name="b"))
+            _deliver(unfiltered, _labelled("3", app="y", name="b"), None)
+            # a, still in the filtered cache, changed in the unfiltered one first
+            _deliver(unfiltered, _labelled("1"), _labelled("4"))
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert len(c.queue) == 0 and calls == ["a"]
+            # a late unfiltered informer is followed too: a leaves the filter, it lags
+            late = pool.get(unfiltered.resource, "", metadata_only=True)
+            Writer(late.store).upsert(_labelled("4"))
+            _deliver(filtered, _labelled("5"), None)
+            await _until(lambda: len(calls) == 2, "the DELETED's reconcile")
+            _deliver(late, _labelled("4"), _labelled("5", app=None))
+            await _until(lambda: len(calls) == 3, "the late cache's catching up")
+            return calls
+        finally:
+            await c.stop(grace=1)
+
+    assert asyncio.run(main()) == ["a", "a", "a"]
+    assert triggers[1:] == [("deleted",), ("left-filter",)]
