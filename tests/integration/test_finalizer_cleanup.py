@@ -66,7 +66,7 @@ def test_a_handler_writing_status_during_deleting_sees_the_object_gone_after_tha
         calls.append((request.name, phase))
         if phase is declop.Phase.DELETING:  # writes its own object on every DELETING call
             client.patch_status(request, {"status": {"conditions": [
-                {"type": "Ready", "status": "False", "reason": "Deleting", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                {"type": "Ready", "status": "False", "reason": "Deleting", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
             ]}})
 
     body = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"message": "hi"}}
