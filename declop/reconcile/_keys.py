@@ -130,7 +130,7 @@ class FinalizerWrites:
     resourceVersions of finalizer-only events seen while a patch of ours is in flight (whose they
     are is known once it answers); ``released`` — the uid of an object being deleted whose
     finalizer we released. By key: ``added`` — keys whose ``CREATED`` call was given back after
-    we added our finalizer.
+    we added our finalizer, or whose ``CREATED`` call failed.
 
     Invariants:
     - an event is dropped as our echo only when its resourceVersion is one our patch produced and
@@ -142,7 +142,9 @@ class FinalizerWrites:
       that very object (same uid) is stale (:meth:`stale`): the apiserver never adds a finalizer
       to an object being deleted;
     - a key in ``added`` is ``CREATED`` when it next runs unless it is being deleted or gone; it
-      leaves once its handler was called (:meth:`ran`).
+      leaves once its handler was called and did not fail (:meth:`ran`): a ``CREATED`` call that
+      raised goes back in (:meth:`given_back`), so the create is retried as ``CREATED`` until one
+      succeeds — on this replica: a restart or a new owner reads the finalizer and says ``UPDATED``.
     """
 
     __slots__ = ("own_writes", "writing", "released", "added")

@@ -202,7 +202,9 @@ def complete(c: ControllerState, call: Call) -> None:
         c.keys.valid(call.key)  # valid again, or gone
     if call.called:
         c.reconciles += 1
-        if c.echoes.added:
+        if call.phase is Phase.CREATED and error is not None and bad is None and not isinstance(error, Fenced):
+            c.echoes.given_back(call.key)  # CREATED until a call succeeds (contract.md §4)
+        elif c.echoes.added:
             c.echoes.ran(call.key)
         timeout = c.registration.timeout
         if timeout is not None and call.ran > timeout:  # a plain handler (a thread cannot be killed)

@@ -1347,3 +1347,59 @@ def test_changes_of_objects_outside_the_filter_or_still_in_it_wake_nothing_throu
 
     assert asyncio.run(main()) == ["a", "a", "a"]
     assert triggers[1:] == [("deleted",), ("left-filter",)]
+
+
+# -- a CREATED call that fails stays CREATED (issue 41) ------------------------------------------
+@pytest.mark.parametrize("error", [RuntimeError("boom"), declop.TerminalError("no")], ids=["retried", "terminal"])
+def test_a_created_call_that_raises_is_called_again_as_created_until_one_succeeds(error: Exception) -> None:
+    """Kopf's ``on.create`` maps to CREATED: a first call that raises must not turn the create
+    into an UPDATED on its retry (the finalizer it added is on the object by then). After the
+    first success the next call is UPDATED."""
+    seen: list[declop.Phase] = []
+
+    def handler(phase: declop.Phase, **_: Any) -> None:
+        seen.append(phase)
+        if len(seen) <= 2:
+            raise error
+
+    c, informer, _ = make(handler, finalizer="x.io/f")
+    informer.writer.upsert(cm())
+
+    async def once(with_finalizer: bool) -> None:
+        if with_finalizer:  # our finalizer write came back through the watch
+            informer.writer.upsert(cm(finalizers=["x.io/f"], resourceVersion="2"))
+        c.queue.add(KEY)
+        await c.process([c.queue.get_nowait()])
+
+    async def main() -> None:
+        await once(False)  # finalizer added, handler called as CREATED, raises
+        await once(True)  # the retry: CREATED again, raises again
+        await once(True)  # CREATED again, succeeds
+        await once(True)  # now UPDATED
+
+    run(main())
+    assert seen == [declop.Phase.CREATED, declop.Phase.CREATED, declop.Phase.CREATED, declop.Phase.UPDATED]
+    assert c.echoes.added == set()
+
+
+def test_a_failed_created_call_whose_object_is_deleted_forgets_the_note() -> None:
+    seen: list[declop.Phase] = []
+
+    def handler(phase: declop.Phase, **_: Any) -> None:
+        seen.append(phase)
+        if phase is declop.Phase.CREATED:
+            raise RuntimeError("boom")
+
+    c, informer, _ = make(handler, finalizer="x.io/f")
+    informer.writer.upsert(cm())
+
+    async def main() -> None:
+        c.queue.add(KEY)
+        await c.process([c.queue.get_nowait()])
+        informer.writer.delete(KEY)
+        c.queue.add(KEY)
+        await c.process([c.queue.get_nowait()])
+
+    run(main())
+    assert seen == [declop.Phase.CREATED, declop.Phase.DELETED]
+    assert c.echoes.added == set()
