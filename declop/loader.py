@@ -10,7 +10,8 @@ Invariants (loader hygiene):
   ``import sibling`` only when nothing installed has that name. A handler folder with ``yaml.py``
   and ``json.py`` still gives the kubernetes package PyYAML and the stdlib ``json``;
 - every file is executed exactly once per load, whichever comes first — ``import helpers``
-  from a sibling, or the folder's own turn: both get the same module object;
+  from a sibling, or the folder's own turn: both get the same module object; and afresh by each
+  load, so its decorators register into the registry that is the default at that moment;
 - handler files and their siblings are compiled from their source on every load: no
   ``__pycache__`` is read or written next to them, so an edit is never hidden by stale bytecode
   (two saves within one second with the same size look alike to the bytecode cache) and a
@@ -213,12 +214,31 @@ def unload(modules: Iterable[str] = ()) -> list[str]:
     return sorted(forget)
 
 
+def _forget_file(path: str) -> None:
+    """Forget the module an earlier :func:`load` executed from handler file ``path``: under its
+    private name, and under a top-level name our finder served it as (never an installed module)."""
+    sys.modules.pop(_module_name(path), None)
+    absolute = os.path.abspath(path)
+    for name, module in list(sys.modules.items()):
+        file: Any = getattr(module, "__file__", None)
+        if "." not in name and file and os.path.abspath(file) == absolute and isinstance(getattr(module, "__loader__", None), _Source):
+            del sys.modules[name]
+
+
 def load(paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[ModuleType]:
-    """Import every path and module in order; returns the modules."""
+    """Import every path and module in order; returns the modules.
+
+    Each call executes the files it names afresh, so their decorators register into whatever
+    registry is the default *now* (a test that swaps in a fresh registry and loads a file a
+    second time gets its handlers again); within one call a file still runs once, whether its
+    own turn or a sibling's ``import`` comes first. Modules named with ``modules`` are imported
+    as Python imports them: once per process (:func:`unload` forgets them)."""
     loaded: list[ModuleType] = []
-    for path in paths:
-        for file in _files(path):
-            loaded.append(_import_file(file))
+    files = [file for path in paths for file in _files(path)]
+    for file in files:
+        _forget_file(file)
+    for file in files:
+        loaded.append(_import_file(file))
     for name in modules:
         try:
             loaded.append(importlib.import_module(name))

@@ -228,7 +228,7 @@ def node_rbac(cp: Any, paths: Sequence[str], registry: Registry | None = None) -
     command = shlex.join(["declop", "rbac", *paths])
     names = catalog(cp.kubeconfig_path, echo=_echo)
     generated = Path(cp.tmp_dir) / RBAC_VALUES
-    generated.write_text(values_of(registry or default_registry, names, command=command))
+    generated.write_text(values_of(registry if registry is not None else default_registry, names, command=command))
     _echo(f"No {RBAC_VALUES} beside the handlers: the RBAC `{command} --values` generates ({generated})")
     return generated
 

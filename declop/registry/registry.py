@@ -14,7 +14,8 @@ Invariants:
   transforms, webhooks) a typed model may go, and is stored by its name;
 - one name per reconciler, per hook kind and per webhook kind; at most one transform per
   resource name and one converter per resource. Registering the same function again (a module
-  imported twice) is harmless.
+  imported twice, or a handler file loaded afresh: the same ``def`` at the same line) is
+  harmless, and the newest function is the one kept.
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ class IndexRegistration:
     resource: str
     name: str
     fn: Callable[[Mapping[str, Any]], Iterable[str | None]]
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are one function: the same object, or the same ``def`` in another execution
+    of its module (a handler file :func:`declop.loader.load` ran afresh): same module, qualified
+    name and line, other module globals. Two functions one factory made in one module run are
+    two handlers."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (
+        code_a is not None and code_b is not None
+        and getattr(a, "__globals__", None) is not getattr(b, "__globals__", None)
+        and getattr(a, "__module__", None) == getattr(b, "__module__", None)
+        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+        and (code_a.co_filename, code_a.co_firstlineno) == (code_b.co_filename, code_b.co_firstlineno)
+    )  # fmt: skip
 
 
 class Registry:
@@ -86,6 +104,11 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._registrations)
+
+    def __bool__(self) -> bool:
+        """Always true: a registry is a place, not a collection, so ``registry or default`` never
+        trades an empty registry someone passed for the default one."""
+        return True
 
     def freeze(self) -> None:
         self._frozen = True
@@ -134,7 +157,7 @@ class Registry:
             reg_name = options.name or getattr(fn, "__name__", None)
             if not reg_name:
                 raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
-            if reg_name in self._registrations and self._registrations[reg_name].fn is not fn:
+            if reg_name in self._registrations and not _same_definition(self._registrations[reg_name].fn, fn):
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
@@ -206,7 +229,7 @@ class Registry:
         if not callable(fn) or isinstance(fn, type):
             raise RegistrationError(f"transform of {resource!r}: expected a function obj -> obj, got {fn!r}")
         key = resource.strip()
-        if key in self._transforms and self._transforms[key] is not fn:
+        if key in self._transforms and not _same_definition(self._transforms[key], fn):
             raise RegistrationError(f"a transform of {key!r} is already registered; one transform per resource")
         self._transforms[key] = fn
 
@@ -214,10 +237,13 @@ class Registry:
         """Record a lifecycle hook (what the ``on_startup``/``on_shutdown``/``background`` decorators do)."""
         self._check_open(f"{kind} hook {getattr(fn, '__name__', fn)!r}")
         hook = make_hook(fn, kind, name=name, every_replica=every_replica)
-        if any(h.kind == kind and h.name == hook.name and h.fn is not fn for h in self._hooks):
-            raise RegistrationError(f"a {kind} hook named {hook.name!r} is already registered; pass name= to tell them apart")
-        if not any(h.fn is fn and h.kind == kind for h in self._hooks):
-            self._hooks.append(hook)
+        for i, h in enumerate(self._hooks):
+            if h.kind == kind and _same_definition(h.fn, fn):
+                self._hooks[i] = hook  # the same hook again (its file loaded afresh): the newest
+                return hook
+            if h.kind == kind and h.name == hook.name:
+                raise RegistrationError(f"a {kind} hook named {hook.name!r} is already registered; pass name= to tell them apart")
+        self._hooks.append(hook)
         return hook
 
     def webhook(self, kind: WebhookKind, fn: Any, resource: ResourceLike, **options: Any) -> Webhook:
@@ -238,9 +264,10 @@ class Registry:
             model = None
         if model is not None:
             hook = dataclasses.replace(hook, model=model)
-        for other in self._webhooks:
-            if other.fn is fn and other.kind == kind and other.name == hook.name:
-                return other  # the same module imported twice
+        for i, other in enumerate(self._webhooks):
+            if other.kind == kind and other.name == hook.name and _same_definition(other.fn, fn):
+                self._webhooks[i] = hook  # the same module imported twice, or loaded afresh: the newest
+                return hook
             if other.kind == kind and other.name == hook.name:
                 raise RegistrationError(
                     f"a {kind} named {hook.name!r} is already registered; pass name= to tell them apart"

@@ -292,18 +292,18 @@ def _registration(
     registry: Registry | None,
 ) -> tuple[Registration, Registry]:
     if isinstance(handler, Registration):
-        reg, source = handler, registry or default_registry
+        reg, source = handler, registry if registry is not None else default_registry
     elif resource is not None:
         throwaway = Registry()
         throwaway.reconciler(resource, name=getattr(handler, "__name__", None) or "handler", finalizer=finalizer)(handler)
-        reg, source = throwaway.registrations[0], registry or default_registry
+        reg, source = throwaway.registrations[0], registry if registry is not None else default_registry
     else:
-        source = registry or default_registry
+        source = registry if registry is not None else default_registry
         found = [r for r in source.registrations if r.fn is handler]
         if not found:
             raise TypeError(
                 f"{getattr(handler, '__name__', handler)!r} is not registered in "
-                f"{'the given registry' if registry else 'the default registry'}; pass resource='widgets.example.com' "
+                f"{'the given registry' if registry is not None else 'the default registry'}; pass resource='widgets.example.com' "
                 "(and finalizer=...), registry=, or the Registration"
             )
         if len(found) > 1:

@@ -129,11 +129,33 @@ def test_each_file_of_a_folder_is_imported_exactly_once(tmp_path: Path) -> None:
     assert a.H is helpers is z.H
 
 
-def test_loading_the_same_file_twice_imports_it_once(tmp_path: Path) -> None:
+def test_a_file_named_twice_in_one_load_is_executed_once(tmp_path: Path) -> None:
     path = write(tmp_path / "handlers.py", HANDLER.format(name="example"))
-    (first,) = load([str(path)])
-    (second,) = load([str(path)])
+    first, second = load([str(path), str(path)])
     assert first is second
+
+
+def test_each_load_of_a_file_registers_into_the_default_registry_of_the_moment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """testing.md's recipe — a fresh default registry, then ``load`` — works for every test of a
+    process, not only the first to load the file (issue 41)."""
+    path = write(tmp_path / "handlers.py", "import declop\n\n@declop.reconciler('configmaps')\ndef greet(**_):\n    return None\n")
+    for _ in range(2):
+        fresh = Registry()
+        monkeypatch.setattr(registry_module, "default_registry", fresh)
+        (module,) = load([str(path)])
+        assert [r.name for r in fresh.registrations] == ["greet"]
+        assert fresh.registrations[0].fn is module.greet
+
+
+def test_a_second_load_executes_a_sibling_imported_file_afresh_once(tmp_path: Path) -> None:
+    folder = tmp_path / "handlers"
+    stem = f"helpers_{tmp_path.name.replace('-', '_')}"
+    runs = tmp_path / "runs.txt"
+    write(folder / f"{stem}.py", f"open({str(runs)!r}, 'a').write('x')\n")
+    write(folder / "a.py", f"import {stem}\nH = {stem}\n")
+    a1, h1 = load([str(folder)])
+    a2, h2 = load([str(folder)])
+    assert runs.read_text() == "xx" and a2.H is h2 and h2 is not h1
 
 
 def test_files_with_the_same_name_in_different_directories_are_distinct(tmp_path: Path) -> None:

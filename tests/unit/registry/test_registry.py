@@ -891,3 +891,16 @@ def test_options_are_checked_when_built() -> None:
         ReconcilerOptions(max_concurrent=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ReconcilerOptions().timeout = 1  # type: ignore[misc]
+
+
+def test_the_same_def_from_a_fresh_execution_of_its_module_replaces_the_old(reg: Registry) -> None:
+    """A handler file loaded afresh (declop.loader.load runs it again) registers the same ``def``
+    again as a new function object: harmless, and the newest function is kept."""
+    source = "def handle(**_):\n    return None\n"
+    first: dict[str, Any] = {"__name__": "declop_handlers_h_1"}
+    second: dict[str, Any] = {"__name__": "declop_handlers_h_1"}
+    exec(compile(source, "/x/h.py", "exec"), first)
+    exec(compile(source, "/x/h.py", "exec"), second)
+    reg.reconciler("pods")(first["handle"])
+    reg.reconciler("pods")(second["handle"])
+    assert len(reg) == 1 and reg.registrations[0].fn is second["handle"]

@@ -588,3 +588,17 @@ def test_a_typed_view_leaves_the_fake_cache_intact() -> None:
     assert out.ok
     after = out.client.get("things.example.com", "default/m")
     assert after["spec"]["config"] == {"deep": {"list": [1]}} and "labels" not in after["metadata"]
+
+
+def test_an_empty_registry_passed_is_the_one_named_when_the_handler_is_not_in_it() -> None:
+    """An empty Registry used to be falsy, so ``registry or default`` swapped it for the default
+    one and the error named "the default registry" (issue 41)."""
+    from declop.testing import run_reconcile
+
+    def stray(**_: Any) -> None:
+        return None
+
+    empty = declop.registry.Registry()
+    assert empty and len(empty) == 0
+    with pytest.raises(TypeError, match="not registered in the given registry"):
+        run_reconcile(stray, "default/x", registry=empty)
