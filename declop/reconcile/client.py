@@ -235,7 +235,8 @@ class AsyncClient(_Base):
         --field-selector type=Warning`` selects. Repeats are folded into one Event with a count,
         bursts are rate-limited, and a failure to record is logged, never raised: an Event never
         fails the reconcile — except :class:`~declop.errors.Fenced`, which ends a call whose
-        Lease is not known valid, as any of its writes does.
+        Lease is not known valid, as any of its writes does, and ``ValueError`` for a ``type``
+        other than ``"Normal"`` or ``"Warning"`` (a mistake to fix, which the apiserver refuses).
         """
         if self._ctx.recorder is not None:
             await self._ctx.recorder.record(obj, reason, message, type, controller=self.controller)
@@ -437,7 +438,8 @@ class Client(_Base):
         --field-selector type=Warning`` selects. Repeats are folded into one Event with a count,
         bursts are rate-limited, and a failure to record is logged, never raised: an Event never
         fails the reconcile — except :class:`~declop.errors.Fenced`, which ends a call whose
-        Lease is not known valid, as any of its writes does.
+        Lease is not known valid, as any of its writes does, and ``ValueError`` for a ``type``
+        other than ``"Normal"`` or ``"Warning"`` (a mistake to fix, which the apiserver refuses).
         """
         self._run(self._async.event(obj, reason, message, type))
 

@@ -99,7 +99,11 @@ class EventRecorder:
         self, obj: Mapping[str, Any] | Any, reason: str, message: str, type: str = "Normal", *, controller: str = ""
     ) -> None:
         """Record (or count a repeat of) an Event about ``obj`` (a dict or a typed model). Never
-        raises, but :class:`~declop.errors.Fenced` for a call whose Lease is not known valid."""
+        raises, but :class:`~declop.errors.Fenced` for a call whose Lease is not known valid and
+        ``ValueError`` for a ``type`` Kubernetes refuses (a mistake in the code, not a failure to
+        record: the handler is told, in unit tests too)."""
+        if type not in ("Normal", "Warning"):
+            raise ValueError(f"event type must be 'Normal' or 'Warning', got {type!r}")
         try:
             await self._record(obj, reason, message, type, controller)
         except Fenced:
@@ -108,8 +112,6 @@ class EventRecorder:
             log.warning("Could not record event", extra={"kv": {"reason": reason, "error": str(exc)}})
 
     async def _record(self, obj: Any, reason: str, message: str, type: str, controller: str) -> None:
-        if type not in ("Normal", "Warning"):
-            raise ValueError(f"event type must be Normal or Warning, got {type!r}")
         obj = as_json(obj, "identity")
         meta = obj.get("metadata") or {}
         uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"

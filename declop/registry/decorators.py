@@ -70,6 +70,9 @@ def reconciler(resource: ResourceLike, *parts: Never, **options: Any) -> Decorat
     ``trigger`` — and returns ``None``, a :class:`~declop.reconcile.result.Result`, or raises. See
     ``docs/contract.md``.
 
+    ``name=`` names the controller (metrics, logs, Leases); default: the function's
+    ``__name__``. Two reconcilers with one name are refused: pass ``name=`` to tell them apart.
+
     ``metadata_only=True`` caches the primary as metadata only: ``obj`` and ``client.get`` hold
     ``metadata`` and nothing else; read the body with ``client.live.get(request)``
     (docs/metadata-only.md). ``fields="spec.nodeName=node-1"`` is a field selector: only matching

@@ -86,8 +86,9 @@ class _Context(ClientContext):
 class Write:
     """One write request the fake apiserver received.
 
-    ``verb`` is the client method that sent it: ``create``, ``update``, ``update_status``,
-    ``patch``, ``patch_status``, ``apply``, ``delete`` (or ``event`` in ``events``). ``body`` is
+    ``verb`` is the client method that sent it: ``create``, ``update``, ``patch``,
+    ``patch_status``, ``apply``, ``delete`` (or ``event`` in ``events``), and ``update_status``
+    for ``update(obj, subresource="status")``. ``body`` is
     what was sent (a patch for patches); ``patch_type`` is ``merge``/``json``/``strategic``/``apply``.
     """
 

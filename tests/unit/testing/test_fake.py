@@ -602,3 +602,39 @@ def test_an_empty_registry_passed_is_the_one_named_when_the_handler_is_not_in_it
     assert empty and len(empty) == 0
     with pytest.raises(TypeError, match="not registered in the given registry"):
         run_reconcile(stray, "default/x", registry=empty)
+
+
+def test_an_event_type_kubernetes_refuses_fails_the_call_in_the_fake_as_in_a_cluster() -> None:
+    """The fake used to record ``type="SomeType"``, which the real client refuses (issue 41); now
+    the handler is told, with the fix in the message, whichever client it has."""
+    from declop.testing import run_reconcile
+
+    def handler(obj: Any, client: Any, **_: Any) -> None:
+        client.event(obj, "Made", "made it", type="SomeType")
+
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}}
+    out = run_reconcile(handler, "default/x", resource="configmaps", objects=[cm])
+    assert out.action == "retry" and out.events == ()
+    assert isinstance(out.error, ValueError) and "'Normal' or 'Warning', got 'SomeType'" in str(out.error)
+
+
+def test_the_verbs_unit_testing_md_lists_are_client_methods_or_the_status_replace() -> None:
+    """unit-testing.md once listed an ``update_status`` verb as a client method that
+    ``declop.Client`` does not have (issue 41): every verb the page calls a method is one."""
+    import re
+
+    from declop.testing import run_reconcile
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "unit-testing.md").read_text()
+    sentence = page[page.index("`verb` names the request"):]
+    sentence = sentence[: sentence.index(";")]
+    methods = re.findall(r"`([a-z_]+)`", sentence.split("— and")[0])[1:]
+    assert methods and all(callable(getattr(declop.Client, m, None)) for m in methods), methods
+    assert not hasattr(declop.Client, "update_status")
+
+    def handler(obj: Any, client: Any, **_: Any) -> None:
+        obj["status"] = {"ok": True}
+        client.update(obj, subresource="status")
+
+    out = run_reconcile(handler, "default/t", [*definitions([Thing]), thing("t", 1)], resource="things.example.com")
+    assert [w.verb for w in out.writes] == ["update_status"], out
