@@ -63,15 +63,20 @@ class KeyNotes:
     - a key dropped at the fence loses both (:meth:`drop`): its owner reconciles it;
     - ``invalid[key]`` is the resourceVersion last reported as failing the typed model: each
       resourceVersion is reported once (:meth:`first_report`), and the note goes once the key
-      validates or is gone (:meth:`valid`).
+      validates or is gone (:meth:`valid`);
+    - ``seen`` (kept only for a handler that declares ``first_seen``) holds the keys whose call
+      succeeded on an existing object in this process; a key leaves it when a call finds its
+      object gone (a re-created object is first seen again), and when it is dropped at the fence
+      or its range went to another replica (``Controller.forget``).
     """
 
-    __slots__ = ("traces", "delayed", "invalid")
+    __slots__ = ("traces", "delayed", "invalid", "seen")
 
     def __init__(self) -> None:
         self.traces: dict[Request, Trace] = {}
         self.delayed: dict[Request, tuple[str, str | None]] = {}
         self.invalid: dict[Request, str] = {}
+        self.seen: set[Request] = set()
 
     def trace(self, key: Request) -> Trace:
         """The trace of ``key``'s next run (created on first use)."""
@@ -109,6 +114,7 @@ class KeyNotes:
     def drop(self, key: Request) -> None:
         self.traces.pop(key, None)
         self.delayed.pop(key, None)
+        self.seen.discard(key)
 
     def first_report(self, key: Request, resource_version: str) -> bool:
         """``key`` fails its model at ``resource_version``: True unless that was reported already."""

@@ -206,6 +206,11 @@ def complete(c: ControllerState, call: Call) -> None:
             c.echoes.given_back(call.key)  # CREATED until a call succeeds (contract.md §4)
         elif c.echoes.added:
             c.echoes.ran(call.key)
+        if c.registration.wants_first_seen:
+            if call.obj is None:
+                c.keys.seen.discard(call.key)
+            elif error is None:
+                c.keys.seen.add(call.key)  # first_seen: False from now on, in this process
         timeout = c.registration.timeout
         if timeout is not None and call.ran > timeout:  # a plain handler (a thread cannot be killed)
             c.metrics.timed_out(c.name, "overrun")

@@ -163,7 +163,8 @@ def arguments(c: ControllerState, call: Call, obj: Any) -> dict[str, Any]:
     base of its typed status writes."""
     reg, key = c.registration, call.key
     client = (AsyncClient if reg.is_async else Client)(c.ctx, c.resource, key, c.name, c.primary.stores, obj)
-    return reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger)
+    first_seen = reg.wants_first_seen and key not in c.keys.seen
+    return reg.arguments(key, obj, call.phase, client, call.logger, call.reconcile_id, call.trigger, first_seen)
 
 
 async def own_write(c: ControllerState, key: Request, obj: Any, write: Callable[[], Awaitable[Any]]) -> Any:

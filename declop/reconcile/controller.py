@@ -473,6 +473,10 @@ class Controller:
         book = self.gate.book
         if book is None or informer not in self.primary:
             return 0
+        seen = self.keys.seen
+        if seen:
+            released = list(released)
+            seen.difference_update(released)  # first_seen again when the range comes back
         return book.forget(released, self.primary)
 
     def gained(self, index: int) -> None:

@@ -34,7 +34,9 @@ from declop.reconcile.trigger import NO_TRIGGER, Trigger
 __all__ = ["INJECTABLE", "Registration"]
 
 #: keyword arguments a handler may declare
-INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger"})
+INJECTABLE = frozenset(
+    {"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger", "first_seen"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +73,16 @@ class Registration:
     model: Any = None
     #: writes declop cannot infer, declared with ``permissions=`` (``declop rbac`` grants them)
     permissions: tuple[Permission, ...] = ()
+    #: the handler names ``first_seen`` (``**kwargs`` alone does not give it): only then the
+    #: controller keeps the keys whose call succeeded on this replica — a set as large as the
+    #: cache, which a handler that never reads it does not pay for
+    wants_first_seen: bool = False
 
     @property
     def wants_trigger(self) -> bool:
         """The handler declares ``trigger`` (or takes ``**kwargs``)."""
         return self.wants is None or "trigger" in self.wants
+
 
     @property
     def primary(self) -> Resource:
@@ -105,6 +112,7 @@ class Registration:
         logger: Any,
         reconcile_id: str,
         trigger: Trigger | None = None,
+        first_seen: bool = True,
     ) -> dict[str, Any]:
         """The keyword arguments for one call: only those the handler declares. ``obj`` is a
         deep copy of the cached object, or its typed view (made only when declared), so the cache
@@ -128,4 +136,6 @@ class Registration:
             kwargs["obj"] = (None if obj is None else clone(obj)) if self.model is None else self.view(obj)
         if wants is None or "trigger" in wants:
             kwargs["trigger"] = trigger if trigger is not None else NO_TRIGGER
+        if self.wants_first_seen:
+            kwargs["first_seen"] = first_seen
         return kwargs

@@ -168,6 +168,7 @@ class Registry:
                 resource=primary.name,
                 is_async=inspect.iscoroutinefunction(fn),
                 wants=wanted_names(fn, reg_name),
+                wants_first_seen="first_seen" in inspect.signature(fn).parameters,
                 model=model,
                 **settled,
             )

@@ -1403,3 +1403,47 @@ def test_a_failed_created_call_whose_object_is_deleted_forgets_the_note() -> Non
     run(main())
     assert seen == [declop.Phase.CREATED, declop.Phase.DELETED]
     assert c.echoes.added == set()
+
+
+# -- first_seen (issue 41: Kopf's on.resume) -------------------------------------------------------
+def test_first_seen_is_true_until_a_call_on_the_object_succeeds_in_this_process() -> None:
+    seen: list[bool] = []
+    fail = [True]
+
+    def handler(first_seen: bool, obj: Any, **_: Any) -> None:
+        seen.append(first_seen)
+        if obj is not None and fail[0]:
+            fail[0] = False
+            raise RuntimeError("re-attaching failed")
+
+    c, informer, _ = make(handler)
+    informer.writer.upsert(cm())
+
+    async def once() -> None:
+        c.queue.add(KEY)
+        await c.process([c.queue.get_nowait()])
+
+    async def main() -> None:
+        await once()  # first sighting, fails: still first seen
+        await once()  # first sighting, succeeds
+        await once()  # seen
+        informer.writer.delete(KEY)
+        await once()  # gone: DELETED (seen before), and forgotten
+        informer.writer.upsert(cm())
+        await once()  # re-created: first seen again
+
+    run(main())
+    assert seen == [True, True, False, False, True]  # the DELETED call: seen before; then forgotten
+    restarted, informer2, _ = make(handler)  # a new process: everything is first seen again
+    informer2.writer.upsert(cm())
+    restarted.queue.add(KEY)
+    run(restarted.process([restarted.queue.get_nowait()]))
+    assert seen[-1] is True
+
+
+def test_a_handler_without_first_seen_keeps_no_note() -> None:
+    c, informer, _ = make(lambda **_: None)
+    informer.writer.upsert(cm())
+    c.queue.add(KEY)
+    run(c.process([c.queue.get_nowait()]))
+    assert c.keys.seen == set()

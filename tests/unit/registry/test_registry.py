@@ -188,7 +188,7 @@ def test_unknown_argument_raises_naming_it(reg: Registry) -> None:
     ) as info:
         reg.reconciler("pods")(handle)
     message = str(info.value)
-    assert "declop passes only client, logger, name, namespace, obj, phase, reconcile_id, request" in message
+    assert "declop passes only client, first_seen, logger, name, namespace, obj, phase, reconcile_id, request" in message
     assert "rename it, or give it a default if it is your own" in message
     assert "did you mean" not in message  # nothing is close to 'flavour'
     assert "**_" not in message  # **_ would not make declop pass it
@@ -306,11 +306,11 @@ def test_a_plain_kwargs_argument_asks_for_the_stars(reg: Registry, param: str) -
 
 
 def test_every_injectable_may_be_declared(reg: Registry) -> None:
-    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj, trigger):  # type: ignore[no-untyped-def]
+    def handle(request, name, namespace, client, logger, reconcile_id, phase, obj, trigger, first_seen):  # type: ignore[no-untyped-def]
         ...
 
     reg.reconciler("pods")(handle)
-    assert only(reg).wants == INJECTABLE
+    assert only(reg).wants == INJECTABLE and only(reg).wants_first_seen
 
 
 def test_keyword_only_and_no_arguments(reg: Registry) -> None:
