@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeV
 from declop.errors import RegistrationError
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
+from declop.handlers.changes import runner as changes_runner
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
@@ -134,12 +135,13 @@ class Registry:
             reg_name = options.name or getattr(fn, "__name__", None)
             if not reg_name:
                 raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
-            if reg_name in self._registrations and self._registrations[reg_name].fn is not fn:
+            known = self._registrations.get(reg_name)
+            if known is not None and getattr(known.fn, "__wrapped__", known.fn) is not fn:  # a runner wraps fn
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
             model = typed_model(fn, reg_name, primary)
-            self._registrations[reg_name] = Registration(
+            self._registrations[reg_name] = changes_runner(Registration(  # old/new/diff, field= (docs/changes.md)
                 fn=fn,
                 name=reg_name,
                 resource=primary.name,
@@ -147,7 +149,7 @@ class Registry:
                 wants=wanted_names(fn, reg_name),
                 model=model,
                 **settled,
-            )
+            ))
             return fn
 
         return decorate
@@ -171,7 +173,7 @@ class Registry:
             Source(
                 r.resource, finalizer=r.finalizer is not None, owns=tuple(o.name for o in r.owns),
                 watches=tuple(w.name for w, _ in r.watches), permissions=r.permissions, name=r.name,
-                namespaces=r.namespaces,
+                namespaces=r.namespaces, records=bool(r.records),
             )
             for r in self.registrations
         ]  # fmt: skip
