@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import re
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -53,6 +54,8 @@ _IGNORED = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 #: what the wrapper asks declop for, besides what the user's function declares
 _NEEDS = frozenset({"request", "obj", "client", "phase"})
+
+log = logging.getLogger("declop.changes")
 
 
 class Change(NamedTuple):
@@ -215,6 +218,7 @@ class _Changes:
                 str(meta.get("resourceVersion") or ""), mine.rv
             ):
                 text = mine.text  # the cache is behind our own write: read what we wrote
+                log.debug("%s: the cached copy of %s is behind our snapshot write; reading that", self.key, request)
             else:
                 del self.written[request]
         gone = raw is None or phase is Phase.DELETING
