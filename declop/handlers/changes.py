@@ -40,6 +40,7 @@ import logging
 import re
 from typing import Any, Callable, Mapping, NamedTuple
 
+from declop.cache.store import clone
 from declop.errors import NotFound, RegistrationError
 from declop.reconcile.registration import CHANGE_NAMES, Registration
 from declop.reconcile.result import Phase
@@ -87,14 +88,12 @@ def _ours(key: str) -> bool:
     return prefix == "declop.dev" or prefix.endswith(".declop.dev") or key in _IGNORED
 
 
-def essence(obj: Mapping[str, Any] | None, *, status: bool = False) -> dict[str, Any] | None:
-    """The part of ``obj`` whose changes count (see the module's docstring); ``status=True``
-    keeps ``status`` too (for a ``field=`` in it). Shares structure with ``obj``: read only."""
+def essence(obj: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The part of ``obj`` whose changes count (see the module's docstring). Shares structure
+    with ``obj``: read only."""
     if obj is None:
         return None
     out = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status") and v not in (None, {})}
-    if status and obj.get("status"):
-        out["status"] = obj["status"]
     meta = obj.get("metadata") or {}
     kept: dict[str, Any] = {}
     if meta.get("labels"):
@@ -110,17 +109,14 @@ def essence(obj: Mapping[str, Any] | None, *, status: bool = False) -> dict[str,
 def resolve(state: Any, path: tuple[str, ...]) -> Any:
     """The value at ``path`` in ``state``, None when any step is missing."""
     for part in path:
-        if not isinstance(state, Mapping):
+        if not isinstance(state, dict):
             return None
         state = state.get(part)
     return state
 
 
-def _restricted(state: Any, path: tuple[str, ...]) -> Any:
-    """``state`` with only ``path`` in it (``{}`` when absent, None for no state)."""
-    if state is None:
-        return None
-    value = resolve(state, path)
+def _nested(value: Any, path: tuple[str, ...]) -> Any:
+    """``value`` at ``path`` in an otherwise empty dict (``{}`` when the value is None)."""
     if value is None:
         return {}
     for part in reversed(path):
@@ -141,7 +137,7 @@ def _diff(a: Any, b: Any, path: tuple[str, ...]) -> Any:
         yield Change("add", path, None, b)
     elif b is None:
         yield Change("remove", path, a, None)
-    elif isinstance(a, Mapping) and isinstance(b, Mapping):
+    elif isinstance(a, dict) and isinstance(b, dict):
         for key in sorted({*a, *b}, key=str):
             yield from _diff(a.get(key), b.get(key), (*path, key))
     else:
@@ -209,7 +205,7 @@ class _Changes:
         """Decide, from the object and its snapshot, whether to call and what to write after."""
         request, phase = kwargs["request"], kwargs["phase"]
         obj = kwargs["obj"]
-        raw = obj if obj is None or isinstance(obj, Mapping) else as_json(obj)
+        raw = obj if obj is None or isinstance(obj, dict) else as_json(obj)
         meta = (raw or {}).get("metadata") or {}
         text = (meta.get("annotations") or {}).get(self.key)
         mine = self.written.get(request)
@@ -222,25 +218,24 @@ class _Changes:
             else:
                 del self.written[request]
         gone = raw is None or phase is Phase.DELETING
-        state = None if gone else essence(raw, status=bool(self.field) and self.field[0] == "status")
-        if self.field:
-            before = _restricted(_decode(text), self.field) if text is not None else None
-            old, new = resolve(before, self.field), resolve(state, self.field)
-            after = _restricted(state, self.field)
+        field = self.field
+        if field:
+            old = resolve(_decode(text), field)
+            new = None if gone else self.value(raw)
             if old == new:
                 return _Plan(False, None, {})
             call = _passes(old, self.old) and _passes(new, self.new)
+            after = None if gone else _nested(new, field)
         else:
-            old, new = _decode(text), state
-            after = state
+            old = _decode(text)
+            new = after = None if gone else essence(raw)
             call = True
-        snapshot = _encode(after)
-        write = None if raw is None or snapshot == text or (text is None and after is None) else snapshot
+        write = None if raw is None or (not field and old == after) else _encode(after)
         if not call:
             return _Plan(False, write, {})
         own = self._user_kwargs(kwargs)
         wants = self.wants
-        new = None if new is None else json.loads(_encode(new))  # shares nothing with obj
+        new = clone(new)  # shares nothing with obj
         if wants is None or "old" in wants:
             own["old"] = old
         if wants is None or "new" in wants:
@@ -248,6 +243,14 @@ class _Changes:
         if wants is None or "diff" in wants:
             own["diff"] = diff(old, new)
         return _Plan(True, write, own)
+
+    def value(self, raw: dict[str, Any]) -> Any:
+        """The field's present value: read from the object, but under ``metadata`` from its
+        essence (labels and annotations only, without declop's own)."""
+        head = self.field[0]
+        if head == "metadata":
+            return resolve(essence(raw), self.field)
+        return None if head in ("apiVersion", "kind") else resolve(raw, self.field)
 
     def _user_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         wants = self.wants
@@ -258,7 +261,7 @@ class _Changes:
     def noted(self, kwargs: dict[str, Any], snapshot: str, written: Mapping[str, Any] | None) -> None:
         """Remember our write of ``snapshot`` on ``kwargs``' object until the cache shows it."""
         obj = kwargs["obj"]
-        raw = obj if isinstance(obj, Mapping) else as_json(obj)
+        raw = obj if isinstance(obj, dict) else as_json(obj)
         meta = raw.get("metadata") or {}
         before = (meta.get("annotations") or {}).get(self.key)
         rv = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")

@@ -54,7 +54,6 @@ def test_essence_keeps_spec_labels_and_foreign_annotations_only() -> None:
         }},
     }  # fmt: skip
     assert essence(obj) == {"spec": {"size": 1}, "metadata": {"labels": {"app": "a"}, "annotations": {"team": "t"}}}
-    assert essence(obj, status=True)["status"] == {"a": 1}  # type: ignore[index]
     assert essence({"metadata": {"annotations": {KEY: "{}"}}}) == {}
     assert essence(None) is None
 
@@ -119,6 +118,25 @@ def test_a_name_that_cannot_name_an_annotation_is_refused(reg: Registry) -> None
     with pytest.raises(RegistrationError, match=r"controller '_private' keeps a snapshot .* pass name='...'"):
         reg.reconciler("configmaps")(_private)
     assert snapshot_key("a.b-c_d") == "last-handled.declop.dev/a.b-c_d"
+
+
+def test_a_field_may_be_in_status_or_labels_but_never_our_own_annotations(reg: Registry) -> None:
+    seen: list[tuple[str, Any, Any]] = []
+
+    @reg.reconciler("configmaps", name="status", field="status.phase")
+    def status(old: Any, new: Any) -> None:
+        seen.append(("status", old, new))
+
+    @reg.reconciler("configmaps", name="notes", field="metadata.annotations")
+    def notes(old: Any, new: Any) -> None:
+        seen.append(("notes", old, new))
+
+    body = {**cm({"size": "1"}, team="a"), "status": {"phase": "Ready"}}
+    out = run_reconcile(status, "ns/c", [body], registry=reg)
+    run_reconcile(notes, "ns/c", client=out.client, registry=reg)
+    run_reconcile(status, "ns/c", client=out.client, registry=reg)
+    run_reconcile(notes, "ns/c", client=out.client, registry=reg)  # the snapshots written are no change
+    assert seen == [("status", None, "Ready"), ("notes", None, {"team": "a"})]
 
 
 def test_a_tuple_field_may_hold_dotted_keys(reg: Registry) -> None:
