@@ -10,8 +10,9 @@ The essence is what Kopf's ``last-handled-configuration`` holds: every top-level
 ``apiVersion``, ``kind``, ``metadata`` and ``status``, plus ``metadata.labels`` and
 ``metadata.annotations`` without declop's own (keys under ``declop.dev``) and
 ``kubectl.kubernetes.io/last-applied-configuration``; empty stanzas are dropped. With
-``field="spec.size"`` the handler's snapshot holds that one field only (``{"spec":{"size":3}}``),
-and ``field=`` may also name a field of ``status``.
+``field="spec.size"`` the handler's snapshot holds that one field only (``{"spec":{"size":3}}``);
+``field=`` may name any field of the object, ``status`` too, but under ``metadata`` only what
+the essence has (labels, annotations without declop's own: its snapshot writes are no change).
 
 Invariants (everything is derived from the object and the snapshot on it, never from an event):
 
@@ -27,7 +28,8 @@ Invariants (everything is derived from the object and the snapshot on it, never 
   as it was: the retry sees the same ``old`` (at least once, never "handled" without a success);
 - a copy in the cache older than our own snapshot write (same uid, the annotation still as it
   was before our write, an older resourceVersion) is read as if it held what we wrote, so a
-  stale cache does not call the handler again for a change it already handled;
+  stale cache does not call the handler again for a change it already handled (this memory is
+  the process's: a new owner after failover or a handover trusts its cache, a stated bound);
 - a handler that asks for none of this is not wrapped and pays nothing.
 """
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, Field
 
 from declop.errors import RegistrationError
 from declop.handlers.changes import Change, diff, essence, snapshot_key
@@ -14,6 +15,8 @@ from declop.kube.keys import Request
 from declop.reconcile.result import Phase
 from declop.registry import Registry
 from declop.testing.fake import FakeClient, run_reconcile
+from declop.typed.crd import definitions
+from declop.typed.model import CustomResource
 
 KEY = "last-handled.declop.dev/handle"
 
@@ -381,3 +384,25 @@ def test_several_handlers_keep_a_snapshot_each(reg: Registry) -> None:
     run_reconcile(b, "ns/c", client=out.client, registry=reg)
     assert snapshot(out.client, snapshot_key("a")) == {"data": {"size": "1"}}
     assert snapshot(out.client, snapshot_key("b")) is None  # handled by a, not by b
+
+
+class ThingSpec(BaseModel):
+    size: int = Field(1, ge=0)
+
+
+class Thing(CustomResource, group="example.com", version="v1", kind="Thing"):
+    spec: ThingSpec = Field(default_factory=ThingSpec)
+
+
+def test_a_typed_obj_is_compared_in_its_json_form(reg: Registry) -> None:
+    seen: list[tuple[Any, Any, int]] = []
+
+    @reg.reconciler(Thing, field="spec.size")
+    def handle(obj: Thing, old: Any, new: Any) -> None:
+        seen.append((old, new, obj.spec.size))
+
+    body = {"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "t", "namespace": "ns"}, "spec": {"size": 2}}
+    out = run_reconcile(handle, "ns/t", [definitions([Thing])[0], body], registry=reg)
+    assert out.ok and seen == [(None, 2, 2)]
+    assert run_reconcile(handle, "ns/t", client=out.client, registry=reg).writes == ()
+    assert seen == [(None, 2, 2)]
