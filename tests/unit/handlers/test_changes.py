@@ -406,3 +406,28 @@ def test_a_typed_obj_is_compared_in_its_json_form(reg: Registry) -> None:
     assert out.ok and seen == [(None, 2, 2)]
     assert run_reconcile(handle, "ns/t", client=out.client, registry=reg).writes == ()
     assert seen == [(None, 2, 2)]
+
+
+def test_deleting_is_new_none_once_then_handled(reg: Registry) -> None:
+    calls: list[tuple[str, Any, Any]] = []
+
+    @reg.reconciler("configmaps", name="whole", finalizer="example.com/whole")
+    def whole(old: Any, new: Any, phase: Phase) -> None:
+        calls.append(("whole", old, new))
+
+    @reg.reconciler("configmaps", name="size", field="data.size", finalizer="example.com/size")
+    def size(old: Any, new: Any) -> None:
+        calls.append(("size", old, new))
+
+    out = run_reconcile(whole, "ns/c", [cm({"size": "1"})], registry=reg)
+    run_reconcile(size, "ns/c", client=out.client, registry=reg)
+    out.client.delete("configmaps", "ns/c")  # both finalizers hold it
+    calls.clear()
+    run_reconcile(size, "ns/c", client=out.client, registry=reg)
+    assert calls == [("size", "1", None)]
+    assert snapshot(out.client, snapshot_key("size")) is None  # "null": handled the going away
+    run_reconcile(size, "ns/c", client=out.client, registry=reg)  # DELETING again (whole holds it)
+    assert calls == [("size", "1", None)]
+    last = run_reconcile(whole, "ns/c", client=out.client, registry=reg)
+    assert calls[-1] == ("whole", {"data": {"size": "1"}}, None)
+    assert last.writes[0].body == {"metadata": {"annotations": {snapshot_key("whole"): "null"}}}  # then the finalizer goes
