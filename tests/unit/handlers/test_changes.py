@@ -431,3 +431,27 @@ def test_deleting_is_new_none_once_then_handled(reg: Registry) -> None:
     last = run_reconcile(whole, "ns/c", client=out.client, registry=reg)
     assert calls[-1] == ("whole", {"data": {"size": "1"}}, None)
     assert last.writes[0].body == {"metadata": {"annotations": {snapshot_key("whole"): "null"}}}  # then the finalizer goes
+
+
+def test_a_fenced_snapshot_write_fails_the_call_and_marks_nothing_handled(reg: Registry) -> None:
+    from declop.errors import Fenced
+
+    calls: list[Any] = []
+
+    @reg.reconciler("configmaps", field="data.size")
+    def handle(old: Any, new: Any) -> None:
+        calls.append((old, new))
+
+    (r,) = reg.registrations
+
+    class Lost:
+        def patch(self, resource: str, key: Any, body: Any) -> Any:
+            raise Fenced("the Lease is not known valid")
+
+    obj = cm({"size": "1"})
+    obj["metadata"].update(uid="u1", resourceVersion="10")
+    with pytest.raises(Fenced):
+        r.fn(request=Request("ns", "c"), obj=obj, client=Lost(), phase=Phase.UPDATED)
+    with pytest.raises(Fenced):  # the same copy again (here, or on the new owner): still not handled
+        r.fn(request=Request("ns", "c"), obj=obj, client=Lost(), phase=Phase.UPDATED)
+    assert calls == [(None, "1"), (None, "1")]
