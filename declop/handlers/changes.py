@@ -190,6 +190,8 @@ class _Plan(NamedTuple):
     call: bool
     write: str | None  # the snapshot to write after success (None: nothing to write)
     kwargs: dict[str, Any]
+    uid: str = ""  # the object's uid and our annotation as the cache had them (before the handler ran)
+    before: str | None = None
 
 
 class _Changes:
@@ -233,8 +235,9 @@ class _Changes:
             new = after = None if gone else essence(raw)
             call = True
         write = None if raw is None or (not field and old == after) else _encode(after)
+        seen = str(meta.get("uid") or ""), (meta.get("annotations") or {}).get(self.key)
         if not call:
-            return _Plan(False, write, {})
+            return _Plan(False, write, {}, *seen)
         own = self._user_kwargs(kwargs)
         wants = self.wants
         new = clone(new)  # shares nothing with obj
@@ -244,7 +247,7 @@ class _Changes:
             own["new"] = new
         if wants is None or "diff" in wants:
             own["diff"] = diff(old, new)
-        return _Plan(True, write, own)
+        return _Plan(True, write, own, *seen)
 
     def value(self, raw: dict[str, Any]) -> Any:
         """The field's present value: read from the object, but under ``metadata`` from its
@@ -260,18 +263,14 @@ class _Changes:
             return dict(kwargs)
         return {k: v for k, v in kwargs.items() if k in wants}
 
-    def noted(self, kwargs: dict[str, Any], snapshot: str, written: Mapping[str, Any] | None) -> None:
-        """Remember our write of ``snapshot`` on ``kwargs``' object until the cache shows it."""
-        obj = kwargs["obj"]
-        raw = obj if isinstance(obj, dict) else as_json(obj)
-        meta = raw.get("metadata") or {}
-        before = (meta.get("annotations") or {}).get(self.key)
+    def noted(self, request: Any, plan: _Plan, written: Mapping[str, Any] | None) -> None:
+        """Remember our write of ``plan``'s snapshot until the cache shows it (read from what
+        ``plan`` saw: the handler may have changed its ``obj``)."""
         rv = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
-        self.written[kwargs["request"]] = _Written(str(meta.get("uid") or ""), before, snapshot, rv)
+        self.written[request] = _Written(plan.uid, plan.before, plan.write or "", rv)
 
     def patch(self, snapshot: str) -> dict[str, Any]:
         return {"metadata": {"annotations": {self.key: snapshot}}}
-
 
 
 def runner(reg: Registration) -> Registration:
@@ -299,7 +298,7 @@ def runner(reg: Registration) -> Registration:
                     written = await kwargs["client"].patch(state.resource, kwargs["request"], state.patch(plan.write))
                 except NotFound:
                     return result
-                state.noted(kwargs, plan.write, written)
+                state.noted(kwargs["request"], plan, written)
             return result
 
         wrapped: Callable[..., Any] = run_async
@@ -314,7 +313,7 @@ def runner(reg: Registration) -> Registration:
                     written = kwargs["client"].patch(state.resource, kwargs["request"], state.patch(plan.write))
                 except NotFound:
                     return result
-                state.noted(kwargs, plan.write, written)
+                state.noted(kwargs["request"], plan, written)
             return result
 
         wrapped = run

@@ -455,3 +455,25 @@ def test_a_fenced_snapshot_write_fails_the_call_and_marks_nothing_handled(reg: R
     with pytest.raises(Fenced):  # the same copy again (here, or on the new owner): still not handled
         r.fn(request=Request("ns", "c"), obj=obj, client=Lost(), phase=Phase.UPDATED)
     assert calls == [(None, "1"), (None, "1")]
+
+
+def test_a_handler_changing_its_obj_does_not_confuse_the_stale_copy_memory(reg: Registry) -> None:
+    calls: list[Any] = []
+
+    @reg.reconciler("configmaps", field="data.size")
+    def handle(obj: Any, old: Any, new: Any) -> None:
+        calls.append((old, new))
+        obj["metadata"]["uid"] = "other"
+        obj["metadata"]["annotations"][KEY] = "mine now"
+
+    (r,) = reg.registrations
+
+    class Patching:
+        def patch(self, resource: str, key: Any, body: Any) -> Any:
+            return {"metadata": {"resourceVersion": "12"}}
+
+    stale = cm({"size": "1"})
+    stale["metadata"].update(uid="u1", resourceVersion="10")
+    for _ in range(2):
+        r.fn(request=Request("ns", "c"), obj=json.loads(json.dumps(stale)), client=Patching(), phase=Phase.UPDATED)
+    assert calls == [(None, "1")]
