@@ -195,3 +195,48 @@ def test_changes_made_while_the_operator_was_down_are_seen_once_as_one(kubeconfi
         edit(core, namespace, {"data": {"size": "6"}}, name="untouched")  # a later change: the first list is done
         wait_for(lambda: snapshot(core, namespace, "size", name="untouched") == {"data": {"size": "6"}}, 20)
     assert sorted(calls, key=str) == sorted([(None, "1"), (None, "5"), ("1", "4"), ("5", "6")], key=str)
+
+
+SIZE_NOTES = """
+import json, os
+
+import declop
+
+
+@declop.reconciler("configmaps", field="data.size")
+def size(old, new):
+    with open(os.environ["DECLOP_TEST_OUT"], "a") as f:
+        f.write(json.dumps({"replica": os.environ["DECLOP_TEST_REPLICA"], "old": old, "new": new}) + "\\n")
+"""
+
+
+def test_after_a_leader_is_killed_the_new_leader_handles_only_what_is_new(control_plane: Any, namespace: str, core: Any, tmp_path: Any) -> None:
+    """kill -9 of the leader after it handled a change: the standby takes the Lease, lists every
+    object, finds the snapshot on it equal to the state (nothing handled twice) and handles the
+    next change with the old value the dead leader handled."""
+    from declop.testing import Replicas
+
+    handlers = tmp_path / "sizes.py"
+    handlers.write_text(SIZE_NOTES)
+    out = tmp_path / "notes.jsonl"
+    args = [
+        str(handlers), "-n", namespace, "--leader-elect", "--leader-election-id", "sizes",
+        "--leader-election-namespace", namespace, "--lease-duration", "3", "--renew-deadline", "2",
+        "--retry-period", "0.3",
+    ]  # fmt: skip
+
+    def notes() -> list[tuple[str, Any, Any]]:
+        lines = out.read_text().splitlines() if out.exists() else []
+        return [(n["replica"], n["old"], n["new"]) for n in map(json.loads, lines)]
+
+    with Replicas(args, env=control_plane.env()) as replicas:
+        for r in "ab":
+            replicas.start(r, DECLOP_TEST_REPLICA=r, DECLOP_TEST_OUT=str(out))
+        create(core, namespace, {"size": "1"})
+        wait_for(lambda: snapshot(core, namespace, "size") == {"data": {"size": "1"}}, 60, what="the first change handled")
+        ((leader, _, _),) = notes()
+        assert replicas.kill(leader) == -9
+        edit(core, namespace, {"data": {"size": "2"}})
+        wait_for(lambda: snapshot(core, namespace, "size") == {"data": {"size": "2"}}, 60, what="the standby handling the next")
+        other = "b" if leader == "a" else "a"
+    assert notes() == [(leader, None, "1"), (other, "1", "2")]
