@@ -41,10 +41,6 @@ _RETRIES = (
     "declop does not count retries: raise to be retried with per-key backoff, raise "
     "declop.TerminalError to stop, or return declop.Result(requeue_after=seconds)"
 )
-_DIFF = (
-    "declop passes the present state only, never a change: declare obj and compare it with "
-    "what it should be (docs/contract.md §1)"
-)
 _WEBHOOK = (
     "that is an admission-webhook argument: declop passes it to @declop.validator and "
     "@declop.mutator handlers (docs/webhooks.md), not to reconcilers"
@@ -69,9 +65,6 @@ KOPF_KWARGS: Mapping[str, str] = {
         "declop has no per-object memo: keep state in the object (status, annotations) or in "
         "module-level variables"
     ),
-    "old": _DIFF,
-    "new": _DIFF,
-    "diff": _DIFF,
     "reason": "declare phase instead: declop.Phase.CREATED, UPDATED, DELETING or DELETED",
     "event": "declop never passes watch events: declare phase and obj for the present state",
     "type": "declop never passes watch events: declare phase and obj for the present state",
@@ -106,14 +99,8 @@ _PARTS = "name the resource in the first argument, e.g. @declop.reconciler('widg
 KOPF_OPTIONS: Mapping[str, str] = {
     "id": "use name= to name the controller",
     "when": _FILTER,
-    "field": (
-        "Kopf's field= reacts to changes of one field: " + _FILTER + "; declop's fields= is a "
-        "field selector (which objects are cached, docs/fields-and-transforms.md)"
-    ),
-    "value": _FILTER,
+    "value": "use field='spec.x' with new= (a value, or a callable value -> bool; docs/changes.md)",
     "annotations": _FILTER,
-    "new": _FILTER,
-    "old": _FILTER,
     "group": _PARTS,
     "version": _PARTS,
     "plural": _PARTS,

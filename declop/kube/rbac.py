@@ -62,6 +62,8 @@ CLUSTER = ""
 # the verbs declop sends, by feature (charts/declop/files/permissions.json says the same)
 SOURCE_VERBS = ("get", "list", "watch")
 FINALIZER_VERBS = ("patch",)
+#: declop's records on the primary (docs/changes.md: the last-handled snapshot)
+RECORD_VERBS = ("patch",)
 STATUS_VERBS = ("patch", "update")
 OWNED_VERBS = ("create", "update", "patch", "delete")
 OWNER_FINALIZERS_VERBS = ("update",)
@@ -193,6 +195,8 @@ class Source:
     name: str = ""
     #: the registration's own ``namespaces=`` (None: where the operator watches)
     namespaces: tuple[str, ...] | None = None
+    #: declop keeps a record on the primary for it (a field-change snapshot annotation): patch
+    records: bool = False
 
 
 Resolve = Callable[[str], "tuple[str, str]"]
@@ -265,6 +269,8 @@ def needs(
             add(where, src.resource, SOURCE_VERBS, f"{who}: the primary's informer (get for client.live.get)")
             if src.finalizer:
                 add(where, src.resource, FINALIZER_VERBS, f"{who}: finalizer= (a JSON patch of metadata.finalizers)")
+            if src.records:
+                add(where, src.resource, RECORD_VERBS, f"{who}: old/new/diff or field= (a merge patch of its snapshot annotation)")
             if is_custom(group):
                 add(where, src.resource, STATUS_VERBS, f"{who}: status writes (client.patch_status, update(subresource='status'))",
                     required=False, sub="status")  # fmt: skip

@@ -31,12 +31,15 @@ from declop.queue.ratelimit import RateLimit
 from declop.reconcile.predicates import Predicate
 from declop.reconcile.trigger import NO_TRIGGER, Trigger
 
-__all__ = ["INJECTABLE", "Registration"]
+__all__ = ["CHANGE_NAMES", "INJECTABLE", "Registration"]
 
+#: what a handler declares to get the change since it last succeeded (:mod:`declop.handlers.changes`
+#: fills them; :meth:`Registration.arguments` never does, and ``**kwargs`` alone does not ask for them)
+CHANGE_NAMES = frozenset({"old", "new", "diff"})
 #: keyword arguments a handler may declare
 INJECTABLE = frozenset(
     {"request", "name", "namespace", "client", "logger", "reconcile_id", "phase", "obj", "trigger", "first_seen"}
-)
+) | CHANGE_NAMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,13 @@ class Registration:
     #: controller keeps the keys whose call succeeded on this replica — a set as large as the
     #: cache, which a handler that never reads it does not pay for
     wants_first_seen: bool = False
+    #: ``field=``: the path of the one field whose changes call the handler; () for none
+    field: tuple[str, ...] = ()
+    #: ``old=``/``new=``: filters on that field's value (``...``: none)
+    old: Any = ...
+    new: Any = ...
+    #: annotations declop keeps on the primary for this registration (``declop rbac`` grants patch)
+    records: tuple[str, ...] = ()
 
     @property
     def wants_trigger(self) -> bool:

@@ -89,6 +89,12 @@ def reconciler(resource: ResourceLike, *parts: Never, **options: Any) -> Decorat
     hashes the primary's uid, and an owned child its owner reference's uid; ``"namespace"``
     hashes the namespace, so everything of one namespace lands on one replica.
 
+    Field changes (docs/changes.md): a handler that declares ``old``, ``new`` or ``diff`` gets
+    them against a snapshot of what it last handled, kept in an annotation on the object and
+    written after it succeeds; ``field="spec.size"`` calls it only when that field's value
+    differs from the snapshot's, and ``old=``/``new=`` (a value, or a callable value -> bool)
+    filter that value.
+
     ``permissions=[("create", "configmaps"), ("get", "secrets", "my-secret")]`` declares writes
     declop cannot infer (each a ``(verb, resource[, name])`` tuple or a
     :class:`~declop.kube.rbac.Permission`): ``declop rbac`` grants them and ``declop run``

@@ -80,6 +80,13 @@ class ReconcilerOptions:
     shard_by: str = "uid"
     #: writes declop cannot infer: ``(verb, resource[, name])`` tuples or Permissions
     permissions: Sequence[Permission | tuple[str, str] | tuple[str, str, str]] = ()
+    #: call only when this field's value differs from the one last handled ("spec.size", or a
+    #: tuple of keys); the handler may declare old, new, diff (docs/changes.md)
+    field: str | Sequence[str] | None = None
+    #: with field=: call only when the field's last handled value is this (or passes this callable)
+    old: Any = ...
+    #: with field=: call only when the field's present value is this (or passes this callable)
+    new: Any = ...
 
     def __post_init__(self) -> None:
         """Check every option (the messages name it and say what it accepts)."""
@@ -121,6 +128,11 @@ class ReconcilerOptions:
             )
         for entry in permissions:
             Permission.of(entry)
+        _field(self.field)
+        if (self.old is not ... or self.new is not ...) and self.field is None:
+            raise RegistrationError(
+                "old= and new= filter the value of one field: pass field='spec.size' too (docs/changes.md)"
+            )
         if self.shard_by not in SHARD_KEYS:
             raise _BadShardKey(
                 f"shard_by must be 'uid' (the default) or 'namespace', got {self.shard_by!r}; see docs/sharding.md"
@@ -155,6 +167,9 @@ class ReconcilerOptions:
             "fields": primary.fields,
             "shard_by": self.shard_by,
             "permissions": tuple(Permission.of(p) for p in self.permissions),
+            "field": _field(self.field),
+            "old": self.old,
+            "new": self.new,
         }
 
 
@@ -166,6 +181,19 @@ def _valid_finalizer(name: str) -> bool:
     """A qualified name: optional DNS-subdomain prefix (<= 253) and a name part (<= 63)."""
     prefix, _, part = name.rpartition("/")
     return len(part) <= 63 and len(prefix) <= 253 and bool(_FINALIZER.match(name))
+
+
+def _field(field: object) -> tuple[str, ...]:
+    """``field=`` as a path of keys: ``"spec.size"`` or ``("metadata", "labels", "app.kubernetes.io/name")``."""
+    if field is None:
+        return ()
+    parts = tuple(field.split(".")) if isinstance(field, str) else tuple(field) if isinstance(field, (tuple, list)) else ()
+    if not parts or not all(isinstance(p, str) and p and "=" not in p for p in parts):
+        raise RegistrationError(
+            f"field= names the one field whose changes call the handler, as 'spec.size' or a tuple of keys, "
+            f"got {field!r}; a field selector (which objects are cached) is fields='spec.x=y'"
+        )
+    return parts
 
 
 def _priority(priority: object) -> Priority | None:

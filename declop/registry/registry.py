@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeV
 from declop.errors import RegistrationError
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
+from declop.handlers.changes import runner as changes_runner
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
@@ -157,12 +158,13 @@ class Registry:
             reg_name = options.name or getattr(fn, "__name__", None)
             if not reg_name:
                 raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
-            if reg_name in self._registrations and not _same_definition(self._registrations[reg_name].fn, fn):
+            known = self._registrations.get(reg_name)
+            if known is not None and not _same_definition(getattr(known.fn, "__wrapped__", known.fn), fn):  # a runner wraps fn
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
             model = typed_model(fn, reg_name, primary)
-            self._registrations[reg_name] = Registration(
+            self._registrations[reg_name] = changes_runner(Registration(  # old/new/diff, field= (docs/changes.md)
                 fn=fn,
                 name=reg_name,
                 resource=primary.name,
@@ -171,7 +173,7 @@ class Registry:
                 wants_first_seen="first_seen" in inspect.signature(fn).parameters,
                 model=model,
                 **settled,
-            )
+            ))
             return fn
 
         return decorate
@@ -195,7 +197,7 @@ class Registry:
             Source(
                 r.resource, finalizer=r.finalizer is not None, owns=tuple(o.name for o in r.owns),
                 watches=tuple(w.name for w, _ in r.watches), permissions=r.permissions, name=r.name,
-                namespaces=r.namespaces,
+                namespaces=r.namespaces, records=bool(r.records),
             )
             for r in self.registrations
         ]  # fmt: skip

@@ -67,11 +67,11 @@ def test_did_you_mean_and_suggestion() -> None:
 
 
 def test_every_kopf_kwarg_declop_lacks_has_a_hint() -> None:
-    """Kopf's resource-handler kwargs (docs/kwargs.rst) that declop does not inject."""
+    """Kopf's resource-handler kwargs (docs/kwargs.rst) that declop does not inject (old, new and
+    diff it does: docs/changes.md)."""
     kopf = {
         "body", "spec", "meta", "status", "uid", "labels", "annotations", "patch", "memo", "event",
-        "reason", "old", "new", "diff", "retry", "started", "runtime", "stopped", "param", "resource",
-        "settings",
+        "reason", "retry", "started", "runtime", "stopped", "param", "resource", "settings",
     }
     assert kopf <= set(KOPF_KWARGS)
     assert not set(KOPF_KWARGS) & INJECTABLE  # name, namespace and logger exist in declop too

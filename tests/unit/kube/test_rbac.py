@@ -243,3 +243,11 @@ def test_values_carry_every_grant_the_handlers_ask_for_and_none_of_the_machinery
     )  # fmt: skip
     generated = values(grants)["rbac"]["generated"]
     assert {r["resources"][0] for r in generated} == {"configmaps", "pods", "events"}
+
+
+def test_a_record_on_the_primary_grants_patch_on_it() -> None:
+    """Field changes keep a snapshot annotation on the primary (docs/changes.md)."""
+    plain = needs([Source("widgets.v1.example.com", name="w")])
+    assert "patch" not in verbs(plain, "example.com", "widgets")
+    kept = needs([Source("widgets.v1.example.com", records=True, name="w")])
+    assert "patch" in verbs(kept, "example.com", "widgets")

@@ -14,6 +14,7 @@ import declop.registry as registry_module
 from declop.errors import ConfigError, RegistrationError
 from declop.reconcile.predicates import generation_changed
 from declop.registry import INJECTABLE, Registration, Registry, index, reconciler
+from declop.reconcile.registration import CHANGE_NAMES
 from declop.kube.resource import Resource
 
 
@@ -188,7 +189,7 @@ def test_unknown_argument_raises_naming_it(reg: Registry) -> None:
     ) as info:
         reg.reconciler("pods")(handle)
     message = str(info.value)
-    assert "declop passes only client, first_seen, logger, name, namespace, obj, phase, reconcile_id, request" in message
+    assert "declop passes only client, diff, first_seen, logger, name, namespace, new, obj, old, phase, reconcile_id, request" in message
     assert "rename it, or give it a default if it is your own" in message
     assert "did you mean" not in message  # nothing is close to 'flavour'
     assert "**_" not in message  # **_ would not make declop pass it
@@ -273,9 +274,6 @@ def test_a_partial_needs_a_name(reg: Registry) -> None:
         ("status", "client.patch_status(request, {'status': {...}})"),
         ("patch", "write changes yourself with client.patch(request, {...})"),
         ("memo", "no per-object memo"),
-        ("diff", "present state only"),
-        ("old", "present state only"),
-        ("new", "present state only"),
         ("reason", "declare phase instead"),
         ("event", "never passes watch events"),
         ("retry", "raise declop.TerminalError to stop"),
@@ -310,7 +308,14 @@ def test_every_injectable_may_be_declared(reg: Registry) -> None:
         ...
 
     reg.reconciler("pods")(handle)
-    assert only(reg).wants == INJECTABLE and only(reg).wants_first_seen
+    assert only(reg).wants == INJECTABLE - CHANGE_NAMES and only(reg).wants_first_seen
+    assert only(reg).fn is handle  # none of old/new/diff: not wrapped (docs/changes.md)
+
+    def changes(request, name, namespace, client, logger, reconcile_id, phase, obj, trigger, old, new, diff):  # type: ignore[no-untyped-def]
+        ...
+
+    reg.reconciler("pods")(changes)
+    assert reg.registrations[-1].fn.__wrapped__ is changes  # type: ignore[attr-defined]
 
 
 def test_keyword_only_and_no_arguments(reg: Registry) -> None:
@@ -375,7 +380,7 @@ def test_misspelt_option_on_the_registry_method(reg: Registry) -> None:
     with pytest.raises(RegistrationError, match=r"unknown option own=: did you mean 'owns'\?"):
         reg.reconciler("pods", own=["configmaps"])  # type: ignore[arg-type]
     # the method has no registry= option: it is the registry
-    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions$"):
+    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, field, old, new$"):
         reg.reconciler("pods", registry=reg)  # type: ignore[arg-type]
 
 
@@ -387,7 +392,7 @@ def test_index_misspelt_option(reg: Registry) -> None:
 
 @pytest.mark.parametrize(
     ("option", "hint"),
-    [("id", "use name="), ("when", "predicates=[...]"), ("field", "predicates=[...]"), ("retries", "TerminalError")],
+    [("id", "use name="), ("when", "predicates=[...]"), ("value", "field='spec.x' with new="), ("retries", "TerminalError")],
 )
 def test_kopf_options_name_the_declop_equivalent(reg: Registry, option: str, hint: str) -> None:
     with pytest.raises(RegistrationError, match=rf"@reconciler got an unknown option {option}=: .*{re.escape(hint)}"):
@@ -399,7 +404,7 @@ def test_an_unknown_option_nothing_is_close_to_lists_them_all(reg: Registry) -> 
         reconciler("pods", registry=reg, colour="blue")  # type: ignore[arg-type]
     assert str(info.value) == (
         "@reconciler got an unknown option colour=: the options are name, finalizer, namespaces, "
-        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, registry"
+        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, field, old, new, registry"
     )
 
 
