@@ -209,6 +209,6 @@ def returned_dict(value: Any) -> str | None:
     if isinstance(value.get("kind"), str) and isinstance(value.get("metadata"), Mapping):
         return None  # an API object, say what client.patch() returned: not Kopf's habit
     return (
-        "declop does not store a returned dict in the status as Kopf does: write it with "
-        "client.patch_status(request, {'status': {...}}) and return None"
+        "a returned dict is stored in the status only with return_to='status.<field>' (or return_to=True, "
+        "as Kopf does); else write it with client.patch_status(request, {'status': {...}}) and return None"
     )

@@ -108,6 +108,7 @@ ORDER = [
     "lifecycle",
     "handlers",
     "handlers.changes",
+    "handlers.returns",
     "serving",
     "serving.http",
     "serving.probes",

@@ -87,6 +87,8 @@ class Registration:
     new: Any = ...
     #: annotations declop keeps on the primary for this registration (``declop rbac`` grants patch)
     records: tuple[str, ...] = ()
+    #: ``return_to=``: the path a returned value is written to (``("status", "summary")``); () for none
+    return_to: tuple[str, ...] = ()
 
     @property
     def wants_trigger(self) -> bool:

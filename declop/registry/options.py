@@ -87,6 +87,9 @@ class ReconcilerOptions:
     old: Any = ...
     #: with field=: call only when the field's present value is this (or passes this callable)
     new: Any = ...
+    #: where a returned value is written: "status.summary", or True for status.<controller name>
+    #: (Kopf's habit); None: returning anything but None or a Result is an error (docs/contract.md §3)
+    return_to: str | bool | None = None
 
     def __post_init__(self) -> None:
         """Check every option (the messages name it and say what it accepts)."""
@@ -129,6 +132,10 @@ class ReconcilerOptions:
         for entry in permissions:
             Permission.of(entry)
         _field(self.field)
+        if self.return_to is not None:
+            from declop.handlers.returns import path_of
+
+            path_of(self.return_to, "controller")
         if (self.old is not ... or self.new is not ...) and self.field is None:
             raise RegistrationError(
                 "old= and new= filter the value of one field: pass field='spec.size' too (docs/changes.md)"
@@ -148,9 +155,11 @@ class ReconcilerOptions:
             fields=base.fields if self.fields is None else self.fields,  # type: ignore[arg-type]
         )
 
-    def settled(self, primary: Resource) -> dict[str, Any]:
+    def settled(self, primary: Resource, controller: str = "") -> dict[str, Any]:
         """The options in canonical form, keyed by the Registration's attribute names (all but
-        ``name``, which the registry resolves from the function)."""
+        ``name``, which the registry resolves from the function and passes as ``controller``:
+        ``return_to=True`` means ``status.<controller>``)."""
+        from declop.handlers.returns import path_of
         namespaces = (self.namespaces,) if isinstance(self.namespaces, str) else self.namespaces
         return {
             "finalizer": self.finalizer,
@@ -167,6 +176,7 @@ class ReconcilerOptions:
             "fields": primary.fields,
             "shard_by": self.shard_by,
             "permissions": tuple(Permission.of(p) for p in self.permissions),
+            "return_to": path_of(self.return_to, controller),
             "field": _field(self.field),
             "old": self.old,
             "new": self.new,

@@ -30,6 +30,7 @@ from declop.errors import RegistrationError
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.handlers.changes import runner as changes_runner
+from declop.handlers.returns import runner as returns_runner
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
@@ -149,7 +150,6 @@ class Registry:
         """The decorator that records a function as the reconciler of ``resource`` with
         ``options`` (already checked: a :class:`ReconcilerOptions` that exists is valid)."""
         primary = options.primary(resource)
-        settled = options.settled(primary)
 
         def decorate(fn: F) -> F:
             self._check_open(f"reconciler {getattr(fn, '__name__', fn)!r}")
@@ -159,12 +159,13 @@ class Registry:
             if not reg_name:
                 raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
             known = self._registrations.get(reg_name)
-            if known is not None and not _same_definition(getattr(known.fn, "__wrapped__", known.fn), fn):  # a runner wraps fn
+            if known is not None and not _same_definition(inspect.unwrap(known.fn), fn):  # a runner wraps fn
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
             model = typed_model(fn, reg_name, primary)
-            self._registrations[reg_name] = changes_runner(Registration(  # old/new/diff, field= (docs/changes.md)
+            settled = options.settled(primary, reg_name)
+            reg = Registration(
                 fn=fn,
                 name=reg_name,
                 resource=primary.name,
@@ -173,7 +174,9 @@ class Registry:
                 wants_first_seen="first_seen" in inspect.signature(fn).parameters,
                 model=model,
                 **settled,
-            ))
+            )
+            # the runners, innermost first: a return value to the status, then field changes
+            self._registrations[reg_name] = changes_runner(returns_runner(reg))
             return fn
 
         return decorate

@@ -299,7 +299,7 @@ def _registration(
         reg, source = throwaway.registrations[0], registry if registry is not None else default_registry
     else:
         source = registry if registry is not None else default_registry
-        found = [r for r in source.registrations if getattr(r.fn, "__wrapped__", r.fn) is handler]  # a runner wraps it
+        found = [r for r in source.registrations if inspect.unwrap(r.fn) is handler]  # runners wrap it
         if not found:
             raise TypeError(
                 f"{getattr(handler, '__name__', handler)!r} is not registered in "

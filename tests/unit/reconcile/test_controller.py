@@ -159,7 +159,7 @@ def test_returning_a_plain_dict_gets_the_kopf_hint_without_its_contents(caplog: 
     settle(c, KEY, {"message": "hunter2-s3cr3t", "ready": True}, None, logger(), 0.0)
     clock.advance(10_000)
     assert queued(c) == [] and c.queue.num_requeues(KEY) == 0  # terminal, not retried
-    assert "returned a dict (contents not shown) for ns/a; declop does not store a returned dict" in caplog.text
+    assert "returned a dict (contents not shown) for ns/a; a returned dict is stored in the status only with return_to=" in caplog.text
     assert "client.patch_status(request, {'status': {...}}) and return None" in caplog.text
     assert "hunter2-s3cr3t" not in caplog.text and "message" not in caplog.text
 

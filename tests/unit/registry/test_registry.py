@@ -380,7 +380,7 @@ def test_misspelt_option_on_the_registry_method(reg: Registry) -> None:
     with pytest.raises(RegistrationError, match=r"unknown option own=: did you mean 'owns'\?"):
         reg.reconciler("pods", own=["configmaps"])  # type: ignore[arg-type]
     # the method has no registry= option: it is the registry
-    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, field, old, new$"):
+    with pytest.raises(RegistrationError, match=r"unknown option registry=: the options are name, finalizer, .*max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, field, old, new, return_to$"):
         reg.reconciler("pods", registry=reg)  # type: ignore[arg-type]
 
 
@@ -404,7 +404,7 @@ def test_an_unknown_option_nothing_is_close_to_lists_them_all(reg: Registry) -> 
         reconciler("pods", registry=reg, colour="blue")  # type: ignore[arg-type]
     assert str(info.value) == (
         "@reconciler got an unknown option colour=: the options are name, finalizer, namespaces, "
-        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, field, old, new, registry"
+        "labels, predicates, owns, watches, max_concurrent, priority, rate_limit, timeout, metadata_only, fields, shard_by, permissions, field, old, new, return_to, registry"
     )
 
 
