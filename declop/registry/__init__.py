@@ -27,6 +27,7 @@ from declop.registry.decorators import mutator as mutator
 from declop.registry.decorators import on_shutdown as on_shutdown
 from declop.registry.decorators import on_startup as on_startup
 from declop.registry.decorators import reconciler as reconciler
+from declop.registry.decorators import timer as timer
 from declop.registry.decorators import transform as transform
 from declop.registry.decorators import validator as validator
 from declop.registry.options import ReconcilerOptions as ReconcilerOptions
@@ -50,6 +51,7 @@ __all__ = [
     "on_shutdown",
     "on_startup",
     "reconciler",
+    "timer",
     "transform",
     "validator",
 ]
