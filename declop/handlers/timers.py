@@ -31,11 +31,13 @@ The schedule (:class:`Schedule`, :meth:`Schedule.decide`):
 - no tick while ``metadata.deletionTimestamp`` is set; none once the object is gone (what the
   runner remembers of the key is dropped then).
 
-Why no tick is doubled across replicas: a replica starts a call only while its Lease's fence is
-open (:meth:`~declop.reconcile._fence.Gate.may_start`), and that fence closes a margin
-(``lease_duration - renew_deadline``) before another replica can take the Lease; the new owner
-fires only grid points at or after it took the key. The bound assumes the replicas' wall clocks
-differ by less than that margin. docs/timers.md states the guarantees and bounds.
+Why no tick is doubled across replicas: a replica fires a tick only if its Lease's fence is
+still open *after* it read the clock that made the tick due (the call's write fence,
+:mod:`declop.kube.fencing`, checked again here: a process stopped between the controller's
+:meth:`~declop.reconcile._fence.Gate.may_start` and the decision fires nothing), and that fence
+closes a margin (``lease_duration - renew_deadline``) before another replica can take the Lease;
+the new owner fires only grid points at or after it took the key. The bound assumes the
+replicas' wall clocks differ by less than that margin. docs/timers.md states the guarantees and bounds.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from typing import Any, Callable, Mapping
 from declop import clock as clocks
 from declop.clock import Clock
 from declop.errors import RegistrationError, TerminalError
+from declop.kube import fencing
 from declop.reconcile.result import Result
 
 __all__ = ["Schedule", "TimerRunner", "current_tick", "fingerprint"]
@@ -258,6 +261,9 @@ class TimerRunner:
         tick, delay, lateness = self.plan(key, obj, gained)
         if tick is None:
             return key, None, delay, 0.0, {}
+        fence = fencing.current()
+        if fence is not None:  # the clock was read under a valid Lease, or the tick is not ours
+            fence.check("timer tick", f"{tick} of {key}")
         wants = self.wants
         given = kwargs if wants is None else {k: v for k, v in kwargs.items() if k in wants}
         if self.model is not None and "obj" in given and obj is not None:

@@ -1,6 +1,7 @@
 """The registry: what the decorators declare, held until a manager runs it.
 
-``@declop.reconciler`` records reconcilers; ``declop.index`` and ``declop.transform`` the cache's
+``@declop.reconciler`` records reconcilers and ``@declop.timer`` timers (a runner as a
+reconciler, :mod:`declop.handlers.timers`); ``declop.index`` and ``declop.transform`` the cache's
 indexes and transforms; ``@declop.on_startup``, ``@declop.on_shutdown`` and
 ``@declop.background`` lifecycle hooks; ``@declop.validator``, ``@declop.mutator`` and
 ``@declop.converter`` webhooks. The manager reads them at start.
@@ -15,7 +16,7 @@ users import from ``declop.registry`` (``Registry``, ``default_registry``, the d
 holds nothing else. ``declop.registry.default_registry`` is the attribute ``declop dev`` and tests
 swap; the decorators read it here when called.
 
-May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``webhooks``.
+May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``handlers``, ``webhooks``.
 """
 
 from declop.registry.decorators import RECONCILER_OPTIONS as RECONCILER_OPTIONS

@@ -1,6 +1,7 @@
 """Registry: what the decorators declared, held until a manager freezes and runs it.
 
-It records reconcilers (as :class:`~declop.reconcile.registration.Registration`), cache indexes,
+It records reconcilers (as :class:`~declop.reconcile.registration.Registration`; a timer is one
+whose ``fn`` is a :class:`~declop.handlers.timers.TimerRunner`'s handler), cache indexes,
 cache transforms, lifecycle hooks (:mod:`declop.lifecycle`) and webhooks
 (:mod:`declop.webhooks.declaration`), and derives the RBAC grants they need.
 

@@ -23,7 +23,8 @@ import pytest
 
 import declop
 from declop.handlers.timers import current_tick
-from declop.testing import OperatorProcess, OperatorRunner, wait_for
+from declop.leases.hashing import fnv1a64, range_index
+from declop.testing import OperatorProcess, OperatorRunner, Replicas, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +43,8 @@ OUT = os.environ["DECLOP_TEST_TICKS"]
 REPLICA = os.environ["DECLOP_TEST_REPLICA"]
 
 @declop.timer("configmaps", interval=float(os.environ["DECLOP_TEST_INTERVAL"]), labels="timer-test=yes")
-def tick(name):
-    line = {"replica": REPLICA, "pid": os.getpid(), "key": name, "tick": current_tick(), "at": time.time()}
+def tick(name, obj):
+    line = {"replica": REPLICA, "pid": os.getpid(), "key": name, "uid": obj["metadata"]["uid"], "tick": current_tick(), "at": time.time()}
     fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(line) + "\\n").encode())
@@ -196,3 +197,87 @@ def test_sigkill_of_the_leader_while_its_timers_tick(pair: Pair) -> None:
 
 def test_sigterm_of_the_leader_while_its_timers_tick(pair: Pair) -> None:
     handover(pair, "term")
+
+
+# -- real processes, sharded -------------------------------------------------------------------
+
+SHARDS = 4
+
+
+def held_intervals(op: OperatorProcess, until: float) -> dict[int, list[tuple[float, float]]]:
+    """Range -> the intervals a replica held it, from its log: "Acquired shard" opens one,
+    "Released shard" or "Shard lease lost" closes it; one still open ends at ``until``."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    opened: dict[int, float] = {}
+    for line in list(op.lines):
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if r.get("msg") not in ("Acquired shard", "Released shard", "Shard lease lost"):
+            continue
+        i = int(r["shard"].split("/")[0])
+        if r["msg"] == "Acquired shard":
+            opened[i] = ts(r)
+        elif i in opened:
+            out.setdefault(i, []).append((opened.pop(i), ts(r)))
+    for i, start in opened.items():
+        out.setdefault(i, []).append((start, until))
+    return out
+
+
+def test_range_handover_and_sigkill_with_shards(control_plane: Any, namespace: str, tmp_path: Path) -> None:
+    """Replica 0 alone holds the 4 ranges and ticks 8 objects; replica 1 joins and takes its
+    share (a drained handover); then replica 1 is SIGKILLed and 0 takes its ranges back once
+    their Leases expired. Every tick is on the replica that held the key's range at that moment,
+    and no grid index of any object fires twice."""
+    handlers = tmp_path / "handlers.py"
+    handlers.write_text(textwrap.dedent(HANDLERS))
+    ticks_file = tmp_path / "ticks.jsonl"
+    args = [
+        str(handlers), "-n", namespace, "--log-format", "json", "--shards", str(SHARDS),
+        "--leader-election-namespace", namespace, "--leader-election-id", "timer-shards",
+        "--lease-duration", str(LEASE_DURATION), "--renew-deadline", str(RENEW_DEADLINE), "--retry-period", str(RETRY_PERIOD),
+    ]
+    env = {**control_plane.env(), "DECLOP_TEST_TICKS": str(ticks_file), "DECLOP_TEST_INTERVAL": str(INTERVAL)}
+    api = control_plane.api_client()
+    core = kubernetes.client.CoreV1Api(api)
+
+    def ticks() -> list[dict[str, Any]]:
+        if not ticks_file.exists():
+            return []
+        return [json.loads(line) for line in ticks_file.read_text().splitlines() if line.strip()]
+
+    def keys_of(replica: str, since: float = 0.0) -> set[str]:
+        return {t["key"] for t in ticks() if t["replica"] == replica and t["at"] > since}
+
+    ends: dict[str, float] = {}
+    try:
+        with Replicas(args, env=env) as replicas:
+            replicas.start("0", DECLOP_TEST_REPLICA="0")
+            wait_for(lambda: replicas.metric("0", "declop_shard_ranges_owned") == SHARDS, timeout=60, what="replica 0 holds every range")
+            for i in range(8):
+                core.create_namespaced_config_map(namespace, {"metadata": {"name": f"cm-{i}", "labels": {"timer-test": "yes"}}})
+            wait_for(lambda: len(keys_of("0")) == 8, timeout=30, what="ticks of every object on replica 0")
+            replicas.start("1", DECLOP_TEST_REPLICA="1")
+            wait_for(lambda: replicas.metric("1", "declop_shard_ranges_owned") == SHARDS // 2, timeout=60, what="replica 1 takes its share")
+            joined = time.time()
+            wait_for(lambda: keys_of("1", joined), timeout=30, what="ticks on replica 1")
+            assert replicas.kill("1") == -signal.SIGKILL
+            ends["1"] = time.time()
+            wait_for(lambda: replicas.metric("0", "declop_shard_ranges_owned") == SHARDS, timeout=60, what="replica 0 takes the ranges back")
+            back = time.time()
+            wait_for(lambda: len(keys_of("0", back)) == 8, timeout=30, what="every object ticks on replica 0 again")
+            replicas.stop("0")
+            ends["0"] = time.time()
+            held = {name: held_intervals(replicas[name], ends[name]) for name in ("0", "1")}
+    finally:
+        api.close()
+    all_ticks = ticks()
+    assert_no_tick_doubled(all_ticks)
+    for t in all_ticks:
+        r = range_index(fnv1a64(t["uid"]), SHARDS)
+        spans = held[t["replica"]].get(r, [])
+        assert any(a <= t["at"] <= b for a, b in spans), f"a tick of range {r} on replica {t['replica']}, which did not hold it then: {t} {spans}"
+    on_1 = {t["key"] for t in all_ticks if t["replica"] == "1"}
+    assert on_1 and on_1 != {t["key"] for t in all_ticks}, "the ranges were split between the replicas"
+    print(f"measured: {len(all_ticks)} ticks, {len(on_1)} objects ticked on replica 1 before its SIGKILL")

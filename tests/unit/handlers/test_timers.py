@@ -10,7 +10,9 @@ import pytest
 
 import declop
 from declop.clock import FakeClock
-from declop.errors import RegistrationError, TerminalError
+from declop.errors import Fenced, RegistrationError, TerminalError
+from declop.kube import fencing
+from declop.kube.fencing import WriteFence
 from declop.handlers.timers import Schedule, TimerRunner, current_tick, fingerprint
 from declop.kube.keys import Request
 from declop.reconcile.result import Result
@@ -270,6 +272,25 @@ def test_a_terminal_error_ends_the_tick_and_arms_the_next() -> None:
     assert h.reconcile(widget()) == delay(10)
     assert h.fired() == [1]
     assert [line[1] for line in h.log.lines if line[0] == "error"] == ["Timer tick failed (terminal, not retried)"]
+
+
+def test_a_tick_whose_lease_is_no_longer_valid_when_it_is_due_does_not_fire() -> None:
+    clock = FakeClock(CREATED + 1)
+    h = Harness(clock, interval=10)
+    h.reconcile(widget())
+    clock.now = CREATED + 10
+    valid = [False]
+    fence = WriteFence(lambda: valid[0], "ns/lease", KEY)
+    token = fencing.enter(fence)
+    try:
+        with pytest.raises(Fenced, match="timer tick 1 of default/w1 was not sent"):
+            h.reconcile(widget())
+        assert h.fired() == [] and fence.tripped is not None  # the controller settles it as fenced
+        valid[0] = True
+        h.reconcile(widget())
+    finally:
+        fencing.leave(token)
+    assert h.fired() == [1]
 
 
 def test_an_async_function_runs_as_a_coroutine() -> None:
