@@ -52,6 +52,19 @@ class IndexRegistration:
     fn: Callable[[Mapping[str, Any]], Iterable[str | None]]
 
 
+def _same_timer(a: Any, b: Any) -> bool:
+    """``a`` (a registered timer's function) and ``b`` are one ``def``: the same object, or the
+    same qualified name at the same place (its module imported twice, or loaded afresh)."""
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (
+        code_a is not None and code_b is not None
+        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+        and (code_a.co_filename, code_a.co_firstlineno) == (code_b.co_filename, code_b.co_firstlineno)
+    )  # fmt: skip
+
+
 class Registry:
     """Holds registrations until a manager freezes and runs them."""
 
@@ -183,8 +196,8 @@ class Registry:
             if not reg_name:
                 raise RegistrationError(f"@timer cannot name {type(fn).__name__} objects; pass name='...'")
             known = self._registrations.get(reg_name)
-            if known is not None and getattr(getattr(known.fn, "__self__", None), "fn", None) is fn:
-                return fn  # the same module imported twice
+            if known is not None and _same_timer(getattr(getattr(known.fn, "__self__", None), "fn", None), fn):
+                del self._registrations[reg_name]  # the same timer again (its file loaded afresh): the newest
             runner = TimerRunner(
                 fn, schedule, name=reg_name, wants=wanted_names(fn, reg_name), model=typed_model(fn, reg_name, primary)
             )

@@ -329,13 +329,22 @@ def test_the_decorator_returns_the_function_and_registers_a_runner() -> None:
     def tick(name: str, logger: Any) -> None:
         pass
 
-    again = registry.timer("widgets", interval=60)(tick)  # a module imported twice
+    (first,) = registry.registrations
+    assert first.labels == "app=x"
+    again = registry.timer("widgets", interval=60, idle=5)(tick)  # a module imported twice: the newest is kept
     assert tick.__name__ == "tick" and again is tick
     (reg,) = registry.registrations
-    assert reg.name == "tick" and reg.resource == "widgets" and reg.labels == "app=x" and not reg.is_async
+    assert reg.name == "tick" and reg.resource == "widgets" and reg.labels == "" and not reg.is_async
     runner = reg.fn.__self__
     assert isinstance(runner, TimerRunner) and runner.fn is tick and runner.wants == {"name", "logger"}
     assert runner.schedule == Schedule(60, 5, None)
+
+
+def test_another_function_under_a_timer_name_taken_is_refused() -> None:
+    registry = Registry()
+    registry.timer("widgets", interval=1, name="t")(lambda name: None)
+    with pytest.raises(RegistrationError, match="a controller named 't' is already registered"):
+        registry.timer("widgets", interval=1, name="t")(lambda name, obj: None)
 
 
 def test_a_timer_refuses_arguments_declop_does_not_pass() -> None:
