@@ -180,6 +180,9 @@ class TimerRunner:
     object is gone and reset when the key's shard range is gained again.
     """
 
+    #: the injectable names the runner itself reads (its registration declares them and the function's)
+    NEEDS = frozenset({"request", "obj", "logger", "trigger"})
+
     def __init__(
         self,
         fn: Callable[..., Any],

@@ -34,7 +34,7 @@ from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
 from declop.registry.options import OPTION_NAMES, TIMER_OPTION_NAMES, ReconcilerOptions
-from declop.registry.signatures import location, typed_model, wanted_names
+from declop.registry.signatures import INJECTABLE, location, typed_model, wanted_names
 from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 
 if TYPE_CHECKING:
@@ -198,10 +198,13 @@ class Registry:
             known = self._registrations.get(reg_name)
             if known is not None and _same_timer(getattr(getattr(known.fn, "__self__", None), "fn", None), fn):
                 del self._registrations[reg_name]  # the same timer again (its file loaded afresh): the newest
-            runner = TimerRunner(
-                fn, schedule, name=reg_name, wants=wanted_names(fn, reg_name), model=typed_model(fn, reg_name, primary)
-            )
+            wants = wanted_names(fn, reg_name)
+            runner = TimerRunner(fn, schedule, name=reg_name, wants=wants, model=typed_model(fn, reg_name, primary))
             self.register(resource, dataclasses.replace(options, name=reg_name))(runner.handler)
+            # the runner reads the key, the object, the trigger and the logger; the rest only when
+            # the function declares it (a runner taking **kwargs would count as asking for all)
+            needs = frozenset(INJECTABLE) if wants is None else wants | TimerRunner.NEEDS
+            self._registrations[reg_name] = dataclasses.replace(self._registrations[reg_name], wants=needs)
             return fn
 
         return decorate

@@ -337,6 +337,7 @@ def test_the_decorator_returns_the_function_and_registers_a_runner() -> None:
     assert reg.name == "tick" and reg.resource == "widgets" and reg.labels == "" and not reg.is_async
     runner = reg.fn.__self__
     assert isinstance(runner, TimerRunner) and runner.fn is tick and runner.wants == {"name", "logger"}
+    assert reg.wants == {"name", "logger", "request", "obj", "trigger"}  # the function's and the runner's own
     assert runner.schedule == Schedule(60, 5, None)
 
 
