@@ -65,6 +65,7 @@ from declop.registry import mutator as mutator
 from declop.registry import on_shutdown as on_shutdown
 from declop.registry import on_startup as on_startup
 from declop.registry import reconciler as reconciler
+from declop.registry import timer as timer
 from declop.registry import transform as transform
 from declop.registry import validator as validator
 from declop.webhooks.declaration import Rejected as Rejected
@@ -104,6 +105,7 @@ __all__ = [
     "remove_finalizer",
     "retry_on_conflict",
     "set_controller_reference",
+    "timer",
     "transform",
     "validator",
 ]

@@ -109,6 +109,7 @@ ORDER = [
     "handlers",
     "handlers.changes",
     "handlers.returns",
+    "handlers.timers",
     "serving",
     "serving.http",
     "serving.probes",

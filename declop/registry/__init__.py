@@ -1,6 +1,7 @@
 """The registry: what the decorators declare, held until a manager runs it.
 
-``@declop.reconciler`` records reconcilers; ``declop.index`` and ``declop.transform`` the cache's
+``@declop.reconciler`` records reconcilers and ``@declop.timer`` timers (a runner as a
+reconciler, :mod:`declop.handlers.timers`); ``declop.index`` and ``declop.transform`` the cache's
 indexes and transforms; ``@declop.on_startup``, ``@declop.on_shutdown`` and
 ``@declop.background`` lifecycle hooks; ``@declop.validator``, ``@declop.mutator`` and
 ``@declop.converter`` webhooks. The manager reads them at start.
@@ -15,7 +16,7 @@ users import from ``declop.registry`` (``Registry``, ``default_registry``, the d
 holds nothing else. ``declop.registry.default_registry`` is the attribute ``declop dev`` and tests
 swap; the decorators read it here when called.
 
-May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``webhooks``.
+May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``handlers``, ``webhooks``.
 """
 
 from declop.registry.decorators import RECONCILER_OPTIONS as RECONCILER_OPTIONS
@@ -27,6 +28,7 @@ from declop.registry.decorators import mutator as mutator
 from declop.registry.decorators import on_shutdown as on_shutdown
 from declop.registry.decorators import on_startup as on_startup
 from declop.registry.decorators import reconciler as reconciler
+from declop.registry.decorators import timer as timer
 from declop.registry.decorators import transform as transform
 from declop.registry.decorators import validator as validator
 from declop.registry.options import ReconcilerOptions as ReconcilerOptions
@@ -50,6 +52,7 @@ __all__ = [
     "on_shutdown",
     "on_startup",
     "reconciler",
+    "timer",
     "transform",
     "validator",
 ]

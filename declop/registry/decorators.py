@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, Seque
 from declop.errors import RegistrationError
 from declop.lifecycle import HookKind
 from declop.registry.calls import Decorator, check_call, keywords_of
-from declop.registry.options import ReconcilerOptions
+from declop.registry.options import TIMER_OPTION_NAMES, ReconcilerOptions
 from declop.registry.registry import Registry
 from declop.webhooks.declaration import WebhookKind
 
@@ -31,6 +31,7 @@ __all__ = [
     "on_shutdown",
     "on_startup",
     "reconciler",
+    "timer",
     "transform",
     "validator",
 ]
@@ -110,6 +111,33 @@ def reconciler(resource: ResourceLike, *parts: Never, **options: Any) -> Decorat
     check_call("reconciler", (resource, *parts), options, RECONCILER_OPTIONS)
     registry = options.pop("registry", None)
     return _target(registry).register(resource, ReconcilerOptions(**options))
+
+
+def timer(
+    resource: ResourceLike,
+    *parts: Never,
+    interval: float,
+    idle: float | None = None,
+    initial_delay: float | None = None,
+    registry: Registry | None = None,
+    **options: Any,
+) -> Decorator:
+    """Register a timer of ``resource``: the function is called every ``interval`` seconds for
+    each object, on the one replica that owns the object's key (docs/timers.md).
+
+    Ticks sit on a grid anchored on the object's ``creationTimestamp`` plus ``initial_delay``
+    (tick ``k`` at ``anchor + k * interval``); with ``idle`` a tick waits until the object has
+    not changed (``status`` aside) for ``idle`` seconds. No tick while the object is being
+    deleted. The function declares the same arguments as a reconciler (``request``, ``name``,
+    ``namespace``, ``client``, ``logger``, ``obj`` …) and returns None; raising retries the tick
+    with backoff until the next one is due, :class:`~declop.errors.TerminalError` skips it.
+
+    ``options``: ``name``, ``namespaces``, ``labels``, ``fields``, ``predicates``,
+    ``max_concurrent``, ``priority``, ``rate_limit``, ``timeout``, ``shard_by``, ``permissions``,
+    as on :func:`reconciler`; ``registry=`` as everywhere.
+    """
+    check_call("timer", (resource, *parts), options, ("interval", "idle", "initial_delay", *TIMER_OPTION_NAMES, "registry"))
+    return _target(registry).timer(resource, interval=interval, idle=idle, initial_delay=initial_delay, **options)
 
 
 def index(

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     #: what a decorator takes as a resource: a name, a Resource, or a typed model
     ResourceLike = str | Resource | type[CustomResource]
 
-__all__ = ["OPTION_NAMES", "ReconcilerOptions"]
+__all__ = ["OPTION_NAMES", "TIMER_OPTION_NAMES", "ReconcilerOptions"]
 
 _FINALIZER = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -185,6 +185,12 @@ class ReconcilerOptions:
 
 #: the option names in declaration order (the "did you mean" list, the decorators' signatures)
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ReconcilerOptions))
+#: the reconciler options a timer takes (``@declop.timer``): filters, predicates, pacing and
+#: sharding; no finalizer, owns= or watches= (a timer reads its object, it does not own children)
+TIMER_OPTION_NAMES = (
+    "name", "namespaces", "labels", "fields", "predicates", "max_concurrent", "priority", "rate_limit", "timeout",
+    "shard_by", "permissions",
+)
 
 
 def _valid_finalizer(name: str) -> bool:

@@ -1,6 +1,7 @@
 """Registry: what the decorators declared, held until a manager freezes and runs it.
 
-It records reconcilers (as :class:`~declop.reconcile.registration.Registration`), cache indexes,
+It records reconcilers (as :class:`~declop.reconcile.registration.Registration`; a timer is one
+whose ``fn`` is a :class:`~declop.handlers.timers.TimerRunner`'s handler), cache indexes,
 cache transforms, lifecycle hooks (:mod:`declop.lifecycle`) and webhooks
 (:mod:`declop.webhooks.declaration`), and derives the RBAC grants they need.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeVar
 
 from declop.errors import RegistrationError
+from declop.handlers.timers import Schedule, TimerRunner
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.handlers.changes import runner as changes_runner
@@ -34,8 +36,8 @@ from declop.handlers.returns import runner as returns_runner
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
-from declop.registry.options import OPTION_NAMES, ReconcilerOptions
-from declop.registry.signatures import location, typed_model, wanted_names
+from declop.registry.options import OPTION_NAMES, TIMER_OPTION_NAMES, ReconcilerOptions
+from declop.registry.signatures import INJECTABLE, location, typed_model, wanted_names
 from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 
 if TYPE_CHECKING:
@@ -177,6 +179,48 @@ class Registry:
             )
             # the runners, innermost first: a return value to the status, then field changes
             self._registrations[reg_name] = changes_runner(returns_runner(reg))
+            return fn
+
+        return decorate
+
+    def timer(
+        self,
+        resource: ResourceLike,
+        *parts: Never,
+        interval: float,
+        idle: float | None = None,
+        initial_delay: float | None = None,
+        **options: Any,
+    ) -> Decorator:
+        """Register the decorated function as a timer of ``resource``: called every ``interval``
+        seconds per object, on the replica that owns the object's key; see
+        :func:`declop.registry.timer` and docs/timers.md. ``options`` are the reconciler options a
+        timer takes (:data:`~declop.registry.options.TIMER_OPTION_NAMES`)."""
+        check_call("timer", (resource, *parts), options, ("interval", "idle", "initial_delay", *TIMER_OPTION_NAMES))
+        return self.register_timer(resource, Schedule(interval, idle, initial_delay), ReconcilerOptions(**options))
+
+    def register_timer(self, resource: ResourceLike, schedule: Schedule, options: ReconcilerOptions) -> Decorator:
+        """The decorator that records a function as a timer: a :class:`~declop.handlers.timers.TimerRunner`
+        around it becomes the ``fn`` of an ordinary registration named as the function (or ``name=``)."""
+        primary = options.primary(resource)
+
+        def decorate(fn: F) -> F:
+            self._check_open(f"timer {getattr(fn, '__name__', fn)!r}")
+            if not callable(fn):
+                raise RegistrationError(f"@timer decorates a function, got {fn!r}")
+            reg_name = options.name or getattr(fn, "__name__", None)
+            if not reg_name:
+                raise RegistrationError(f"@timer cannot name {type(fn).__name__} objects; pass name='...'")
+            known = self._registrations.get(reg_name)
+            if known is not None and _same_definition(getattr(getattr(known.fn, "__self__", None), "fn", None), fn):
+                del self._registrations[reg_name]  # the same timer again (its file loaded afresh): the newest
+            wants = wanted_names(fn, reg_name)
+            runner = TimerRunner(fn, schedule, name=reg_name, wants=wants, model=typed_model(fn, reg_name, primary))
+            self.register(resource, dataclasses.replace(options, name=reg_name))(runner.handler)
+            # the runner reads the key, the object, the trigger and the logger; the rest only when
+            # the function declares it (a runner taking **kwargs would count as asking for all)
+            needs = frozenset(INJECTABLE) if wants is None else wants | TimerRunner.NEEDS
+            self._registrations[reg_name] = dataclasses.replace(self._registrations[reg_name], wants=needs)
             return fn
 
         return decorate

@@ -60,7 +60,11 @@ Invariants, checked while the run goes and at its end (each violation is a
   one made while nobody owned the range, or whose owner lost the range (a crash, a partition, a
   pause) is not delivered by the next owner (``World(strict=True)`` checks them all);
 - **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
-  uid, DELETING) returned without an exception.
+  uid, DELETING) returned without an exception;
+- **T1** (timers, :mod:`declop.handlers.timers`) no grid index of an object (its uid) fires twice,
+  across replicas and incarnations; **T2** a tick fires only while the apiserver's record of the
+  Lease covering its key names the replica and is unexpired (I2 at the moment of the tick). Each
+  replica incarnation gets a runner of its own (a process's memory), on the virtual wall clock.
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
@@ -83,6 +87,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
 
 from declop.errors import ApiError, NotFound
+from declop.handlers.timers import TimerRunner, current_tick
 from declop.kube.keys import Request
 from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
@@ -90,6 +95,7 @@ from declop.manager import Manager, Options
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
 from declop.registry import Registry
+from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simloop import Actor, VirtualLoop, actor
@@ -171,6 +177,8 @@ class WorldResult:
     violations: list[Violation]
     calls: int = 0
     requests: int = 0
+    #: timer ticks fired (T1, T2)
+    ticks: int = 0
 
     @property
     def ok(self) -> bool:
@@ -406,6 +414,10 @@ class _World:
         self.requests = 0
         self.calls = 0
         self._neutral = contextvars.Context()
+        #: (uid, timer, grid index) -> the replica that fired it (T1)
+        self.ticks: dict[tuple[str, str, int], str] = {}
+        #: (replica index, incarnation, timer) -> that process's runner of the timer
+        self.timers: dict[tuple[int, int, str], TimerRunner] = {}
         self.registry = self._instrument(registry)
         #: a handlers file runs (``declop sim``): its predicates may drop the workload's updates
         self.user = world.handlers is not None
@@ -498,6 +510,9 @@ class _World:
 
     def _wrap(self, reg: Registration) -> Registration:
         fn, wants = reg.fn, reg.wants
+        timer = getattr(fn, "__self__", None)
+        if isinstance(timer, TimerRunner):
+            fn = functools.partial(self._timer_call, reg.name, timer)
 
         def pick(kw: dict[str, Any]) -> dict[str, Any]:
             return kw if wants is None else {k: v for k, v in kw.items() if k in wants}
@@ -536,6 +551,51 @@ class _World:
         functools.update_wrapper(wrapped, fn)
         return dataclasses.replace(reg, fn=wrapped, wants=None)
 
+    # -- timers (T1, T2) -------------------------------------------------------------------------
+    def _timer_call(self, name: str, timer: TimerRunner, /, **kw: Any) -> Any:
+        """A call of timer ``name``: this replica incarnation's own runner (a process's memory)."""
+        who = actor()
+        r = self.by_actor.get(who) if who is not None else None
+        slot = (r.index, r.gen, name) if r is not None else (-1, 0, name)
+        runner = self.timers.get(slot)
+        if runner is None:
+            user, wants = timer.fn, timer.wants
+
+            def pick(k: dict[str, Any]) -> dict[str, Any]:
+                return k if wants is None else {n: v for n, v in k.items() if n in wants}
+
+            if asyncio.iscoroutinefunction(user):
+                async def fire(**k: Any) -> Any:
+                    self.tick_fired(r, name, k)
+                    return await user(**pick(k))
+
+                recorded: Callable[..., Any] = fire
+            else:
+                def fire_plain(**k: Any) -> Any:
+                    self.tick_fired(r, name, k)
+                    return user(**pick(k))
+
+                recorded = fire_plain
+            runner = self.timers[slot] = TimerRunner(recorded, timer.schedule, name=name, model=timer.model, clock=self.wall)
+        return runner.handler(**kw)
+
+    def tick_fired(self, r: _Replica | None, name: str, kw: dict[str, Any]) -> None:
+        """T1 and T2 at the moment a tick's function is called."""
+        key: Request = kw["request"]
+        obj = kw.get("obj")
+        meta = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
+        uid = (meta.get("uid") if isinstance(meta, dict) else getattr(meta, "uid", None)) or ""
+        tick = current_tick()
+        who = r.name if r is not None else "?"
+        slot = (uid, name, -1 if tick is None else tick)
+        first = self.ticks.get(slot)
+        if first is not None:
+            self.violate("T1", r or who, f"tick {tick} of {key} (uid {uid[:8]}) fired again; first on {first}")
+        else:
+            self.ticks[slot] = who
+        if r is not None:
+            self._check_lease(r, key, uid, name, "T2")
+
     def call_started(self, kw: dict[str, Any], lasts: float | None = None, controller: str = "") -> tuple[_Replica | None, Request, float]:
         who = actor()
         r = self.by_actor.get(who) if who is not None else None
@@ -566,8 +626,8 @@ class _World:
         r.calls[key] = (now, now + lasts if lasts is not None else float("inf"), uid)
         return r, key, now
 
-    def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str) -> None:
-        """I2: the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
+    def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str, invariant: str = "I2") -> None:
+        """I2 (or ``invariant``): the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
         m = r.manager
         if m is None:
             return
@@ -587,7 +647,8 @@ class _World:
         rec = self.leases.get(name)
         if rec is None or rec[0] != identity or self.now() >= rec[1] + rec[2]:
             what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
-            self.violate("I2", r, f"a call of {key} started under Lease {name} ({what})")
+            doing = "a tick" if invariant == "T2" else "a call"
+            self.violate(invariant, r, f"{doing} of {key} started under Lease {name} ({what})")
 
     def call_returned(self, kw: dict[str, Any]) -> None:
         obj = _plain(kw.get("obj"))
@@ -815,9 +876,12 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
     random.seed(f"jitter-{seed}")
     uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
     w = _World(world, seed, loop, registry if registry is not None else builtin_registry(world), crds)
+    saved_now = apiserver._now  # timestamps (a timer's grid anchor) on the virtual wall clock too
+    apiserver._now = lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(w.wall()))
     try:
         loop.run_until_complete(_main(w, faults))
     finally:
+        apiserver._now = saved_now
         uuid.uuid4 = saved_uuid4
         random.setstate(saved_random)
         tasks = asyncio.all_tasks(loop)
@@ -826,7 +890,7 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
         if tasks:  # their clean-up (a manager's shutdown) is bounded: 60 virtual seconds at most
             loop.run_until_complete(asyncio.wait(tasks, timeout=60))
         loop.close()
-    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests)
+    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks))
 
 
 async def _main(w: _World, faults: list[Fault]) -> None:
