@@ -2,7 +2,7 @@
 
 ``@declop.reconciler`` records reconcilers; ``declop.index`` and ``declop.transform`` the cache's
 indexes and transforms; ``@declop.on_startup``, ``@declop.on_shutdown`` and
-``@declop.background`` lifecycle hooks; ``@declop.validator``, ``@declop.mutator`` and
+``@declop.background`` lifecycle hooks; ``@declop.daemon`` per-object daemons; ``@declop.validator``, ``@declop.mutator`` and
 ``@declop.converter`` webhooks. The manager reads them at start.
 
 Owns: the reconciler options, named, defaulted and checked once (``options``); a decorator
@@ -15,12 +15,13 @@ users import from ``declop.registry`` (``Registry``, ``default_registry``, the d
 holds nothing else. ``declop.registry.default_registry`` is the attribute ``declop dev`` and tests
 swap; the decorators read it here when called.
 
-May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``webhooks``.
+May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycle``, ``handlers``, ``webhooks``.
 """
 
 from declop.registry.decorators import RECONCILER_OPTIONS as RECONCILER_OPTIONS
 from declop.registry.decorators import background as background
 from declop.registry.decorators import converter as converter
+from declop.registry.decorators import daemon as daemon
 from declop.registry.decorators import default_registry as default_registry
 from declop.registry.decorators import index as index
 from declop.registry.decorators import mutator as mutator
@@ -44,6 +45,7 @@ __all__ = [
     "Registry",
     "background",
     "converter",
+    "daemon",
     "default_registry",
     "index",
     "mutator",
