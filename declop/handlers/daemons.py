@@ -54,7 +54,7 @@ from declop.reconcile.client import Client
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase, Result
 
-__all__ = ["DAEMON_INJECTABLE", "DaemonRunner", "DaemonStillRunning", "default_finalizer", "make_daemon"]
+__all__ = ["DAEMON_INJECTABLE", "DaemonRunner", "DaemonStillRunning", "check_timing", "daemon_wants", "default_finalizer", "make_daemon"]
 
 #: keyword arguments a daemon may declare
 DAEMON_INJECTABLE = frozenset({"request", "name", "namespace", "client", "logger", "stop", "retry", "current"})
@@ -131,8 +131,11 @@ class DaemonRunner:
         stop_timeout: float,
         backoff: float,
         initial_delay: float | None,
+        sync_client: Callable[[Any, Request], Any] | None = None,
     ) -> None:
         self.fn, self.name, self.wants = fn, name, wants
+        #: the blocking client of a plain ``def`` daemon, made from the step's AsyncClient
+        self.sync_client = sync_client or _blocking_client
         self.is_async = inspect.iscoroutinefunction(fn)
         self.stop_timeout, self.backoff, self.initial_delay = stop_timeout, backoff, initial_delay
         self._books: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
@@ -194,10 +197,7 @@ class DaemonRunner:
             logging.getLogger(f"declop.daemon.{self.name}"),
             {"daemon": self.name, "namespace": key.namespace, "name": key.name},
         )
-        if self.is_async:
-            dclient = client
-        else:
-            dclient = Client(client._ctx, client.primary, key, client.controller, client._own, None)
+        dclient = client if self.is_async else self.sync_client(client, key)
         self.starts += 1
         d.task = asyncio.get_running_loop().create_task(self._life(d, dclient, logger), name=f"daemon {self.name} {key}", context=ctx)
         d.task.add_done_callback(lambda _: _maybe_gone(d))
@@ -335,6 +335,11 @@ class DaemonRunner:
         book.daemons.clear()
 
 
+def _blocking_client(client: Any, key: Request) -> Client:
+    """The plain-``def`` flavour of the step's client, bound to the same key and caches."""
+    return Client(client._ctx, client.primary, key, client.controller, client._own, None)
+
+
 def _maybe_gone(d: Daemon) -> None:
     """Once the task is done and no thread of it runs: the daemon ended (its range is free of
     it; a finished one stays in its book, to be started again only for a new generation)."""
@@ -393,6 +398,15 @@ def daemon_wants(fn: Callable[..., Any], name: str) -> frozenset[str] | None:
     return frozenset(wants)
 
 
+def check_timing(stop_timeout: Any, backoff: Any, initial_delay: Any) -> None:
+    """Refuse a ``stop_timeout``, ``backoff`` or ``initial_delay`` that is not a number of seconds >= 0."""
+    for what, value in (("stop_timeout", stop_timeout), ("backoff", backoff), ("initial_delay", initial_delay)):
+        if value is None and what == "initial_delay":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise RegistrationError(f"@daemon: {what} must be a finite number of seconds >= 0, got {value!r}")
+
+
 def make_daemon(
     fn: Callable[..., Any],
     name: str,
@@ -407,13 +421,7 @@ def make_daemon(
 
     ``settled`` is :meth:`~declop.registry.options.ReconcilerOptions.settled`'s canonical options
     (``finalizer`` among them: a string or None)."""
-    for what, value, low in (("stop_timeout", stop_timeout, 0.0), ("backoff", backoff, 0.0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
-            raise RegistrationError(f"daemon {name!r}: {what} must be a finite number of seconds >= 0, got {value!r}")
-    if initial_delay is not None and (
-        isinstance(initial_delay, bool) or not isinstance(initial_delay, (int, float)) or not 0 <= initial_delay < math.inf
-    ):
-        raise RegistrationError(f"daemon {name!r}: initial_delay must be a number of seconds >= 0 or None, got {initial_delay!r}")
+    check_timing(stop_timeout, backoff, initial_delay)
     runner = DaemonRunner(
         fn, name, wants=daemon_wants(fn, name), stop_timeout=float(stop_timeout), backoff=float(backoff),
         initial_delay=None if initial_delay is None else float(initial_delay),

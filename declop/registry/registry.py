@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeVar
 
 from declop.errors import RegistrationError
-from declop.handlers.daemons import default_finalizer, make_daemon
+from declop.handlers.daemons import check_timing, default_finalizer, make_daemon
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
-from declop.registry.options import OPTION_NAMES, ReconcilerOptions
+from declop.registry.options import OPTION_NAMES, ReconcilerOptions, _valid_finalizer
 from declop.registry.signatures import location, typed_model, wanted_names
 from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 
@@ -179,6 +179,7 @@ class Registry:
         """Register the decorated function as a per-object daemon of ``resource``: see
         :func:`declop.registry.daemon` and docs/daemons.md."""
         check_call("daemon", (resource, *parts), unknown, DAEMON_OPTIONS)
+        check_timing(stop_timeout, backoff, initial_delay)
         if finalizer is True or (finalizer is not None and finalizer is not False and not isinstance(finalizer, str)):
             raise RegistrationError(f"finalizer= is a finalizer name, None (the default: daemons.declop.dev/<name>) or False for none, got {finalizer!r}")
         options = ReconcilerOptions(
@@ -202,7 +203,11 @@ class Registry:
                 raise RegistrationError(f"a controller named {reg_name!r} is already registered; pass name= to tell them apart")
             if finalizer is None:
                 settled["finalizer"] = default_finalizer(reg_name)
-                ReconcilerOptions(finalizer=settled["finalizer"])  # checks it: a long or odd name needs finalizer=
+                if not _valid_finalizer(settled["finalizer"]):
+                    raise RegistrationError(
+                        f"daemon {reg_name!r}: its default finalizer {settled['finalizer']!r} is not a valid name "
+                        "(63 characters at most after the '/'); pass name= or finalizer='my.domain/name'"
+                    )
             registration, keeper = make_daemon(
                 fn, reg_name, primary.name, settled, stop_timeout=stop_timeout, backoff=backoff, initial_delay=initial_delay
             )
