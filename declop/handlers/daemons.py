@@ -316,22 +316,40 @@ class DaemonRunner:
         book.open, book.closed = True, False
         try:
             await stop.wait()
-        finally:
+        except asyncio.CancelledError:  # a Lease was lost: cancelled at once, like background tasks
             book.closed = True
-            await self._stop_all(book)
+            await self._cancel_all(book)
+            raise
+        book.closed = True
+        await self._stop_all(book)
 
     async def _stop_all(self, book: _Book) -> None:
         daemons = [d for d in book.daemons.values() if not d.gone.is_set()]
         try:
             await asyncio.gather(*(self.stop_one(d) for d in daemons))
         except asyncio.CancelledError:  # the stop's grace is over (or a Lease was lost): cancel now
-            for d in daemons:
-                d.request_stop()
-                if d.task is not None:
-                    d.task.cancel()
-        # return only once every daemon ended: until then the manager counts the keeper as
-        # running and leaves the leader Lease to expire rather than release it
-        await asyncio.gather(*(d.gone.wait() for d in daemons))
+            await self._cancel_all(book)
+            raise
+        await self._cancel_all(book)  # also any a drain's stop still waits for
+
+    async def _cancel_all(self, book: _Book) -> None:
+        """Stop and cancel every daemon at once; return once all ended. Until then the manager
+        counts the keeper as running and leaves the leader Lease to expire rather than release it."""
+        daemons = [d for d in book.daemons.values() if not d.gone.is_set()]
+        for d in daemons:
+            d.request_stop()
+            if d.task is not None and self.is_async:
+                d.task.cancel()
+        while True:
+            left = [d for d in daemons if not d.gone.is_set()]
+            if not left:
+                break
+            try:
+                await left[0].gone.wait()
+            except asyncio.CancelledError:
+                # a thread (or a task deaf to cancellation) still runs: the keeper must keep
+                # counting as running, so the stop leaves the Lease to expire (then exits)
+                log.warning("A daemon does not end; its Lease is left to expire", extra={"kv": {"daemon": self.name, "key": str(left[0].key)}})
         book.daemons.clear()
 
 

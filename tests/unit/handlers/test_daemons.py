@@ -500,3 +500,27 @@ def test_kopf_arguments_are_refused_with_what_to_do() -> None:
 
     with pytest.raises(RegistrationError, match=r"'spec'.*current\(\)"):
         reg.daemon("widgets")(d)
+
+
+def test_the_keeper_stays_running_while_a_daemon_thread_runs_even_when_cancelled() -> None:
+    release = threading.Event()
+
+    def daemon(stop: threading.Event) -> None:
+        release.wait(10)  # ignores stop
+
+    async def main() -> None:
+        h = Harness(runner(daemon, stop_timeout=0.05))
+        await h.__aenter__()
+        await h.step()
+        await until(lambda: h.running() == [KEY])
+        h.stop.set()
+        await asyncio.sleep(0.3)
+        assert h.keeper is not None and not h.keeper.done()
+        h.keeper.cancel()  # the lifecycle gives up on it: it must still count as running
+        await asyncio.sleep(0.05)
+        assert not h.keeper.done() and h.running() == [KEY]
+        release.set()
+        await asyncio.wait_for(asyncio.gather(h.keeper, return_exceptions=True), 2)
+        assert h.running() == []
+
+    asyncio.run(main())
