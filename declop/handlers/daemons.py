@@ -51,6 +51,7 @@ from declop.kube.keys import Request
 from declop.lifecycle import Hook, make_hook
 from declop.logs import ReconcileLogger
 from declop.reconcile.client import Client
+from declop.reconcile.finalizers import contains_finalizer, release_finalizer
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase, Result
 
@@ -131,9 +132,12 @@ class DaemonRunner:
         stop_timeout: float,
         backoff: float,
         initial_delay: float | None,
+        finalizer: str | None = None,
         sync_client: Callable[[Any, Request], Any] | None = None,
     ) -> None:
         self.fn, self.name, self.wants = fn, name, wants
+        #: the registration's finalizer: released here when the object left the filter
+        self.finalizer = finalizer
         #: the blocking client of a plain ``def`` daemon, made from the step's AsyncClient
         self.sync_client = sync_client or _blocking_client
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -166,6 +170,8 @@ class DaemonRunner:
                     + (" and its cancellation" if self.is_async else " (a thread: it must return when stop is set)")
                     + "; retried with backoff, the finalizer stays until it ends"
                 )
+            if obj is None and self.finalizer is not None:
+                await self._release_left(request, client)
             return None
         if not book.open or book.closed:
             return Result(requeue_after=1.0)  # the keeper is not running (starting, or stopping)
@@ -179,6 +185,17 @@ class DaemonRunner:
                 del book.daemons[request]
         self._start(book, request, generation, client)
         return None
+
+    async def _release_left(self, request: Request, client: Any) -> None:
+        """The object left the ``labels=``/``fields=`` filter (the unfiltered cache still holds
+        it) and its daemon ended: release our finalizer, or a later delete would wait for ever
+        on a controller that no longer sees the object. Back in the filter, it is added again."""
+        try:
+            left = client.get(request)
+        except NotFound:
+            return  # deleted: the finalizer went with it
+        if contains_finalizer(left, self.finalizer):
+            await release_finalizer(client._ctx.transport, client.primary, left, self.finalizer)
 
     def _start(self, book: _Book, key: Request, generation: Any, client: Any) -> Daemon:
         """Start the daemon of ``key`` under a write fence of its own over the current call's Lease."""
@@ -442,7 +459,7 @@ def make_daemon(
     check_timing(stop_timeout, backoff, initial_delay)
     runner = DaemonRunner(
         fn, name, wants=daemon_wants(fn, name), stop_timeout=float(stop_timeout), backoff=float(backoff),
-        initial_delay=None if initial_delay is None else float(initial_delay),
+        initial_delay=None if initial_delay is None else float(initial_delay), finalizer=settled.get("finalizer"),
     )  # fmt: skip
     registration = Registration(
         fn=runner.step, name=name, resource=resource, is_async=True,

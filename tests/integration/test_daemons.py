@@ -79,15 +79,28 @@ def test_a_daemon_starts_on_create_and_ends_before_its_finalizer_goes(kubeconfig
 
 
 def test_a_daemon_ends_when_its_object_leaves_the_label_filter(kubeconfig: str, namespace: str, k8s_api: Any) -> None:
+    """Out of the filter: the daemon ends, then its finalizer goes (a later delete must not wait
+    on a controller that no longer sees the object); back in it: both return."""
     journal = Journal()
     core = kubernetes.client.CoreV1Api(k8s_api)
-    with OperatorRunner(operator(journal, finalizer=False), kubeconfig=kubeconfig, options=declop.manager.Options(namespaces=(namespace,))):
+
+    def finalizers() -> list[str]:
+        return core.read_namespaced_config_map("two", namespace).metadata.finalizers or []
+
+    with OperatorRunner(operator(journal), kubeconfig=kubeconfig, options=declop.manager.Options(namespaces=(namespace,))):
         configmap(core, namespace, "two")
         wait_for(lambda: journal.of("two") == ["start"], timeout=20, what="the daemon to start")
+        assert finalizers() == ["daemons.declop.dev/keeper"]
         core.patch_namespaced_config_map("two", namespace, {"metadata": {"labels": {"daemon-test": "no"}}})
         wait_for(lambda: journal.of("two") == ["start", "stopped"], timeout=20, what="the daemon to stop")
+        wait_for(lambda: finalizers() == [], timeout=20, what="the finalizer to go")
         core.patch_namespaced_config_map("two", namespace, {"metadata": {"labels": LABEL}})
         wait_for(lambda: journal.of("two") == ["start", "stopped", "start"], timeout=20, what="a start on its return")
+        assert finalizers() == ["daemons.declop.dev/keeper"]
+        core.patch_namespaced_config_map("two", namespace, {"metadata": {"labels": {"daemon-test": "no"}}})
+        wait_for(lambda: journal.of("two")[-1] == "stopped", timeout=20, what="the daemon to stop again")
+        core.delete_namespaced_config_map("two", namespace)
+        wait_for(lambda: gone(core, namespace, "two"), timeout=20, what="the object to go, out of the filter")
 
 
 def test_a_crashed_daemon_is_restarted_with_backoff(kubeconfig: str, namespace: str, k8s_api: Any) -> None:

@@ -524,3 +524,42 @@ def test_the_keeper_stays_running_while_a_daemon_thread_runs_even_when_cancelled
         assert h.running() == []
 
     asyncio.run(main())
+
+
+def test_an_object_that_left_the_filter_loses_the_finalizer_once_its_daemon_ended() -> None:
+    sent: list[tuple[str, str, Any]] = []
+
+    class Transport:
+        async def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+            sent.append((method, path, body))
+            return {}
+
+    class Resource:
+        group_resource = "configmaps"
+
+        def path(self, namespace: str, name: str) -> str:
+            return f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+
+    async def daemon(stop: asyncio.Event) -> None:
+        await stop.wait()
+
+    async def main() -> None:
+        h = Harness(runner(daemon, finalizer="daemons.declop.dev/d"))
+        h.ctx.transport = Transport()  # type: ignore[attr-defined]
+        h.client.primary = Resource()  # type: ignore[attr-defined]
+        async with h:
+            await h.step()
+            await until(lambda: h.running() == [KEY])
+            left = obj(uid="u1", finalizers=["other", "daemons.declop.dev/d"])
+            # the filtered cache no longer holds it (obj None), the unfiltered one does
+            h.client.objects[KEY] = left
+            assert await h.r.step(KEY, None, Phase.DELETED, h.client, None) is None
+            assert h.running() == []
+            (method, path, ops), = sent
+            assert method == "PATCH" and path.endswith("/ns/configmaps/w1")
+            assert {"op": "remove", "path": "/metadata/finalizers/1"} in ops
+            del h.client.objects[KEY]  # gone for good: nothing to release
+            assert await h.r.step(KEY, None, Phase.DELETED, h.client, None) is None
+            assert len(sent) == 1
+
+    asyncio.run(main())
