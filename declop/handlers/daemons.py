@@ -48,6 +48,7 @@ from declop.hints import did_you_mean
 from declop.kube import fencing
 from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request
+from declop.kube.labels import parse_selector
 from declop.lifecycle import Hook, make_hook
 from declop.logs import ReconcileLogger
 from declop.reconcile.client import Client
@@ -82,7 +83,7 @@ def default_finalizer(name: str) -> str:
 class Daemon:
     """One key's daemon in one manager: its task (and thread), stop flag, fence and range."""
 
-    __slots__ = ("key", "generation", "task", "thread", "halt", "flag", "gone", "scope", "retry", "finished", "book")
+    __slots__ = ("key", "generation", "task", "thread", "halt", "flag", "gone", "scope", "retry", "finished", "book", "observer")
 
     def __init__(self, key: Request, generation: Any, is_async: bool, scope: Any, book: _Book | None = None) -> None:
         self.key, self.generation, self.scope, self.book = key, generation, scope, book
@@ -96,6 +97,7 @@ class Daemon:
         self.gone = asyncio.Event()
         self.retry = 0  # crashes in a row
         self.finished = False  # the function returned: done for this generation
+        self.observer: Callable[[str, Request], None] | None = None
 
     def request_stop(self) -> None:
         self.halt.set()
@@ -133,11 +135,15 @@ class DaemonRunner:
         backoff: float,
         initial_delay: float | None,
         finalizer: str | None = None,
+        selector: Callable[[Any], bool] | None = None,
         sync_client: Callable[[Any, Request], Any] | None = None,
     ) -> None:
         self.fn, self.name, self.wants = fn, name, wants
         #: the registration's finalizer: released here when the object left the filter
         self.finalizer = finalizer
+        #: the ``labels=`` filter (None without one, or with ``fields=``: then the finalizer of
+        #: an object that left the filter is not released)
+        self.selector = selector
         #: the blocking client of a plain ``def`` daemon, made from the step's AsyncClient
         self.sync_client = sync_client or _blocking_client
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -145,6 +151,9 @@ class DaemonRunner:
         self._books: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
         #: daemons started so far, for tests and statistics
         self.starts = 0
+        #: called with ("start", key) as each run of the function begins (in the daemon's task)
+        #: and ("end", key) once a daemon ended: the simulator's check that no two run at once
+        self.observer: Callable[[str, Request], None] | None = None
 
     def book(self, ctx: Any) -> _Book:
         b = self._books.get(ctx)
@@ -170,7 +179,7 @@ class DaemonRunner:
                     + (" and its cancellation" if self.is_async else " (a thread: it must return when stop is set)")
                     + "; retried with backoff, the finalizer stays until it ends"
                 )
-            if obj is None and self.finalizer is not None:
+            if obj is None and self.finalizer is not None and self.selector is not None:
                 await self._release_left(request, client)
             return None
         if not book.open or book.closed:
@@ -187,13 +196,17 @@ class DaemonRunner:
         return None
 
     async def _release_left(self, request: Request, client: Any) -> None:
-        """The object left the ``labels=``/``fields=`` filter (the unfiltered cache still holds
-        it) and its daemon ended: release our finalizer, or a later delete would wait for ever
-        on a controller that no longer sees the object. Back in the filter, it is added again."""
+        """The object may have left the ``labels=`` filter, and its daemon ended: read it (one GET,
+        not a cache, which a sharded replica may not hold whole) and, when it exists out of the
+        filter, release our finalizer, or a later delete would wait for ever on a controller that
+        no longer sees the object. Back in the filter, it is added again."""
+        assert self.finalizer is not None and self.selector is not None
         try:
-            left = client.get(request)
+            left = await client.live.get(request)
         except NotFound:
             return  # deleted: the finalizer went with it
+        if self.selector((left.get("metadata") or {}).get("labels")):
+            return  # still in the filter (our cache lags, or it was deleted meanwhile): not ours to judge
         if contains_finalizer(left, self.finalizer):
             await release_finalizer(client._ctx.transport, client.primary, left, self.finalizer)
 
@@ -218,6 +231,7 @@ class DaemonRunner:
         self.starts += 1
         d.task = asyncio.get_running_loop().create_task(self._life(d, dclient, logger), name=f"daemon {self.name} {key}", context=ctx)
         d.task.add_done_callback(lambda _: _maybe_gone(d))
+        d.observer = self.observer
         return d
 
     async def _life(self, d: Daemon, client: Any, logger: Any) -> None:
@@ -240,6 +254,8 @@ class DaemonRunner:
             available["retry"] = d.retry
             kwargs = available if self.wants is None else {k: v for k, v in available.items() if k in self.wants}
             logger.info("Daemon starting", retry=d.retry)
+            if self.observer is not None:
+                self.observer("start", key)
             try:
                 if self.is_async:
                     await self.fn(**kwargs)
@@ -381,6 +397,8 @@ def _maybe_gone(d: Daemon) -> None:
     if d.gone.is_set() or d.task is None or not d.task.done() or d.thread is not None:
         return
     d.gone.set()
+    if d.observer is not None:
+        d.observer("end", d.key)
     if d.scope is not None:
         shards, index = d.scope
         shards.end(index)
@@ -460,6 +478,7 @@ def make_daemon(
     runner = DaemonRunner(
         fn, name, wants=daemon_wants(fn, name), stop_timeout=float(stop_timeout), backoff=float(backoff),
         initial_delay=None if initial_delay is None else float(initial_delay), finalizer=settled.get("finalizer"),
+        selector=parse_selector(settled["labels"]) if settled.get("labels") and not settled.get("fields") else None,
     )  # fmt: skip
     registration = Registration(
         fn=runner.step, name=name, resource=resource, is_async=True,

@@ -20,6 +20,7 @@ from declop.handlers.daemons import DaemonRunner, DaemonStillRunning, daemon_wan
 from declop.kube import fencing
 from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request
+from declop.kube.labels import parse_selector
 from declop.reconcile.result import Phase, Result
 from declop.registry import Registry
 
@@ -30,11 +31,20 @@ class Ctx:
     """A stand-in ClientContext (the runner keys its book by it)."""
 
 
+class _Live:
+    def __init__(self, client: FakeClient) -> None:
+        self.client = client
+
+    async def get(self, key: Request) -> Any:
+        return self.client.get(key)
+
+
 class FakeClient:
     """What the step's client gives a daemon: ``get`` reads ``objects`` (the 'cache') now."""
 
     def __init__(self, ctx: Ctx, objects: dict[Request, Any]) -> None:
         self._ctx, self.objects = ctx, objects
+        self.live = _Live(self)  # live.get: one GET; here the same dict
 
     def get(self, key: Request) -> Any:
         if key not in self.objects:
@@ -544,17 +554,19 @@ def test_an_object_that_left_the_filter_loses_the_finalizer_once_its_daemon_ende
         await stop.wait()
 
     async def main() -> None:
-        h = Harness(runner(daemon, finalizer="daemons.declop.dev/d"))
+        h = Harness(runner(daemon, finalizer="daemons.declop.dev/d", selector=parse_selector("app=x")))
         h.ctx.transport = Transport()  # type: ignore[attr-defined]
         h.client.primary = Resource()  # type: ignore[attr-defined]
         async with h:
             await h.step()
             await until(lambda: h.running() == [KEY])
-            left = obj(uid="u1", finalizers=["other", "daemons.declop.dev/d"])
-            # the filtered cache no longer holds it (obj None), the unfiltered one does
-            h.client.objects[KEY] = left
+            # the filtered cache no longer holds it (obj None); the apiserver still has it in
+            # the filter (the cache is ahead, or it is deleted meanwhile): nothing to release
+            h.client.objects[KEY] = obj(uid="u1", finalizers=["other", "daemons.declop.dev/d"], labels={"app": "x"})
             assert await h.r.step(KEY, None, Phase.DELETED, h.client, None) is None
-            assert h.running() == []
+            assert h.running() == [] and sent == []
+            h.client.objects[KEY] = obj(uid="u1", finalizers=["other", "daemons.declop.dev/d"], labels={"app": "y"})
+            assert await h.r.step(KEY, None, Phase.DELETED, h.client, None) is None
             (method, path, ops), = sent
             assert method == "PATCH" and path.endswith("/ns/configmaps/w1")
             assert {"op": "remove", "path": "/metadata/finalizers/1"} in ops
