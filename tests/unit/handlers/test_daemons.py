@@ -2,7 +2,7 @@
 
 The runner is driven here as the controller drives it — its step with the cached object and phase,
 its keeper as a background hook — on a real event loop with a stand-in client (the controller,
-the real apiserver and real operator processes: tests/integration/test_daemons.py and
+the real apiserver and real operator processes: tests/integration/test_daemons_in_process.py and
 tests/integration/test_daemon_faults.py)."""
 
 from __future__ import annotations
