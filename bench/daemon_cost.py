@@ -42,7 +42,7 @@ class _Client:
 
 async def _run(fn: Any, n: int, ran: Any) -> tuple[float, float]:
     r = DaemonRunner(fn, "bench", wants=daemon_wants(fn, "bench"), stop_timeout=10, backoff=1, initial_delay=None,
-                     sync_client=lambda c, k: c)  # fmt: skip
+                     client_for=lambda c, k, a: c)  # fmt: skip
     client = _Client()
     stop = asyncio.Event()
     keeper = asyncio.create_task(r.keep(client, stop))

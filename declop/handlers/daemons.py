@@ -51,7 +51,7 @@ from declop.kube.keys import Request
 from declop.kube.labels import parse_selector
 from declop.lifecycle import Hook, make_hook
 from declop.logs import ReconcileLogger
-from declop.reconcile.client import Client
+from declop.reconcile.client import AsyncClient, Client
 from declop.reconcile.finalizers import contains_finalizer, release_finalizer
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase, Result
@@ -136,7 +136,7 @@ class DaemonRunner:
         initial_delay: float | None,
         finalizer: str | None = None,
         selector: Callable[[Any], bool] | None = None,
-        sync_client: Callable[[Any, Request], Any] | None = None,
+        client_for: Callable[[Any, Request, bool], Any] | None = None,
     ) -> None:
         self.fn, self.name, self.wants = fn, name, wants
         #: the registration's finalizer: released here when the object left the filter
@@ -144,8 +144,8 @@ class DaemonRunner:
         #: the ``labels=`` filter (None without one, or with ``fields=``: then the finalizer of
         #: an object that left the filter is not released)
         self.selector = selector
-        #: the blocking client of a plain ``def`` daemon, made from the step's AsyncClient
-        self.sync_client = sync_client or _blocking_client
+        #: the daemon's client, made from the step's: ``(client, key, is_async)``
+        self.client_for = client_for or _client_for
         self.is_async = inspect.iscoroutinefunction(fn)
         self.stop_timeout, self.backoff, self.initial_delay = stop_timeout, backoff, initial_delay
         self._books: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
@@ -179,6 +179,8 @@ class DaemonRunner:
                     + (" and its cancellation" if self.is_async else " (a thread: it must return when stop is set)")
                     + "; retried with backoff, the finalizer stays until it ends"
                 )
+            if d is not None and book.daemons.get(request) is d:
+                del book.daemons[request]  # also a finished one: its object is gone
             if obj is None and self.finalizer is not None and self.selector is not None:
                 await self._release_left(request, client)
             return None
@@ -227,7 +229,7 @@ class DaemonRunner:
             logging.getLogger(f"declop.daemon.{self.name}"),
             {"daemon": self.name, "namespace": key.namespace, "name": key.name},
         )
-        dclient = client if self.is_async else self.sync_client(client, key)
+        dclient = self.client_for(client, key, self.is_async)
         self.starts += 1
         d.task = asyncio.get_running_loop().create_task(self._life(d, dclient, logger), name=f"daemon {self.name} {key}", context=ctx)
         d.task.add_done_callback(lambda _: _maybe_gone(d))
@@ -386,9 +388,10 @@ class DaemonRunner:
         book.daemons.clear()
 
 
-def _blocking_client(client: Any, key: Request) -> Client:
-    """The plain-``def`` flavour of the step's client, bound to the same key and caches."""
-    return Client(client._ctx, client.primary, key, client.controller, client._own, None)
+def _client_for(client: Any, key: Request, is_async: bool) -> Any:
+    """A client of the daemon's flavour bound to the same key and caches as the step's — with
+    no object read (the step's was a snapshot: a typed status write reads the cache instead)."""
+    return (AsyncClient if is_async else Client)(client._ctx, client.primary, key, client.controller, client._own, None)
 
 
 def _maybe_gone(d: Daemon) -> None:

@@ -59,7 +59,7 @@ def obj(generation: int = 1, **meta: Any) -> dict[str, Any]:
 def runner(fn: Callable[..., Any], **options: Any) -> DaemonRunner:
     settings = {"wants": daemon_wants(fn, "d"), "stop_timeout": 1.0, "backoff": 0.01, "initial_delay": None}
     settings.update(options)
-    return DaemonRunner(fn, "d", sync_client=lambda client, key: client, **settings)
+    return DaemonRunner(fn, "d", client_for=lambda client, key, is_async: client, **settings)
 
 
 class Harness:
