@@ -48,14 +48,27 @@ def note(what, key):
         os.close(fd)
 
 
-@declop.daemon("configmaps", labels="dmn=yes", stop_timeout=2)
-async def keeper(request, stop):
-    note("start", request.name)
-    try:
-        await stop.wait()
-        await asyncio.sleep(0.2)  # ending takes a moment
-    finally:
-        note("stop", request.name)
+if os.environ.get("DECLOP_TEST_DAEMON_KIND") == "thread":
+
+    @declop.daemon("configmaps", labels="dmn=yes", stop_timeout=2)
+    def keeper(request, stop):
+        note("start", request.name)
+        try:
+            stop.wait()
+            time.sleep(0.2)  # ending takes a moment
+        finally:
+            note("stop", request.name)
+
+else:
+
+    @declop.daemon("configmaps", labels="dmn=yes", stop_timeout=2)
+    async def keeper(request, stop):
+        note("start", request.name)
+        try:
+            await stop.wait()
+            await asyncio.sleep(0.2)  # ending takes a moment
+        finally:
+            note("stop", request.name)
 """
 
 
@@ -105,8 +118,8 @@ class Journal:
 
 
 class Cluster:
-    def __init__(self, control_plane: Any, namespace: str, tmp_path: Path, lock: str) -> None:
-        self.control_plane, self.namespace, self.lock = control_plane, namespace, lock
+    def __init__(self, control_plane: Any, namespace: str, tmp_path: Path, lock: str, kind: str = "async") -> None:
+        self.control_plane, self.namespace, self.lock, self.kind = control_plane, namespace, lock, kind
         self.handlers = tmp_path / "handlers.py"
         self.handlers.write_text(textwrap.dedent(HANDLERS))
         self.journal = Journal(tmp_path / "daemons.log")
@@ -123,7 +136,8 @@ class Cluster:
         ]  # fmt: skip
         if kubeconfig is not None:
             args += ["--kubeconfig", kubeconfig]
-        op = OperatorProcess(args, env={**self.control_plane.env(), "DECLOP_TEST_DAEMON_LOG": str(self.journal.path)})
+        env = {**self.control_plane.env(), "DECLOP_TEST_DAEMON_LOG": str(self.journal.path), "DECLOP_TEST_DAEMON_KIND": self.kind}
+        op = OperatorProcess(args, env=env)
         op.start()
         self.procs.append(op)
         return op
@@ -169,11 +183,12 @@ class Cluster:
             print(f"--- pid {op.proc.pid}, exit {op.returncode}", *op.lines[-40:], *op.stderr[-20:], sep="\n")
 
 
-@pytest.fixture
+@pytest.fixture(params=["async", "thread"])
 def cluster(control_plane: Any, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """Two daemon flavours: ``async def`` (a task) and ``def`` (a thread with a threading.Event)."""
     # no "shard" in the id: ShardSet.member_prefix cuts a range Lease's name at "-shard-"
-    lock = "dm-" + request.node.name[5:30].replace("_", "-").replace("shard", "sh").strip("-")
-    c = Cluster(control_plane, namespace, tmp_path, lock=lock)
+    lock = "dm-" + request.node.originalname[5:30].replace("_", "-").replace("shard", "sh").strip("-")
+    c = Cluster(control_plane, namespace, tmp_path, lock=lock + "-" + request.param[0], kind=request.param)
     yield c
     c.close()
 
