@@ -246,3 +246,7 @@ def test_a_shard_range_handover_stops_the_daemons_before_the_new_owner_starts_th
     wait_for(lambda: cluster.all_run_in(b), 60, what="every daemon on the survivor")
     cluster.journal.assert_never_two()
     cluster.delete_all_and_check()
+    cluster.objects()  # again, then a graceful stop: its daemons end, its ranges are released
+    wait_for(lambda: cluster.all_run_in(b), 60, what="every new daemon running")
+    assert b.stop() == 0, "a stop that ended every daemon releases its ranges and exits 0"
+    assert cluster.journal.running(b.proc.pid) == set()
