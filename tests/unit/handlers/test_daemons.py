@@ -575,3 +575,18 @@ def test_an_object_that_left_the_filter_loses_the_finalizer_once_its_daemon_ende
             assert len(sent) == 1
 
     asyncio.run(main())
+
+
+def test_the_default_finalizer_is_granted_and_a_daemon_without_one_needs_no_patch() -> None:
+    reg = Registry()
+
+    async def held(stop: asyncio.Event) -> None: ...
+
+    async def free(stop: asyncio.Event) -> None: ...
+
+    reg.daemon("configmaps")(held)
+    verbs = {(g.resource, g.verb) for g in reg.grants() if g.required}
+    assert ("configmaps", "patch") in verbs and ("configmaps", "get") in verbs
+    other = Registry()
+    other.daemon("configmaps", finalizer=False)(free)
+    assert ("configmaps", "patch") not in {(g.resource, g.verb) for g in other.grants() if g.required}
