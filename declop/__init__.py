@@ -60,6 +60,7 @@ from declop.reconcile.result import Phase as Phase
 from declop.reconcile.result import Result as Result
 from declop.registry import background as background
 from declop.registry import converter as converter
+from declop.registry import daemon as daemon
 from declop.registry import index as index
 from declop.registry import mutator as mutator
 from declop.registry import on_shutdown as on_shutdown
@@ -96,6 +97,7 @@ __all__ = [
     "contains_finalizer",
     "converter",
     "create_or_update",
+    "daemon",
     "index",
     "mutator",
     "on_shutdown",

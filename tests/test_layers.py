@@ -110,6 +110,7 @@ ORDER = [
     "handlers.changes",
     "handlers.returns",
     "handlers.timers",
+    "handlers.daemons",
     "serving",
     "serving.http",
     "serving.probes",

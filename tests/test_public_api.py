@@ -38,6 +38,7 @@ EXPECTED = {
     "contains_finalizer",
     "converter",
     "create_or_update",
+    "daemon",
     "index",
     "mutator",
     "on_shutdown",
@@ -79,7 +80,8 @@ def test_the_front_door_is_small() -> None:
     # 32: declop.Condition (issue 44), the typed entry declop.conditions works on, which every
     # typed status with conditions declares — as central to a typed status as declop.conditions.
     # 33: declop.timer (issue 40), the first of the handler kinds Kopf users reach for.
-    assert len(declop.__all__) <= 33
+    # 34: declop.daemon (issue 40), Kopf's per-object daemons: a decorator as everyday as background.
+    assert len(declop.__all__) <= 34
 
 
 def test_star_import_gives_exactly_all() -> None:
@@ -138,6 +140,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "validator": "declop.registry",
         "mutator": "declop.registry",
         "converter": "declop.registry",
+        "daemon": "declop.registry",
         "Rejected": "declop.webhooks.declaration",
         "CustomResource": "declop.typed.model",
         "Condition": "declop.typed.condition",

@@ -51,7 +51,7 @@ from declop import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 #: the pages whose blocks this test runs
-DOCUMENTS = ("README.md", "docs/testing.md", "docs/unit-testing.md", "docs/coming-from-kopf.md", "docs/webhooks.md", "docs/sharding.md", "docs/typed.md", "docs/rbac.md", "docs/simulation.md", "docs/changes.md", "docs/timers.md")
+DOCUMENTS = ("README.md", "docs/testing.md", "docs/unit-testing.md", "docs/coming-from-kopf.md", "docs/webhooks.md", "docs/sharding.md", "docs/typed.md", "docs/rbac.md", "docs/simulation.md", "docs/changes.md", "docs/timers.md", "docs/daemons.md")
 
 LANGUAGES = {"python", "bash", "sh", "shell", "console", "text", "yaml", "json", "dockerfile"}
 SHELL = {"bash", "sh", "shell", "console"}
@@ -114,7 +114,7 @@ def python_kind(block: Block) -> str:
         return "excerpt"
     if re.search(r"^\s*(async\s+)?def test_", block.text, re.M):
         return "test"
-    if re.search(r"@(declop|\w*registry)\.(reconciler|timer|validator|mutator|converter)\(|declop\.index\(", block.text):
+    if re.search(r"@(declop|\w*registry)\.(reconciler|timer|daemon|validator|mutator|converter)\(|declop\.index\(", block.text):
         return "handlers"
     return "script"
 

@@ -45,14 +45,18 @@ __all__ = ["FencedConnector", "WriteFence", "check", "current", "enter", "leave"
 
 class WriteFence:
     """The Lease one reconcile call writes under: ``valid()`` is its fence, ``lease`` names it
-    (``namespace/name``) and ``key`` is the call's key, for the message."""
+    (``namespace/name``) and ``key`` is the call's key, for the message. ``scope`` is what the
+    Lease covers, for work that outlives the call (a daemon, :mod:`declop.handlers.daemons`):
+    in sharded mode ``(ShardSet, range index)``, so that work can count itself in flight in its
+    range and hear of a drain; None under the leader Lease."""
 
-    __slots__ = ("valid", "lease", "key", "tripped")
+    __slots__ = ("valid", "lease", "key", "tripped", "scope")
 
-    def __init__(self, valid: Callable[[], bool], lease: str, key: Any) -> None:
+    def __init__(self, valid: Callable[[], bool], lease: str, key: Any, scope: Any = None) -> None:
         self.valid = valid
         self.lease = lease
         self.key = key
+        self.scope = scope
         #: the first refusal of this call (None: every write so far was sent)
         self.tripped: Fenced | None = None
 

@@ -136,7 +136,7 @@ class Gate:
         shards = self.shards
         if shards is not None:
             e = shards.electors[shard]
-            return WriteFence(e.valid, f"{e.namespace}/{e.name}", key)
+            return WriteFence(e.valid, f"{e.namespace}/{e.name}", key, (shards, shard))
         if self.leader is None:
             return None
         return WriteFence(self.leader, self.lease, key)

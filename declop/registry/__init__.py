@@ -3,7 +3,7 @@
 ``@declop.reconciler`` records reconcilers and ``@declop.timer`` timers (a runner as a
 reconciler, :mod:`declop.handlers.timers`); ``declop.index`` and ``declop.transform`` the cache's
 indexes and transforms; ``@declop.on_startup``, ``@declop.on_shutdown`` and
-``@declop.background`` lifecycle hooks; ``@declop.validator``, ``@declop.mutator`` and
+``@declop.background`` lifecycle hooks; ``@declop.daemon`` per-object daemons; ``@declop.validator``, ``@declop.mutator`` and
 ``@declop.converter`` webhooks. The manager reads them at start.
 
 Owns: the reconciler options, named, defaulted and checked once (``options``); a decorator
@@ -22,6 +22,7 @@ May import: the base, ``queue``, ``kube``, ``leases``, ``reconcile``, ``lifecycl
 from declop.registry.decorators import RECONCILER_OPTIONS as RECONCILER_OPTIONS
 from declop.registry.decorators import background as background
 from declop.registry.decorators import converter as converter
+from declop.registry.decorators import daemon as daemon
 from declop.registry.decorators import default_registry as default_registry
 from declop.registry.decorators import index as index
 from declop.registry.decorators import mutator as mutator
@@ -46,6 +47,7 @@ __all__ = [
     "Registry",
     "background",
     "converter",
+    "daemon",
     "default_registry",
     "index",
     "mutator",

@@ -15,7 +15,7 @@ from declop.errors import RegistrationError
 from declop.lifecycle import HookKind
 from declop.registry.calls import Decorator, check_call, keywords_of
 from declop.registry.options import TIMER_OPTION_NAMES, ReconcilerOptions
-from declop.registry.registry import Registry
+from declop.registry.registry import DAEMON_OPTIONS, Registry
 from declop.webhooks.declaration import WebhookKind
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ __all__ = [
     "RECONCILER_OPTIONS",
     "background",
     "converter",
+    "daemon",
     "default_registry",
     "index",
     "mutator",
@@ -138,6 +139,47 @@ def timer(
     """
     check_call("timer", (resource, *parts), options, ("interval", "idle", "initial_delay", *TIMER_OPTION_NAMES, "registry"))
     return _target(registry).timer(resource, interval=interval, idle=idle, initial_delay=initial_delay, **options)
+
+
+def daemon(
+    resource: ResourceLike,
+    *parts: Never,
+    name: str | None = None,
+    stop_timeout: float = 10.0,
+    backoff: float = 5.0,
+    initial_delay: float | None = None,
+    finalizer: str | bool | None = None,
+    namespaces: Sequence[str] | str | None = None,
+    labels: str | Mapping[str, str] | None = None,
+    fields: str | None = None,
+    predicates: Sequence[Any] = (),
+    shard_by: str = "uid",
+    max_concurrent: int = 4,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Decorator:
+    """Run the decorated function as one long task per object of ``resource`` (docs/daemons.md).
+
+    ``async def fn(request, name, namespace, client, logger, stop, retry, current)`` runs as an
+    asyncio task per object; a plain ``def`` runs in a thread of its own and gets ``stop`` as a
+    ``threading.Event``. It declares only what it needs. ``stop`` is set when it must end;
+    ``current()`` returns a deep copy of the object as the cache holds it *now* (None once it is
+    gone from the cache); ``retry`` counts its crashes in a row; ``client`` writes are fenced like
+    a reconcile's.
+
+    It starts when the object exists, is not being deleted and matches ``namespaces=``,
+    ``labels=``, ``fields=`` (after ``initial_delay`` seconds), on the replica that owns the key;
+    it is stopped — ``stop`` set, awaited up to ``stop_timeout`` seconds, then cancelled if
+    ``async def`` — before the finalizer (default ``daemons.declop.dev/<name>``; ``False``: none)
+    is released, when the object leaves the filter, and on handover and shutdown. A crash
+    restarts it after ``backoff`` seconds (an exception's ``delay`` attribute wins); a return ends
+    it until the object's generation changes."""
+    check_call("daemon", (resource, *parts), unknown, DAEMON_OPTIONS)
+    return _target(registry).daemon(
+        resource, name=name, stop_timeout=stop_timeout, backoff=backoff, initial_delay=initial_delay,
+        finalizer=finalizer, namespaces=namespaces, labels=labels, fields=fields, predicates=predicates,
+        shard_by=shard_by, max_concurrent=max_concurrent,
+    )  # fmt: skip
 
 
 def index(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeV
 
 from declop.errors import RegistrationError
 from declop.handlers.timers import Schedule, TimerRunner
+from declop.handlers.daemons import check_timing, default_finalizer, make_daemon
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.handlers.changes import runner as changes_runner
@@ -36,7 +37,7 @@ from declop.handlers.returns import runner as returns_runner
 from declop.lifecycle import Hook, HookKind, make_hook
 from declop.reconcile.registration import Registration
 from declop.registry.calls import Decorator, check_call, method_keywords_of
-from declop.registry.options import OPTION_NAMES, TIMER_OPTION_NAMES, ReconcilerOptions
+from declop.registry.options import OPTION_NAMES, TIMER_OPTION_NAMES, ReconcilerOptions, _valid_finalizer
 from declop.registry.signatures import INJECTABLE, location, typed_model, wanted_names
 from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
 __all__ = ["IndexRegistration", "Registration", "Registry"]  # Registration: what Registry.registrations holds
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: the keyword options of ``@declop.daemon`` (the "did you mean" list of a misspelt one)
+DAEMON_OPTIONS = (
+    "name", "stop_timeout", "backoff", "initial_delay", "finalizer", "namespaces", "labels", "fields",
+    "predicates", "shard_by", "max_concurrent", "registry",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +228,64 @@ class Registry:
             # the function declares it (a runner taking **kwargs would count as asking for all)
             needs = frozenset(INJECTABLE) if wants is None else wants | TimerRunner.NEEDS
             self._registrations[reg_name] = dataclasses.replace(self._registrations[reg_name], wants=needs)
+            return fn
+
+        return decorate
+
+    def daemon(
+        self,
+        resource: ResourceLike,
+        *parts: Never,
+        name: str | None = None,
+        stop_timeout: float = 10.0,
+        backoff: float = 5.0,
+        initial_delay: float | None = None,
+        finalizer: str | bool | None = None,
+        namespaces: Any = None,
+        labels: Any = None,
+        fields: str | None = None,
+        predicates: Any = (),
+        shard_by: str = "uid",
+        max_concurrent: int = 4,
+        **unknown: Never,
+    ) -> Decorator:
+        """Register the decorated function as a per-object daemon of ``resource``: see
+        :func:`declop.registry.daemon` and docs/daemons.md."""
+        check_call("daemon", (resource, *parts), unknown, DAEMON_OPTIONS)
+        check_timing(stop_timeout, backoff, initial_delay)
+        if finalizer is True or (finalizer is not None and finalizer is not False and not isinstance(finalizer, str)):
+            raise RegistrationError(f"finalizer= is a finalizer name, None (the default: daemons.declop.dev/<name>) or False for none, got {finalizer!r}")
+        options = ReconcilerOptions(
+            name=name, finalizer=finalizer or None, namespaces=namespaces, labels=labels, fields=fields,
+            predicates=predicates, shard_by=shard_by, max_concurrent=max_concurrent,
+        )  # fmt: skip
+        primary = options.primary(resource)
+        settled = options.settled(primary)
+
+        def decorate(fn: F) -> F:
+            self._check_open(f"daemon {getattr(fn, '__name__', fn)!r}")
+            if not callable(fn) or isinstance(fn, type):
+                raise RegistrationError(f"@daemon decorates a function, got {fn!r}")
+            reg_name = name or getattr(fn, "__name__", None)
+            if not reg_name:
+                raise RegistrationError(f"@daemon cannot name {type(fn).__name__} objects; pass name='...'")
+            existing = self._registrations.get(reg_name)
+            if existing is not None:
+                if getattr(getattr(existing.fn, "__self__", None), "fn", None) is fn:
+                    return fn  # the same module imported twice
+                raise RegistrationError(f"a controller named {reg_name!r} is already registered; pass name= to tell them apart")
+            if finalizer is None:
+                settled["finalizer"] = default_finalizer(reg_name)
+                if not _valid_finalizer(settled["finalizer"]):
+                    raise RegistrationError(
+                        f"daemon {reg_name!r}: its default finalizer {settled['finalizer']!r} is not a valid name "
+                        "(63 characters at most after the '/'); pass name= or finalizer='my.domain/name'"
+                    )
+            registration, keeper = make_daemon(
+                fn, reg_name, primary.name, settled, stop_timeout=stop_timeout, backoff=backoff, initial_delay=initial_delay
+            )
+            self._registrations[reg_name] = registration
+            self._hooks.append(keeper)
             return fn
 
         return decorate

@@ -40,7 +40,8 @@ Invariants, checked while the run goes and at its end (each violation is a
   (the leader Lease, or the key's range Lease) names the replica and is unexpired (its last
   write + ``leaseDurationSeconds``);
 
-- **I1** no two live replicas run a handler call of the same namespace/name at once — across a
+- **I1** no two live replicas run a handler call of one controller for the same namespace/name at
+  once (sharded, two controllers' ranges of one key may have two owners) — across a
   delete + re-create too (a replica paused since its call began is excused: only fenced writes
   stop it, contract.md §7). The documented exception, sharded by uid: when a name is deleted and
   created again, the old object's ``DELETED`` call (``obj`` is None) may overlap the new
@@ -65,6 +66,9 @@ Invariants, checked while the run goes and at its end (each violation is a
   across replicas and incarnations; **T2** a tick fires only while the apiserver's record of the
   Lease covering its key names the replica and is unexpired (I2 at the moment of the tick). Each
   replica incarnation gets a runner of its own (a process's memory), on the virtual wall clock.
+- **I9** no two live replicas run a daemon (``@declop.daemon``) of the same namespace/name at
+  once, from its first run until it ended (a replica paused since its daemon started is excused,
+  as for I1), and no daemon of an object runs once the object is gone.
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
@@ -87,6 +91,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
 
 from declop.errors import ApiError, NotFound
+from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
 from declop.kube.keys import Request
 from declop.kube.transport import StreamIdle, StreamInterrupted
@@ -142,6 +147,8 @@ class World:
     #: check I1 without the documented exception for ``shard_by="uid"`` (the overlap of a
     #: name's old object's calls and its new object's, contract.md §7)
     strict: bool = False
+    #: the built-in handlers include a daemon per object (checked by I9)
+    daemons: bool = False
 
     def repro(self, seed: int) -> str:
         default = World()
@@ -162,6 +169,8 @@ class World:
                 line += " --strict"
             if self.server_filter:
                 line += " --server-filter"
+            if self.daemons:
+                line += " --daemons"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
         if self.only is not None:
@@ -224,6 +233,18 @@ def builtin_registry(world: World) -> Registry:
         if (obj.get("status") or {}).get("value") != value:
             await client.patch_status(request, {"status": {"value": value}})
 
+    if world.daemons:
+
+        @registry.daemon(RESOURCE, shard_by=world.shard_by, stop_timeout=2.0, backoff=1.0)
+        async def widget_daemon(request: Request, stop: asyncio.Event, retry: int) -> None:
+            rng = random.Random(f"{request}-{retry}-{asyncio.get_running_loop().time()}")
+            if rng.random() < 0.1:
+                raise RuntimeError("the daemon failed (simulated)")
+            try:
+                await asyncio.wait_for(stop.wait(), rng.uniform(5, 60))  # or returns on its own
+            except asyncio.TimeoutError:
+                return
+
     return registry
 
 
@@ -238,9 +259,11 @@ class _Replica:
     manager: Manager | None = None
     net: str = "ok"  # "ok", "hang", "fail", "cut"
     slow: float = 0.0
-    #: key -> when its running call started, when it ends (inf: not known yet), the uid it has
-    calls: dict[Request, tuple[float, float, str | None]] = field(default_factory=dict)
+    #: (controller, key) -> when its running call started, when it ends (inf: not known yet), the uid it has
+    calls: dict[tuple[str, Request], tuple[float, float, str | None]] = field(default_factory=dict)
     paused: list[list[float]] = field(default_factory=list)
+    #: key -> when its running daemon first ran (I9)
+    daemons: dict[Request, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -502,6 +525,10 @@ class _World:
     def _instrument(self, registry: Registry) -> Registry:
         """A copy of ``registry`` whose handlers report their calls (and take a virtual duration)."""
         out = Registry()
+        for reg in registry._registrations.values():
+            runner = getattr(reg.fn, "__self__", None)
+            if isinstance(runner, DaemonRunner):
+                runner.observer = self.daemon_event
         out._registrations = {name: self._wrap(reg) for name, reg in registry._registrations.items()}
         out._indexes = list(registry._indexes)
         out._transforms = dict(registry._transforms)
@@ -596,7 +623,7 @@ class _World:
         if r is not None:
             self._check_lease(r, key, uid, name, "T2")
 
-    def call_started(self, kw: dict[str, Any], lasts: float | None = None, controller: str = "") -> tuple[_Replica | None, Request, float]:
+    def call_started(self, kw: dict[str, Any], lasts: float | None = None, controller: str = "") -> tuple[_Replica | None, Any, float]:
         who = actor()
         r = self.by_actor.get(who) if who is not None else None
         key: Request = kw["request"]
@@ -610,12 +637,13 @@ class _World:
             uid = meta.get("uid") or ""
             k = (key, uid)
             self.seen[k] = max(self.seen.get(k, 0), int(meta.get("resourceVersion") or 0))
+        slot = (controller, key)  # two controllers of one key may run on two replicas (sharded)
         if r is None:
-            return None, key, now
+            return None, slot, now
         for other in self.replicas:
             if other is r or not other.alive:
                 continue
-            running = other.calls.get(key)
+            running = other.calls.get(slot)
             if running is None or running[1] <= now or other.was_paused(running[0]):
                 continue
             if self.by_uid and (uid is None or running[2] is None or (self.by_uid_bare and uid != running[2])):
@@ -623,8 +651,8 @@ class _World:
                 continue
             self.violate("I1", r, f"a call of {key} started while {other.name} runs one (since t={running[0]:.3f})")
         self._check_lease(r, key, uid, controller)
-        r.calls[key] = (now, now + lasts if lasts is not None else float("inf"), uid)
-        return r, key, now
+        r.calls[slot] = (now, now + lasts if lasts is not None else float("inf"), uid)
+        return r, slot, now
 
     def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str, invariant: str = "I2") -> None:
         """I2 (or ``invariant``): the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
@@ -650,12 +678,33 @@ class _World:
             doing = "a tick" if invariant == "T2" else "a call"
             self.violate(invariant, r, f"{doing} of {key} started under Lease {name} ({what})")
 
+    def daemon_event(self, event: str, key: Request) -> None:
+        """I9: a daemon of ``key`` began a run, or ended, on the replica of the running task."""
+        who = actor()
+        r = self.by_actor.get(who) if who is not None else None
+        if r is None or not r.alive:
+            return
+        if event == "end":
+            r.daemons.pop(key, None)
+            return
+        if key in r.daemons:
+            return  # restarted in place after a crash: the same daemon
+        now = self.now()
+        for other in self.replicas:
+            if other is r or not other.alive:
+                continue
+            since = other.daemons.get(key)
+            if since is None or other.was_paused(since):
+                continue
+            self.violate("I9", r, f"a daemon of {key} started while {other.name} runs one (since t={since:.3f})")
+        r.daemons[key] = now
+
     def call_returned(self, kw: dict[str, Any]) -> None:
         obj = _plain(kw.get("obj"))
         if obj is not None and kw.get("phase") is Phase.DELETING:
             self.cleaned.add((obj.get("metadata") or {}).get("uid") or "")
 
-    def call_ended(self, r: _Replica | None, key: Request, started: float) -> None:
+    def call_ended(self, r: _Replica | None, key: Any, started: float) -> None:
         if r is not None and r.calls.get(key, (None,))[0] == started:
             del r.calls[key]
 
@@ -664,7 +713,7 @@ class _World:
         r.gen += 1
         r.actor = Actor(self.loop, f"r{r.index}")
         self.by_actor[r.actor] = r
-        r.calls, r.paused = {}, []
+        r.calls, r.paused, r.daemons = {}, [], {}
         self.last_change = self.now()
         r.actor.spawn(self._run(r))
 
@@ -700,7 +749,7 @@ class _World:
     def kill(self, r: _Replica) -> None:
         assert r.actor is not None
         r.actor.kill()
-        r.calls = {}
+        r.calls, r.daemons = {}, {}
         self.last_change = self.now()
 
     # -- faults -------------------------------------------------------------------------------
@@ -840,6 +889,11 @@ class _World:
         for obj in store:
             if obj["metadata"].get("deletionTimestamp"):
                 self.violate("I4", "-", f"{obj['metadata']['namespace']}/{obj['metadata']['name']} is still being deleted {self.now() - settled_at:.3f} s after the faults healed")
+        for r in self.replicas:  # I9: no daemon of an object that is gone
+            if r.alive:
+                for key in sorted(r.daemons):
+                    if store.get(key) is None:
+                        self.violate("I9", r, f"a daemon of {key} still runs {self.now() - settled_at:.3f} s after the faults healed, its object gone")
         seen_uids = {uid for _key, uid in self.seen}
         for key, uid, at, before, guarded, owner in self.deletions:
             now_there = store.get(key)
@@ -953,6 +1007,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-finalizer", action="store_true", help="the built-in handler without a finalizer")
     p.add_argument("--strict", action="store_true", help="I1 without the exception for shard_by='uid' without a finalizer")
     p.add_argument("--server-filter", action="store_true", help="the apiserver serves shardSelector (server-side filtering)")
+    p.add_argument("--daemons", action="store_true", help="add a daemon per object to the built-in handler (checks I9)")
     p.add_argument("--only", default=None)
     p.add_argument("--faults", default=",".join(WORLD_FAULTS))
     p.add_argument("-v", "--verbose", action="store_true")
@@ -966,7 +1021,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_FAULTS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
-                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter)  # fmt: skip
+                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())
