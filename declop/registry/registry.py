@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeVar
 
 from declop.errors import RegistrationError
+from declop.handlers.steps import wrap as wrap_steps
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.lifecycle import Hook, HookKind, make_hook
@@ -134,17 +135,18 @@ class Registry:
             reg_name = options.name or getattr(fn, "__name__", None)
             if not reg_name:
                 raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
-            if reg_name in self._registrations and self._registrations[reg_name].fn is not fn:
+            if reg_name in self._registrations and inspect.unwrap(self._registrations[reg_name].fn) is not inspect.unwrap(fn):
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
             model = typed_model(fn, reg_name, primary)
+            runner, wants = wrap_steps(fn, reg_name, wanted_names)  # fn itself unless it takes `steps`
             self._registrations[reg_name] = Registration(
-                fn=fn,
+                fn=runner,
                 name=reg_name,
                 resource=primary.name,
                 is_async=inspect.iscoroutinefunction(fn),
-                wants=wanted_names(fn, reg_name),
+                wants=wants,
                 model=model,
                 **settled,
             )
