@@ -21,8 +21,8 @@ with :class:`~declop.errors.TemporaryError`, one that failed for good with
 
 Invariants:
 - a step runs only after its *claim* was written: a JSON patch that adds 1 to its attempts,
-  guarded by a ``test`` of the record as the handler read it (or of the object's
-  resourceVersion, when there was no record). When the record changed since — another replica,
+  guarded by a ``test`` of the record as the handler read it (when there was none, that it is
+  still missing). When the record changed since — another replica,
   an older cached copy, an edit — the apiserver refuses the patch, the step does not run and
   the call ends with :class:`~declop.errors.Conflict` (retried; the newer object wakes the key);
 - so a step never runs twice for one claim: two runs need two claims, each guarded by the
@@ -226,31 +226,32 @@ class Writer:
             return ((obj.get("metadata") or {}).get("annotations") or {}).get(self.key)
         return ((obj.get("status") or {}).get("steps") or {}).get(self.controller)
 
-    def ops(self, obj: Mapping[str, Any], rv: str, base: Any, new: Any) -> list[dict[str, Any]]:
-        """The JSON patch that replaces ``base`` with ``new``: guarded by a ``test`` of ``base``, or
-        of the resourceVersion ``rv`` when there was no record (JSON patch cannot test absence)."""
-        if self.store == "annotation":
-            parent, path = "/metadata/annotations", "/metadata/annotations/" + _escape(self.key)
-            have_parent = bool((obj.get("metadata") or {}).get("annotations"))
-            outer: list[str] = []
-        else:
-            parent, path = "/status/steps", "/status/steps/" + _escape(self.controller)
-            have_parent = isinstance((obj.get("status") or {}).get("steps"), Mapping)
-            outer = [] if isinstance(obj.get("status"), Mapping) else ["/status"]
+    def ops(self, obj: Mapping[str, Any], base: Any, new: Any) -> list[dict[str, Any]]:
+        """The JSON patch that replaces ``base`` with ``new``, guarded by a ``test`` of ``base``.
+        With no record, the test is that the first missing part of its path (the annotation,
+        ``metadata.annotations``, ``status.steps`` …) is still missing — the apiserver tests a
+        missing key as ``null`` — and the parts are added."""
+        parts = ["metadata", "annotations", self.key] if self.store == "annotation" else ["status", "steps", self.controller]
+        path = "/" + "/".join(_escape(p) for p in parts)
         if base is not None:
             return [{"op": "test", "path": path, "value": base}, {"op": "replace", "path": path, "value": new}]
-        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}]
-        ops += [{"op": "add", "path": p, "value": {}} for p in outer]
-        if not have_parent:
-            ops.append({"op": "add", "path": parent, "value": {}})
+        at: Any = obj
+        for i, part in enumerate(parts):
+            child = at.get(part) if isinstance(at, Mapping) else None
+            if child is None or i == len(parts) - 1:
+                break
+            at = child
+        missing = "/" + "/".join(_escape(p) for p in parts[: i + 1])
+        ops: list[dict[str, Any]] = [{"op": "test", "path": missing, "value": None}]
+        ops += [{"op": "add", "path": "/" + "/".join(_escape(p) for p in parts[:j]), "value": {}} for j in range(i + 1, len(parts))]
         ops.append({"op": "add", "path": path, "value": new})
         return ops
 
-    def body(self, obj: Mapping[str, Any], rv: str, base: Any, new: Any) -> bytes:
+    def body(self, obj: Mapping[str, Any], base: Any, new: Any) -> bytes:
         """:meth:`ops` encoded as Go writes JSON (the apiserver's ``test`` compares bytes)."""
         from declop.typed.status import encode  # (it imports pydantic: only once a step writes)
 
-        return encode(self.ops(obj, rv, base, new))
+        return encode(self.ops(obj, base, new))
 
     def subresource(self) -> str | None:
         return "status" if self.store == "status" else None
@@ -366,12 +367,12 @@ class Steps:
         self._writer.check(written, new)
         rv = meta.get("resourceVersion") or ""
         self._memory.wrote(self._key, meta.get("uid") or "", (state.rv, state.stored), (rv, new))
-        self._state = _State(written, rv, new, record)
+        self._state = _State(state.obj, rv, new, record)  # the generation stays the one the handler read
 
     def _body(self, new: Any) -> bytes:
         state = self._state
         assert state.obj is not None
-        return self._writer.body(state.obj, state.rv, state.stored, new)
+        return self._writer.body(state.obj, state.stored, new)
 
     def _after(self, name: str, claim: Mapping[str, Any], exc: BaseException | None, backoff: Backoff,
                retries: int | None, permanent: tuple[type[BaseException], ...]) -> tuple[dict[str, Any] | None, BaseException | None]:  # fmt: skip

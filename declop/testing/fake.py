@@ -299,7 +299,7 @@ def _registration(
         reg, source = throwaway.registrations[0], registry or default_registry
     else:
         source = registry or default_registry
-        found = [r for r in source.registrations if r.fn is handler]
+        found = [r for r in source.registrations if inspect.unwrap(r.fn) is handler]  # (a steps runner wraps it)
         if not found:
             raise TypeError(
                 f"{getattr(handler, '__name__', handler)!r} is not registered in "
