@@ -329,6 +329,12 @@ class Steps:
         """The step ``name`` is done (for this generation, with ``once="generation"``)."""
         return decide(self._state.record.get(name), self._generation(), once, None, self._clock()).action == "skip"
 
+    def attempt(self, name: str) -> int:
+        """The attempts of step ``name`` as recorded: while its ``fn`` runs, the number of this
+        attempt (1 for the first; Kopf's ``retry`` is one less)."""
+        attempts = (self._state.record.get(name) or {}).get("attempts")
+        return attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0
+
     def _generation(self) -> int:
         obj = self._state.obj
         gen = (obj.get("metadata") or {}).get("generation") if obj is not None else None
