@@ -540,7 +540,9 @@ def wrap(
     writer = Writer(name, store)
     user_wants = wanted(functools.partial(fn, steps=None), name)
     memory = Memory()
-    pick = (lambda kw: kw) if user_wants is None else (lambda kw: {k: kw[k] for k in user_wants if k in kw})
+    # the handler's own defaulted parameters pass through (run_reconcile's kwargs=, the test seam)
+    own = user_wants | {n for n in params if n != "steps"} if user_wants is not None else None
+    pick = (lambda kw: kw) if own is None else (lambda kw: {k: v for k, v in kw.items() if k in own})
 
     if inspect.iscoroutinefunction(fn):
 
@@ -557,6 +559,7 @@ def wrap(
 
         runner = run_steps
     functools.update_wrapper(runner, fn)
-    runner.__signature__ = inspect.Signature([inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])  # type: ignore[attr-defined]
+    kept = [p for p in params.values() if p.name != "steps" and p.kind is not p.VAR_KEYWORD]
+    runner.__signature__ = inspect.Signature([*kept, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])  # type: ignore[attr-defined]
     runner.memory = memory  # type: ignore[attr-defined]  # for tests and the bench
     return runner, None if user_wants is None else user_wants | _NEEDS

@@ -245,3 +245,25 @@ def test_a_stale_copy_on_a_new_replica_is_refused_by_the_guard(
         wait_for(lambda: idle(op), 30, what="idle")
     assert runs.of("create-bucket") == [0]
     assert record(env, namespace, "stale")["create-bucket"] == {"generation": 1, "attempts": 1, "done": True}
+
+
+def test_the_record_in_the_status(env: dict[str, str], kubeconfig: str, namespace: str) -> None:
+    registry, runs = declop.registry.Registry(), Runs()
+
+    @registry.reconciler(RESOURCE)
+    def in_status(obj: Any, steps: declop.Steps = "status") -> None:  # type: ignore[assignment]
+        if obj is not None:
+            steps.run("first", lambda: runs.add("first", 0), once="object")
+            steps.run("second", lambda: runs.add("second", 0), retries=2, backoff=0.1)
+
+    def steps_status() -> dict[str, Any]:
+        return (get(env, namespace).get("status") or {}).get("steps", {}).get("in_status", {})  # type: ignore[no-any-return]
+
+    with operator(registry, kubeconfig, namespace) as op:
+        create(env, namespace)
+        wait_for(lambda: steps_status().get("second", {}).get("done"), 20, what="both steps done in the status")
+        touch(env, namespace, "1")
+        wait_for(lambda: get(env, namespace)["metadata"]["annotations"].get("touch") == "1" and idle(op), 20, what="idle")
+    assert runs.of("first") == [0] and runs.of("second") == [0]
+    assert steps_status()["first"] == {"generation": 1, "attempts": 1, "done": True}
+    assert not any(k.startswith("steps.declop.dev/") for k in get(env, namespace)["metadata"].get("annotations") or {})

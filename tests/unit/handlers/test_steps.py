@@ -365,3 +365,15 @@ def test_an_async_handler_gets_an_async_runner() -> None:
 
     assert registry.registrations[0].is_async
     assert asyncio.iscoroutinefunction(registry.registrations[0].fn)
+
+
+def test_the_handlers_own_parameters_pass_through_run_reconcile() -> None:
+    registry, seen = Registry(), []
+
+    @declop.reconciler("configmaps", registry=registry)
+    def make(steps: Steps, now: float = 0.0) -> None:
+        steps.run("stamp", lambda: seen.append(now))
+
+    assert run_reconcile(make, "ns/w", [widget()], registry=registry, kwargs={"now": 7.0}).ok and seen == [7.0]
+    with pytest.raises(TypeError, match="no parameter 'later'"):
+        run_reconcile(make, "ns/w", [widget()], registry=registry, kwargs={"later": 1})
