@@ -75,6 +75,8 @@ STORES = ("annotation", "status")
 Once = Literal["generation", "object"]
 Backoff = float | Callable[[int], float] | None
 
+#: a failure's message is kept on the object up to this many characters (the record stays small)
+MESSAGE_LIMIT = 512
 #: what the runner itself reads of a call's arguments
 _NEEDS = frozenset({"request", "obj", "client", "logger"})
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -313,7 +315,8 @@ class Steps:
     ) -> None:
         self._writer, self._memory, self._key = writer, memory, key
         self._client, self._logger, self._clock, self._async = client, logger, clock, is_async
-        if obj is None:
+        if obj is None:  # gone: nothing of it is remembered any more
+            memory.forget(key)
             self._state = _State(None, "", None, {})
             return
         meta = obj.get("metadata") or {}
@@ -386,7 +389,7 @@ class Steps:
         attempts = int(claim["attempts"])
         if exc is None:
             return {k: v for k, v in claim.items() if k not in ("message", "next")} | {"done": True}, None
-        message = str(exc) or type(exc).__name__
+        message = (str(exc) or type(exc).__name__)[:MESSAGE_LIMIT]
         if isinstance(exc, TerminalError) or (permanent and isinstance(exc, permanent)):
             failed = {**claim, "failed": message}
             return failed, TerminalError(f"step {name!r} failed for good: {message}")
@@ -405,7 +408,9 @@ class Steps:
         return entry, TemporaryError(f"step {name!r} failed (attempt {attempts}): {message}", delay=delay)
 
     def _log(self, name: str, exc: BaseException, raised: BaseException | None) -> None:
-        if self._logger is not None and not isinstance(exc, TemporaryError):
+        """The traceback of a step that will be tried again after its backoff (the outcome table
+        logs a TemporaryError without one; a re-raised or terminal error is logged there with it)."""
+        if self._logger is not None and raised is not exc and isinstance(raised, TemporaryError) and not isinstance(exc, TemporaryError):
             self._logger.error(f"Step {name!r} failed", exc_info=exc, step=name, outcome=type(raised).__name__)
 
     def run(self, name: str, fn: Callable[[], Any], *, once: Once = "generation", retries: int | None = None,
