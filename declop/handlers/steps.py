@@ -61,11 +61,12 @@ from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 
 from declop.errors import ApiError, Conflict, RegistrationError, TemporaryError, TerminalError
 from declop.kube.keys import Request
+from declop.kube.rbac import Permission
 from declop.typed.dump import as_json, is_model
 
 __all__ = [
-    "ANNOTATION_PREFIX", "STORES", "Decision", "Memory", "Steps", "Writer", "decide", "dump", "parse", "record_key",
-    "wrap",
+    "ANNOTATION_PREFIX", "STORES", "Decision", "Memory", "Steps", "Writer", "decide", "dump", "grants", "parse",
+    "record_key", "wrap",
 ]
 
 #: the record's annotation is ``ANNOTATION_PREFIX + <controller name>``
@@ -567,4 +568,14 @@ def wrap(
     kept = [p for p in params.values() if p.name != "steps" and p.kind is not p.VAR_KEYWORD]
     runner.__signature__ = inspect.Signature([*kept, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])  # type: ignore[attr-defined]
     runner.memory = memory  # type: ignore[attr-defined]  # for tests and the bench
+    runner.store = store  # type: ignore[attr-defined]  # for grants()
     return runner, None if user_wants is None else user_wants | _NEEDS
+
+
+def grants(runner: Callable[..., Any], resource: str) -> tuple[Permission, ...]:
+    """What ``declop rbac`` must grant a runner :func:`wrap` made, on its primary ``resource``:
+    ``patch`` of the object (the annotation) or of its status; nothing for a plain function."""
+    store = getattr(runner, "store", None)
+    if store is None:
+        return ()
+    return (Permission("patch", resource if store == "annotation" else f"{resource}/status"),)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeVar
 
 from declop.errors import RegistrationError
+from declop.handlers.steps import grants as step_grants
 from declop.handlers.steps import wrap as wrap_steps
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
@@ -148,7 +149,7 @@ class Registry:
                 is_async=inspect.iscoroutinefunction(fn),
                 wants=wants,
                 model=model,
-                **settled,
+                **{**settled, "permissions": (*settled["permissions"], *step_grants(runner, primary.name))},
             )
             return fn
 

@@ -377,3 +377,20 @@ def test_the_handlers_own_parameters_pass_through_run_reconcile() -> None:
     assert run_reconcile(make, "ns/w", [widget()], registry=registry, kwargs={"now": 7.0}).ok and seen == [7.0]
     with pytest.raises(TypeError, match="no parameter 'later'"):
         run_reconcile(make, "ns/w", [widget()], registry=registry, kwargs={"later": 1})
+
+
+def test_declop_rbac_grants_the_writes_of_the_record() -> None:
+    registry = Registry()
+
+    @declop.reconciler("configmaps", registry=registry)
+    def annotated(steps: Steps) -> None: ...
+
+    @declop.reconciler("widgets.example.com", registry=registry)
+    def in_status(steps: Steps = "status") -> None: ...  # type: ignore[assignment]
+
+    @declop.reconciler("secrets", registry=registry)
+    def plain(request: Any) -> None: ...
+
+    verbs = {(g.resource, g.verb) for g in registry.grants()}
+    assert ("configmaps", "patch") in verbs and ("widgets/status", "patch") in verbs
+    assert ("secrets", "patch") not in verbs
