@@ -59,10 +59,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 
-from declop.errors import ApiError, Conflict, RegistrationError, TemporaryError, TerminalError
+from declop.errors import ApiError, Conflict, NotFound, RegistrationError, TemporaryError, TerminalError
 from declop.kube.keys import Request
 from declop.kube.rbac import Permission
-from declop.typed.dump import as_json, is_model
+from declop.typed.dump import is_model
 
 __all__ = [
     "ANNOTATION_PREFIX", "STORES", "Decision", "Memory", "Steps", "Writer", "decide", "dump", "grants", "parse",
@@ -513,10 +513,15 @@ def _delay(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
-def _raw(obj: Any) -> Mapping[str, Any] | None:
-    if obj is None:
+def _raw(obj: Any, client: Any, request: Request) -> Mapping[str, Any] | None:
+    """The object as stored: ``obj`` itself, or for a typed view (whose dump adds defaults the
+    stored object does not have, e.g. empty annotations) the cached dict it was made from."""
+    if obj is None or not is_model(obj):
+        return obj  # type: ignore[no-any-return]
+    try:
+        return client.get(request)  # type: ignore[no-any-return]
+    except NotFound:
         return None
-    return as_json(obj, "whole") if is_model(obj) else obj  # type: ignore[no-any-return]
 
 
 def wrap(
@@ -553,14 +558,16 @@ def wrap(
     if inspect.iscoroutinefunction(fn):
 
         async def run_steps_async(**kwargs: Any) -> Any:
-            steps = Steps(writer, memory, kwargs["request"], _raw(kwargs.get("obj")), kwargs["client"], kwargs.get("logger"), is_async=True)
+            request, client = kwargs["request"], kwargs["client"]
+            steps = Steps(writer, memory, request, _raw(kwargs.get("obj"), client, request), client, kwargs.get("logger"), is_async=True)
             return await fn(**pick(kwargs), steps=steps)
 
         runner: Callable[..., Any] = run_steps_async
     else:
 
         def run_steps(**kwargs: Any) -> Any:
-            steps = Steps(writer, memory, kwargs["request"], _raw(kwargs.get("obj")), kwargs["client"], kwargs.get("logger"))
+            request, client = kwargs["request"], kwargs["client"]
+            steps = Steps(writer, memory, request, _raw(kwargs.get("obj"), client, request), client, kwargs.get("logger"))
             return fn(**pick(kwargs), steps=steps)
 
         runner = run_steps

@@ -394,3 +394,29 @@ def test_declop_rbac_grants_the_writes_of_the_record() -> None:
     verbs = {(g.resource, g.verb) for g in registry.grants()}
     assert ("configmaps", "patch") in verbs and ("widgets/status", "patch") in verbs
     assert ("secrets", "patch") not in verbs
+
+
+from declop.typed.crd import definitions  # noqa: E402 - the typed case below loads pydantic
+from declop.typed.model import CustomResource  # noqa: E402
+
+
+class Knob(CustomResource, group="example.com", version="v1", kind="Knob"):
+    spec: dict[str, str] = {}
+
+
+KNOBS = Registry()
+turned: list[int | None] = []
+
+
+@declop.reconciler(Knob, registry=KNOBS)
+def turn(obj: Knob, steps: Steps) -> None:
+    steps.run("turn", lambda: turned.append(obj.metadata.generation))
+
+
+def test_a_typed_handler_keeps_its_record_as_a_dict_handler_does() -> None:
+    knob = {"apiVersion": "example.com/v1", "kind": "Knob", "metadata": {"name": "k", "namespace": "ns"}, "spec": {}}
+    first = run_reconcile(turn, "ns/k", [definitions([Knob])[0], knob], registry=KNOBS)
+    again = run_reconcile(turn, "ns/k", registry=KNOBS, client=first.client)
+    assert first.ok and again.ok and turned == [1] and again.writes == ()
+    stored = first.client.get("knobs.example.com", "ns/k")["metadata"]["annotations"]["steps.declop.dev/turn"]
+    assert json.loads(stored) == {"turn": {"generation": 1, "attempts": 1, "done": True}}
