@@ -267,3 +267,25 @@ def test_the_record_in_the_status(env: dict[str, str], kubeconfig: str, namespac
     assert runs.of("first") == [0] and runs.of("second") == [0]
     assert steps_status()["first"] == {"generation": 1, "attempts": 1, "done": True}
     assert not any(k.startswith("steps.declop.dev/") for k in get(env, namespace)["metadata"].get("annotations") or {})
+
+
+def test_an_async_handler_awaits_its_steps(env: dict[str, str], kubeconfig: str, namespace: str) -> None:
+    registry, runs = declop.registry.Registry(), Runs()
+
+    @registry.reconciler(RESOURCE)
+    async def in_async(obj: Any, steps: declop.Steps) -> None:
+        if obj is None:
+            return
+
+        async def step() -> None:
+            runs.add("async", obj["metadata"]["generation"])
+
+        await steps.arun("async", step)
+        await steps.arun("sync-in-async", lambda: runs.add("sync-in-async", 0), once="object")
+
+    with operator(registry, kubeconfig, namespace) as op:
+        create(env, namespace)
+        wait_for(lambda: record(env, namespace, "in_async").get("sync-in-async", {}).get("done"), 20, what="both steps done")
+        touch(env, namespace, "1")
+        wait_for(lambda: get(env, namespace)["metadata"]["annotations"].get("touch") == "1" and idle(op), 20, what="idle")
+    assert runs.of("async") == [1] and runs.of("sync-in-async") == [0]
