@@ -289,3 +289,30 @@ def test_an_async_handler_awaits_its_steps(env: dict[str, str], kubeconfig: str,
         touch(env, namespace, "1")
         wait_for(lambda: get(env, namespace)["metadata"]["annotations"].get("touch") == "1" and idle(op), 20, what="idle")
     assert runs.of("async") == [1] and runs.of("sync-in-async") == [0]
+
+
+def test_two_replicas_at_once_run_a_step_once(env: dict[str, str], kubeconfig: str, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Two operators reconciling the same object at the same time (a handover's overlap, or no
+    leader election): each reads its own cache and claims; the apiserver takes one claim."""
+    caplog.set_level(logging.INFO, logger="declop")
+    runs, met = Runs(), threading.Event()
+    inside = threading.Barrier(2, action=met.set, timeout=10)
+    registries = []
+    for _ in range(2):
+        registry = declop.registry.Registry()
+
+        @registry.reconciler(RESOURCE, name="both")
+        def both(obj: Any, steps: declop.Steps) -> None:
+            if obj is None:
+                return
+            if not met.is_set():
+                inside.wait()  # both first calls are under way, each with its own copy, before either claims
+            steps.run("once", lambda: runs.add("once", 0), once="object")
+
+        registries.append(registry)
+    with operator(registries[0], kubeconfig, namespace) as a, operator(registries[1], kubeconfig, namespace) as b:
+        create(env, namespace)
+        wait_for(lambda: record(env, namespace, "both").get("once", {}).get("done"), 20, what="the step done")
+        wait_for(lambda: idle(a) and idle(b), 20, what="both idle")
+    assert runs.of("once") == [0]
+    assert conflicts(caplog) >= 1  # the other replica's claim was refused
