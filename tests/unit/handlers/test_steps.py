@@ -420,3 +420,30 @@ def test_a_typed_handler_keeps_its_record_as_a_dict_handler_does() -> None:
     assert first.ok and again.ok and turned == [1] and again.writes == ()
     stored = first.client.get("knobs.example.com", "ns/k")["metadata"]["annotations"]["steps.declop.dev/turn"]
     assert json.loads(stored) == {"turn": {"generation": 1, "attempts": 1, "done": True}}
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, Any]] = []
+
+    def error(self, msg: str, *, exc_info: Any = None, **pairs: Any) -> None:
+        self.errors.append((msg, exc_info))
+
+
+def test_a_failure_retried_after_its_backoff_is_logged_with_its_traceback_once() -> None:
+    world, lines = World(), Lines()
+
+    def boom() -> None:
+        raise RuntimeError("no bucket")
+
+    def steps() -> Steps:
+        return Steps(world.writer, world.memory, KEY, world.copy(), world.client, lines, clock=lambda: world.now)
+
+    with pytest.raises(TemporaryError):
+        steps().run("a", boom, backoff=5)
+    assert [m for m, _ in lines.errors] == ["Step 'a' failed"] and isinstance(lines.errors[0][1], RuntimeError)
+    with pytest.raises(RuntimeError):
+        steps().run("b", boom)  # backoff=None: the outcome table logs it, with its traceback
+    with pytest.raises(TerminalError):
+        steps().run("c", boom, retries=1)  # logged there too: the TerminalError chains it
+    assert len(lines.errors) == 1
