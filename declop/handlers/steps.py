@@ -57,7 +57,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from declop.errors import ApiError, Conflict, NotFound, RegistrationError, TemporaryError, TerminalError
 from declop.kube.keys import Request
