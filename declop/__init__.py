@@ -43,7 +43,9 @@ from declop.cache.store import clone as clone
 from declop.errors import Conflict as Conflict
 from declop.errors import Fenced as Fenced
 from declop.errors import NotFound as NotFound
+from declop.errors import TemporaryError as TemporaryError
 from declop.errors import TerminalError as TerminalError
+from declop.handlers.steps import Steps as Steps
 from declop.kube.keys import Request as Request
 from declop.reconcile import predicates as predicates
 from declop.reconcile.client import AsyncClient as AsyncClient
@@ -87,6 +89,8 @@ __all__ = [
     "Rejected",
     "Request",
     "Result",
+    "Steps",
+    "TemporaryError",
     "TerminalError",
     "acreate_or_update",
     "add_finalizer",

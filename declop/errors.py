@@ -29,10 +29,11 @@ here are the ones several packages share; the others live beside the code that r
      │    └── Oversized          too many objects and arrays to decode
      ├── Rejected               declop.webhooks.declaration (``declop.Rejected``): a validator or mutator denies
      ├── ImageBuildError        declop.testing.buildkit (``declop.testing``): an image build failed
+     ├── TemporaryError         raised by a handler: retry after its ``delay``, not the per-key backoff
      └── TerminalError          raised by a handler: log, count, and do not retry
           └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
 
-Who handles what: handlers raise ``TerminalError`` (webhook handlers ``Rejected``) and may catch
+Who handles what: handlers raise ``TerminalError`` or ``TemporaryError`` (webhook handlers ``Rejected``) and may catch
 ``NotFound``/``Conflict``; controllers end a call that met ``Fenced`` without a retry (whatever
 the handler made of it) and turn every other exception into a rate-limited retry; only the CLI
 maps ``ConfigError`` (and unreachable/forbidden apiservers) to exit codes.
@@ -76,6 +77,7 @@ __all__ = [
     "NotFound",
     "ReconcileTimeout",
     "RegistrationError",
+    "TemporaryError",
     "TerminalError",
 ]
 
@@ -142,6 +144,26 @@ class TerminalError(DeclopError):
 
     ``TerminalError("bad spec")`` or ``raise TerminalError("bad spec") from exc``.
     """
+
+
+class TemporaryError(DeclopError):
+    """Raised by a handler to be retried after ``delay`` seconds, instead of after the rate
+    limiter's per-key backoff: ``raise TemporaryError("bucket not ready", delay=30)``.
+
+    The call ends as ``temporary_error`` (docs/contract.md §3): the key is added back after
+    ``delay`` without counting a failure, so a plain exception later still starts its backoff
+    where it was. The delay is kept in memory; a step of ``steps.run`` records it on the object
+    so that it survives a restart (docs/steps.md). Kopf's ``kopf.TemporaryError(delay=)``.
+
+    Raises:
+        ValueError: ``delay`` is not a finite number of seconds >= 0.
+    """
+
+    def __init__(self, message: str = "", delay: float = 60.0) -> None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < float("inf"):
+            raise ValueError(f"TemporaryError(delay=) is a finite number of seconds >= 0, got {delay!r}")
+        self.delay = float(delay)
+        super().__init__(message or f"temporary error; retried in {self.delay:g} s")
 
 
 class InvalidResult(TerminalError, TypeError, ValueError):

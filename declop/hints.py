@@ -39,7 +39,8 @@ _GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _OBJ = "declare obj (a copy of the cached object, None once it is gone) and read"
 _RETRIES = (
     "declop does not count retries: raise to be retried with per-key backoff, raise "
-    "declop.TerminalError to stop, or return declop.Result(requeue_after=seconds)"
+    "declop.TerminalError to stop, or return declop.Result(requeue_after=seconds); to count attempts, "
+    "take a `steps` argument and run the work as steps.run(name, fn, retries=N) (docs/steps.md)"
 )
 _WEBHOOK = (
     "that is an admission-webhook argument: declop passes it to @declop.validator and "

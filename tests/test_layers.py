@@ -111,6 +111,7 @@ ORDER = [
     "handlers.returns",
     "handlers.timers",
     "handlers.daemons",
+    "handlers.steps",
     "serving",
     "serving.http",
     "serving.probes",

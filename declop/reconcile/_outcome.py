@@ -39,7 +39,7 @@ import enum
 import time
 from typing import Any, Iterable
 
-from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult, TerminalError
+from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult, TemporaryError, TerminalError
 from declop.hints import returned_dict
 from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
@@ -62,6 +62,7 @@ class Verdict(enum.Enum):
     SUCCESS = "success"  # returned None or Result() (requeue_after 0 or None)
     ERROR = "error"  # raised: retried with per-key backoff (a Conflict quietly)
     REQUEUE_AFTER = "requeue_after"  # returned Result(requeue_after=s), s > 0: again after s seconds
+    TEMPORARY_ERROR = "temporary_error"  # TemporaryError(delay=s): again after s seconds, no backoff counted
     TERMINAL_ERROR = "terminal_error"  # TerminalError, an invalid outcome, an object failing its model
     FENCED = "fenced"  # a write was refused by its Lease: left to the Lease's new owner
 
@@ -71,6 +72,7 @@ QUEUE: dict[Verdict, tuple[str, ...]] = {
     Verdict.SUCCESS: ("forget",),
     Verdict.ERROR: ("add_rate_limited",),
     Verdict.REQUEUE_AFTER: ("forget", "add_after"),
+    Verdict.TEMPORARY_ERROR: ("add_after",),
     Verdict.TERMINAL_ERROR: ("forget",),
     Verdict.FENCED: ("forget",),
 }
@@ -85,10 +87,13 @@ _SUCCESS_LABEL = Verdict.SUCCESS.value
 def classify(outcome: Any, error: BaseException | None) -> tuple[Verdict, float]:
     """The outcome table, first matching row: the verdict of a call that returned ``outcome`` or
     raised ``error`` (an invalid outcome already made an error: :func:`invalid_outcome`), and its
-    delay — ``requeue_after``'s seconds; 0 otherwise (a retry's is the rate limiter's)."""
+    delay — ``requeue_after``'s or the temporary error's seconds; 0 otherwise (a retry's is the
+    rate limiter's)."""
     if error is not None:
         if isinstance(error, Fenced):
             return _FENCED
+        if isinstance(error, TemporaryError):
+            return Verdict.TEMPORARY_ERROR, error.delay
         if isinstance(error, (InvalidObject, TerminalError)):
             return _TERMINAL  # not retried; controller-runtime's result labels have no other
         return _ERROR
@@ -107,6 +112,10 @@ def apply(
         queue.add_rate_limited(key)
         notes.delay(key, "retry", "Conflict" if isinstance(error, Conflict) else type(error).__name__)
         return
+    if verdict is Verdict.TEMPORARY_ERROR:  # the backoff's count stays: a later plain error goes on from it
+        queue.add_after(key, delay)
+        notes.delay(key, "retry", type(error).__name__)
+        return
     queue.forget(key)
     if verdict is Verdict.REQUEUE_AFTER:
         queue.add_after(key, delay)
@@ -119,6 +128,9 @@ def report(logger: ReconcileLogger, verdict: Verdict, error: BaseException | Non
         return
     if verdict is Verdict.FENCED:
         logger.warning("Write fenced; the call ended and the key is left to the Lease's new owner", error=str(error))
+    elif verdict is Verdict.TEMPORARY_ERROR:
+        assert isinstance(error, TemporaryError)
+        logger.warning("Temporary error, retrying after its delay", error=str(error), delay=error.delay)
     elif isinstance(error, InvalidObject):
         if error.report:
             logger.warning(

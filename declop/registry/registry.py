@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Never, TypeV
 from declop.errors import RegistrationError
 from declop.handlers.timers import Schedule, TimerRunner
 from declop.handlers.daemons import check_timing, default_finalizer, make_daemon
+from declop.handlers.steps import grants as step_grants
+from declop.handlers.steps import wrap as wrap_steps
 from declop.kube.rbac import ClusterScoped, Grant, Resolve, Source, group_resource, is_cluster_scoped, needs
 from declop.kube.resource import Resource, resource_name
 from declop.handlers.changes import runner as changes_runner
@@ -174,15 +176,16 @@ class Registry:
                 )
             model = typed_model(fn, reg_name, primary)
             settled = options.settled(primary, reg_name)
+            runner, wants = wrap_steps(fn, reg_name, wanted_names)  # fn itself unless it takes `steps`
             reg = Registration(
-                fn=fn,
+                fn=runner,
                 name=reg_name,
                 resource=primary.name,
                 is_async=inspect.iscoroutinefunction(fn),
-                wants=wanted_names(fn, reg_name),
+                wants=wants,
                 wants_first_seen="first_seen" in inspect.signature(fn).parameters,
                 model=model,
-                **settled,
+                **{**settled, "permissions": (*settled["permissions"], *step_grants(runner, primary.name))},
             )
             # the runners, innermost first: a return value to the status, then field changes
             self._registrations[reg_name] = changes_runner(returns_runner(reg))

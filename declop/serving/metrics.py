@@ -7,7 +7,7 @@ process — tests — never collide). Series, all labelled by ``controller`` (wo
 - ``workqueue_depth``, ``workqueue_adds_total``, ``workqueue_retries_total``,
   ``workqueue_queue_duration_seconds``, ``workqueue_work_duration_seconds``,
   ``workqueue_unfinished_work_seconds``, ``workqueue_longest_running_processor_seconds``;
-- ``controller_runtime_reconcile_total{result=success|error|requeue_after|terminal_error|fenced}``
+- ``controller_runtime_reconcile_total{result=success|error|requeue_after|temporary_error|terminal_error|fenced}``
   (``fenced``: declop's own — a call whose write was refused because its Lease is not known valid),
   ``controller_runtime_reconcile_errors_total``, ``controller_runtime_terminal_reconcile_errors_total``,
   ``controller_runtime_reconcile_time_seconds``, ``controller_runtime_active_workers``,
@@ -71,7 +71,7 @@ RECONCILE_BUCKETS = (
 COALESCED_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 #: the ``result`` label values of controller_runtime_reconcile_total
-RESULTS = ("success", "error", "requeue_after", "terminal_error", "fenced")
+RESULTS = ("success", "error", "requeue_after", "temporary_error", "terminal_error", "fenced")
 
 
 class _QueueHooks:
@@ -384,6 +384,8 @@ class Metrics(ControllerMetrics):
         c["time"].observe(seconds)
         if result in ("error", "terminal_error"):
             c[result].inc()
+        elif result == "temporary_error":  # an error too (controller_runtime_reconcile_errors_total)
+            c["error"].inc()
 
     def triggered(self, controller: str, trace: Trace) -> None:
         t = self._triggers.get(controller)

@@ -214,7 +214,7 @@ class ReconcileOutcome:
     """What one reconcile did, as :func:`run_reconcile` observed it.
 
     ``action`` is what the controller's queue would do: ``"done"`` (forget the key),
-    ``"requeue_after"``, ``"retry"`` (an exception: rate-limited retry, quietly for a Conflict) or
+    ``"requeue_after"`` (also a :class:`~declop.errors.TemporaryError`'s delay), ``"retry"`` (an exception: rate-limited retry, quietly for a Conflict) or
     ``"terminal"`` (a :class:`~declop.errors.TerminalError`: not retried) or ``"invalid"`` (the
     handler declared a typed ``obj: Widget`` and the object fails it: the handler was not called,
     ``error`` is the :class:`~declop.errors.InvalidObject` naming the fields, and the key is not

@@ -134,6 +134,22 @@ def test_an_exception_wins_over_a_result() -> None:
     assert c.queue.next_deadline() == pytest.approx(clock() + 0.005)
 
 
+def test_a_temporary_error_comes_back_after_its_delay_and_keeps_the_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    c, _, clock = make(lambda **_: None)
+    settle(c, KEY, None, RuntimeError("x"), logger(), 0.0)  # one failure: the next backoff is 10 ms
+    clock.advance(0.005)
+    queued(c)
+    settle(c, KEY, None, declop.TemporaryError("bucket not ready", delay=30), logger(), 0.0)
+    clock.advance(29.9)
+    assert queued(c) == []
+    clock.advance(0.2)
+    assert queued(c) == [KEY]
+    warning = next(r for r in caplog.records if r.getMessage() == "Temporary error, retrying after its delay")
+    assert warning.levelname == "WARNING" and "bucket not ready" in str(getattr(warning, "kv", ""))
+    settle(c, KEY, None, RuntimeError("x"), logger(), 0.0)  # the backoff goes on from where it was
+    assert c.queue.next_deadline() == pytest.approx(clock() + 0.01)
+
+
 def test_terminal_error_is_counted_not_retried(caplog: pytest.LogCaptureFixture) -> None:
     c, _, clock = make(lambda **_: None)
     settle(c, KEY, None, declop.TerminalError("bad spec"), logger(), 0.0)

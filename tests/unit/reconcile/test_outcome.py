@@ -67,7 +67,11 @@ def test_apply_does_what_the_table_says(verdict: Verdict) -> None:
     queue, notes = Recording(), KeyNotes()
     apply(queue, notes, KEY, verdict, 5.0, RuntimeError("x"))  # type: ignore[arg-type]
     assert tuple(queue.calls) == QUEUE[verdict]
-    delayed = {Verdict.ERROR: ("retry", "RuntimeError"), Verdict.REQUEUE_AFTER: ("requeue_after", None)}
+    delayed = {
+        Verdict.ERROR: ("retry", "RuntimeError"),
+        Verdict.TEMPORARY_ERROR: ("retry", "RuntimeError"),
+        Verdict.REQUEUE_AFTER: ("requeue_after", None),
+    }
     assert notes.pending(KEY) == delayed.get(verdict)
 
 
@@ -89,6 +93,8 @@ def test_a_conflict_is_noted_as_such() -> None:
         (None, declop.TerminalError("bad"), (Verdict.TERMINAL_ERROR, 0.0)),
         (None, InvalidResult("bad"), (Verdict.TERMINAL_ERROR, 0.0)),
         (None, Fenced("refused"), (Verdict.FENCED, 0.0)),
+        (None, declop.TemporaryError("later", delay=12), (Verdict.TEMPORARY_ERROR, 12.0)),
+        (declop.Result(requeue_after=30), declop.TemporaryError("later", delay=0), (Verdict.TEMPORARY_ERROR, 0.0)),
     ],
 )
 def test_classify_is_the_first_matching_row(outcome: Any, error: BaseException | None, expected: tuple[Verdict, float]) -> None:
@@ -103,3 +109,28 @@ def test_an_object_failing_its_model_is_terminal() -> None:
 def test_an_outcome_that_is_no_outcome_is_terminal() -> None:
     error = invalid_outcome("h", KEY, True)
     assert isinstance(error, InvalidResult) and classify(True, error) == (Verdict.TERMINAL_ERROR, 0.0)
+
+
+class Delays(Recording):
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays: list[float] = []
+
+    def add_after(self, key: Request, seconds: float) -> None:
+        super().add_after(key, seconds)
+        self.delays.append(seconds)
+
+
+def test_a_temporary_error_is_added_back_after_its_delay_and_keeps_the_backoff_count() -> None:
+    queue, notes = Delays(), KeyNotes()
+    error = declop.TemporaryError("not ready", delay=7.5)
+    verdict, delay = classify(None, error)
+    apply(queue, notes, KEY, verdict, delay, error)  # type: ignore[arg-type]
+    assert queue.calls == ["add_after"] and queue.delays == [7.5]  # no forget: the failures count on
+    assert notes.pending(KEY) == ("retry", "TemporaryError")
+
+
+@pytest.mark.parametrize("delay", [-1, float("nan"), float("inf"), "5", True])
+def test_a_temporary_error_refuses_a_delay_that_is_no_delay(delay: Any) -> None:
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        declop.TemporaryError("x", delay=delay)
