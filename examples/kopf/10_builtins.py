@@ -22,7 +22,7 @@ LIFETIME = float(os.environ.get("POD_LIFETIME", "30"))
 def pod_killer(request, client, logger, obj, **_):
     if obj is None or request.namespace.startswith("kube-") or obj["metadata"].get("deletionTimestamp"):
         return None
-    born = datetime.datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    born = datetime.datetime.fromisoformat(obj["metadata"]["creationTimestamp"])
     left = LIFETIME - (datetime.datetime.now(datetime.timezone.utc) - born).total_seconds()
     if left > 0:
         logger.info(f"=== Pod killing happens in {left:.0f}s.")
