@@ -20,10 +20,10 @@ from declop.testing import OperatorProcess, run_reconcile
 
 HERE = Path(__file__).parent
 CRD, OBJ, EXAMPLE = HERE / "crd.yaml", HERE / "obj.yaml", HERE / "09_testing.py"
-(example,) = load([str(EXAMPLE)])
 
 
 def test_a_new_object_is_logged_once_and_an_old_one_not():
+    (example,) = load([str(EXAMPLE)])  # registers its reconciler in the default registry
     obj = yaml.safe_load(OBJ.read_text()) | {"metadata": {"name": "kopf-example-1", "namespace": "default"}}
     first = run_reconcile(example.create_fn, obj, [obj], resources=[yaml.safe_load(CRD.read_text())])
     assert first.messages == ("Something was logged here.",)
