@@ -1,6 +1,6 @@
 # Kopf's 11-filtering-handlers: handlers that run only for objects with some labels, annotations
 # or field values, or when a callback says so.
-# Lines of code (non-blank, non-comment): Kopf's example.py 57, this port 45.
+# Lines of code (non-blank, non-comment): Kopf's example.py 57, this port 46.
 #
 #   declop run examples/kopf/11_filtering_handlers.py
 #   kubectl apply -f examples/kopf/obj.yaml
@@ -72,7 +72,8 @@ def state_filters(logger, obj, **_):
 
 
 def field_changed(old, new):
-    return old is not None and new is not None and old["spec"].get("field") == "value" and new["spec"].get("field") == "changed"
+    before, after = (old or {}).get("spec", {}).get("field"), (new or {}).get("spec", {}).get("field")
+    return before == "value" and after == "changed"
 
 
 @declop.reconciler(KEX, predicates=[field_changed])

@@ -1,7 +1,7 @@
 # Kopf's 16-indexing: index pods by name and by label, and keep the names of the running ones in
 # a KopfExample's status.
 # Lines of code (non-blank, non-comment): Kopf's example.py 26 (without its line of E2E_ test
-# marks), this port 16.
+# marks), this port 17.
 #
 #   declop run examples/kopf/16_indexing.py -n default
 #   kubectl apply -f examples/kopf/obj.yaml
@@ -30,7 +30,8 @@ def running_pods(request, client, obj, **_):
         return
     running = client.list("pods", index=("phase", "Running"), namespace=request.namespace)
     labels = [f"{k}={v}" for k, v in (obj["metadata"].get("labels") or {}).items()]
-    labelled = {p["metadata"]["name"] for label in labels for p in client.list("pods", index=("by_label", label), namespace=request.namespace)}
+    labelled = {p["metadata"]["name"] for label in labels
+                for p in client.list("pods", index=("by_label", label), namespace=request.namespace)}
     status = {"running-pods": sorted(p["metadata"]["name"] for p in running), "labelled-pods": sorted(labelled)}
     if {k: obj.get("status", {}).get(k) for k in status} != status:
         client.patch_status(request, {"status": status})
