@@ -23,9 +23,9 @@ import declop
 
 
 @declop.on_startup
-def startup_fn(client, logger, **_):
-    # the caches are not running yet: read the API itself
-    logger.info("Starting", pods=len(client.live.list("pods")))
+def startup_fn(logger, **_):
+    # before any cache runs: read with client.live.get / client.live.list if you must
+    logger.info("Starting up...")
 
 
 @declop.on_shutdown

@@ -189,8 +189,8 @@ def test_13_hooks(env, namespace):
         kubectl(env, "run", "sleepy", "--image", "busybox", "-n", namespace)
         op.wait_for_line("Served by the periodic reconcile.", count=2, timeout=25)
     assert op.returncode == 0
-    assert any(re.match(r'INFO Starting \{"hook": "startup_fn", "pods": \d+\}$', x) for x in op.lines), op.lines[:5]
-    assert op.lines.index(next(x for x in op.lines if "Served" in x)) > op.lines.index(next(x for x in op.lines if "Starting {" in x))
+    started = op.lines.index('INFO Starting up... {"hook": "startup_fn"}')
+    assert started < op.lines.index(next(x for x in op.lines if x.startswith("INFO Starting workers"))), op.lines
     assert any("Cleaning up..." in x for x in op.lines), op.lines[-5:]
 
 
