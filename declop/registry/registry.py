@@ -46,7 +46,7 @@ from declop.webhooks.declaration import Webhook, WebhookKind, make_webhook
 if TYPE_CHECKING:
     from declop.registry.options import ResourceLike
 
-__all__ = ["IndexRegistration", "Registration", "Registry"]  # Registration: what Registry.registrations holds
+__all__ = ["IndexRegistration", "Registration", "Registry", "same_definition"]  # Registration: what Registry.registrations holds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,7 +64,7 @@ class IndexRegistration:
     fn: Callable[[Mapping[str, Any]], Iterable[str | None]]
 
 
-def _same_definition(a: Any, b: Any) -> bool:
+def same_definition(a: Any, b: Any) -> bool:
     """``a`` and ``b`` are one function: the same object, or the same ``def`` in another execution
     of its module (a handler file :func:`declop.loader.load` ran afresh): same module, qualified
     name and line, other module globals. Two functions one factory made in one module run are
@@ -170,7 +170,7 @@ class Registry:
             if not reg_name:
                 raise RegistrationError(f"@reconciler cannot name {type(fn).__name__} objects; pass name='...'")
             known = self._registrations.get(reg_name)
-            if known is not None and not _same_definition(inspect.unwrap(known.fn), fn):  # a runner wraps fn
+            if known is not None and not same_definition(inspect.unwrap(known.fn), fn):  # a runner wraps fn
                 raise RegistrationError(
                     f"a controller named {reg_name!r} is already registered; pass name= to tell them apart"
                 )
@@ -222,7 +222,7 @@ class Registry:
             if not reg_name:
                 raise RegistrationError(f"@timer cannot name {type(fn).__name__} objects; pass name='...'")
             known = self._registrations.get(reg_name)
-            if known is not None and _same_definition(getattr(getattr(known.fn, "__self__", None), "fn", None), fn):
+            if known is not None and same_definition(getattr(getattr(known.fn, "__self__", None), "fn", None), fn):
                 del self._registrations[reg_name]  # the same timer again (its file loaded afresh): the newest
             wants = wanted_names(fn, reg_name)
             runner = TimerRunner(fn, schedule, name=reg_name, wants=wants, model=typed_model(fn, reg_name, primary))
@@ -347,7 +347,7 @@ class Registry:
         if not callable(fn) or isinstance(fn, type):
             raise RegistrationError(f"transform of {resource!r}: expected a function obj -> obj, got {fn!r}")
         key = resource.strip()
-        if key in self._transforms and not _same_definition(self._transforms[key], fn):
+        if key in self._transforms and not same_definition(self._transforms[key], fn):
             raise RegistrationError(f"a transform of {key!r} is already registered; one transform per resource")
         self._transforms[key] = fn
 
@@ -356,7 +356,7 @@ class Registry:
         self._check_open(f"{kind} hook {getattr(fn, '__name__', fn)!r}")
         hook = make_hook(fn, kind, name=name, every_replica=every_replica)
         for i, h in enumerate(self._hooks):
-            if h.kind == kind and _same_definition(h.fn, fn):
+            if h.kind == kind and same_definition(h.fn, fn):
                 self._hooks[i] = hook  # the same hook again (its file loaded afresh): the newest
                 return hook
             if h.kind == kind and h.name == hook.name:
@@ -383,7 +383,7 @@ class Registry:
         if model is not None:
             hook = dataclasses.replace(hook, model=model)
         for i, other in enumerate(self._webhooks):
-            if other.kind == kind and other.name == hook.name and _same_definition(other.fn, fn):
+            if other.kind == kind and other.name == hook.name and same_definition(other.fn, fn):
                 self._webhooks[i] = hook  # the same module imported twice, or loaded afresh: the newest
                 return hook
             if other.kind == kind and other.name == hook.name:

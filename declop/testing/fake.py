@@ -58,7 +58,9 @@ from declop.reconcile.finalizers import ensure_finalizer, release_finalizer
 from declop.kube.keys import Request, key_of
 from declop.logs import PlainFormatter, ReconcileLogger
 from declop.reconcile.registration import INJECTABLE, Registration
-from declop.registry import Registry, default_registry
+from declop import registry as _registries
+from declop.registry import Registry
+from declop.registry.registry import same_definition
 from declop.reconcile.result import Phase, Result, phase_of
 from declop.testing.apiserver import FakeApiServer as FakeApiServer
 from declop.testing.apiserver import Write as Write
@@ -292,19 +294,21 @@ def _registration(
     registry: Registry | None,
 ) -> tuple[Registration, Registry]:
     if isinstance(handler, Registration):
-        reg, source = handler, registry if registry is not None else default_registry
+        reg, source = handler, registry if registry is not None else _registries.default_registry
     elif resource is not None:
         throwaway = Registry()
         throwaway.reconciler(resource, name=getattr(handler, "__name__", None) or "handler", finalizer=finalizer)(handler)
-        reg, source = throwaway.registrations[0], registry if registry is not None else default_registry
+        reg, source = throwaway.registrations[0], registry if registry is not None else _registries.default_registry
     else:
-        source = registry if registry is not None else default_registry
+        source = registry if registry is not None else _registries.default_registry
         found = [r for r in source.registrations if inspect.unwrap(r.fn) is handler]  # runners wrap it
+        if not found:  # its file loaded afresh since: the same def, registered anew
+            found = [r for r in source.registrations if same_definition(inspect.unwrap(r.fn), handler)]
         if not found:
             raise TypeError(
                 f"{getattr(handler, '__name__', handler)!r} is not registered in "
-                f"{'the given registry' if registry is not None else 'the default registry'}; pass resource='widgets.example.com' "
-                "(and finalizer=...), registry=, or the Registration"
+                f"{'the given registry' if registry is not None else 'the default registry'}; pass resource= "
+                "(its resource, e.g. resource='widgets.example.com'; and finalizer=...), registry=, or the Registration"
             )
         if len(found) > 1:
             raise TypeError(f"{handler.__name__!r} is registered {len(found)} times; pass the Registration you mean")

@@ -430,3 +430,16 @@ def test_a_load_that_failed_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     write(tmp_path / f"{sibling}.py", "VALUE = 2\n")
     (module,) = load([str(path)])
     assert module.VALUE == 2
+
+
+def test_run_reconcile_finds_a_function_of_an_earlier_load_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a second load, the first load's function is the same def: run_reconcile finds its
+    newest registration instead of saying it is not registered."""
+    from declop.testing import run_reconcile
+
+    path = write(tmp_path / "greeter.py", "import declop\n\n@declop.reconciler('configmaps')\ndef greeter(logger, **_):\n    logger.info('Hello')\n")
+    monkeypatch.setattr(registry_module, "default_registry", Registry())
+    (first,) = load([str(path)])
+    (second,) = load([str(path)])
+    assert first.greeter is not second.greeter
+    assert run_reconcile(first.greeter, "default/x").messages == ("Hello",)
