@@ -9,7 +9,8 @@ objects (same CA, same Service or URL), so a rollout changes nothing.
 Each webhook entry has (docs/webhooks.md):
 
 - ``rules``: the resource as discovery resolved it (``widgets``: the main resource only; with
-  ``subresource=`` ``widgets/status`` … instead, ``widgets/*`` for all), all versions (``apiVersions: ["*"]``, so
+  ``subresource=`` ``widgets/status`` … instead; ``widgets/*`` matches the main resource and
+  every subresource), all versions (``apiVersions: ["*"]``, so
   ``matchPolicy: Equivalent`` covers every version) — for a typed validator or mutator
   (``obj: Widget``) its model's version only, to which the apiserver converts an object written
   at another — the decorator's operations, the scope;

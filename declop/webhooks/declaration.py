@@ -25,8 +25,9 @@ Invariants:
 - ``system_namespaces`` is ``True`` or ``False`` (default): only with ``True`` does a validator or
   mutator see requests in :data:`SYSTEM_NAMESPACES` (a converter has no namespace scope);
 - ``subresources`` is empty (the main resource only, ``widgets``) or names subresources
-  (``status``, ``scale``, ``*`` for all): then the rule matches ``widgets/status`` … and never
-  the main resource;
+  (``status``, ``scale``): then the rule matches ``widgets/status`` … and not the main resource;
+  ``*`` matches ``widgets/*``: the main resource and every subresource (Kubernetes' matching,
+  Kopf's meaning of ``"*"``);
 - the filters (``field=``, ``value=``, ``when=``) are decided per request from the request
   alone (:meth:`Webhook.selects`): a request they exclude is allowed unchanged, without calling
   the handler.
@@ -319,7 +320,7 @@ def _subresources(given: str | Iterable[str] | None, decorator: str, name: str) 
     if not names or not all(isinstance(n, str) and _SUBRESOURCE.fullmatch(n) for n in names) or ("*" in names and len(names) > 1):
         raise RegistrationError(
             f"{decorator} {name!r}: subresource={given!r}: name subresources such as 'status' or 'scale' "
-            "(a string or a list), or '*' for all of them; leave it out for the main resource"
+            "(a string or a list), or '*' for the main resource and all of them; leave it out for the main resource only"
         )
     return tuple(dict.fromkeys(names))
 
