@@ -894,6 +894,11 @@ def status_phase(obj, subresource, logger, **_):
     if obj.get("status", {}).get("phase") == "Broken":
         raise declop.Rejected("Broken is not a phase", field="status.phase")
 
+@declop.mutator(f"widgets.{GROUP}", subresource="scale", operations=["UPDATE"])
+def cap_scale(obj, subresource, logger, **_):
+    logger.info("scale mutating", object=obj["metadata"]["name"], kind=obj["kind"], apiVersion=obj["apiVersion"], subresource=subresource)
+    obj["spec"]["replicas"] = min(obj["spec"]["replicas"], 3)
+
 @declop.validator(f"widgets.{GROUP}", field="spec.replicas")
 def replicas(obj, logger, **_):
     logger.info("replicas validating", object=obj["metadata"]["name"])
@@ -905,17 +910,18 @@ def replicas(obj, logger, **_):
 def status_widget_crd(group: str) -> str:
     crd = json.loads(widget_crd(group))
     version = crd["spec"]["versions"][0]
-    version["subresources"] = {"status": {}}
+    version["subresources"] = {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}}
     props = version["schema"]["openAPIV3Schema"]["properties"]
     props["spec"]["properties"]["replicas"] = {"type": "integer"}
-    props["status"] = {"type": "object", "properties": {"phase": {"type": "string"}}}
+    props["status"] = {"type": "object", "properties": {"phase": {"type": "string"}, "replicas": {"type": "integer"}}}
     return json.dumps(crd)
 
 
-def test_a_status_validator_sees_status_writes_only_and_a_field_filter_skips(setup: Setup, tmp_path: Path) -> None:
+def test_status_and_scale_webhooks_see_their_subresource_only_and_a_field_filter_skips(setup: Setup, tmp_path: Path) -> None:
     """``subresource="status"``: a status write is denied while a main-resource write (which
     the apiserver stores without its status) neither reaches it nor is refused. ``field=``:
-    objects without ``spec.replicas`` are admitted without a call."""
+    objects without ``spec.replicas`` are admitted without a call. ``subresource="scale"``: the
+    mutator gets a Scale, and a scale write reaches no main-resource webhook."""
     setup.crd(status_widget_crd(setup.group))
     handlers = tmp_path / "filtered.py"
     handlers.write_text(FILTERED)
@@ -959,3 +965,15 @@ def test_a_status_validator_sees_status_writes_only_and_a_field_filter_skips(set
         calls = wait_for(lambda: [r for r in records(op, "status validating") if r["object"] == "plain"][1:] and
                          [r["subresource"] for r in records(op, "status validating") if r["object"] == "plain"], 10, what="two status calls")
         assert calls == ["status", "status"]
+
+        # subresource="scale": the mutator gets an autoscaling/v1 Scale and its patch is applied;
+        # the main resource's validator (at most 3) is not called for a scale write at all
+        kubectl(setup.env, "scale", f"widgets.{setup.group}", "counted", "-n", setup.namespace, "--replicas=9")
+        assert get(setup, f"widgets.{setup.group}", "counted")["spec"]["replicas"] == 3
+        (scaled,) = wait_for(lambda: records(op, "scale mutating"), 10, what="the scale mutator's call")
+        assert (scaled["kind"], scaled["apiVersion"], scaled["subresource"]) == ("Scale", "autoscaling/v1", "scale")
+        # a later write's line: every line of the scale write has been read by then
+        kubectl(setup.env, "patch", f"widgets.{setup.group}", "counted", "-n", setup.namespace, "--type=merge",
+                "--subresource=status", "-p", '{"status": {"phase": "Ready"}}')
+        wait_for(lambda: [r for r in records(op, "status validating") if r["object"] == "counted"], 10, what="the marker write")
+        assert len([r for r in records(op, "replicas validating") if r["object"] == "counted"]) == 1  # its CREATE only
