@@ -240,9 +240,9 @@ def validator(
     operator's own namespace are not sent to it unless ``system_namespaces=True`` (the
     operator's own namespace stays excluded). It must be fast and free of side effects: it runs on every write, dry runs too.
 
-    ``subresource="status"`` (or ``"scale"``, a list) makes it a webhook of that
-    subresource instead of the main resource (``"*"``: of both, ``subresource`` tells which) (a ``scale`` request's ``obj`` is an
-    ``autoscaling/v1`` ``Scale``). ``field="spec.size"`` calls it only when that field of the
+    ``subresource="status"`` (or ``"scale"``, a list) makes it a webhook of that subresource
+    instead of the main resource; ``"*"`` of both, ``subresource`` tells which (a ``scale``
+    request's ``obj`` is an ``autoscaling/v1`` ``Scale``). ``field="spec.size"`` calls it only when that field of the
     object is present (``old_obj``'s on DELETE), ``value=`` only when it also equals the value
     (or a callable of it returns true), ``when=`` only when that function of the injectable
     arguments returns true; any other request is allowed unchanged without a call."""

@@ -156,11 +156,6 @@ class Webhook:
             return dict(available)
         return {k: v for k, v in available.items() if k in self.wants}
 
-    @property
-    def filtered(self) -> bool:
-        """Whether ``field=`` or ``when=`` decides per request if the handler is called."""
-        return bool(self.field) or self.when is not None
-
     def selects(self, available: Mapping[str, Any]) -> bool:
         """Whether the filters let this request through to the handler (``True`` without
         filters). ``available`` is what the handler could get (``obj``, ``old_obj``, …).
