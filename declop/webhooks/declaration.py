@@ -167,7 +167,8 @@ class Webhook:
         must return true). Then ``when(...)`` must return true. Exceptions propagate (the
         server denies, as for a handler that raises)."""
         if self.field:
-            found = _lookup(available.get("obj") if available.get("obj") is not None else available.get("old_obj"), self.field)
+            obj = available.get("obj")
+            found = _lookup(obj if obj is not None else available.get("old_obj"), self.field)
             if found is None:
                 return False
             if self.value is not ANY_VALUE:
@@ -182,7 +183,7 @@ class Webhook:
 def _lookup(obj: Any, path: tuple[str, ...]) -> Any:
     """The value at ``path`` (keys of nested objects) in ``obj``; ``None`` when absent."""
     for key in path:
-        if not isinstance(obj, Mapping) or key not in obj:
+        if not isinstance(obj, dict) or key not in obj:  # JSON objects are dicts (an ABC check costs more)
             return None
         obj = obj[key]
     return obj
