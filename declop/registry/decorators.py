@@ -16,7 +16,7 @@ from declop.lifecycle import HookKind
 from declop.registry.calls import Decorator, check_call, keywords_of
 from declop.registry.options import TIMER_OPTION_NAMES, ReconcilerOptions
 from declop.registry.registry import DAEMON_OPTIONS, Registry
-from declop.webhooks.declaration import WebhookKind
+from declop.webhooks.declaration import ANY_VALUE, WebhookKind
 
 if TYPE_CHECKING:
     from declop.registry.options import ResourceLike
@@ -273,7 +273,10 @@ def background(
     return _hook_decorator("background", fn, name, registry, every_replica)
 
 
-_ADMISSION_OPTIONS = ("operations", "name", "failure_policy", "timeout", "labels", "system_namespaces", "registry")
+_ADMISSION_OPTIONS = (
+    "operations", "name", "failure_policy", "timeout", "labels", "system_namespaces", "subresource", "field", "value", "when",
+    "registry",
+)
 
 
 def _webhook_decorator(kind: WebhookKind, registry: Registry | None, resource: ResourceLike, **options: Any) -> Callable[[F], F]:
@@ -295,6 +298,10 @@ def validator(
     timeout: int = 10,
     labels: str | Mapping[str, str] | None = None,
     system_namespaces: bool = False,
+    subresource: str | Sequence[str] | None = None,
+    field: str | Sequence[str] | None = None,
+    value: Any = ANY_VALUE,
+    when: Callable[..., Any] | None = None,
     registry: Registry | None = None,
     **unknown: Never,
 ) -> Callable[[F], F]:
@@ -307,11 +314,19 @@ def validator(
     ``timeout`` (1–30 s) go into the ValidatingWebhookConfiguration; ``labels`` is its object
     selector. Requests in ``kube-system``, ``kube-public``, ``kube-node-lease`` and the
     operator's own namespace are not sent to it unless ``system_namespaces=True`` (the
-    operator's own namespace stays excluded). It must be fast and free of side effects: it runs on every write, dry runs too."""
+    operator's own namespace stays excluded). It must be fast and free of side effects: it runs on every write, dry runs too.
+
+    ``subresource="status"`` (or ``"scale"``, a list) makes it a webhook of that subresource
+    instead of the main resource; ``"*"`` of both, ``subresource`` tells which (a ``scale``
+    request's ``obj`` is an ``autoscaling/v1`` ``Scale``). ``field="spec.size"`` calls it only when that field of the
+    object is present (``old_obj``'s on DELETE), ``value=`` only when it also equals the value
+    (or a callable of it returns true), ``when=`` only when that function of the injectable
+    arguments returns true; any other request is allowed unchanged without a call."""
     check_call("validator", (resource, *parts), unknown, _ADMISSION_OPTIONS)
     return _webhook_decorator(
         "validator", registry, resource, operations=operations, name=name,
         failure_policy=failure_policy, timeout=timeout, labels=labels, system_namespaces=system_namespaces,
+        subresource=subresource, field=field, value=value, when=when,
     )
 
 
@@ -324,6 +339,10 @@ def mutator(
     timeout: int = 10,
     labels: str | Mapping[str, str] | None = None,
     system_namespaces: bool = False,
+    subresource: str | Sequence[str] | None = None,
+    field: str | Sequence[str] | None = None,
+    value: Any = ANY_VALUE,
+    when: Callable[..., Any] | None = None,
     registry: Registry | None = None,
     **unknown: Never,
 ) -> Callable[[F], F]:
@@ -337,6 +356,7 @@ def mutator(
     return _webhook_decorator(
         "mutator", registry, resource, operations=operations, name=name,
         failure_policy=failure_policy, timeout=timeout, labels=labels, system_namespaces=system_namespaces,
+        subresource=subresource, field=field, value=value, when=when,
     )
 
 

@@ -381,6 +381,11 @@ class Registry:
         else:
             model = None
         if model is not None:
+            if kind != "converter" and any(s in ("scale", "*") for s in hook.subresources):
+                raise RegistrationError(
+                    f"@{kind} {hook.name!r}: obj is annotated with a model, but a scale request carries an "
+                    "autoscaling/v1 Scale, not the resource; annotate obj as dict, or register the scale webhook apart"
+                )
             hook = dataclasses.replace(hook, model=model)
         for i, other in enumerate(self._webhooks):
             if other.kind == kind and other.name == hook.name and same_definition(other.fn, fn):

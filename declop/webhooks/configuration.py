@@ -8,7 +8,9 @@ objects (same CA, same Service or URL), so a rollout changes nothing.
 
 Each webhook entry has (docs/webhooks.md):
 
-- ``rules``: the resource as discovery resolved it, all versions (``apiVersions: ["*"]``, so
+- ``rules``: the resource as discovery resolved it (``widgets``: the main resource only; with
+  ``subresource=`` ``widgets/status`` … instead; ``widgets/*`` matches the main resource and
+  every subresource), all versions (``apiVersions: ["*"]``, so
   ``matchPolicy: Equivalent`` covers every version) — for a typed validator or mutator
   (``obj: Widget``) its model's version only, to which the apiserver converts an object written
   at another — the decorator's operations, the scope;
@@ -128,7 +130,8 @@ def _entry(hook: Webhook, info: ResourceInfo, client: ClientConfig, own_namespac
                 "apiGroups": [info.group],
                 "apiVersions": _versions(hook),
                 "operations": list(hook.operations),
-                "resources": [info.plural],
+                # "widgets" is the main resource only; "widgets/status" that subresource only
+                "resources": [f"{info.plural}/{s}" for s in hook.subresources] or [info.plural],
                 "scope": "Namespaced" if info.namespaced else "Cluster",
             }
         ],

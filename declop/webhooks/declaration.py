@@ -23,7 +23,14 @@ Invariants:
 - ``failure_policy`` is ``"Fail"`` or ``"Ignore"``, ``timeout`` 1–30 seconds (the apiserver's
   bounds), ``operations`` a non-empty subset of CREATE, UPDATE, DELETE, CONNECT;
 - ``system_namespaces`` is ``True`` or ``False`` (default): only with ``True`` does a validator or
-  mutator see requests in :data:`SYSTEM_NAMESPACES` (a converter has no namespace scope).
+  mutator see requests in :data:`SYSTEM_NAMESPACES` (a converter has no namespace scope);
+- ``subresources`` is empty (the main resource only, ``widgets``) or names subresources
+  (``status``, ``scale``): then the rule matches ``widgets/status`` … and not the main resource;
+  ``*`` matches ``widgets/*``: the main resource and every subresource (Kubernetes' matching,
+  Kopf's meaning of ``"*"``);
+- the filters (``field=``, ``value=``, ``when=``) are decided per request from the request
+  alone (:meth:`Webhook.selects`): a request they exclude is allowed unchanged, without calling
+  the handler.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from declop.kube.labels import parse_selector
 
 __all__ = [
     "ADMISSION_INJECTABLE",
+    "ANY_VALUE",
     "CONVERSION_INJECTABLE",
     "OPERATIONS",
     "Rejected",
@@ -66,6 +74,16 @@ SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
 _TYPO_CUTOFF = 0.8
 _LABEL = re.compile(r"[^a-z0-9]+")
+_SUBRESOURCE = re.compile(r"[a-z][a-z0-9-]{0,62}|\*")
+
+
+class _AnyValue:
+    def __repr__(self) -> str:
+        return "ANY_VALUE"
+
+
+#: ``value=`` not given: ``field=`` only asks that the field be present
+ANY_VALUE: Any = _AnyValue()
 
 
 class Rejected(DeclopError):
@@ -116,6 +134,16 @@ class Webhook:
     #: an object that fails is denied (422) with each field path, without calling the handler;
     #: a converter's: the tuple of version models ``obj`` names (``obj: WidgetV1 | WidgetV2``)
     model: Any = None
+    #: subresources the rule matches (``("status",)``); empty: the main resource only
+    subresources: tuple[str, ...] = ()
+    #: ``field=`` as its path of keys (``("spec", "replicas")``); empty: no field filter
+    field: tuple[str, ...] = ()
+    #: ``value=``: the value the field must equal, or a callable of it; :data:`ANY_VALUE`: present
+    value: Any = ANY_VALUE
+    #: ``when=``: a callable of the injectable arguments it declares, decided per request
+    when: Callable[..., Any] | None = None
+    #: the names ``when`` declares (None: it takes **kwargs)
+    when_wants: frozenset[str] | None = None
 
     @property
     def path(self) -> str:
@@ -127,6 +155,38 @@ class Webhook:
         if self.wants is None:
             return dict(available)
         return {k: v for k, v in available.items() if k in self.wants}
+
+    def selects(self, available: Mapping[str, Any]) -> bool:
+        """Whether the filters let this request through to the handler (``True`` without
+        filters). ``available`` is what the handler could get (``obj``, ``old_obj``, …).
+
+        ``field=`` reads ``obj`` — the object as it will be stored (CREATE, UPDATE, CONNECT;
+        for a ``scale`` request the ``Scale``) — and ``old_obj`` on DELETE, where there is no
+        new object. The field is present when every key on its path is there and its value is
+        not ``null``; with ``value=`` it must also equal the value (or the callable ``value(v)``
+        must return true). Then ``when(...)`` must return true. Exceptions propagate (the
+        server denies, as for a handler that raises)."""
+        if self.field:
+            obj = available.get("obj")
+            found = _lookup(obj if obj is not None else available.get("old_obj"), self.field)
+            if found is None:
+                return False
+            if self.value is not ANY_VALUE:
+                if not (self.value(found) if callable(self.value) else found == self.value):
+                    return False
+        if self.when is not None:
+            args = dict(available) if self.when_wants is None else {k: v for k, v in available.items() if k in self.when_wants}
+            return bool(self.when(**args))
+        return True
+
+
+def _lookup(obj: Any, path: tuple[str, ...]) -> Any:
+    """The value at ``path`` (keys of nested objects) in ``obj``; ``None`` when absent."""
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:  # JSON objects are dicts (an ABC check costs more)
+            return None
+        obj = obj[key]
+    return obj
 
 
 _PATH_PREFIX: dict[str, str] = {"validator": "validate", "mutator": "mutate", "converter": "convert"}
@@ -161,6 +221,10 @@ def make_webhook(
     timeout: int = 10,
     labels: str | Mapping[str, str] | None = None,
     system_namespaces: bool = False,
+    subresource: str | Iterable[str] | None = None,
+    field: str | Iterable[str] | None = None,
+    value: Any = ANY_VALUE,
+    when: Callable[..., Any] | None = None,
 ) -> Webhook:
     """Check ``fn`` and the options for use as a ``kind`` webhook of ``resource``, and describe it.
 
@@ -210,6 +274,20 @@ def make_webhook(
     except ValueError as exc:
         raise RegistrationError(f"{decorator} {hook_name!r}: labels=: {exc}") from None
     injectable = CONVERSION_INJECTABLE if kind == "converter" else ADMISSION_INJECTABLE
+    subresources = _subresources(subresource, decorator, hook_name)
+    path = _field_path(field, decorator, hook_name)
+    if value is not ANY_VALUE and not path:
+        raise RegistrationError(f"{decorator} {hook_name!r}: value= needs field=, the field it compares, e.g. field='spec.size', value=3")
+    when_wants = None
+    if when is not None:
+        if not callable(when) or inspect.iscoroutinefunction(when):
+            raise RegistrationError(
+                f"{decorator} {hook_name!r}: when= must be a plain function (obj, old_obj, operation, ...) -> bool, "
+                f"got {when!r}; it runs per request and must be cheap"
+            )
+        when_wants = _wanted(when, hook_name, f"{decorator} when=", ADMISSION_INJECTABLE)
+    if kind == "converter" and (subresources or path or when is not None):
+        raise RegistrationError(f"{decorator} {hook_name!r}: subresource=, field=, value= and when= apply to validators and mutators")
     return Webhook(
         fn=fn,
         kind=kind,
@@ -222,7 +300,38 @@ def make_webhook(
         labels=selector,
         wants=_wanted(fn, hook_name, decorator, injectable),
         system_namespaces=system_namespaces,
+        subresources=subresources,
+        field=path,
+        value=value,
+        when=when,
+        when_wants=when_wants,
     )
+
+
+def _subresources(given: str | Iterable[str] | None, decorator: str, name: str) -> tuple[str, ...]:
+    """``subresource=`` as a tuple of subresource names; RegistrationError for anything else."""
+    if given is None:
+        return ()
+    names = (given,) if isinstance(given, str) else tuple(given) if isinstance(given, (list, tuple, set, frozenset)) else None
+    if not names or not all(isinstance(n, str) and _SUBRESOURCE.fullmatch(n) for n in names) or ("*" in names and len(names) > 1):
+        raise RegistrationError(
+            f"{decorator} {name!r}: subresource={given!r}: name subresources such as 'status' or 'scale' "
+            "(a string or a list), or '*' for the main resource and all of them; leave it out for the main resource only"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _field_path(given: str | Iterable[str] | None, decorator: str, name: str) -> tuple[str, ...]:
+    """``field=`` (``"spec.size"`` or ``["spec", "size"]``) as its keys; RegistrationError for anything else."""
+    if given is None:
+        return ()
+    keys = given.split(".") if isinstance(given, str) else list(given) if isinstance(given, (list, tuple)) else None
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise RegistrationError(
+            f"{decorator} {name!r}: field={given!r}: use a dotted path such as 'spec.size' "
+            "(or a list of keys when a key holds a dot)"
+        )
+    return tuple(keys)
 
 
 def _wanted(fn: Callable[..., Any], name: str, decorator: str, injectable: frozenset[str]) -> frozenset[str] | None:

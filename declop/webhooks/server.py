@@ -12,6 +12,8 @@ the handler…                           the answer
 =====================================  ===============================================================
 is not called: ``obj`` fails the        denied (422), the message naming each field path and what is
 validator's typed model (``obj: W``)   wrong (``spec.replicas: Input should be …``), never a value
+is not called: ``field=``/``value=``/  allowed as sent (no patch, no warnings; no model check), logged
+``when=`` exclude the request          at debug as "Skipped"
 returns None / warnings (validator)    allowed (with the warnings)
 leaves obj / returns one (mutator)     allowed with the JSON Patch to it, or no patch when unchanged
 raises :class:`~declop.webhooks.declaration.Rejected`  denied with its message (``field: message``) and code
@@ -299,6 +301,14 @@ class WebhookServer:
             "request_uid": uid,
             "warnings": warnings,
         }
+        try:
+            selected = hook.selects(available)  # True at once without filters
+        except Exception:
+            log.exception("Webhook filter (value= or when=) raised; the request is denied", extra={"kv": pairs})
+            return self._reply(deny(uid, _failed(hook), code=500), "error")
+        if not selected:  # excluded by field=/value=/when=: allowed as sent, the handler is not called
+            logger.debug("Skipped", reason="filters", dryRun=review.dry_run)
+            return self._reply(allow(uid), "allowed")
         before: Any = None  # a typed mutator's model, as JSON, before the call
         if hook.model is not None and obj is not None:
             from declop.typed.view import view  # pydantic: only for a typed validator or mutator

@@ -879,3 +879,101 @@ def test_hostile_objects_through_the_apiserver_are_handled_or_denied_never_admit
     assert outcomes[10000].returncode != 0 and spec_of("deep-10000") is None, "depth 10,000 was admitted"
     assert dense.returncode != 0 and spec_of("dense") is None, "the dense object was admitted unchecked"
     assert "RequestEntityTooLarge" in dense.stderr and "JSON objects and arrays" in dense.stderr, dense.stderr
+
+
+FILTERED = '''
+import os
+
+import declop
+
+GROUP = os.environ["WH_GROUP"]
+
+@declop.validator(f"widgets.{GROUP}", subresource="status", operations=["UPDATE"])
+def status_phase(obj, subresource, logger, **_):
+    logger.info("status validating", object=obj["metadata"]["name"], subresource=subresource)
+    if obj.get("status", {}).get("phase") == "Broken":
+        raise declop.Rejected("Broken is not a phase", field="status.phase")
+
+@declop.mutator(f"widgets.{GROUP}", subresource="scale", operations=["UPDATE"])
+def cap_scale(obj, subresource, logger, **_):
+    logger.info("scale mutating", object=obj["metadata"]["name"], kind=obj["kind"], apiVersion=obj["apiVersion"], subresource=subresource)
+    obj["spec"]["replicas"] = min(obj["spec"]["replicas"], 3)
+
+@declop.validator(f"widgets.{GROUP}", field="spec.replicas")
+def replicas(obj, logger, **_):
+    logger.info("replicas validating", object=obj["metadata"]["name"])
+    if obj["spec"]["replicas"] > 3:
+        raise declop.Rejected("must be at most 3", field="spec.replicas")
+'''
+
+
+def status_widget_crd(group: str) -> str:
+    crd = json.loads(widget_crd(group))
+    version = crd["spec"]["versions"][0]
+    version["subresources"] = {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}}
+    props = version["schema"]["openAPIV3Schema"]["properties"]
+    props["spec"]["properties"]["replicas"] = {"type": "integer"}
+    props["status"] = {"type": "object", "properties": {"phase": {"type": "string"}, "replicas": {"type": "integer"}}}
+    return json.dumps(crd)
+
+
+def test_status_and_scale_webhooks_see_their_subresource_only_and_a_field_filter_skips(setup: Setup, tmp_path: Path) -> None:
+    """``subresource="status"``: a status write is denied while a main-resource write (which
+    the apiserver stores without its status) neither reaches it nor is refused. ``field=``:
+    objects without ``spec.replicas`` are admitted without a call. ``subresource="scale"``: the
+    mutator gets a Scale, and a scale write reaches no main-resource webhook."""
+    setup.crd(status_widget_crd(setup.group))
+    handlers = tmp_path / "filtered.py"
+    handlers.write_text(FILTERED)
+    with setup.operator(handlers=handlers) as op:
+        op.wait_for_line("Registered ValidatingWebhookConfiguration")
+        config = json.loads(kubectl(setup.env, "get", "validatingwebhookconfiguration", setup.name, "-o", "json").stdout)
+        assert {w["name"].split(".")[0]: w["rules"][0]["resources"] for w in config["webhooks"]} == {
+            "status-phase": ["widgets/status"], "replicas": ["widgets"],
+        }
+        probe = json.dumps({"apiVersion": f"{setup.group}/v1", "kind": "Widget",
+                            "metadata": {"name": "probe", "namespace": setup.namespace}, "spec": {"replicas": 9}})
+        wait_for(lambda: "denied the request" in setup.apply(probe, "--dry-run=server").stderr, 20, 0.2, "the validators to be enforced")
+
+        # field=: no spec.replicas, no call; with it, the handler decides
+        assert setup.apply(widget(setup.group, "plain", setup.namespace, 1)).returncode == 0
+        counted = json.loads(probe)
+        counted["metadata"]["name"], counted["spec"]["replicas"] = "counted", 2
+        assert setup.apply(json.dumps(counted)).returncode == 0
+        wait_for(lambda: [r for r in records(op, "replicas validating") if r["object"] == "counted"], 10, what="the call for counted")
+        skipped = wait_for(lambda: [r for r in records(op, "Skipped") if r["name"] == "plain"], 10, what="the skip of plain")
+        assert skipped[0]["webhook"] == f"replicas.widgets.{setup.group}" and skipped[0]["reason"] == "filters"
+        assert not [r for r in records(op, "replicas validating") if r["object"] == "plain"]
+
+        # the main resource: a spec write carrying a status passes (the apiserver drops the
+        # status of a main-resource write) and does not reach the status validator
+        patch = ["patch", f"widgets.{setup.group}", "plain", "-n", setup.namespace, "--type=merge"]
+        main = kubectl(setup.env, *patch, "-p", '{"spec": {"size": 2}, "status": {"phase": "Broken"}}', check=False)
+        assert main.returncode == 0, main.stderr
+        stored = get(setup, f"widgets.{setup.group}", "plain")
+        assert stored["spec"]["size"] == 2 and "status" not in stored
+
+        # subresource="status": the status write is denied, another status allowed
+        denied = kubectl(setup.env, *patch, "--subresource=status", "-p", '{"status": {"phase": "Broken"}}', check=False)
+        assert denied.returncode != 0
+        assert (
+            f'admission webhook "status-phase.widgets.{setup.group}" denied the request: status.phase: Broken is not a phase'
+        ) in denied.stderr, denied.stderr
+        kubectl(setup.env, *patch, "--subresource=status", "-p", '{"status": {"phase": "Ready"}}')
+        assert get(setup, f"widgets.{setup.group}", "plain")["status"] == {"phase": "Ready"}
+        # in order: a call for the main write would have been logged before these two
+        calls = wait_for(lambda: [r for r in records(op, "status validating") if r["object"] == "plain"][1:] and
+                         [r["subresource"] for r in records(op, "status validating") if r["object"] == "plain"], 10, what="two status calls")
+        assert calls == ["status", "status"]
+
+        # subresource="scale": the mutator gets an autoscaling/v1 Scale and its patch is applied;
+        # the main resource's validator (at most 3) is not called for a scale write at all
+        kubectl(setup.env, "scale", f"widgets.{setup.group}", "counted", "-n", setup.namespace, "--replicas=9")
+        assert get(setup, f"widgets.{setup.group}", "counted")["spec"]["replicas"] == 3
+        (scaled,) = wait_for(lambda: records(op, "scale mutating"), 10, what="the scale mutator's call")
+        assert (scaled["kind"], scaled["apiVersion"], scaled["subresource"]) == ("Scale", "autoscaling/v1", "scale")
+        # a later write's line: every line of the scale write has been read by then
+        kubectl(setup.env, "patch", f"widgets.{setup.group}", "counted", "-n", setup.namespace, "--type=merge",
+                "--subresource=status", "-p", '{"status": {"phase": "Ready"}}')
+        wait_for(lambda: [r for r in records(op, "status validating") if r["object"] == "counted"], 10, what="the marker write")
+        assert len([r for r in records(op, "replicas validating") if r["object"] == "counted"]) == 1  # its CREATE only
