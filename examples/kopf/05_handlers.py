@@ -5,13 +5,13 @@
 # what changed since *it* last succeeded (field=, old=, new=; docs/changes.md). spec's last handled
 # value is None before the first success (create) and after the object is deleted (delete: new=None,
 # seen thanks to a finalizer). Kopf's on.resume: declop calls every reconciler for every object when
-# it starts; a plain reconciler is called on every change too (exactly-on-resume is issue 40 part 2).
+# it starts, and first_seen is True until a call on the object succeeds in this process.
 import declop
 
 
 @declop.reconciler("kopfexamples.kopf.dev")
-def resume_fn_1():
-    print("RESUMED 1st")
+def resume_fn_1(first_seen):
+    print("RESUMED 1st") if first_seen else None
 
 
 @declop.reconciler("kopfexamples.kopf.dev", field="spec", old=None)
@@ -20,8 +20,8 @@ def create_fn_1():
 
 
 @declop.reconciler("kopfexamples.kopf.dev")
-def resume_fn_2():
-    print("RESUMED 2nd")
+def resume_fn_2(first_seen):
+    print("RESUMED 2nd") if first_seen else None
 
 
 @declop.reconciler("kopfexamples.kopf.dev", field="spec", old=None)

@@ -54,6 +54,7 @@ def test_kopf_05_handlers(control_plane: Any, namespace: str) -> None:
         op.wait_for_line("UPDATED", count=2)  # spec changed, spec.field did not
         assert count(op, "CREATED 1st") == count(op, "CREATED 2nd") == 1, op.lines
         assert count(op, "UPDATED") == 2, op.lines
+        assert count(op, "RESUMED 1st") == count(op, "RESUMED 2nd") == 1, op.lines  # first_seen: once
         assert fields(op) == ["FIELD CHANGED: None -> value", "FIELD CHANGED: value -> changed"], op.lines
     with OperatorProcess(args, env=env) as again:  # a restart: what was handled stays handled
         again.wait_for_line("RESUMED 1st")
@@ -68,4 +69,5 @@ def test_kopf_05_handlers(control_plane: Any, namespace: str) -> None:
                  what="the example to go")  # fmt: skip
         assert count(again, "CREATED 1st") == count(again, "CREATED 2nd") == 0, again.lines
         assert count(again, "UPDATED") == 1 and count(again, "DELETED 1st") == count(again, "DELETED 2nd") == 1, again.lines
+        assert count(again, "RESUMED 1st") == count(again, "RESUMED 2nd") == 1, again.lines  # once per process: first_seen
     assert again.returncode == 0
