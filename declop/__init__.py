@@ -71,6 +71,7 @@ from declop.webhooks.declaration import Rejected as Rejected
 
 if TYPE_CHECKING:
     from declop.typed.condition import Condition as Condition
+    from declop.manager.embedded import Operator as Operator
     from declop.typed.model import CustomResource as CustomResource
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "CustomResource",
     "Fenced",
     "NotFound",
+    "Operator",
     "Phase",
     "Rejected",
     "Request",
@@ -108,8 +110,8 @@ __all__ = [
     "validator",
 ]
 
-#: front-door names loaded on first use (they import pydantic)
-LAZY_NAMES = {"Condition": "declop.typed.condition", "CustomResource": "declop.typed.model"}
+#: front-door names loaded on first use (they import pydantic; ``Operator``, the manager)
+LAZY_NAMES = {"Condition": "declop.typed.condition", "CustomResource": "declop.typed.model", "Operator": "declop.manager.embedded"}
 
 for _name in __all__:
     if _name in LAZY_NAMES:

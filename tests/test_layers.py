@@ -139,6 +139,7 @@ ORDER = [
     "manager.leadership",
     "manager.shutdown",
     "manager.process",
+    "manager.embedded",
     "loader",
     "dev",
     "dev.manifests",

@@ -24,6 +24,7 @@ EXPECTED = {
     "CustomResource",
     "Fenced",
     "NotFound",
+    "Operator",
     "Phase",
     "Rejected",
     "Request",
@@ -77,7 +78,9 @@ def test_the_front_door_is_small() -> None:
     # gone, so a handler that catches broadly must be able to name it from the front door.
     # 32: declop.Condition (issue 44), the typed entry declop.conditions works on, which every
     # typed status with conditions declares — as central to a typed status as declop.conditions.
-    assert len(declop.__all__) <= 32
+    # 33: declop.Operator (issue 41), the one supported way to run the manager inside another
+    # application (docs/embedding.md) — what Kopf users reach for as kopf.operator()/kopf.run().
+    assert len(declop.__all__) <= 33
 
 
 def test_star_import_gives_exactly_all() -> None:
@@ -110,11 +113,11 @@ def test_conditions_surface() -> None:
     assert declop.conditions.__all__ == ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource", "Condition"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource", "Condition", "Operator"}))
 def test_public_objects_claim_the_package(name: str) -> None:
     """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X`` — except for the
     lazy ``CustomResource`` and ``Condition``, whose homes are in ``declop.typed`` (pickles of
-    their models name them)."""
+    their models name them), and the lazy ``Operator`` (``declop.manager``'s)."""
     assert getattr(declop, name).__module__ == "declop"
 
 
@@ -137,6 +140,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "converter": "declop.registry",
         "Rejected": "declop.webhooks.declaration",
         "CustomResource": "declop.typed.model",
+        "Operator": "declop.manager.embedded",
         "Condition": "declop.typed.condition",
         "Request": "declop.kube.keys",
         "Phase": "declop.reconcile.result",
@@ -253,4 +257,13 @@ def test_import_declop_does_not_import_pydantic() -> None:
             f"assert 'pydantic' not in sys.modules, 'pydantic'; declop.{name}; assert 'pydantic' in sys.modules"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_import_declop_does_not_import_the_manager() -> None:
+    """``declop.Operator`` is lazy: a handler file pays for the manager only when it embeds one."""
+    code = (
+        "import sys, declop; assert 'declop.manager' not in sys.modules; "
+        "declop.Operator; assert 'declop.manager.process' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
