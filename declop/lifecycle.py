@@ -53,12 +53,12 @@ __all__ = ["HOOK_INJECTABLE", "Hook", "HookKind", "Lifecycle", "make_hook"]
 
 log = logging.getLogger("declop.lifecycle")
 
-HookKind = Literal["startup", "shutdown", "background"]
+HookKind = Literal["startup", "shutdown", "background", "probe"]
 
 #: keyword arguments a hook may declare
 HOOK_INJECTABLE = frozenset({"client", "logger", "stop"})
 
-_DECORATOR = {"startup": "@declop.on_startup", "shutdown": "@declop.on_shutdown", "background": "@declop.background"}
+_DECORATOR = {"startup": "@declop.on_startup", "shutdown": "@declop.on_shutdown", "background": "@declop.background", "probe": "@declop.on_probe"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,10 @@ class Hook:
     every_replica: bool = False
     #: the injectable names the hook declares; None when it takes **kwargs (gets them all)
     wants: frozenset[str] | None = None
+    #: probe only: seconds a call may take, and seconds its outcome is reused
+    #: (:mod:`declop.handlers.probing`)
+    timeout: float = 0.0
+    cache: float = 0.0
 
     def arguments(self, client: Any, logger: Any, stop: Any) -> dict[str, Any]:
         available = {"client": client, "logger": logger, "stop": stop}
@@ -81,7 +85,9 @@ class Hook:
         return {k: v for k, v in available.items() if k in self.wants}
 
 
-def make_hook(fn: Any, kind: HookKind, *, name: str | None = None, every_replica: bool = False) -> Hook:
+def make_hook(
+    fn: Any, kind: HookKind, *, name: str | None = None, every_replica: bool = False, timeout: float = 0.0, cache: float = 0.0
+) -> Hook:
     """Check ``fn`` for use as a ``kind`` hook and describe it.
 
     Raises:
@@ -103,7 +109,14 @@ def make_hook(fn: Any, kind: HookKind, *, name: str | None = None, every_replica
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     if every_replica and kind != "background":
         raise RegistrationError(f"every_replica= is an option of @declop.background only, not of {decorator}")
-    return Hook(fn, hook_name, kind, is_async, every_replica, _wanted(fn, hook_name, decorator))
+    for what, value in (("timeout", timeout), ("cache", cache)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+            raise RegistrationError(f"{decorator} {hook_name!r}: {what}= must be a number of seconds >= 0, got {value!r}")
+    if kind == "probe" and timeout <= 0:
+        raise RegistrationError(f"{decorator} {hook_name!r}: timeout= must be > 0 (an unbounded probe would hang /probes)")
+    if kind != "probe" and (timeout or cache):
+        raise RegistrationError(f"timeout= and cache= are options of @declop.on_probe only, not of {decorator}")
+    return Hook(fn, hook_name, kind, is_async, every_replica, _wanted(fn, hook_name, decorator), float(timeout), float(cache))
 
 
 def _wanted(fn: Callable[..., Any], name: str, decorator: str) -> frozenset[str] | None:
@@ -162,14 +175,21 @@ class Lifecycle:
     def _logger(self, hook: Hook) -> ReconcileLogger:
         return ReconcileLogger(logging.getLogger(f"declop.hook.{hook.name}"), {"hook": hook.name})
 
-    async def _call(self, hook: Hook, stop: Any) -> None:
+    async def _call(self, hook: Hook, stop: Any) -> Any:
         logger = self._logger(hook)
         if hook.is_async:
-            await hook.fn(**hook.arguments(AsyncClient(self.ctx), logger, stop))
-            return
+            return await hook.fn(**hook.arguments(AsyncClient(self.ctx), logger, stop))
         loop = asyncio.get_running_loop()
         kwargs = hook.arguments(Client(self.ctx), logger, self._threads_stop)
-        await loop.run_in_executor(self.executor, lambda: hook.fn(**kwargs))
+        return await loop.run_in_executor(self.executor, lambda: hook.fn(**kwargs))
+
+    async def call(self, hook: Hook) -> Any:
+        """Call ``hook`` once and return what it returned (``async def`` on the loop, a plain
+        one in the handler thread pool); ``stop`` is the operator's stop (a probe's)."""
+        stop = asyncio.Event()
+        if self._threads_stop.is_set():
+            stop.set()
+        return await self._call(hook, stop)
 
     # -- startup / shutdown --------------------------------------------------------------------
     async def startup(self) -> None:

@@ -107,6 +107,7 @@ ORDER = [
     "reconcile.controller",
     "lifecycle",
     "handlers",
+    "handlers.probing",
     "serving",
     "serving.http",
     "serving.probes",

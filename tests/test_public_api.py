@@ -41,6 +41,7 @@ EXPECTED = {
     "create_or_update",
     "index",
     "mutator",
+    "on_probe",
     "on_shutdown",
     "on_startup",
     "predicates",
@@ -80,7 +81,8 @@ def test_the_front_door_is_small() -> None:
     # typed status with conditions declares — as central to a typed status as declop.conditions.
     # 33: declop.Operator (issue 41), the one supported way to run the manager inside another
     # application (docs/embedding.md) — what Kopf users reach for as kopf.operator()/kopf.run().
-    assert len(declop.__all__) <= 33
+    # 34: declop.on_probe (issue 41), Kopf's on.probe: a lifecycle decorator like on_startup.
+    assert len(declop.__all__) <= 34
 
 
 def test_star_import_gives_exactly_all() -> None:
@@ -134,6 +136,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "transform": "declop.registry",
         "on_startup": "declop.registry",
         "on_shutdown": "declop.registry",
+        "on_probe": "declop.registry",
         "background": "declop.registry",
         "validator": "declop.registry",
         "mutator": "declop.registry",

@@ -229,6 +229,8 @@ class Manager:
             await self._setup_webhooks()
         if o.health_port or o.metrics_port:
             self._setup_probes()
+        if not o.health_port and self.lifecycle.of("probe"):
+            log.warning("@declop.on_probe functions are registered but no health port is served: /probes is not", extra={"kv": {"probes": [h.name for h in self.lifecycle.of("probe")]}})
 
     def _leases(self) -> None:
         """The leader elector (leader election) or the range Leases (sharding)."""
@@ -271,7 +273,16 @@ class Manager:
             metrics_tls=tls,
             metrics_auth=auth,
             reconciles=self.recent_reconciles if o.debug_reconciles else None,
+            probes=self._probe_report(),
         )
+
+    def _probe_report(self) -> Any:
+        """``/probes``' source: the ``@declop.on_probe`` values (None: none is registered)."""
+        if self.lifecycle is None or not self.lifecycle.of("probe"):
+            return None
+        from declop.handlers.probing import Probes
+
+        return Probes(self.lifecycle.hooks, self.lifecycle.call).report
 
     def _report_leading(self, leading: bool) -> None:
         if self.metrics is not None:

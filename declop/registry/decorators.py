@@ -28,6 +28,7 @@ __all__ = [
     "default_registry",
     "index",
     "mutator",
+    "on_probe",
     "on_shutdown",
     "on_startup",
     "reconciler",
@@ -195,6 +196,35 @@ def background(
     if not isinstance(every_replica, bool):
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     return _hook_decorator("background", fn, name, registry, every_replica)
+
+
+def on_probe(
+    fn: F | None = None,
+    *,
+    name: str | None = None,
+    timeout: float = 5.0,
+    cache: float = 10.0,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Any:
+    """Report ``fn``'s return value under ``name`` (default: the function's name) on ``/probes``
+    on the health port (Kopf's ``@kopf.on.probe(id=…)``; docs/lifecycle.md, "Probes").
+
+    It may declare ``client``, ``logger``, ``stop``; it returns a JSON value. It is called when
+    ``/probes`` is asked and its last outcome is older than ``cache`` seconds, at most once at a
+    time; a call longer than ``timeout`` seconds, or one that raises, reports the probe as failed
+    (503, its name only: the error is logged, never served)."""
+    check_call("on_probe", (fn,), unknown, ("name", "timeout", "cache", "registry"))
+    reg = _target(registry)
+    if fn is None:
+
+        def decorate(f: F) -> F:
+            reg.hook("probe", f, name=name, timeout=timeout, cache=cache)
+            return f
+
+        return decorate
+    reg.hook("probe", fn, name=name, timeout=timeout, cache=cache)
+    return fn
 
 
 _ADMISSION_OPTIONS = ("operations", "name", "failure_policy", "timeout", "labels", "system_namespaces", "registry")
