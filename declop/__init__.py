@@ -62,6 +62,7 @@ from declop.registry import background as background
 from declop.registry import converter as converter
 from declop.registry import index as index
 from declop.registry import mutator as mutator
+from declop.registry import on_login as on_login
 from declop.registry import on_probe as on_probe
 from declop.registry import on_shutdown as on_shutdown
 from declop.registry import on_startup as on_startup
@@ -100,6 +101,7 @@ __all__ = [
     "create_or_update",
     "index",
     "mutator",
+    "on_login",
     "on_probe",
     "on_shutdown",
     "on_startup",

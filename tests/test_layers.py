@@ -65,6 +65,7 @@ ORDER = [
     "kube.fencing",
     "kube.restconfig",
     "kube.kubeconfig",
+    "kube.login",
     "kube.transport",
     "kube.discovery",
     "kube.apiresources",

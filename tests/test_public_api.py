@@ -41,6 +41,7 @@ EXPECTED = {
     "create_or_update",
     "index",
     "mutator",
+    "on_login",
     "on_probe",
     "on_shutdown",
     "on_startup",
@@ -82,7 +83,8 @@ def test_the_front_door_is_small() -> None:
     # 33: declop.Operator (issue 41), the one supported way to run the manager inside another
     # application (docs/embedding.md) — what Kopf users reach for as kopf.operator()/kopf.run().
     # 34: declop.on_probe (issue 41), Kopf's on.probe: a lifecycle decorator like on_startup.
-    assert len(declop.__all__) <= 34
+    # 35: declop.on_login (issue 41), Kopf's on.login: credentials from a function, not a kubeconfig.
+    assert len(declop.__all__) <= 35
 
 
 def test_star_import_gives_exactly_all() -> None:
@@ -137,6 +139,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "on_startup": "declop.registry",
         "on_shutdown": "declop.registry",
         "on_probe": "declop.registry",
+        "on_login": "declop.registry",
         "background": "declop.registry",
         "validator": "declop.registry",
         "mutator": "declop.registry",

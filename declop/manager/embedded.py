@@ -70,7 +70,8 @@ class Operator:
     ``registry``: the handlers to run (default: the default registry, where the decorators put
     them). The apiserver: ``configuration`` (a :class:`~declop.kube.restconfig.RestConfig`), else
     ``kubeconfig``/``context`` found as ``declop run`` finds them ($KUBECONFIG, in-cluster,
-    ~/.kube/config). ``options``: :class:`~declop.manager.Options` (default: ``declop run``'s,
+    ~/.kube/config), at each start — or, when the registry has an ``@declop.on_login`` function
+    and no ``configuration`` is given, what that function returns. ``options``: :class:`~declop.manager.Options` (default: ``declop run``'s,
     except that the interpreter's switch interval is left alone). ``on_lost``: called
     synchronously on the operator's loop, once, the moment a Lease is lost."""
 
@@ -86,7 +87,10 @@ class Operator:
         metrics: Any = None,
     ) -> None:
         self.registry = registry if registry is not None else default_registry
-        self.configuration = configuration if configuration is not None else load_configuration(kubeconfig, context)
+        #: None: read at each start from ``kubeconfig``/``context`` — unless an ``@declop.on_login``
+        #: function is registered, which is asked instead (:mod:`declop.kube.login`)
+        self.configuration = configuration
+        self.kubeconfig, self.context = kubeconfig, context
         self.options = options if options is not None else Options(switch_interval=None)
         self.on_lost = on_lost
         #: a :class:`~declop.serving.metrics.Metrics` to record into (None: only when served)
@@ -287,7 +291,10 @@ class Operator:
         self.loop = asyncio.get_running_loop()
         stop = self._stop
         assert stop is not None
-        self.manager = manager = Manager(self.configuration, self.registry, self.options, metrics=self.metrics)
+        configuration = self.configuration
+        if configuration is None and not any(h.kind == "login" for h in self.registry.hooks):
+            configuration = load_configuration(self.kubeconfig, self.context)
+        self.manager = manager = Manager(configuration, self.registry, self.options, metrics=self.metrics)
         manager.on_lost = self.on_lost
         await manager.run(stop)
         if manager.loss.happened:

@@ -2,7 +2,7 @@
 
 ``@declop.reconciler`` records reconcilers; ``declop.index`` and ``declop.transform`` the cache's
 indexes and transforms; ``@declop.on_startup``, ``@declop.on_shutdown`` and
-``@declop.background`` lifecycle hooks, ``@declop.on_probe`` values; ``@declop.validator``, ``@declop.mutator`` and
+``@declop.background`` lifecycle hooks, ``@declop.on_probe`` values, ``@declop.on_login`` credentials; ``@declop.validator``, ``@declop.mutator`` and
 ``@declop.converter`` webhooks. The manager reads them at start.
 
 Owns: the reconciler options, named, defaulted and checked once (``options``); a decorator
@@ -24,6 +24,7 @@ from declop.registry.decorators import converter as converter
 from declop.registry.decorators import default_registry as default_registry
 from declop.registry.decorators import index as index
 from declop.registry.decorators import mutator as mutator
+from declop.registry.decorators import on_login as on_login
 from declop.registry.decorators import on_probe as on_probe
 from declop.registry.decorators import on_shutdown as on_shutdown
 from declop.registry.decorators import on_startup as on_startup
@@ -48,6 +49,7 @@ __all__ = [
     "default_registry",
     "index",
     "mutator",
+    "on_login",
     "on_probe",
     "on_shutdown",
     "on_startup",

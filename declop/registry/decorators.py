@@ -28,6 +28,7 @@ __all__ = [
     "default_registry",
     "index",
     "mutator",
+    "on_login",
     "on_probe",
     "on_shutdown",
     "on_startup",
@@ -196,6 +197,18 @@ def background(
     if not isinstance(every_replica, bool):
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     return _hook_decorator("background", fn, name, registry, every_replica)
+
+
+def on_login(fn: F | None = None, *, name: str | None = None, registry: Registry | None = None, **unknown: Never) -> Any:
+    """Connect with what ``fn`` returns instead of a kubeconfig (Kopf's ``@kopf.on.login``):
+    a :class:`~declop.kube.login.ConnectionInfo` (or a mapping of its fields: ``server``,
+    ``token`` or ``cert_data``/``key_data``, ``ca_data``, ``insecure``, ``expiration``).
+
+    It may declare ``logger``. It is called at start, before the first request; again before
+    the first request at or after its refresh time when it gave an ``expiration``; and after a
+    401 (docs/lifecycle.md, "Login"). Several: the first that returns something else than None wins."""
+    check_call("on_login", (fn,), unknown, ("name", "registry"))
+    return _hook_decorator("login", fn, name, registry)
 
 
 def on_probe(

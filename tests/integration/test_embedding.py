@@ -118,3 +118,32 @@ def test_a_lost_lease_is_raised_to_the_host_and_the_process_lives(control_plane,
             proxy.forward()
             op.stop()
     assert _operator_threads() == []
+
+
+def test_on_login_credentials_replace_the_kubeconfig_and_a_401_asks_again(control_plane, k8s_api, namespace, monkeypatch):
+    """The login function hands out the control plane's admin credentials (read from its
+    kubeconfig, which declop itself is not given: $KUBECONFIG points nowhere) — after a first
+    answer with a token the apiserver refuses: the 401 asks the function again, and the same
+    request is retried with the new answer."""
+    from declop.kube.kubeconfig import load
+
+    admin = load(control_plane.kubeconfig_path)
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    seen: list[str] = []
+    registry = _handlers(seen)
+    answers: list[str] = []
+
+    @declop.on_login(registry=registry)
+    def login(logger):
+        answers.append("bad" if not answers else "admin")
+        if answers[-1] == "bad":
+            return {"server": admin.host, "token": "not-a-token", "ca_data": admin.ca_data}
+        return declop.kube.login.ConnectionInfo(
+            server=admin.host, token=admin.token, cert_data=admin.cert_data, key_data=admin.key_data, ca_data=admin.ca_data
+        )
+
+    with declop.Operator(registry, options=Options(namespaces=(namespace,), grace_period=5)) as op:
+        assert op.manager.transport.configuration.source == "login function 'login'"
+        kubernetes.client.CoreV1Api(k8s_api).create_namespaced_config_map(namespace, {"metadata": {"name": "logged-in"}})
+        wait_for(lambda: "logged-in" in seen, 10, what="a reconcile with the login's credentials")
+    assert answers == ["bad", "admin"]  # at start, then once after the 401 (no expiration: never again)
