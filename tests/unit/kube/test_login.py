@@ -189,3 +189,31 @@ def test_the_first_login_that_answers_wins_in_registration_order() -> None:
 
     assert asyncio.run(login_function(registry.hooks)()) == {"server": SERVER, "token": "v"}
     assert called == ["nothing", "vault"]
+
+
+def test_a_first_login_that_fails_fails_the_start_with_one_line() -> None:
+    from declop.errors import ConfigError
+    from declop.manager import Manager
+
+    registry = Registry()
+
+    @declop.on_login(registry=registry)
+    def vault():
+        raise KeyError("kubernetes/operator")
+
+    @registry.reconciler("configmaps")
+    def noop(**_):
+        pass
+
+    with pytest.raises(ConfigError, match=r"^login function 'vault' failed: KeyError: 'kubernetes/operator'; the operator did not start$"):
+        asyncio.run(Manager(None, registry).setup())
+
+
+def test_the_manager_connects_with_the_first_answer() -> None:
+    from declop.manager import Manager
+
+    registry = Registry()
+    declop.on_login(lambda: {"server": SERVER, "token": "t"}, name="static", registry=registry)
+    manager = Manager(None, registry)
+    cfg = asyncio.run(manager._login())
+    assert isinstance(cfg, LoginConfig) and cfg.host == SERVER and cfg.source == "login function 'static'"
