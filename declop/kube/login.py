@@ -8,7 +8,10 @@ the transport asks before each request.
 When the function is called (exactly):
 
 1. **once at start**, before the first request of the operator (discovery), from the manager's
-   loop: an ``async def`` on the loop, a plain one in a worker thread. No kubeconfig is read;
+   loop: an ``async def`` on the loop, a plain one in a worker thread — when the manager is
+   given no configuration (``declop run`` and :class:`~declop.manager.Operator` give none when
+   a login function is registered; a configuration given explicitly wins: ``declop dev`` runs
+   against its own control plane). No kubeconfig is read;
    if it raises, or returns None, the start fails with one line naming it;
 2. **before the first request made at or after its refresh time**, when the last answer had an
    ``expiration``: the refresh time is a fifth of the remaining lifetime (at most a minute)

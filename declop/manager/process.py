@@ -182,7 +182,11 @@ class Manager:
             )
         o = self.options
         given_transport, given_discovery, given_executor = self._given
-        if given_transport is None and any(h.kind == "login" for h in self.registry.hooks):
+        if given_transport is None and self.configuration is None:
+            # no configuration given: the @declop.on_login functions give it (one given wins,
+            # e.g. declop dev's own control plane)
+            if not any(h.kind == "login" for h in self.registry.hooks):
+                raise ConfigError("no apiserver to talk to: pass a configuration (a kubeconfig's) or register an @declop.on_login function")
             self.configuration = await self._login()
         self.transport = transport = given_transport or Transport(self.configuration, user_agent=o.user_agent, qps=o.qps, burst=o.burst)
         if self.metrics is not None:

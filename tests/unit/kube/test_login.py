@@ -217,3 +217,32 @@ def test_the_manager_connects_with_the_first_answer() -> None:
     manager = Manager(None, registry)
     cfg = asyncio.run(manager._login())
     assert isinstance(cfg, LoginConfig) and cfg.host == SERVER and cfg.source == "login function 'static'"
+
+
+def test_a_given_configuration_wins_over_the_login_function() -> None:
+    """declop dev and OperatorRunner give their own configuration: the login is not asked."""
+    from declop.kube.restconfig import RestConfig
+    from declop.manager import Manager
+
+    registry = Registry()
+    asked: list[bool] = []
+    declop.on_login(lambda: asked.append(True), name="never", registry=registry)
+
+    @registry.reconciler("configmaps")
+    def noop(**_):
+        pass
+
+    manager = Manager(RestConfig(host="https://127.0.0.1:1"), registry)  # nothing listens there
+    with pytest.raises(Exception, match="127.0.0.1:1"):
+        asyncio.run(manager.setup())
+    assert asked == []
+
+
+def test_no_configuration_and_no_login_is_one_line() -> None:
+    from declop.errors import ConfigError
+    from declop.manager import Manager
+
+    registry = Registry()
+    registry.reconciler("configmaps")(lambda **_: None)
+    with pytest.raises(ConfigError, match="^no apiserver to talk to: pass a configuration"):
+        asyncio.run(Manager(None, registry).setup())
