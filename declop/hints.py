@@ -104,7 +104,7 @@ _PARTS = "name the resource in the first argument, e.g. @declop.reconciler('widg
 
 #: Kopf's decorator options that declop spells differently or does without → what to use.
 KOPF_OPTIONS: Mapping[str, str] = {
-    "id": "use name= to name the controller",
+    "id": "use name= to name the controller, hook or probe",
     "when": _FILTER,
     "field": (
         "Kopf's field= reacts to changes of one field: " + _FILTER + "; declop's fields= is a "
