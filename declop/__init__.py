@@ -65,6 +65,8 @@ from declop.registry import converter as converter
 from declop.registry import daemon as daemon
 from declop.registry import index as index
 from declop.registry import mutator as mutator
+from declop.registry import on_login as on_login
+from declop.registry import on_probe as on_probe
 from declop.registry import on_shutdown as on_shutdown
 from declop.registry import on_startup as on_startup
 from declop.registry import reconciler as reconciler
@@ -75,6 +77,7 @@ from declop.webhooks.declaration import Rejected as Rejected
 
 if TYPE_CHECKING:
     from declop.typed.condition import Condition as Condition
+    from declop.manager.embedded import Operator as Operator
     from declop.typed.model import CustomResource as CustomResource
 
 __all__ = [
@@ -85,6 +88,7 @@ __all__ = [
     "CustomResource",
     "Fenced",
     "NotFound",
+    "Operator",
     "Phase",
     "Rejected",
     "Request",
@@ -104,6 +108,8 @@ __all__ = [
     "daemon",
     "index",
     "mutator",
+    "on_login",
+    "on_probe",
     "on_shutdown",
     "on_startup",
     "predicates",
@@ -116,8 +122,8 @@ __all__ = [
     "validator",
 ]
 
-#: front-door names loaded on first use (they import pydantic)
-LAZY_NAMES = {"Condition": "declop.typed.condition", "CustomResource": "declop.typed.model"}
+#: front-door names loaded on first use (they import pydantic; ``Operator``, the manager)
+LAZY_NAMES = {"Condition": "declop.typed.condition", "CustomResource": "declop.typed.model", "Operator": "declop.manager.embedded"}
 
 for _name in __all__:
     if _name in LAZY_NAMES:

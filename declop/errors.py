@@ -25,6 +25,7 @@ here are the ones several packages share; the others live beside the code that r
      ├── Fenced                 a call's write was not sent: its Lease is not known valid; the key is left
      ├── AlreadyOwnedError      declop.reconcile.ownership: the child already has another controller
      ├── DaemonStillRunning     declop.handlers.daemons: a daemon did not end in time; its finalizer stays, retried
+     ├── LeaseLost              declop.manager.embedded: an embedded Operator lost its Lease and stopped
      ├── BadReview              declop.webhooks.admission: a webhook request body that is not a review (HTTP 400)
      │    └── Oversized          too many objects and arrays to decode
      ├── Rejected               declop.webhooks.declaration (``declop.Rejected``): a validator or mutator denies

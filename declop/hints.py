@@ -98,7 +98,7 @@ _PARTS = "name the resource in the first argument, e.g. @declop.reconciler('widg
 
 #: Kopf's decorator options that declop spells differently or does without → what to use.
 KOPF_OPTIONS: Mapping[str, str] = {
-    "id": "use name= to name the controller",
+    "id": "use name= to name the controller, hook or probe",
     "when": _FILTER,
     "value": "use field='spec.x' with new= (a value, or a callable value -> bool; docs/changes.md)",
     "annotations": _FILTER,

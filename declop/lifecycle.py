@@ -49,16 +49,18 @@ from declop.errors import ConfigError, RegistrationError
 from declop.cache.informer import Backoff
 from declop.logs import ReconcileLogger
 
-__all__ = ["HOOK_INJECTABLE", "Hook", "HookKind", "Lifecycle", "make_hook"]
+__all__ = ["HOOK_INJECTABLE", "LOGIN_INJECTABLE", "Hook", "HookKind", "Lifecycle", "login_function", "make_hook"]
 
 log = logging.getLogger("declop.lifecycle")
 
-HookKind = Literal["startup", "shutdown", "background"]
+HookKind = Literal["startup", "shutdown", "background", "probe", "login"]
 
 #: keyword arguments a hook may declare
 HOOK_INJECTABLE = frozenset({"client", "logger", "stop"})
+#: a login function's: it runs before there is a connection to make a client of
+LOGIN_INJECTABLE = frozenset({"logger"})
 
-_DECORATOR = {"startup": "@declop.on_startup", "shutdown": "@declop.on_shutdown", "background": "@declop.background"}
+_DECORATOR = {"startup": "@declop.on_startup", "shutdown": "@declop.on_shutdown", "background": "@declop.background", "probe": "@declop.on_probe", "login": "@declop.on_login"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,10 @@ class Hook:
     every_replica: bool = False
     #: the injectable names the hook declares; None when it takes **kwargs (gets them all)
     wants: frozenset[str] | None = None
+    #: probe only: seconds a call may take, and seconds its outcome is reused
+    #: (:mod:`declop.handlers.probing`)
+    timeout: float = 0.0
+    cache: float = 0.0
 
     def arguments(self, client: Any, logger: Any, stop: Any) -> dict[str, Any]:
         available = {"client": client, "logger": logger, "stop": stop}
@@ -81,7 +87,9 @@ class Hook:
         return {k: v for k, v in available.items() if k in self.wants}
 
 
-def make_hook(fn: Any, kind: HookKind, *, name: str | None = None, every_replica: bool = False) -> Hook:
+def make_hook(
+    fn: Any, kind: HookKind, *, name: str | None = None, every_replica: bool = False, timeout: float = 0.0, cache: float = 0.0
+) -> Hook:
     """Check ``fn`` for use as a ``kind`` hook and describe it.
 
     Raises:
@@ -103,20 +111,28 @@ def make_hook(fn: Any, kind: HookKind, *, name: str | None = None, every_replica
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     if every_replica and kind != "background":
         raise RegistrationError(f"every_replica= is an option of @declop.background only, not of {decorator}")
-    return Hook(fn, hook_name, kind, is_async, every_replica, _wanted(fn, hook_name, decorator))
+    for what, value in (("timeout", timeout), ("cache", cache)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+            raise RegistrationError(f"{decorator} {hook_name!r}: {what}= must be a number of seconds >= 0, got {value!r}")
+    if kind == "probe" and timeout <= 0:
+        raise RegistrationError(f"{decorator} {hook_name!r}: timeout= must be > 0 (an unbounded probe would hang /probes)")
+    if kind != "probe" and (timeout or cache):
+        raise RegistrationError(f"timeout= and cache= are options of @declop.on_probe only, not of {decorator}")
+    allowed = LOGIN_INJECTABLE if kind == "login" else HOOK_INJECTABLE
+    return Hook(fn, hook_name, kind, is_async, every_replica, _wanted(fn, hook_name, decorator, allowed), float(timeout), float(cache))
 
 
-def _wanted(fn: Callable[..., Any], name: str, decorator: str) -> frozenset[str] | None:
+def _wanted(fn: Callable[..., Any], name: str, decorator: str, allowed: frozenset[str] = HOOK_INJECTABLE) -> frozenset[str] | None:
     wants: set[str] = set()
     for p in inspect.signature(fn).parameters.values():
         if p.kind is p.VAR_KEYWORD:
             return None
-        if p.kind is p.VAR_POSITIONAL or (p.name not in HOOK_INJECTABLE and p.default is not p.empty):
+        if p.kind is p.VAR_POSITIONAL or (p.name not in allowed and p.default is not p.empty):
             continue
-        if p.name not in HOOK_INJECTABLE:
+        if p.name not in allowed:
             raise RegistrationError(
                 f"{decorator} hook {name!r} takes an unknown argument {p.name!r}; declop passes only "
-                f"{', '.join(sorted(HOOK_INJECTABLE))} (add **_ to accept the rest)"
+                f"{', '.join(sorted(allowed))} (add **_ to accept the rest)"
             )
         if p.kind is p.POSITIONAL_ONLY:
             raise RegistrationError(f"{decorator} hook {name!r}: {p.name!r} must not be positional-only")
@@ -162,14 +178,21 @@ class Lifecycle:
     def _logger(self, hook: Hook) -> ReconcileLogger:
         return ReconcileLogger(logging.getLogger(f"declop.hook.{hook.name}"), {"hook": hook.name})
 
-    async def _call(self, hook: Hook, stop: Any) -> None:
+    async def _call(self, hook: Hook, stop: Any) -> Any:
         logger = self._logger(hook)
         if hook.is_async:
-            await hook.fn(**hook.arguments(AsyncClient(self.ctx), logger, stop))
-            return
+            return await hook.fn(**hook.arguments(AsyncClient(self.ctx), logger, stop))
         loop = asyncio.get_running_loop()
         kwargs = hook.arguments(Client(self.ctx), logger, self._threads_stop)
-        await loop.run_in_executor(self.executor, lambda: hook.fn(**kwargs))
+        return await loop.run_in_executor(self.executor, lambda: hook.fn(**kwargs))
+
+    async def call(self, hook: Hook) -> Any:
+        """Call ``hook`` once and return what it returned (``async def`` on the loop, a plain
+        one in the handler thread pool); ``stop`` is the operator's stop (a probe's)."""
+        stop = asyncio.Event()
+        if self._threads_stop.is_set():
+            stop.set()
+        return await self._call(hook, stop)
 
     # -- startup / shutdown --------------------------------------------------------------------
     async def startup(self) -> None:
@@ -267,3 +290,21 @@ class Lifecycle:
             log.warning("Background tasks still run after being cancelled; left to the process exit", extra={"kv": {"hooks": left}})
         self._tasks = [t for t in self._tasks if t not in chosen or not t.task.done()]
         return left
+
+
+def login_function(hooks: list[Hook]) -> Callable[[], Any]:
+    """The ``@declop.on_login`` functions as one coroutine function: each in registration order
+    (an ``async def`` on the loop, a plain one in a worker thread) until one returns something
+    other than None; that answer (None if none did). :mod:`declop.kube.login` says when it runs."""
+    logins = [h for h in hooks if h.kind == "login"]
+
+    async def login() -> Any:
+        for hook in logins:
+            logger = ReconcileLogger(logging.getLogger(f"declop.hook.{hook.name}"), {"hook": hook.name})
+            kwargs = hook.arguments(None, logger, None)
+            value = await hook.fn(**kwargs) if hook.is_async else await asyncio.to_thread(hook.fn, **kwargs)
+            if value is not None:
+                return value
+        return None
+
+    return login

@@ -24,6 +24,7 @@ EXPECTED = {
     "CustomResource",
     "Fenced",
     "NotFound",
+    "Operator",
     "Phase",
     "Rejected",
     "Request",
@@ -43,6 +44,8 @@ EXPECTED = {
     "daemon",
     "index",
     "mutator",
+    "on_login",
+    "on_probe",
     "on_shutdown",
     "on_startup",
     "predicates",
@@ -85,7 +88,11 @@ def test_the_front_door_is_small() -> None:
     # 34: declop.daemon (issue 40), Kopf's per-object daemons: a decorator as everyday as background.
     # 35, 36: declop.TemporaryError (Kopf's, a row of the outcome table any handler raises) and
     # declop.Steps (issue 40: the type of the `steps` argument handlers annotate).
-    assert len(declop.__all__) <= 36
+    # 37: declop.Operator (issue 41), the one supported way to run the manager inside another
+    # application (docs/embedding.md) — what Kopf users reach for as kopf.operator()/kopf.run().
+    # 38: declop.on_probe (issue 41), Kopf's on.probe: a lifecycle decorator like on_startup.
+    # 39: declop.on_login (issue 41), Kopf's on.login: credentials from a function, not a kubeconfig.
+    assert len(declop.__all__) <= 39
 
 
 def test_star_import_gives_exactly_all() -> None:
@@ -118,11 +125,11 @@ def test_conditions_surface() -> None:
     assert declop.conditions.__all__ == ["get", "is_false", "is_status", "is_true", "remove", "set", "timestamp"]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource", "Condition"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"conditions", "predicates", "CustomResource", "Condition", "Operator"}))
 def test_public_objects_claim_the_package(name: str) -> None:
     """``__module__`` is rewritten so reprs, docs and pickles say ``declop.X`` — except for the
     lazy ``CustomResource`` and ``Condition``, whose homes are in ``declop.typed`` (pickles of
-    their models name them)."""
+    their models name them), and the lazy ``Operator`` (``declop.manager``'s)."""
     assert getattr(declop, name).__module__ == "declop"
 
 
@@ -140,6 +147,8 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "transform": "declop.registry",
         "on_startup": "declop.registry",
         "on_shutdown": "declop.registry",
+        "on_probe": "declop.registry",
+        "on_login": "declop.registry",
         "background": "declop.registry",
         "validator": "declop.registry",
         "mutator": "declop.registry",
@@ -147,6 +156,7 @@ def test_public_objects_are_the_originals(name: str) -> None:
         "daemon": "declop.registry",
         "Rejected": "declop.webhooks.declaration",
         "CustomResource": "declop.typed.model",
+        "Operator": "declop.manager.embedded",
         "Condition": "declop.typed.condition",
         "Request": "declop.kube.keys",
         "Phase": "declop.reconcile.result",
@@ -264,4 +274,13 @@ def test_import_declop_does_not_import_pydantic() -> None:
             f"assert 'pydantic' not in sys.modules, 'pydantic'; declop.{name}; assert 'pydantic' in sys.modules"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_import_declop_does_not_import_the_manager() -> None:
+    """``declop.Operator`` is lazy: a handler file pays for the manager only when it embeds one."""
+    code = (
+        "import sys, declop; assert 'declop.manager' not in sys.modules; "
+        "declop.Operator; assert 'declop.manager.process' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -51,7 +51,7 @@ from declop import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 #: the pages whose blocks this test runs
-DOCUMENTS = ("README.md", "docs/testing.md", "docs/unit-testing.md", "docs/coming-from-kopf.md", "docs/webhooks.md", "docs/sharding.md", "docs/typed.md", "docs/rbac.md", "docs/simulation.md", "docs/changes.md", "docs/timers.md", "docs/daemons.md", "docs/steps.md")
+DOCUMENTS = ("README.md", "docs/testing.md", "docs/unit-testing.md", "docs/coming-from-kopf.md", "docs/webhooks.md", "docs/sharding.md", "docs/typed.md", "docs/rbac.md", "docs/simulation.md", "docs/changes.md", "docs/timers.md", "docs/daemons.md", "docs/steps.md", "docs/embedding.md")
 
 LANGUAGES = {"python", "bash", "sh", "shell", "console", "text", "yaml", "json", "dockerfile"}
 SHELL = {"bash", "sh", "shell", "console"}

@@ -81,5 +81,7 @@ def run(**kw: Any) -> None:
         raise ConfigError("nothing to run: pass handler files (declop run handlers.py) or -m module")
     load(kw["paths"], kw["modules"])
     require_registrations(kw)
-    configuration = load_configuration(kw["kubeconfig"], kw["context"])
+    # an @declop.on_login function is asked for the credentials instead (declop.kube.login)
+    logs_in = any(h.kind == "login" for h in default_registry.hooks)
+    configuration = None if logs_in else load_configuration(kw["kubeconfig"], kw["context"])
     run_manager(configuration, options_from(kw))

@@ -182,6 +182,12 @@ class Manager:
             )
         o = self.options
         given_transport, given_discovery, given_executor = self._given
+        if given_transport is None and self.configuration is None:
+            # no configuration given: the @declop.on_login functions give it (one given wins,
+            # e.g. declop dev's own control plane)
+            if not any(h.kind == "login" for h in self.registry.hooks):
+                raise ConfigError("no apiserver to talk to: pass a configuration (a kubeconfig's) or register an @declop.on_login function")
+            self.configuration = await self._login()
         self.transport = transport = given_transport or Transport(self.configuration, user_agent=o.user_agent, qps=o.qps, burst=o.burst)
         if self.metrics is not None:
             transport.observer = self.metrics.request
@@ -229,6 +235,22 @@ class Manager:
             await self._setup_webhooks()
         if o.health_port or o.metrics_port:
             self._setup_probes()
+        if not o.health_port and self.lifecycle.of("probe"):
+            log.warning("@declop.on_probe functions are registered but no health port is served: /probes is not", extra={"kv": {"probes": [h.name for h in self.lifecycle.of("probe")]}})
+
+    async def _login(self) -> Any:
+        """The ``@declop.on_login`` answer as the configuration (:mod:`declop.kube.login`); a
+        first login that fails is the start's :class:`~declop.errors.ConfigError`."""
+        from declop.kube.login import LoginConfig
+        from declop.lifecycle import login_function
+
+        name = ", ".join(h.name for h in self.registry.hooks if h.kind == "login")
+        try:
+            return await LoginConfig.first(login_function(self.registry.hooks), name)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"login function {name!r} failed: {type(exc).__name__}: {exc}; the operator did not start") from exc
 
     def _leases(self) -> None:
         """The leader elector (leader election) or the range Leases (sharding)."""
@@ -271,7 +293,16 @@ class Manager:
             metrics_tls=tls,
             metrics_auth=auth,
             reconciles=self.recent_reconciles if o.debug_reconciles else None,
+            probes=self._probe_report(),
         )
+
+    def _probe_report(self) -> Any:
+        """``/probes``' source: the ``@declop.on_probe`` values (None: none is registered)."""
+        if self.lifecycle is None or not self.lifecycle.of("probe"):
+            return None
+        from declop.handlers.probing import Probes
+
+        return Probes(self.lifecycle.hooks, self.lifecycle.call).report
 
     def _report_leading(self, leading: bool) -> None:
         if self.metrics is not None:

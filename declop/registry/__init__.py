@@ -3,7 +3,7 @@
 ``@declop.reconciler`` records reconcilers and ``@declop.timer`` timers (a runner as a
 reconciler, :mod:`declop.handlers.timers`); ``declop.index`` and ``declop.transform`` the cache's
 indexes and transforms; ``@declop.on_startup``, ``@declop.on_shutdown`` and
-``@declop.background`` lifecycle hooks; ``@declop.daemon`` per-object daemons; ``@declop.validator``, ``@declop.mutator`` and
+``@declop.background`` lifecycle hooks, ``@declop.on_probe`` values, ``@declop.on_login`` credentials; ``@declop.daemon`` per-object daemons; ``@declop.validator``, ``@declop.mutator`` and
 ``@declop.converter`` webhooks. The manager reads them at start.
 
 Owns: the reconciler options, named, defaulted and checked once (``options``); a decorator
@@ -26,6 +26,8 @@ from declop.registry.decorators import daemon as daemon
 from declop.registry.decorators import default_registry as default_registry
 from declop.registry.decorators import index as index
 from declop.registry.decorators import mutator as mutator
+from declop.registry.decorators import on_login as on_login
+from declop.registry.decorators import on_probe as on_probe
 from declop.registry.decorators import on_shutdown as on_shutdown
 from declop.registry.decorators import on_startup as on_startup
 from declop.registry.decorators import reconciler as reconciler
@@ -51,6 +53,8 @@ __all__ = [
     "default_registry",
     "index",
     "mutator",
+    "on_login",
+    "on_probe",
     "on_shutdown",
     "on_startup",
     "reconciler",

@@ -29,6 +29,8 @@ __all__ = [
     "default_registry",
     "index",
     "mutator",
+    "on_login",
+    "on_probe",
     "on_shutdown",
     "on_startup",
     "reconciler",
@@ -271,6 +273,47 @@ def background(
     if not isinstance(every_replica, bool):
         raise RegistrationError(f"every_replica must be True or False, got {every_replica!r}")
     return _hook_decorator("background", fn, name, registry, every_replica)
+
+
+def on_login(fn: F | None = None, *, name: str | None = None, registry: Registry | None = None, **unknown: Never) -> Any:
+    """Connect with what ``fn`` returns instead of a kubeconfig (Kopf's ``@kopf.on.login``):
+    a :class:`~declop.kube.login.ConnectionInfo` (or a mapping of its fields: ``server``,
+    ``token`` or ``cert_data``/``key_data``, ``ca_data``, ``insecure``, ``expiration``).
+
+    It may declare ``logger``. It is called at start, before the first request; again before
+    the first request at or after its refresh time when it gave an ``expiration``; and after a
+    401 (docs/lifecycle.md, "Login"). Several: the first that returns something else than None wins."""
+    check_call("on_login", (fn,), unknown, ("name", "registry"))
+    return _hook_decorator("login", fn, name, registry)
+
+
+def on_probe(
+    fn: F | None = None,
+    *,
+    name: str | None = None,
+    timeout: float = 5.0,
+    cache: float = 10.0,
+    registry: Registry | None = None,
+    **unknown: Never,
+) -> Any:
+    """Report ``fn``'s return value under ``name`` (default: the function's name) on ``/probes``
+    on the health port (Kopf's ``@kopf.on.probe(id=…)``; docs/lifecycle.md, "Probes").
+
+    It may declare ``client``, ``logger``, ``stop``; it returns a JSON value. It is called when
+    ``/probes`` is asked and its last outcome is older than ``cache`` seconds, at most once at a
+    time; a call longer than ``timeout`` seconds, or one that raises, reports the probe as failed
+    (503, its name only: the error is logged, never served)."""
+    check_call("on_probe", (fn,), unknown, ("name", "timeout", "cache", "registry"))
+    reg = _target(registry)
+    if fn is None:
+
+        def decorate(f: F) -> F:
+            reg.hook("probe", f, name=name, timeout=timeout, cache=cache)
+            return f
+
+        return decorate
+    reg.hook("probe", fn, name=name, timeout=timeout, cache=cache)
+    return fn
 
 
 _ADMISSION_OPTIONS = (

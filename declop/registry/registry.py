@@ -351,10 +351,11 @@ class Registry:
             raise RegistrationError(f"a transform of {key!r} is already registered; one transform per resource")
         self._transforms[key] = fn
 
-    def hook(self, kind: HookKind, fn: Any, *, name: str | None = None, every_replica: bool = False) -> Hook:
-        """Record a lifecycle hook (what the ``on_startup``/``on_shutdown``/``background`` decorators do)."""
+    def hook(self, kind: HookKind, fn: Any, *, name: str | None = None, every_replica: bool = False, **probe: float) -> Hook:
+        """Record a lifecycle hook (what the ``on_startup``/``on_shutdown``/``background``/``on_probe``
+        decorators do); ``probe``: a probe's ``timeout`` and ``cache``."""
         self._check_open(f"{kind} hook {getattr(fn, '__name__', fn)!r}")
-        hook = make_hook(fn, kind, name=name, every_replica=every_replica)
+        hook = make_hook(fn, kind, name=name, every_replica=every_replica, **probe)
         for i, h in enumerate(self._hooks):
             if h.kind == kind and same_definition(h.fn, fn):
                 self._hooks[i] = hook  # the same hook again (its file loaded afresh): the newest

@@ -7,6 +7,9 @@ authentication and authorization by default (aiohttp on the manager's loop).
   depend on leadership (a standby is ready). ``?verbose`` lists each check as ``[+]name ok`` /
   ``[-]name failed``, like the apiserver — never the reason: probes are unauthenticated, and
   the reasons (Forbidden messages naming the ServiceAccount…) are in the logs.
+- ``/probes`` (only when a ``probes`` source is given: ``@declop.on_probe`` functions are
+  registered) serves their values as JSON, ``{"probes": {name: value}, "failed": [name]}``, 503
+  when one failed (:mod:`declop.handlers.probing`: cached, bounded, never an error's text).
 - ``/metrics`` serves the Prometheus text format; with ``metrics_tls`` over HTTPS, and with
   ``metrics_auth`` (:class:`~declop.serving.metricsauth.MetricsAuth`) only to callers allowed ``get``.
 - ``/debug/reconciles`` (only when a ``reconciles`` source is given: off by default) serves the
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 
@@ -58,6 +61,7 @@ class ProbeServer:
         metrics_tls: ssl.SSLContext | None = None,
         metrics_auth: Any = None,
         reconciles: Callable[[], Any] | None = None,
+        probes: Callable[[], Awaitable[tuple[dict[str, Any], list[str]]]] | None = None,
     ) -> None:
         self.health_port, self.metrics_port = health_port or None, metrics_port or None
         if self.metrics_port and self.metrics_port == self.health_port and (metrics_tls or metrics_auth):
@@ -70,6 +74,7 @@ class ProbeServer:
         self.checks = checks
         self.metrics = metrics
         self.reconciles = reconciles
+        self.probes = probes
         self.host = host
         self._runners: list[Serving] = []
 
@@ -87,6 +92,12 @@ class ProbeServer:
             return web.Response(text="not ready: " + ", ".join(n for n, _ in failed), status=503)
         return web.Response(text="ok")
 
+    async def _probes(self, request: web.Request) -> web.Response:
+        assert self.probes is not None
+        values, failed = await self.probes()
+        body = {"probes": values, "failed": failed}
+        return web.json_response(body, status=503 if failed else 200, headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"})
+
     async def _metrics(self, request: web.Request) -> web.Response:
         body = self.metrics() if self.metrics is not None else b""
         return web.Response(body=body, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
@@ -99,6 +110,8 @@ class ProbeServer:
         ports: dict[int, list[tuple[str, Callable[[web.Request], object]]]] = {}
         if self.health_port:
             ports.setdefault(self.health_port, []).extend([("/healthz", self._healthz), ("/readyz", self._readyz)])
+            if self.probes is not None:
+                ports[self.health_port].append(("/probes", self._probes))
             if self.reconciles is not None:
                 # object keys and outcomes are not for anyone who reaches the port: the same
                 # TokenReview + SubjectAccessReview as /metrics, on this route only

@@ -154,3 +154,28 @@ def test_dev_clean_only_cleans_up_and_says_when_there_was_nothing(no_control_pla
     result: Any = CliRunner().invoke(cli.cli, ["dev", "--node", "--clean"])
     assert result.exit_code == 0 and len(calls) == 1  # no control plane (the fixture refuses one)
     assert result.output == "Nothing to clean up: no killed declop node left anything on this host.\n"
+
+
+def test_run_with_an_on_login_function_reads_no_kubeconfig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An @declop.on_login function replaces the kubeconfig: `declop run` does not look for one
+    (the manager asks the function at start), without one it does."""
+    from declop import registry as registry_package
+    from declop.registry import Registry
+
+    configurations: list[Any] = []
+    monkeypatch.setattr(run_command, "run_manager", lambda configuration, options: configurations.append(configuration))
+    monkeypatch.setattr(run_command, "setup_logging", lambda *a: None)
+    monkeypatch.setattr(run_command, "load", lambda paths, modules: None)
+    monkeypatch.setattr(run_command, "require_registrations", lambda kw: None)
+    monkeypatch.setattr(run_command, "load_configuration", lambda *a, **kw: "from the kubeconfig")
+    handlers = tmp_path / "h.py"
+    handlers.write_text("")
+    for logs_in in (False, True):
+        registry = Registry()
+        if logs_in:
+            registry.hook("login", lambda: {"server": "https://k8s:6443", "token": "t"})
+        monkeypatch.setattr(registry_package, "default_registry", registry)
+        monkeypatch.setattr(run_command, "default_registry", registry)
+        result = CliRunner().invoke(cli.cli, ["run", str(handlers)])
+        assert result.exit_code == 0, result.output
+    assert configurations == ["from the kubeconfig", None]
