@@ -89,7 +89,7 @@ class ShardSet:
     @property
     def member_prefix(self) -> str:
         """The name prefix of every replica's member Lease of this controller and this ``n``."""
-        return member_prefix(self.electors[0].name.split("-shard-")[0], self.n) if self.electors else ""
+        return member_prefix(self.electors[0].name.rsplit("-shard-", 1)[0], self.n) if self.electors else ""  # the last: ids may hold "-shard-"
 
     def index(self, value: str) -> int:
         """The range ``value`` (a uid or a namespace) hashes into."""

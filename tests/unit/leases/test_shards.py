@@ -425,3 +425,28 @@ def test_in_a_fresh_namespace_every_range_is_owned_about_one_lease_duration_late
     assert set(store.holders().values()) == {""} and not [n for n in store.items if "-shard-" in n]
     rounds(clock, replicas, 9, store)  # 8 s
     assert "" not in store.holders().values(), store.holders()
+
+
+@pytest.mark.parametrize("lease_id", ["sharding-op", "my-shard-operator"])
+def test_an_id_with_shard_in_it_still_counts_the_other_replicas(lease_id: str) -> None:
+    """The member prefix was cut at the first ``-shard-`` of the range Lease's name: with an id
+    like ``my-shard-operator`` every replica looked for members no one writes, counted itself
+    alone and took every range it could (found by issue 40's daemon tests)."""
+    clock, store = FakeClock(), Leases()
+    n = 12
+
+    def rep(name: str) -> ShardLeases:
+        for i in range(n):
+            lease = lease_name(lease_id, "c", i, n)
+            store.items.setdefault(lease, {"metadata": {"name": lease, "namespace": "ns", "resourceVersion": "0"}, "spec": {}})
+        r = ShardLeases(store, lease_id=lease_id, namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5,
+                        clock=clock, metrics=Metrics(), identity=name)  # fmt: skip
+        r.add("c", n, "uid")
+        return r
+
+    reps = [rep(x) for x in "ab"]
+    assert reps[0].sets["c"].member_prefix == f"{lease_id}-c-of-{n}-member-"
+    rounds(clock, reps, 8, store)
+    assert all(r.live == 2 for r in reps)
+    held = {r.identity: len(r.sets["c"].held()) for r in reps}
+    assert held == {"a": 6, "b": 6}, held
