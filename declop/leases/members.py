@@ -109,7 +109,7 @@ class Members:
         replica, and that number (``("", 0)`` if none): its ranges overlap ours, so we must not
         take any. Held means renewed: a record unchanged for a lease duration on our clock (a
         renew deadline more when its split is the smaller one) holds nothing, whoever it names."""
-        prefix, own = s.electors[0].name.split("-shard-")[0] + "-shard-", f"-of-{s.n}"
+        prefix, own = s.electors[0].name.rsplit("-shard-", 1)[0] + "-shard-", f"-of-{s.n}"
         now = self.clock()
         found: tuple[str, int] = ("", 0)
         for name, spec in leases.items():

@@ -450,3 +450,27 @@ def test_an_id_with_shard_in_it_still_counts_the_other_replicas(lease_id: str) -
     assert all(r.live == 2 for r in reps)
     held = {r.identity: len(r.sets["c"].held()) for r in reps}
     assert held == {"a": 6, "b": 6}, held
+
+
+def test_an_id_with_shard_in_it_does_not_take_another_controller_for_another_split() -> None:
+    """The other-split check cut the name at the first '-shard-' too: with such an id, the range
+    Leases of *another controller* with another number of ranges looked like a live split of this
+    one, and this controller never took a range."""
+    clock, store = FakeClock(), Leases()
+    lease_id = "my-shard-operator"
+
+    def rep(name: str, controller: str, n: int) -> ShardLeases:
+        for i in range(n):
+            lease = lease_name(lease_id, controller, i, n)
+            store.items.setdefault(lease, {"metadata": {"name": lease, "namespace": "ns", "resourceVersion": "0"}, "spec": {}})
+        r = ShardLeases(store, lease_id=lease_id, namespace="ns", lease_duration=4, renew_deadline=3, retry_period=0.5,
+                        clock=clock, metrics=Metrics(), identity=name)  # fmt: skip
+        r.add(controller, n, "uid")
+        return r
+
+    other = rep("other", "d", 8)
+    rounds(clock, [other], 4)
+    assert len(other.sets["d"].held()) == 8
+    mine = rep("mine", "c", 12)
+    rounds(clock, [other, mine], 6)
+    assert len(mine.sets["c"].held()) == 12  # controller d's 8-way ranges are not c's other split
