@@ -1,5 +1,5 @@
-# Port of Kopf's examples/12-embedded/example.py: Kopf 80 lines of code, this port 25
-# (non-blank, non-comment lines). The operator runs in a thread of the application
+# Port of Kopf's examples/12-embedded/example.py. Lines of code (non-blank, non-comment):
+# Kopf's example.py 80, this port 25. The operator runs in a thread of the application
 # (declop.Operator, docs/embedding.md) while the application creates and deletes objects.
 import time
 
@@ -8,7 +8,7 @@ import kubernetes
 import declop
 
 
-@declop.reconciler("kopfexamples.zalando.org")
+@declop.reconciler("kopfexamples.kopf.dev")
 def handle(name, obj, **_):
     print(f"Reconciled {name}: {'exists' if obj else 'gone'}", flush=True)
 
@@ -21,7 +21,7 @@ def main(steps=3):
         api = kubernetes.client.CustomObjectsApi(kubernetes.config.new_client_from_config())
         for step in range(steps):
             print(f"Do the main app activity here. Step {step + 1}/{steps}.", flush=True)
-            _call(api.create_namespaced_custom_object, 409, body={"apiVersion": "zalando.org/v1", "kind": "KopfExample", "metadata": {"name": f"kopf-example-{step}"}})
+            _call(api.create_namespaced_custom_object, 409, body={"apiVersion": "kopf.dev/v1", "kind": "KopfExample", "metadata": {"name": f"kopf-example-{step}"}})
             time.sleep(1.0)
             _call(api.delete_namespaced_custom_object, 404, name=f"kopf-example-{step}")
             time.sleep(1.0)
@@ -31,7 +31,7 @@ def main(steps=3):
 
 def _call(method, ignored, **kwargs):
     try:
-        method(group="zalando.org", version="v1", plural="kopfexamples", namespace="default", **kwargs)
+        method(group="kopf.dev", version="v1", plural="kopfexamples", namespace="default", **kwargs)
     except kubernetes.client.rest.ApiException as e:
         if e.status != ignored:
             raise

@@ -4,11 +4,11 @@
 import declop
 
 
-@declop.timer("kopfexamples", idle=5, interval=2)
+@declop.timer("kopfexamples.kopf.dev", idle=5, interval=2)
 def every_few_seconds_sync(obj, logger):
     logger.info(f"Ping from a sync timer: field={obj['spec']['field']!r}")
 
 
-@declop.timer("kopfexamples", idle=10, interval=4)
+@declop.timer("kopfexamples.kopf.dev", idle=10, interval=4)
 async def every_few_seconds_async(obj, logger):
     logger.info(f"Ping from an async timer: field={obj['spec']['field']!r}")

@@ -6,48 +6,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import kubernetes.client
-from kubernetes.client.rest import ApiException
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kopf" / "12_embedded.py"
 
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "kopfexamples.zalando.org"},
-    "spec": {
-        "group": "zalando.org",
-        "scope": "Namespaced",
-        "names": {"plural": "kopfexamples", "singular": "kopfexample", "kind": "KopfExample"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-        }],
-    },
-}  # fmt: skip
+CRD = EXAMPLE.parent / "crd.yaml"  # the KopfExample CRD every port shares (kopfexamples.kopf.dev)
 
 
-def ensure_crd(api: kubernetes.client.ApiClient) -> None:
-    ext = kubernetes.client.ApiextensionsV1Api(api)
-    try:
-        ext.create_custom_resource_definition(CRD)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    deadline = time.monotonic() + 30
-    while True:
-        conditions = ext.read_custom_resource_definition(CRD["metadata"]["name"]).status.conditions or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        assert time.monotonic() < deadline, "the KopfExample CRD was not established"
-        time.sleep(0.1)
+def ensure_crd(env: dict[str, str]) -> None:
+    subprocess.run(["kubectl", "apply", "-f", str(CRD)], env=env, check=True, capture_output=True, timeout=60)
+    subprocess.run(["kubectl", "wait", "--for=condition=Established", "crd/kopfexamples.kopf.dev", "--timeout=30s"],
+                   env=env, check=True, capture_output=True, timeout=60)  # fmt: skip
 
 
-def test_the_embedded_operator_reconciles_while_the_app_works_and_stops_gracefully(control_plane, k8s_api):
-    ensure_crd(k8s_api)
+def test_the_embedded_operator_reconciles_while_the_app_works_and_stops_gracefully(control_plane):
+    ensure_crd(control_plane.env())
     done = subprocess.run([sys.executable, str(EXAMPLE)], env=control_plane.env(), capture_output=True, text=True, timeout=120)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
