@@ -274,9 +274,15 @@ class Registry:
                 raise RegistrationError(f"@daemon cannot name {type(fn).__name__} objects; pass name='...'")
             existing = self._registrations.get(reg_name)
             if existing is not None:
-                if getattr(getattr(existing.fn, "__self__", None), "fn", None) is fn:
+                known = getattr(getattr(existing.fn, "__self__", None), "fn", None)
+                if known is fn:
                     return fn  # the same module imported twice
-                raise RegistrationError(f"a controller named {reg_name!r} is already registered; pass name= to tell them apart")
+                if not same_definition(known, fn):
+                    raise RegistrationError(f"a controller named {reg_name!r} is already registered; pass name= to tell them apart")
+                del self._registrations[reg_name]  # its file loaded afresh: the newest replaces it
+                replaced = True
+            else:
+                replaced = False
             if finalizer is None:
                 settled["finalizer"] = default_finalizer(reg_name)
                 if not _valid_finalizer(settled["finalizer"]):
@@ -288,6 +294,8 @@ class Registry:
                 fn, reg_name, primary.name, settled, stop_timeout=stop_timeout, backoff=backoff, initial_delay=initial_delay
             )
             self._registrations[reg_name] = registration
+            if replaced:
+                self._hooks = [h for h in self._hooks if not (h.kind == keeper.kind and h.name == keeper.name)]
             self._hooks.append(keeper)
             return fn
 
@@ -336,6 +344,12 @@ class Registry:
         named = resource_name(resource, what="index")
         if not callable(fn):
             raise RegistrationError(f"index {name!r}: expected a function obj -> list of values")
+        for i, known in enumerate(self._indexes):
+            if known.resource == named and known.name == name:
+                if not same_definition(known.fn, fn):
+                    raise RegistrationError(f"an index named {name!r} on {named!r} is already registered; give this one another name")
+                self._indexes[i] = IndexRegistration(named, name, fn)  # its file loaded afresh: the newest
+                return
         self._indexes.append(IndexRegistration(named, name, fn))
 
     def transform(self, resource: ResourceLike, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:

@@ -443,3 +443,45 @@ def test_run_reconcile_finds_a_function_of_an_earlier_load_of_the_file(tmp_path:
     (second,) = load([str(path)])
     assert first.greeter is not second.greeter
     assert run_reconcile(first.greeter, "default/x").messages == ("Hello",)
+
+
+def test_a_file_loaded_twice_into_one_registry_keeps_one_of_each_index_and_transform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fresh-clone run caught it: a second load of examples/crd/handlers.py into the same
+    default registry added its declop.index again, and every fake store then refused the
+    duplicate. The same index (same def or lambda, its file run afresh) replaces the old one."""
+    path = write(
+        tmp_path / "indexed.py",
+        "import declop\n\n"
+        "declop.index('configmaps', 'by_app', lambda o: [o['metadata'].get('labels', {}).get('app')])\n"
+        "declop.transform('configmaps', lambda o: o)\n\n"
+        "@declop.reconciler('configmaps')\ndef indexed(**_):\n    return None\n",
+    )
+    fresh = Registry()
+    monkeypatch.setattr(registry_module, "default_registry", fresh)
+    load([str(path)])
+    (second,) = load([str(path)])
+    assert [(ix.resource, ix.name) for ix in fresh.indexes] == [("configmaps", "by_app")]
+    assert len(fresh.transforms) == 1 and len(fresh) == 1
+    with pytest.raises(RegistrationError, match="an index named 'by_app' on 'configmaps' is already registered"):
+        fresh.index("configmaps", "by_app", lambda o: [])
+
+
+def test_every_kind_of_registration_survives_a_second_load_into_one_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon, a timer, a probe, a wrapped reconciler and a validator, loaded twice into one
+    registry: one of each, the newest functions (a daemon used to be refused as a name taken)."""
+    path = write(
+        tmp_path / "kinds.py",
+        "import declop\n\n"
+        "@declop.daemon('configmaps')\nasync def d(stop, **_):\n    await stop.wait()\n\n"
+        "@declop.timer('configmaps', interval=5)\ndef t(**_):\n    pass\n\n"
+        "@declop.on_probe\ndef p(**_):\n    return 1\n\n"
+        "@declop.reconciler('configmaps', field='data', return_to=True)\ndef s(steps, old, **_):\n    return None\n\n"
+        "@declop.validator('configmaps', field='data')\ndef v(**_):\n    pass\n",
+    )
+    fresh = Registry()
+    monkeypatch.setattr(registry_module, "default_registry", fresh)
+    load([str(path)])
+    (second,) = load([str(path)])
+    assert sorted(r.name for r in fresh.registrations) == ["d", "s", "t"]
+    assert sorted(h.name for h in fresh.hooks) == ["daemons of d", "p"]
+    assert [w.fn for w in fresh.webhooks] == [second.v]
