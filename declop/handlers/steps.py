@@ -10,7 +10,8 @@ The record is one JSON document per controller: the annotation ``steps.declop.de
 (default), or ``status.steps.<controller>`` when the handler says ``steps="status"``. Per step it holds
 ``generation`` (the one its attempts count for; the one it was done at), ``attempts``, ``done``,
 ``next`` (the wall-clock time before which it is not tried again, RFC 3339), ``failed`` (failed
-for good, with the message) and ``message`` (the last temporary failure).
+for good, with the message), ``message`` (the last temporary failure) and, between a claim and
+its outcome, ``by`` and ``at`` (which replica claimed it, and when).
 
 Owns the record's format (:func:`parse`, :func:`dump`), the decision of one step
 (:func:`decide`), the writes (:class:`Writer`), the memory of this replica's own writes
@@ -26,11 +27,15 @@ Invariants:
   an older cached copy, an edit — the apiserver refuses the patch, the step does not run and
   the call ends with :class:`~declop.errors.Conflict` (retried; the newer object wakes the key);
 - so a step never runs twice for one claim: two runs need two claims, each guarded by the
-  record the other wrote. A process killed between the claim and the outcome leaves a claim
-  without an outcome: the next call counts it as a failed attempt and runs the step again
-  (steps are at-least-once across crashes, as Kopf's handlers are);
+  record the other wrote;
+- a claim without an outcome names its replica (``by``, unique per process and controller): to
+  any other replica it is a step under way, and the step waits for its outcome, up to
+  :data:`CLAIM_HOLD` after the claim's ``at``. So two live replicas on one key (a handover's
+  overlap) never run one step twice. A claim older than that, or our own, is an attempt whose
+  process died (or whose outcome write failed): the next call counts it as a failed attempt and
+  runs the step again (steps are at-least-once across crashes, as Kopf's handlers are);
 - after the step, one outcome write (done, next try after, or failed for good), guarded the
-  same way by the claim it follows;
+  same way by the claim it follows; it drops ``by`` and ``at``;
 - a call whose steps are all done, waiting or failed sends no write;
 - per key, the records this replica wrote, with the resourceVersions they produced, are kept
   until the cache shows the last of them (:class:`Memory`): a cached copy at one of those
@@ -52,7 +57,10 @@ import functools
 import inspect
 import json
 import math
+import os
 import re
+import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -76,6 +84,11 @@ STORES = ("annotation", "status")
 Once = Literal["generation", "object"]
 Backoff = float | Callable[[int], float] | None
 
+#: a claim another replica wrote is its step in progress for this long after the claim's ``at``;
+#: after that it is taken for a claim whose replica died (and the step runs again here)
+CLAIM_HOLD = 60.0
+#: the fields of a claim that its outcome removes
+_CLAIM = ("by", "at")
 #: a failure's message is kept on the object up to this many characters (the record stays small)
 MESSAGE_LIMIT = 512
 #: what the runner itself reads of a call's arguments
@@ -139,9 +152,14 @@ class Decision:
     message: str = ""
 
 
-def decide(entry: Mapping[str, Any] | None, generation: int, once: Once, retries: int | None, now: float) -> Decision:
-    """The decision for a step whose record entry is ``entry``, on an object at ``generation``
-    (a pure function of the record, the object and the clock)."""
+def decide(entry: Mapping[str, Any] | None, generation: int, once: Once, retries: int | None, now: float, me: str = "") -> Decision:
+    """The decision for a step whose record entry is ``entry``, on an object at ``generation``,
+    for the replica ``me`` (a pure function of the record, the object, the clock and who asks).
+
+    A claim without an outcome (``by`` still set) is another replica's step in progress until
+    :data:`CLAIM_HOLD` seconds after its ``at``: the step waits (the other's outcome wakes the key
+    before that). Our own, or an older one, is an attempt that left no outcome (a crash, or an
+    outcome write that failed): it counts as failed, and the step runs again."""
     e = dict(entry or {})
     if once == "generation" and e.get("generation") != generation:
         e = {}  # a new generation: a fresh start (attempts, waits and failures were the old one's)
@@ -149,6 +167,10 @@ def decide(entry: Mapping[str, Any] | None, generation: int, once: Once, retries
         return Decision("skip", e)
     if e.get("failed") is not None:
         return Decision("failed", e, message=str(e["failed"]))
+    holder, since = e.get("by"), _seconds(e.get("at"))
+    if holder and holder != me and since is not None and now < since + CLAIM_HOLD:
+        return Decision("wait", e, delay=min(since + CLAIM_HOLD - now, CLAIM_HOLD), message=f"claimed by {holder}")
+    e = {k: v for k, v in e.items() if k not in _CLAIM}
     attempts = e.get("attempts")
     attempts = attempts if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 0 else 0
     if retries is not None and attempts >= retries:  # the last claim left no outcome (a crash)
@@ -158,7 +180,7 @@ def decide(entry: Mapping[str, Any] | None, generation: int, once: Once, retries
     if due is not None and due > now:
         return Decision("wait", e, delay=due - now)
     claim = {k: v for k, v in e.items() if k not in ("next",)}
-    return Decision("run", {**claim, "generation": generation, "attempts": attempts + 1})
+    return Decision("run", {**claim, "generation": generation, "attempts": attempts + 1, "by": me, "at": _stamp(now)})
 
 
 class Memory:
@@ -167,9 +189,12 @@ class Memory:
     knows as much as we do). Thread-safe: plain handlers run in threads; one key is handled by
     one call at a time."""
 
-    __slots__ = ("_chains", "_lock")
+    __slots__ = ("_chains", "_lock", "holder")
 
-    def __init__(self) -> None:
+    def __init__(self, holder: str | None = None) -> None:
+        #: who this replica's claims name (``by``): unique per process and controller, so a claim
+        #: by anyone else is another replica's (or a dead process') step
+        self.holder = holder or f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
         #: key -> (uid, [(resourceVersion, stored record)...]), the copy read first
         self._chains: dict[Request, tuple[str, list[tuple[str, Any]]]] = {}
         self._lock = threading.Lock()
@@ -301,7 +326,7 @@ class Steps:
     for good with ``TerminalError``: the steps after it do not run.
     """
 
-    __slots__ = ("_writer", "_memory", "_key", "_state", "_client", "_logger", "_clock", "_async")
+    __slots__ = ("_writer", "_memory", "_key", "_state", "_client", "_logger", "_clock", "_async", "_me")
 
     def __init__(
         self,
@@ -314,7 +339,7 @@ class Steps:
         clock: Callable[[], float] = time.time,
         is_async: bool = False,
     ) -> None:
-        self._writer, self._memory, self._key = writer, memory, key
+        self._writer, self._memory, self._key, self._me = writer, memory, key, memory.holder
         self._client, self._logger, self._clock, self._async = client, logger, clock, is_async
         if obj is None:  # gone: nothing of it is remembered any more
             memory.forget(key)
@@ -331,7 +356,7 @@ class Steps:
 
     def done(self, name: str, once: Once = "generation") -> bool:
         """The step ``name`` is done (for this generation, with ``once="generation"``)."""
-        return decide(self._state.record.get(name), self._generation(), once, None, self._clock()).action == "skip"
+        return decide(self._state.record.get(name), self._generation(), once, None, self._clock(), self._me).action == "skip"
 
     def attempt(self, name: str) -> int:
         """The attempts of step ``name`` as recorded: while its ``fn`` runs, the number of this
@@ -360,9 +385,10 @@ class Steps:
 
     def _before(self, name: str, once: Once, retries: int | None) -> Decision:
         state = self._state
-        decision = decide(state.record.get(name), self._generation(), once, retries, self._clock())
+        decision = decide(state.record.get(name), self._generation(), once, retries, self._clock(), self._me)
         if decision.action == "wait":
-            raise TemporaryError(f"step {name!r} waits for its next try", delay=decision.delay)
+            why = f" ({decision.message}, whose outcome it waits for)" if decision.message else ""
+            raise TemporaryError(f"step {name!r} waits for its next try{why}", delay=decision.delay)
         if decision.action == "failed":
             raise TerminalError(f"step {name!r} failed for good: {decision.message}")
         return decision
@@ -388,6 +414,7 @@ class Steps:
                retries: int | None, permanent: tuple[type[BaseException], ...]) -> tuple[dict[str, Any] | None, BaseException | None]:  # fmt: skip
         """The outcome entry of a claimed step (None: no write) and what the call raises then."""
         attempts = int(claim["attempts"])
+        claim = {k: v for k, v in claim.items() if k not in _CLAIM}  # the outcome ends the claim
         if exc is None:
             return {k: v for k, v in claim.items() if k not in ("message", "next")} | {"done": True}, None
         message = (str(exc) or type(exc).__name__)[:MESSAGE_LIMIT]

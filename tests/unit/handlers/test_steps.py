@@ -12,7 +12,7 @@ import pytest
 
 import declop
 from declop.errors import Conflict, RegistrationError, TemporaryError, TerminalError
-from declop.handlers.steps import Memory, Steps, Writer, decide, parse, record_key, wrap
+from declop.handlers.steps import CLAIM_HOLD, Memory, Steps, Writer, decide, parse, record_key, wrap
 from declop.kube.keys import Request
 from declop.registry import Registry
 from declop.registry.signatures import wanted_names
@@ -85,9 +85,46 @@ def test_decide_is_a_function_of_the_record_the_generation_and_the_clock(
 
 
 def test_a_claim_counts_one_more_attempt_and_drops_the_wait() -> None:
-    d = decide({"generation": 1, "attempts": 2, "next": "1970-01-01T00:00:00.000Z", "message": "x"}, 1, "generation", None, 5.0)
-    assert d.action == "run" and d.entry == {"generation": 1, "attempts": 3, "message": "x"}
-    assert decide(None, 4, "object", None, 0.0).entry == {"generation": 4, "attempts": 1}
+    d = decide({"generation": 1, "attempts": 2, "next": "1970-01-01T00:00:00.000Z", "message": "x"}, 1, "generation", None, 5.0, "me")
+    assert d.action == "run" and d.entry == {"generation": 1, "attempts": 3, "message": "x", "by": "me", "at": "1970-01-01T00:00:05.000Z"}
+    assert decide(None, 4, "object", None, 0.0, "me").entry == {"generation": 4, "attempts": 1, "by": "me", "at": "1970-01-01T00:00:00.000Z"}
+
+
+CLAIMED = {"generation": 1, "attempts": 1, "by": "other", "at": "1970-01-01T00:01:40.000Z"}  # at 100 s
+
+
+@pytest.mark.parametrize(
+    ("entry", "me", "now", "retries", "action"),
+    [
+        (CLAIMED, "me", 100.0, None, "wait"),  # another replica's step is under way: it is left to it
+        (CLAIMED, "me", 100.0 + CLAIM_HOLD - 1, 1, "wait"),  # its last attempt, still under way: no give-up
+        (CLAIMED, "me", 100.0 + CLAIM_HOLD, None, "run"),  # held too long: its replica died
+        (CLAIMED, "me", 100.0 + CLAIM_HOLD, 1, "give-up"),
+        (CLAIMED, "other", 100.0, None, "run"),  # our own claim without an outcome: that attempt failed
+        ({**CLAIMED, "at": "not a time"}, "me", 100.0, None, "run"),  # unreadable: no hold
+        ({**CLAIMED, "done": True}, "me", 100.0, None, "skip"),  # (an edit) done wins
+    ],
+)
+def test_a_claim_without_an_outcome_is_held_for_its_replica_then_taken_over(
+    entry: Any, me: str, now: float, retries: Any, action: str
+) -> None:
+    """Two live replicas on one key (a handover's overlap) cannot both run a step: the second
+    sees the first's claim and waits for its outcome; only a claim older than the hold is a crash."""
+    d = decide(entry, 1, "generation", retries, now, me)
+    assert d.action == action
+    if action == "wait":
+        assert 0 < d.delay <= CLAIM_HOLD and "other" in d.message
+    if action == "run":
+        assert d.entry["attempts"] == 2 and d.entry["by"] == me
+
+
+def test_an_outcome_ends_the_claim() -> None:
+    """What a step's outcome writes carries no holder: nobody waits on a finished step."""
+    steps = Steps(Writer("ctl"), Memory("me"), KEY, None, None)
+    claim = {"generation": 1, "attempts": 1, "by": "me", "at": "1970-01-01T00:00:00.000Z"}
+    for exc in (None, ValueError("boom"), TerminalError("no")):
+        entry, _ = steps._after("s", claim, exc, 5.0, None, ())
+        assert entry is not None and "by" not in entry and "at" not in entry
 
 
 def test_a_wait_is_the_time_left_on_the_wall_clock() -> None:
@@ -179,9 +216,29 @@ def test_an_older_copy_with_a_claim_in_it_is_refused_too() -> None:
         runs.append(1)
 
     world.steps().run("create", step)
+    other = Memory()  # another replica, whose cache still shows our claim without its outcome
+    with pytest.raises(TemporaryError, match="claimed by") as waits:  # our step may be under way: it waits
+        world.steps(claimed[0], memory=other).run("create", lambda: runs.append(2))
+    assert 0 < waits.value.delay <= CLAIM_HOLD
+    world.now += CLAIM_HOLD  # held too long (as if we had died): it claims, and the guard refuses the old copy
     with pytest.raises(Conflict):
-        world.steps(claimed[0], memory=Memory()).run("create", lambda: runs.append(2))
+        world.steps(claimed[0], memory=other).run("create", lambda: runs.append(2))
     assert runs == [1]
+
+
+def test_two_replicas_at_once_run_a_step_once() -> None:
+    """The overlap of a handover: the second replica's copy shows the first's claim (no outcome
+    yet) while the first's step runs; it waits for that outcome instead of taking the claim over."""
+    world, runs, other = World(), [], Memory()
+
+    def step() -> None:
+        with pytest.raises(TemporaryError, match="claimed by"):
+            world.steps(memory=other).run("create", lambda: runs.append(2))  # under way here, meanwhile
+        runs.append(1)
+
+    world.steps().run("create", step)
+    world.steps(memory=other).run("create", lambda: runs.append(3))  # the outcome is in: done
+    assert runs == [1] and world.record()["create"] == {"generation": 1, "attempts": 1, "done": True}
 
 
 def test_give_up_after_n_attempts() -> None:
