@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 import declop
 from declop.errors import DeclopError, Fenced
 from declop.kube import fencing
-from declop.kube.fencing import WriteFence
+from declop.kube.fencing import FencedConnector, WriteFence
 from declop.kube.keys import Request
 from declop.kube.transport import Transport
 
@@ -316,6 +317,37 @@ def test_aiohttps_own_resend_of_a_dropped_idempotent_write_is_checked_again() ->
     asyncio.run(_serve(server, test))
     assert server.received == [("PUT", PATH), ("GET", PATH)], "the dropped attempt only; the resend never went out"
     assert script.asked == 3
+
+
+def test_an_unfenced_request_gets_the_pools_own_connect_and_nothing_more() -> None:
+    """The hot path: a GET, or a write with no fence set, is handed the pool's own ``connect``
+    coroutine — no wrapper, no check; only a fenced write gets the checking one."""
+
+    class Req:  # what connect() reads before the pool runs: the method
+        def __init__(self, method: str) -> None:
+            self.method = method
+
+    closed = WriteFence(lambda: False, "ops/leader", KEY)
+    cases = [("GET", None), ("PATCH", None), ("GET", closed), ("PATCH", closed)]
+
+    async def test() -> list[Any]:
+        connector, codes = FencedConnector(), []
+        try:
+            for method, fence in cases:
+                token = fencing.enter(fence)
+                try:
+                    coro = connector.connect(Req(method), [], aiohttp.ClientTimeout())
+                finally:
+                    fencing.leave(token)
+                codes.append(coro.cr_code)  # type: ignore[attr-defined]
+                coro.close()  # never run: nothing was asked of the pool
+        finally:
+            await connector.close()
+        return codes
+
+    pools_own, checking = aiohttp.TCPConnector.connect.__code__, FencedConnector._connect_fenced.__code__
+    assert asyncio.run(test()) == [pools_own, pools_own, pools_own, checking]
+    assert closed.tripped is None, "no check before the wait"
 
 
 def test_a_retry_is_checked_again_before_it_is_sent() -> None:
