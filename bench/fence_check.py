@@ -14,7 +14,11 @@ of ``--number`` iterations:
 - ``leader``: a call under a real :class:`~declop.leases.leader.LeaderElector` holding its Lease
   (``valid()`` reads CLOCK_BOOTTIME);
 - ``range``: the same with a range's elector (sharded mode: the same ``valid()``);
-- ``enter+leave``: what the controller adds per call (not per write) to set the fence around it.
+- ``enter+leave``: what the controller adds per call (not per write) to set the fence around it;
+- ``pool connect``: what the request pool (:class:`~declop.kube.fencing.FencedConnector`) adds
+  before it runs, per request — its ``connect`` called and the coroutine dropped unrun — against
+  aiohttp's own pool: an unfenced request (a GET, or a write with no fence set) must cost no
+  more than one context-variable read.
 
     python bench/fence_check.py
 """
@@ -22,12 +26,15 @@ of ``--number`` iterations:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 import timeit
 
+import aiohttp
+
 from declop.kube import fencing
-from declop.kube.fencing import WriteFence, current
+from declop.kube.fencing import FencedConnector, WriteFence, current
 from declop.kube.keys import Request
 from declop.leases.leader import LeaderElector
 
@@ -53,6 +60,28 @@ def per_call_ns(fn: object, number: int, repeats: int) -> float:
     return statistics.median(times) / number * 1e9
 
 
+class _Req:
+    """What the pool's ``connect`` reads before it runs: the method (and the path, when fenced)."""
+
+    method = "GET"
+
+
+def pool_rows(number: int, repeats: int) -> list[tuple[str, float]]:
+    """``connect`` of aiohttp's pool and of declop's, per unfenced request (made and closed)."""
+
+    async def measure() -> list[tuple[str, float]]:
+        rows = []
+        req, timeout = _Req(), aiohttp.ClientTimeout()
+        pools = [("aiohttp's TCPConnector", aiohttp.TCPConnector()), ("FencedConnector, unfenced", FencedConnector())]
+        for label, pool in pools:
+            connect = lambda: pool.connect(req, [], timeout).close()  # type: ignore[arg-type]  # noqa: E731
+            rows.append((f"pool connect: {label}", per_call_ns(connect, number, repeats)))
+            await pool.close()
+        return rows
+
+    return asyncio.run(measure())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--number", type=int, default=200_000)
@@ -73,6 +102,7 @@ def main() -> None:
     fence = WriteFence(held("bench-leader").valid, "bench/bench-leader", key)
     rows.append(("enter + leave (per call, not per write)", per_call_ns(lambda: fencing.leave(fencing.enter(fence)), args.number, args.repeats)))
     rows.append(("WriteFence(...) (per call)", per_call_ns(lambda: WriteFence(fence.valid, "bench/bench-leader", key), args.number, args.repeats)))
+    rows.extend(pool_rows(args.number, args.repeats))
     print(f"ns per operation, median of {args.repeats} × {args.number:,}")
     for label, ns in rows:
         print(f"  {label:<48} {ns:8.1f}")

@@ -28,13 +28,14 @@ Invariants:
   controller settles the call as fenced — once, whatever the handler did with the exception;
 - a check costs one ``ContextVar.get`` without a fence, and one call of the Lease's ``valid()``
   (a clock read) with one: ``bench/fence_check.py`` measures it; a write is checked twice per
-  attempt (before it, and with its connection).
+  attempt (before it, and with its connection); a request without a fence (or a GET) costs the
+  pool one ``ContextVar.get`` and no object (:class:`FencedConnector`).
 """
 
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 import aiohttp
 
@@ -107,22 +108,42 @@ class FencedConnector(aiohttp.TCPConnector):
     A write passes :meth:`WriteFence.check` in :meth:`~declop.kube.transport.Transport.request`,
     then may wait here — for one of ``max_connections`` connections shared with lists, Lease
     renewals and other writes, or for a new connection's handshakes. A Lease lost meanwhile must
-    stop it: after :meth:`connect` hands over a connection, the write's fence (the context
-    variable of the task sending it; aiohttp acquires the connection in that task) is checked,
-    and a refused write gives the unused connection back to the pool and raises
-    :class:`~declop.errors.Fenced`. Between the connection being handed over and the request being
-    written there is no wait. Costs one ``ContextVar.get`` per request; GETs are never fenced.
+    stop it: once the pool hands over a connection, the write's fence is checked, and a refused
+    write gives the unused connection back to the pool and raises :class:`~declop.errors.Fenced`.
+
+    - The fence is the context variable of the task sending the request: aiohttp asks for the
+      connection in that task (a plain handler's write runs as a coroutine on the loop in a copy
+      of its thread's context, :mod:`declop.kube.fencing`), so it is the call's own fence.
+    - Every attempt asks for a connection, aiohttp's own too: it sends an idempotent request
+      (PUT, DELETE) once more on a fresh connection when the first one dropped without an
+      answer, and that resend is checked like the first attempt.
+    - Between the handover and the write there is no wait: aiohttp writes the head and body at
+      once (on Python 3.11 they leave from a task that runs in the loop's next turn, with nothing
+      to wait for; from 3.12 that task starts eagerly).
+
+    Unfenced requests (GETs, and writes outside a call or without Leases) pay one
+    ``ContextVar.get``: :meth:`connect` is a plain method that hands back the pool's own
+    coroutine for them, so nothing else is allocated; only a fenced write gets the wrapping
+    coroutine that checks after the wait.
 
     (The alternative, a pool of its own for fenced writes, still waits for a handshake, or behind
     other writes once that pool is full: only a check after the wait closes the gap.)"""
 
-    async def connect(self, req: Any, *args: Any, **kwargs: Any) -> Any:
-        conn = await super().connect(req, *args, **kwargs)
+    def connect(self, req: Any, traces: Any, timeout: Any) -> Coroutine[Any, Any, Any]:
         fence = current()
-        if fence is not None and req.method != "GET":
-            try:
-                fence.check(req.method, req.url.path)
-            except BaseException:
-                conn.release()  # nothing was written on it: back to the pool, reusable
-                raise
+        if fence is None or req.method == "GET":
+            return _CONNECT(self, req, traces, timeout)
+        return self._connect_fenced(fence, req, traces, timeout)
+
+    async def _connect_fenced(self, fence: WriteFence, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await _CONNECT(self, req, traces, timeout)
+        try:
+            fence.check(req.method, req.url.path)
+        except BaseException:
+            conn.release()  # nothing was written on it: back to the pool, reusable
+            raise
         return conn
+
+
+#: the pool's own ``connect`` (a coroutine function), called without ``super()``: no object per request
+_CONNECT = aiohttp.TCPConnector.connect

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 import declop
 from declop.errors import DeclopError, Fenced
 from declop.kube import fencing
-from declop.kube.fencing import WriteFence
+from declop.kube.fencing import FencedConnector, WriteFence
 from declop.kube.keys import Request
 from declop.kube.transport import Transport
 
@@ -233,6 +234,120 @@ def test_a_write_waiting_for_a_pooled_connection_is_checked_again_when_it_gets_o
 
     asyncio.run(_serve(server, test, max_connections=1))
     assert server.received == [("GET", "/hang"), ("GET", PATH)]
+
+
+def test_a_plain_handlers_write_waiting_for_a_pooled_connection_is_checked_again() -> None:
+    """The same from a plain handler's thread: the sync client sends its write as a coroutine on
+    the loop (``run_coroutine_threadsafe``, as ``Client._run`` does), which runs in a copy of the
+    thread's context: the connection is asked for, and the fence checked, with the call's fence."""
+    hanging, release = asyncio.Event(), asyncio.Event()
+    server = Server()
+    plain = server.handle
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.path == "/hang":
+            server.received.append((request.method, request.path))
+            hanging.set()
+            await release.wait()
+            return web.json_response({})
+        return await plain(request)
+
+    server.handle = handle  # type: ignore[method-assign]
+    leader = {"valid": True}
+    fence = WriteFence(lambda: leader["valid"], "ops/leader", KEY)
+
+    async def test(t: Transport) -> None:
+        loop = asyncio.get_running_loop()
+        checked = asyncio.Event()
+
+        def valid() -> bool:  # asked in the loop's thread: the transport runs there
+            checked.set()
+            return leader["valid"]
+
+        fence.valid = valid
+        listing = asyncio.ensure_future(t.request("GET", "/hang", lane="informer"))
+        await hanging.wait()  # the only connection is taken
+
+        def handler() -> Any:  # a plain handler in its executor thread, under its call's fence
+            token = fencing.enter(fence)
+            try:
+                return asyncio.run_coroutine_threadsafe(t.request("PATCH", PATH, body={}), loop).result()
+            finally:
+                fencing.leave(token)
+
+        write = loop.run_in_executor(None, handler)
+        await checked.wait()  # it passed its first check and waits for the connection
+        assert not write.done()
+        leader["valid"] = False
+        release.set()
+        await listing
+        with pytest.raises(Fenced):
+            await write
+
+    asyncio.run(_serve(server, test, max_connections=1))
+    assert server.received == [("GET", "/hang")]
+    assert fence.tripped is not None
+
+
+def test_aiohttps_own_resend_of_a_dropped_idempotent_write_is_checked_again() -> None:
+    """aiohttp sends a PUT or DELETE once more, on a new connection, when the connection of the
+    first attempt closes without an answer — a resend declop's loop never sees. The Lease is
+    lost meanwhile: the resend is refused when it gets its connection, the caller gets Fenced."""
+    server = Server()
+    dropped = 0
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal dropped
+        server.received.append((request.method, request.path))
+        if not dropped:  # the apiserver (or a load balancer) drops the first attempt unanswered
+            dropped += 1
+            assert request.transport is not None
+            request.transport.close()
+        return web.json_response({"kind": "ConfigMap"})
+
+    server.handle = handle  # type: ignore[method-assign]
+    script = Fence(True, True, False)  # the attempt: before it, with its connection; the resend
+    fence = WriteFence(script, "ops/leader", KEY)
+
+    async def test(t: Transport) -> None:
+        with pytest.raises(Fenced):
+            await _under(fence, t.request("PUT", PATH, body={}))
+        await t.request("GET", PATH)  # the refused resend's connection went back to the pool
+
+    asyncio.run(_serve(server, test))
+    assert server.received == [("PUT", PATH), ("GET", PATH)], "the dropped attempt only; the resend never went out"
+    assert script.asked == 3
+
+
+def test_an_unfenced_request_gets_the_pools_own_connect_and_nothing_more() -> None:
+    """The hot path: a GET, or a write with no fence set, is handed the pool's own ``connect``
+    coroutine — no wrapper, no check; only a fenced write gets the checking one."""
+
+    class Req:  # what connect() reads before the pool runs: the method
+        def __init__(self, method: str) -> None:
+            self.method = method
+
+    closed = WriteFence(lambda: False, "ops/leader", KEY)
+    cases = [("GET", None), ("PATCH", None), ("GET", closed), ("PATCH", closed)]
+
+    async def test() -> list[Any]:
+        connector, codes = FencedConnector(), []
+        try:
+            for method, fence in cases:
+                token = fencing.enter(fence)
+                try:
+                    coro = connector.connect(Req(method), [], aiohttp.ClientTimeout())
+                finally:
+                    fencing.leave(token)
+                codes.append(coro.cr_code)  # type: ignore[attr-defined]
+                coro.close()  # never run: nothing was asked of the pool
+        finally:
+            await connector.close()
+        return codes
+
+    pools_own, checking = aiohttp.TCPConnector.connect.__code__, FencedConnector._connect_fenced.__code__
+    assert asyncio.run(test()) == [pools_own, pools_own, pools_own, checking]
+    assert closed.tripped is None, "no check before the wait"
 
 
 def test_a_retry_is_checked_again_before_it_is_sent() -> None:
