@@ -4,9 +4,9 @@ Owns:
 - credentials from a :class:`~declop.kube.restconfig.RestConfig` (kubeconfig or in-cluster, see
   :mod:`declop.kube.kubeconfig`): headers and the TLS context are asked for before each request, so
   rotated tokens and exec-plugin certificates are used as soon as they change;
-- two ``aiohttp`` sessions on the manager's event loop, one for requests (kept-alive, pooled) and
-  one for watches (a connection per watch, never a pooled one: see :attr:`Transport.stream_session`);
-  TLS context, ``tls-server-name`` and the proxy are given per request;
+- three ``aiohttp`` sessions on the manager's event loop: requests (kept-alive, pooled), Lease
+  traffic (a small pool of its own: a renewal never waits behind handler writes, see
+  :attr:`Transport.lease_session`) and watches (a connection per watch, :attr:`Transport.stream_session`);
 - client-side token buckets for requests (20 qps, burst 30 each — controller-runtime's defaults),
   one per *lane*, so a handler in a hot loop cannot flood the apiserver and cannot starve anyone
   else: ``"handler"`` (handler writes, finalizers, Events, discovery), ``"informer"`` (lists) and
@@ -20,9 +20,9 @@ Owns:
 - the write fence of a reconcile call (:mod:`declop.kube.fencing`): a request other than a GET
   made for a call whose Lease is not known valid raises :class:`~declop.errors.Fenced` instead
   of being sent — checked before every attempt (after the rate-limit wait, after a retry's), and
-  again once the attempt holds its connection (:class:`~declop.kube.fencing.FencedConnector`): the pool is shared with
-  lists and Lease renewals, and a write can wait there for a free connection, or for a new one's
-  TCP and TLS handshakes, long after its first check; a refused request is not counted.
+  again once it holds its connection (:class:`~declop.kube.fencing.FencedConnector`: a write can
+  wait in the pool, behind lists, or for a handshake, long after its first check); a refused
+  request is not counted.
 
 Invariants:
 - no model object is ever built: bodies are decoded to plain dicts/lists (orjson when installed);
@@ -49,8 +49,8 @@ import aiohttp
 from declop.errors import ApiError, Conflict, Fenced, Forbidden, NotFound
 from declop.kube.fencing import FencedConnector, current
 from declop.kube.kubeconfig import RestConfig, from_kubernetes
-from declop.kube.proxy import redact_text
 from declop.kube.kubeconfig import load as load_kubeconfig
+from declop.kube.proxy import redact_text
 from declop.queue.ratelimit import TokenBucket
 
 try:  # optional speed-up: declop[fast]
@@ -83,6 +83,8 @@ __all__ = [
     "rbac_resource",
 ]
 
+#: connections of the ``"leader"`` lane's own pool (a few Leases, one request each per retry period)
+LEASE_CONNECTIONS = 4
 #: client-side rate-limit lanes of :meth:`Transport.request`
 LANES = ("handler", "informer", "leader", "auth")
 
@@ -111,8 +113,7 @@ def load_configuration(
     in_cluster: bool | None = None,
     service_account_dir: str | None = None,
 ) -> RestConfig:
-    """The apiserver and credentials, found as kubectl/client-go find them: see
-    :func:`declop.kube.kubeconfig.load`."""
+    """The apiserver and credentials, found as kubectl/client-go find them (kubeconfig.load)."""
     return load_kubeconfig(kubeconfig, context, in_cluster=in_cluster, service_account_dir=service_account_dir)
 
 
@@ -187,8 +188,8 @@ class Transport:
         self.user_agent = user_agent
         self._retries = retries
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        self._stream_session: aiohttp.ClientSession | None = None
+        #: "request" (pooled), "stream" (a connection per watch), "leader" (Lease traffic's own pool)
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._counts: collections.Counter[str] = collections.Counter()
         self._by_resource: collections.Counter[tuple[str, str, str]] = collections.Counter()
         #: one bucket per lane; ``None`` means unlimited (see :data:`LANES`)
@@ -238,30 +239,35 @@ class Transport:
             return ApiError(0, "Unreachable", f"cannot reach the apiserver at {self.host} through the proxy {self.configuration.proxy_display}: {exc}")
         return ApiError(0, "Unreachable", f"{what}: {exc}")
 
+    def _pool(self, kind: str) -> aiohttp.ClientSession:
+        if (session := self._sessions.get(kind)) is None or session.closed:
+            session = self._sessions[kind] = self._new_session(kind)
+        return session
+
     @property
     def session(self) -> aiohttp.ClientSession:
         """The session of :meth:`request`: kept-alive connections, reused."""
-        if self._session is None or self._session.closed:
-            self._session = self._new_session(force_close=False)
-        return self._session
+        return self._pool("request")
+
+    @property
+    def lease_session(self) -> aiohttp.ClientSession:
+        """The ``"leader"`` lane's own small pool: a renewal never waits for a connection behind
+        ``max_connections`` handler writes and lists (and loses its Lease for no reason)."""
+        return self._pool("leader")
 
     @property
     def stream_session(self) -> aiohttp.ClientSession:
         """The session of :meth:`stream`: every watch opens its own connection and closes it.
 
-        A watch is re-opened at once after its connection is cut, which is exactly when kept-alive
-        connections in a shared pool have been cut too and the loop may not have seen their
-        resets yet: a re-watch drawn from that pool fails and waits out a backoff (aiohttp replays
-        an idempotent request once, which a second dead connection defeats). A watch lives for
-        minutes, so the new connection costs one handshake per watch, nothing per event."""
-        if self._stream_session is None or self._stream_session.closed:
-            self._stream_session = self._new_session(force_close=True)
-        return self._stream_session
+        A watch is re-opened at once after its connection is cut, exactly when a shared pool's
+        kept-alive connections were cut too, unseen yet: a re-watch drawn from it would fail and
+        back off. A watch lives for minutes: one handshake per watch, nothing per event."""
+        return self._pool("stream")
 
-    def _new_session(self, *, force_close: bool) -> aiohttp.ClientSession:
+    def _new_session(self, kind: str) -> aiohttp.ClientSession:
         # the request session's pool checks a fenced write again once it has a connection
-        pool = aiohttp.TCPConnector if force_close else FencedConnector
-        connector = pool(limit=self._max_connections, force_close=force_close)
+        pool = FencedConnector if kind == "request" else aiohttp.TCPConnector
+        connector = pool(limit=LEASE_CONNECTIONS if kind == "leader" else self._max_connections, force_close=kind == "stream")
         return aiohttp.ClientSession(
             # no Accept-Encoding: the apiserver would gzip every large LIST page, costing CPU
             # on both sides for no gain on loopback and in-cluster networks
@@ -269,10 +275,9 @@ class Transport:
         )
 
     async def close(self) -> None:
-        for session in (self._session, self._stream_session):
-            if session is not None:
-                await session.close()
-        self._session = self._stream_session = None
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
 
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(by_verb=dict(self._counts), by_resource=dict(self._by_resource))
@@ -335,7 +340,7 @@ class Transport:
             if accept:
                 headers["Accept"] = accept
             try:
-                async with self.session.request(
+                async with (self.session if lane != "leader" else self.lease_session).request(
                     method,
                     url,
                     params=_query(params),

@@ -27,7 +27,7 @@ Invariants:
 - ``valid()`` is False while ``opening``: a Lease we created opens only after a renewal started
   ``renew_deadline`` after the creation succeeded (the record stood that long);
 - Lease traffic uses the transport's ``"leader"`` lane: it never waits behind handler writes or
-  informer lists;
+  informer lists, neither for a rate-limit token nor for a pooled connection (its own pool);
 - validated like client-go: ``lease_duration > renew_deadline > 1.2 × retry_period`` (> 0).
 """
 

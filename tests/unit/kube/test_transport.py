@@ -326,6 +326,54 @@ def test_lanes_never_wait_behind_each_other() -> None:
     assert LANES == ("handler", "informer", "leader", "auth")
 
 
+def test_a_lease_renewal_never_waits_for_a_connection_behind_a_full_pool() -> None:
+    """Every pooled connection held by a slow request (a burst of handler writes, a big list):
+    a renewal on the "leader" lane still goes out at once, on its own pool — were it to wait,
+    the Lease would pass its renew deadline and the replica lose it for no reason."""
+    import asyncio
+    import time
+
+    from aiohttp import web
+
+    from declop.kube.transport import Transport
+
+    async def main() -> tuple[float, int]:
+        release = asyncio.Event()
+
+        async def answer(request: web.Request) -> web.Response:
+            if "leases" not in request.path:
+                await release.wait()  # holds its pooled connection until the renewal is through
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        transport = Transport(_Config(f"http://127.0.0.1:{port}"), max_connections=2)
+        try:
+            slow = [asyncio.ensure_future(transport.request("PATCH", f"/api/v1/namespaces/d/pods/p{i}", body={})) for i in range(3)]
+            await asyncio.sleep(0.2)  # two hold the pool's two connections, the third waits for one
+            t0 = time.monotonic()
+            await asyncio.wait_for(
+                transport.request("PUT", "/apis/coordination.k8s.io/v1/namespaces/d/leases/l", body={}, lane="leader"), 5
+            )
+            renewal = time.monotonic() - t0
+            waiting = sum(not w.done() for w in slow)
+            release.set()
+            await asyncio.gather(*slow)
+            return renewal, waiting
+        finally:
+            await transport.close()
+            await runner.cleanup()
+
+    renewal, waiting = _run(main())
+    assert waiting == 3, "the pool must actually be full for this test to mean anything"
+    assert renewal < 0.5
+
+
 def test_reviews_of_strangers_tokens_do_not_delay_a_handler_write() -> None:
     """300 TokenReviews queued on the "auth" lane (what junk tokens at /metrics cause) leave the
     handler lane's budget whole: the next write goes out at once."""
