@@ -68,7 +68,13 @@ Invariants, checked while the run goes and at its end (each violation is a
   replica incarnation gets a runner of its own (a process's memory), on the virtual wall clock.
 - **I9** no two live replicas run a daemon (``@declop.daemon``) of the same namespace/name at
   once, from its first run until it ended (a replica paused since its daemon started is excused,
-  as for I1), and no daemon of an object runs once the object is gone.
+  as for I1), and no daemon of an object runs once the object is gone;
+- **I10** (``World(filtered=True)``: a ``labels=`` controller that reads its own object with
+  ``client.get(request)``, so two informers of one resource — the filtered one that wakes it and
+  the unfiltered one its reads start — with ``watch_lag`` delivering each watch's events after
+  delays of its own) from :data:`SETTLE` lease durations after the last fault healed, every
+  object in the filter has its child holding its spec's value and no other object has a child:
+  no change was left unreconciled, the changes that moved an object out of the filter too.
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
@@ -93,7 +99,7 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
 from declop.errors import ApiError, NotFound
 from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
-from declop.kube.keys import Request
+from declop.kube.keys import Request, key_of
 from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
 from declop.manager import Manager, Options
@@ -113,6 +119,8 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 SETTLE = 4
 RESOURCE = "widgets.example.com"
 FINALIZER = "sim.example.com/cleanup"
+#: the label of the filtered world's ``labels=`` controller (``World(filtered=True)``)
+SELECTED = "sim.example.com/selected"
 NAMESPACES = ("ns-a", "ns-b", "ns-c", "ns-d", "ns-e", "ns-f", "ns-g", "ns-h")
 LEASE_NAMESPACE = "sim"
 _EPOCH = 1_800_000_000.0
@@ -149,6 +157,14 @@ class World:
     strict: bool = False
     #: the built-in handlers include a daemon per object (checked by I9)
     daemons: bool = False
+    #: the built-in handler is a ``labels=`` controller (``SELECTED=true``, no finalizer) that reads
+    #: its own object with ``client.get(request)``: two informers of one resource, the filtered
+    #: one that wakes it and the unfiltered one its reads start; the workload moves objects in and
+    #: out of the filter, and I10 checks every child says what its object says
+    filtered: bool = False
+    #: each watch stream delivers each event after its own random delay, up to this many seconds
+    #: (0: at once), so two informers of one resource see a change at different moments
+    watch_lag: float = 0.0
 
     def repro(self, seed: int) -> str:
         default = World()
@@ -171,6 +187,10 @@ class World:
                 line += " --server-filter"
             if self.daemons:
                 line += " --daemons"
+            if self.filtered:
+                line += " --filtered"
+            if self.watch_lag:
+                line += f" --watch-lag {self.watch_lag:g}"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
         if self.only is not None:
@@ -218,13 +238,22 @@ def builtin_registry(world: World) -> Registry:
     """The built-in workload's handler: writes its status and a child ConfigMap; fails 1 call in
     10; with ``world.finalizer`` its cleanup deletes the child."""
     registry = Registry()
+    finalizer = FINALIZER if world.finalizer and not world.filtered else None
+    labels = f"{SELECTED}=true" if world.filtered else None
 
-    @registry.reconciler(RESOURCE, finalizer=FINALIZER if world.finalizer else None, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
+    @registry.reconciler(RESOURCE, finalizer=finalizer, labels=labels, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
     async def widgets(request: Request, client: Any, obj: Any, phase: Phase) -> None:
         rng = random.Random(f"{request}-{(obj or {}).get('metadata', {}).get('resourceVersion')}-{asyncio.get_running_loop().time()}")
         if rng.random() < 0.1:
             raise RuntimeError("the handler failed (simulated)")
         child = f"{request.name}-child"
+        if world.filtered:  # what controller-runtime's reconcilers do: read the object by its key
+            try:
+                obj = client.get(request)
+            except NotFound:
+                obj = None
+            if obj is not None and not _selected(obj):
+                obj = None  # it left the filter: its child goes
         if obj is None or phase is Phase.DELETING:
             await client.delete("configmaps", Request(request.namespace, child))
             return
@@ -246,6 +275,11 @@ def builtin_registry(world: World) -> Registry:
                 return
 
     return registry
+
+
+def _selected(obj: Any) -> bool:
+    """The filtered world's filter: ``SELECTED=true``."""
+    return bool(((obj.get("metadata") or {}).get("labels") or {}).get(SELECTED) == "true")
 
 
 # --------------------------------------------------------------------------- replicas
@@ -357,8 +391,13 @@ class WorldTransport:
         if not await self._healed(read_timeout):
             raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s")
         lines = w.server.watch(path, params)
+        lag = w.world.watch_lag
+        lags = random.Random(f"lag-{w.seed}-{w.streams}") if lag else None  # this stream's own delays
+        w.streams += 1
         try:
             async for line in lines:
+                if lags is not None:
+                    await asyncio.sleep(lags.uniform(0, lag))
                 if r.net == "fail":
                     raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost")
                 if not await self._healed(read_timeout):
@@ -436,6 +475,7 @@ class _World:
         self.by_actor: dict[Actor, _Replica] = {}
         self.requests = 0
         self.calls = 0
+        self.streams = 0  # watch streams opened (each draws its delays from its own stream)
         self._neutral = contextvars.Context()
         #: (uid, timer, grid index) -> the replica that fired it (T1)
         self.ticks: dict[tuple[str, str, int], str] = {}
@@ -791,12 +831,16 @@ class _World:
         info = self.info()
         obj = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
         obj["spec"] = {} if self.user else {"value": value}  # a handlers file's model gets its defaults
+        if self.world.filtered:
+            obj["metadata"]["labels"] = {SELECTED: "true" if value % 3 else "false"}
         return obj
 
     def _change(self, value: int) -> dict[str, Any]:
         """The workload's update: the built-in spec's value; an annotation of a handlers file's object."""
         if self.user:
             return {"metadata": {"annotations": {"sim.declop.dev/value": str(value)}}}
+        if self.world.filtered and value % 2:  # in or out of the filter, by a label
+            return {"metadata": {"labels": {SELECTED: "true" if value % 4 == 1 else "false"}}}
         return {"spec": {"value": value}}
 
     async def _admin(self, method: str, key: Request, body: Any = None) -> Any:
@@ -807,7 +851,9 @@ class _World:
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
             owner = self._owner(key, meta["uid"])
-            if guarded or self.world.strict or owner is not None:
+            if self.world.filtered and not _selected(result):
+                pass  # outside the filter: no controller of it is told
+            elif guarded or self.world.strict or owner is not None:
                 self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded, owner))
             else:
                 self.unowned_deletions += 1  # no owner to deliver it: the documented exception
@@ -880,7 +926,12 @@ class _World:
     # -- the end: I3 and I4 -------------------------------------------------------------------------
     def check_end(self, settled_at: float) -> None:
         store = self.server.store(self.info())
+        if self.world.filtered:
+            self.check_children(settled_at)
         for key, (uid, rv) in sorted(self.want.items()):
+            stored = store.get(key)
+            if self.world.filtered and (stored is None or not _selected(stored)):
+                continue  # outside the filter: I10 checks it
             got = self.seen.get((key, uid), 0)
             if self.user:
                 rv = 1  # a handlers file's predicates may drop updates: its object must be seen once
@@ -908,6 +959,22 @@ class _World:
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
                 # there is nothing of it to clean up)
                 self.violate("I4", "-", f"the deletion of {key} (uid {uid[:8]}) at t={at:.3f} never reached a handler")
+
+
+    def check_children(self, settled_at: float) -> None:
+        """I10 (the filtered world): every object in the filter has its child ConfigMap, holding
+        its spec's value, and no other object has one — what the handler did when it last read the
+        object is what the object says now, so no change was left unreconciled, the changes that
+        moved it out of the filter too."""
+        store = self.server.store(self.info())
+        children = self.server.store("configmaps")
+        for key in sorted({*(key_of(o) for o in store), *(Request(key_of(c).namespace, key_of(c).name.removesuffix("-child")) for c in children)}):
+            obj, child = store.get(key), children.get(Request(key.namespace, f"{key.name}-child"))
+            want = str(obj["spec"].get("value")) if obj is not None and _selected(obj) else None
+            got = (child.get("data") or {}).get("value") if child is not None else None
+            if got != want:
+                what = "no object" if obj is None else f"resourceVersion {obj['metadata']['resourceVersion']}, {'in' if want else 'out of'} the filter"
+                self.violate("I10", "-", f"{key} ({what}) has {'no child' if got is None else f'a child with {got!r}'}, want {'none' if want is None else repr(want)}, {self.now() - settled_at:.3f} s after the faults healed")
 
 
 def _plain(obj: Any) -> Any:
@@ -1008,6 +1075,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="I1 without the exception for shard_by='uid' without a finalizer")
     p.add_argument("--server-filter", action="store_true", help="the apiserver serves shardSelector (server-side filtering)")
     p.add_argument("--daemons", action="store_true", help="add a daemon per object to the built-in handler (checks I9)")
+    p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
+    p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None)
     p.add_argument("--faults", default=",".join(WORLD_FAULTS))
     p.add_argument("-v", "--verbose", action="store_true")
@@ -1021,7 +1090,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_FAULTS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
-                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons)  # fmt: skip
+                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons,
+                  filtered=args.filtered, watch_lag=args.watch_lag)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())

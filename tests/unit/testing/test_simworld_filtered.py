@@ -1,0 +1,37 @@
+"""Two informers of one resource in the simulated world (declop.testing.simworld, issue 42): a
+``labels=`` controller woken by its filtered informer reads its own object with
+``client.get(request)``, which reads the unfiltered cache once the object left the filter; each
+watch stream delivers its events after delays of its own (``watch_lag``). I10: at the end, every
+object in the filter has its child holding its value, and no other object has one."""
+
+from __future__ import annotations
+
+import pytest
+
+from declop.cache.informer import InformerPool
+from declop.testing.simworld import World, run
+
+# 60 objects over the default 60 s: a leader is elected at about t=30, so half the workload
+# reaches a running controller
+FILTERED = World(filtered=True, watch_lag=0.05, objects=60)
+
+
+def test_the_filtered_world_converges() -> None:
+    for seed in (1, 2, 3):
+        result = run(FILTERED, seed=seed)
+        assert result.ok, result.report()
+
+
+def test_seed_2_loses_a_label_leave_when_the_unfiltered_cache_does_not_wake_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found with this world, no fault at all: ns-b/w001 leaves the filter; the filtered watch's
+    DELETED wakes the handler first, whose ``client.get(request)`` reads the unfiltered cache —
+    its watch has not delivered the change yet, so the object is there still selected and the
+    handler keeps its child. Without the controller's subscription to the unfiltered informers of
+    its resource (e903cdd) nothing wakes it when that cache catches up: the child stays for ever.
+    Without ``watch_lag`` (one delivery moment for every stream) the world cannot show it."""
+    assert run(FILTERED, seed=2).ok
+    monkeypatch.setattr(InformerPool, "follow_unfiltered", lambda self, resource, follow: None)
+    without = run(FILTERED, seed=2)
+    assert not without.faults and [v.invariant for v in without.violations][:1] == ["I10"], without.report()
+    assert "ns-b/w001" in without.violations[0].detail and "out of the filter" in without.violations[0].detail
+    assert run(World(filtered=True, objects=60), seed=2).ok, "no lag: the two caches never disagree"
