@@ -300,8 +300,12 @@ class Controller:
         an object that matched this controller's informers before it (``old``), while those
         informers no longer hold it, wakes the controller (trigger ``left-filter``): the handler
         reads what that cache caught up to. An object still in a filtered cache is left to that
-        cache's own events; other objects cost one look at ``old``'s labels (and fields)."""
+        cache's own events; other objects cost one look at ``old``'s labels (and fields).
+        Sharded by uid, the wake notes ``old``'s uid: the key's range, which the book may have
+        forgotten once the call of the filtered DELETED succeeded."""
         add, own, keys = self.queue.add, self.primary, self.keys
+        book = self.gate.book
+        uids = book.uids if book is not None else None
 
         def on_event(old: Any, new: Any) -> None:
             if old is None or not selected(old):
@@ -315,6 +319,10 @@ class Controller:
                     continue
                 if informer.store.get(key) is not None:
                     return  # still in the filtered cache: its own events wake the controller
+                if uids is not None:
+                    uid = (old.get("metadata") or {}).get("uid")
+                    if uid:
+                        uids[key] = uid
                 add(key)
                 keys.trace(key).note("left-filter", ((new or old).get("metadata") or {}).get("resourceVersion"))
                 return
