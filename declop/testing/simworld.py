@@ -74,7 +74,8 @@ Invariants, checked while the run goes and at its end (each violation is a
   the unfiltered one its reads start — with ``watch_lag`` delivering each watch's events after
   delays of its own) from :data:`SETTLE` lease durations after the last fault healed, every
   object in the filter has its child holding its spec's value and no other object has a child:
-  no change was left unreconciled, the changes that moved an object out of the filter too.
+  no change was left unreconciled, the changes that moved an object out of the filter too (a
+  move out of it is a deletion without a finalizer to the controller: sharded, I4's exception).
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
@@ -391,13 +392,10 @@ class WorldTransport:
         if not await self._healed(read_timeout):
             raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s")
         lines = w.server.watch(path, params)
-        lag = w.world.watch_lag
-        lags = random.Random(f"lag-{w.seed}-{w.streams}") if lag else None  # this stream's own delays
-        w.streams += 1
+        if w.world.watch_lag:
+            lines = self._delayed(lines)
         try:
             async for line in lines:
-                if lags is not None:
-                    await asyncio.sleep(lags.uniform(0, lag))
                 if r.net == "fail":
                     raise StreamInterrupted(0, "Interrupted", f"watch {path}: connection lost")
                 if not await self._healed(read_timeout):
@@ -405,6 +403,40 @@ class WorldTransport:
                 yield line
         finally:
             await lines.aclose()
+
+    async def _delayed(self, lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``lines``, each delivered ``watch_lag`` × a draw of this stream's own after the server
+        sent it, in order (a line never overtakes the one before): the server's side is read
+        at once, so delays do not add up over a burst (a streaming list's initial events)."""
+        w = self.world
+        lags = random.Random(f"lag-{w.seed}-{w.streams}")
+        w.streams += 1
+        sent: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for line in lines:
+                    sent.put_nowait((w.now() + lags.uniform(0, w.world.watch_lag), line))
+            except Exception as exc:  # noqa: BLE001 - handed to the reader, as the stream would raise it
+                sent.put_nowait((w.now(), exc))
+            finally:
+                sent.put_nowait((w.now(), None))
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while True:
+                due, line = await sent.get()
+                if due > w.now():
+                    await asyncio.sleep(due - w.now())
+                if line is None:
+                    return
+                if isinstance(line, Exception):
+                    raise line
+                yield line
+        finally:
+            reader.cancel()
+            await asyncio.wait([reader])  # its read of ``lines`` ends before ``lines`` is closed
+            await lines.aclose()  # type: ignore[attr-defined]
 
     async def _healed(self, limit: float) -> bool:
         """Wait while this replica's network hangs or loses answers, at most ``limit`` seconds."""
@@ -512,6 +544,9 @@ class _World:
         #: unguarded deletions made while no replica owned the object's range (sharded): not
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
+        #: the filtered world: key -> who owned its range when its object last left the filter
+        #: (or was deleted in it), as for ``deletions``
+        self.left: dict[Request, tuple[_Replica, int, int] | None] = {}
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -846,6 +881,7 @@ class _World:
     async def _admin(self, method: str, key: Request, body: Any = None) -> Any:
         info = self.info()
         path = info.path(namespace=key.namespace, name=None if method == "POST" else key.name)
+        before = self.server.store(info).get(key) if self.world.filtered else None
         result = await self.server.request(method, path, body=body, content_type="application/merge-patch+json" if method == "PATCH" else None)
         meta = result["metadata"]
         if method == "DELETE":
@@ -861,6 +897,10 @@ class _World:
                 self.want.pop(key, None)
         else:
             self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
+        if before is not None and _selected(before) and (method == "DELETE" or not _selected(result)):
+            self.left[key] = self._owner(key, meta["uid"])
+        elif self.world.filtered and method != "DELETE" and _selected(result):
+            self.left.pop(key, None)
         return result
 
     def _owner(self, key: Request, uid: str) -> tuple[_Replica, int, int] | None:
@@ -965,14 +1005,18 @@ class _World:
         """I10 (the filtered world): every object in the filter has its child ConfigMap, holding
         its spec's value, and no other object has one — what the handler did when it last read the
         object is what the object says now, so no change was left unreconciled, the changes that
-        moved it out of the filter too."""
+        moved it out of the filter too. Leaving the filter is a deletion to the controller, without
+        a finalizer: sharded, one made while no replica owned the object's range, or whose owner
+        lost it since, is excused as I4 excuses a deletion (``World(strict=True)`` checks it)."""
         store = self.server.store(self.info())
         children = self.server.store("configmaps")
         for key in sorted({*(key_of(o) for o in store), *(Request(key_of(c).namespace, key_of(c).name.removesuffix("-child")) for c in children)}):
             obj, child = store.get(key), children.get(Request(key.namespace, f"{key.name}-child"))
             want = str(obj["spec"].get("value")) if obj is not None and _selected(obj) else None
             got = (child.get("data") or {}).get("value") if child is not None else None
-            if got != want:
+            if got != want and not self.world.strict and key in self.left and not self._kept(self.left[key]):
+                self.unowned_deletions += 1  # it left while no replica owned its range: §7's exception
+            elif got != want:
                 what = "no object" if obj is None else f"resourceVersion {obj['metadata']['resourceVersion']}, {'in' if want else 'out of'} the filter"
                 self.violate("I10", "-", f"{key} ({what}) has {'no child' if got is None else f'a child with {got!r}'}, want {'none' if want is None else repr(want)}, {self.now() - settled_at:.3f} s after the faults healed")
 
