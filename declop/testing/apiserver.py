@@ -599,8 +599,7 @@ class FakeApiServer:
             if label not in served:
                 why = (f"field label not supported: {label}" if own else
                        f'"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"')
-                raise _fail(400, "BadRequest", f'Unable to find "{info.group_resource}" that match label selector "{params.get("labelSelector") or ""}", '
-                            f'field selector "{text}": {why}', "GET", path)
+                raise _fail(400, "BadRequest", why, "GET", path)
             terms.append((tuple(served[label].split(".")), equal, value))
         return FieldSelector(tuple(terms))
 
