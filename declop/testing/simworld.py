@@ -547,6 +547,9 @@ class _World:
         #: the filtered world: key -> who owned its range when its object last left the filter
         #: (or was deleted in it), as for ``deletions``
         self.left: dict[Request, tuple[_Replica, int, int] | None] = {}
+        #: the filtered world: names created more than once (two uids: sharded by uid, two ranges)
+        self.created: set[Request] = set()
+        self.recreated: set[Request] = set()
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -897,6 +900,8 @@ class _World:
                 self.want.pop(key, None)
         else:
             self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
+        if self.world.filtered and method == "POST":
+            (self.recreated if key in self.created else self.created).add(key)
         if before is not None and _selected(before) and (method == "DELETE" or not _selected(result)):
             self.left[key] = self._owner(key, meta["uid"])
         elif self.world.filtered and method != "DELETE" and _selected(result):
@@ -1007,7 +1012,9 @@ class _World:
         object is what the object says now, so no change was left unreconciled, the changes that
         moved it out of the filter too. Leaving the filter is a deletion to the controller, without
         a finalizer: sharded, one made while no replica owned the object's range, or whose owner
-        lost it since, is excused as I4 excuses a deletion (``World(strict=True)`` checks it)."""
+        lost it since, is excused as I4 excuses a deletion; so is, sharded by uid, a name created
+        again (the old object's calls and the new one's run on two replicas, which I1 excuses:
+        they share the child). ``World(strict=True)`` checks both."""
         store = self.server.store(self.info())
         children = self.server.store("configmaps")
         for key in sorted({*(key_of(o) for o in store), *(Request(key_of(c).namespace, key_of(c).name.removesuffix("-child")) for c in children)}):
@@ -1016,6 +1023,8 @@ class _World:
             got = (child.get("data") or {}).get("value") if child is not None else None
             if got != want and not self.world.strict and key in self.left and not self._kept(self.left[key]):
                 self.unowned_deletions += 1  # it left while no replica owned its range: §7's exception
+            elif got != want and self.by_uid and key in self.recreated:
+                self.excused += 1  # the old object's calls and the new one's on two replicas: §7 (I1's exception)
             elif got != want:
                 what = "no object" if obj is None else f"resourceVersion {obj['metadata']['resourceVersion']}, {'in' if want else 'out of'} the filter"
                 self.violate("I10", "-", f"{key} ({what}) has {'no child' if got is None else f'a child with {got!r}'}, want {'none' if want is None else repr(want)}, {self.now() - settled_at:.3f} s after the faults healed")
