@@ -95,7 +95,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 
 from declop.errors import ApiError, NotFound
 from declop.handlers.daemons import DaemonRunner
@@ -404,7 +404,7 @@ class WorldTransport:
         finally:
             await lines.aclose()
 
-    async def _delayed(self, lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def _delayed(self, lines: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
         """``lines``, each delivered ``watch_lag`` × a draw of this stream's own after the server
         sent it, in order (a line never overtakes the one before): the server's side is read
         at once, so delays do not add up over a burst (a streaming list's initial events)."""
@@ -436,7 +436,7 @@ class WorldTransport:
         finally:
             reader.cancel()
             await asyncio.wait([reader])  # its read of ``lines`` ends before ``lines`` is closed
-            await lines.aclose()  # type: ignore[attr-defined]
+            await lines.aclose()
 
     async def _healed(self, limit: float) -> bool:
         """Wait while this replica's network hangs or loses answers, at most ``limit`` seconds."""
@@ -1004,7 +1004,6 @@ class _World:
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
                 # there is nothing of it to clean up)
                 self.violate("I4", "-", f"the deletion of {key} (uid {uid[:8]}) at t={at:.3f} never reached a handler")
-
 
     def check_children(self, settled_at: float) -> None:
         """I10 (the filtered world): every object in the filter has its child ConfigMap, holding
