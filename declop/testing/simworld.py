@@ -159,9 +159,10 @@ class World:
     #: the built-in handlers include a daemon per object (checked by I9)
     daemons: bool = False
     #: the built-in handler is a ``labels=`` controller (``SELECTED=true``, no finalizer) that reads
-    #: its own object with ``client.get(request)``: two informers of one resource, the filtered
-    #: one that wakes it and the unfiltered one its reads start; the workload moves objects in and
-    #: out of the filter, and I10 checks every child says what its object says
+    #: its own object with ``client.get(request)`` (odd names: ``client.list(namespace=)``): two
+    #: informers of one resource, the filtered one that wakes it and the unfiltered one its reads
+    #: start; the workload moves objects in and out of the filter, and I10 checks every child says
+    #: what its object says
     filtered: bool = False
     #: each watch stream delivers each event after its own random delay, up to this many seconds
     #: (0: at once), so two informers of one resource see a change at different moments
@@ -249,10 +250,13 @@ def builtin_registry(world: World) -> Registry:
             raise RuntimeError("the handler failed (simulated)")
         child = f"{request.name}-child"
         if world.filtered:  # what controller-runtime's reconcilers do: read the object by its key
-            try:
-                obj = client.get(request)
-            except NotFound:
-                obj = None
+            if int(request.name[1:]) % 2:  # or from a list of the namespace, for odd names
+                obj = next((o for o in client.list(namespace=request.namespace) if o["metadata"]["name"] == request.name), None)
+            else:
+                try:
+                    obj = client.get(request)
+                except NotFound:
+                    obj = None
             if obj is not None and not _selected(obj):
                 obj = None  # it left the filter: its child goes
         if obj is None or phase is Phase.DELETING:
