@@ -549,8 +549,8 @@ class _World:
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
         #: the filtered world: key -> who owned its range when its object last left the filter
-        #: (or was deleted in it), as for ``deletions``
-        self.left: dict[Request, tuple[_Replica, int, int] | None] = {}
+        #: (or was deleted in it), as for ``deletions``, and the replica incarnations alive then
+        self.left: dict[Request, tuple[tuple[_Replica, int, int] | None, frozenset[tuple[int, int]]]] = {}
         #: the filtered world: names created more than once (two uids: sharded by uid, two ranges)
         self.created: set[Request] = set()
         self.recreated: set[Request] = set()
@@ -907,7 +907,7 @@ class _World:
         if self.world.filtered and method == "POST":
             (self.recreated if key in self.created else self.created).add(key)
         if before is not None and _selected(before) and (method == "DELETE" or not _selected(result)):
-            self.left[key] = self._owner(key, meta["uid"])
+            self.left[key] = (self._owner(key, meta["uid"]), frozenset((r.index, r.gen) for r in self.replicas if r.alive))
         elif self.world.filtered and method != "DELETE" and _selected(result):
             self.left.pop(key, None)
         return result
@@ -1015,22 +1015,34 @@ class _World:
         object is what the object says now, so no change was left unreconciled, the changes that
         moved it out of the filter too. Leaving the filter is a deletion to the controller, without
         a finalizer: sharded, one made while no replica owned the object's range, or whose owner
-        lost it since, is excused as I4 excuses a deletion; so is, sharded by uid, a name created
-        again (the old object's calls and the new one's run on two replicas, which I1 excuses:
-        they share the child). ``World(strict=True)`` checks both."""
+        lost it since, is excused as I4 excuses a deletion (in leader mode, one the leader at the
+        end never saw: a process started after it, :meth:`_unowned_leave`); so is, sharded by
+        uid, a name created again (the old object's calls and the new one's run on two replicas,
+        which I1 excuses: they share the child). ``World(strict=True)`` checks both."""
         store = self.server.store(self.info())
         children = self.server.store("configmaps")
         for key in sorted({*(key_of(o) for o in store), *(Request(key_of(c).namespace, key_of(c).name.removesuffix("-child")) for c in children)}):
             obj, child = store.get(key), children.get(Request(key.namespace, f"{key.name}-child"))
             want = str(obj["spec"].get("value")) if obj is not None and _selected(obj) else None
             got = (child.get("data") or {}).get("value") if child is not None else None
-            if got != want and not self.world.strict and key in self.left and not self._kept(self.left[key]):
+            if got != want and not self.world.strict and key in self.left and self._unowned_leave(key):
                 self.unowned_deletions += 1  # it left while no replica owned its range: §7's exception
             elif got != want and self.by_uid and key in self.recreated:
                 self.excused += 1  # the old object's calls and the new one's on two replicas: §7 (I1's exception)
             elif got != want:
                 what = "no object" if obj is None else f"resourceVersion {obj['metadata']['resourceVersion']}, {'in' if want else 'out of'} the filter"
                 self.violate("I10", "-", f"{key} ({what}) has {'no child' if got is None else f'a child with {got!r}'}, want {'none' if want is None else repr(want)}, {self.now() - settled_at:.3f} s after the faults healed")
+
+    def _unowned_leave(self, key: Request) -> bool:
+        """``key``'s last move out of the filter reached no replica that owns its range now: sharded,
+        its range's owner then lost it since (or there was none); in leader mode, the leader now is
+        a process started after it (it listed the filter without the object; standbys that queued
+        the event never led)."""
+        owner, alive = self.left[key]
+        if self.world.mode == "sharded":
+            return not self._kept(owner)
+        leaders = [r for r in self.replicas if r.alive and r.manager is not None and r.manager.elector is not None and r.manager.elector.valid()]
+        return not any((r.index, r.gen) in alive for r in leaders)
 
 
 def _plain(obj: Any) -> Any:
