@@ -241,8 +241,10 @@ class ShardBook:
 
     Invariants:
     - sharded by uid, ``uids[key]`` is the uid of the key's object from its last event (so a
-      deleted object's key still finds its range); it goes when a settled call found no object
-      (:meth:`gone`) or the key left the caches with its range (:meth:`forget`). Sharded by
+      deleted object's key still finds its range); it goes when a call that found no object
+      succeeded and no newer cause of the key waits (:meth:`gone`: a retry, or a wake that came
+      while the call ran, still needs it to find its range) or the key left the caches with its
+      range (:meth:`forget`). Sharded by
       namespace, ``uids`` is None;
     - ``tombstones[r]`` holds keys dropped at the fence whose object was no longer cached (a
       deletion this replica could not deliver); they are queued when ``r`` is gained again
@@ -279,7 +281,8 @@ class ShardBook:
         return sorted(self.tombstones.pop(index, ()))
 
     def gone(self, key: Request) -> None:
-        """A call of ``key`` found no object: its next event (a new object) brings a new uid."""
+        """A call of ``key`` found no object and succeeded: its next event (a new object) brings
+        a new uid."""
         if self.uids is not None:
             self.uids.pop(key, None)
 

@@ -205,9 +205,6 @@ def complete(c: ControllerState, call: Call) -> None:
     """Settle the outcome and mark the key done."""
     if call.fence is not None:
         was_fenced(call)
-    book = c.gate.book
-    if book is not None and call.obj is None:
-        book.gone(call.key)
     error = call.error
     bad = error if error is not None and isinstance(error, InvalidObject) else None
     if bad is None and c.keys.invalid:
@@ -233,6 +230,9 @@ def complete(c: ControllerState, call: Call) -> None:
             )
     seconds = time.monotonic() - call.started
     result = settle(c, call.key, call.outcome, call.error, call.logger, seconds)
+    book = c.gate.book
+    if book is not None and call.obj is None and result == _SUCCESS_LABEL and call.key not in c.keys.traces:
+        book.gone(call.key)  # not before, nor while a newer cause waits: the uid places its range
     if bad is not None and bad.report:
         _report(c, call, bad)
     c.metrics.triggered(c.name, call.trace)

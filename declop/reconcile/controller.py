@@ -194,10 +194,6 @@ class Controller:
         book = self.gate.book
         return book.unowned if book is not None else 0
 
-    @property
-    def own_stores(self) -> tuple[Any, ...]:
-        return self.primary.stores
-
     # -- wiring ------------------------------------------------------------------------------
     def subscriber(self, source: Source, informer: Informer | None = None) -> Callable[[Any, Any], None]:
         """The event handler of ``source`` on ``informer`` (default: its first)."""
@@ -300,8 +296,10 @@ class Controller:
         an object that matched this controller's informers before it (``old``), while those
         informers no longer hold it, wakes the controller (trigger ``left-filter``): the handler
         reads what that cache caught up to. An object still in a filtered cache is left to that
-        cache's own events; other objects cost one look at ``old``'s labels (and fields)."""
-        add, own, keys = self.queue.add, self.primary, self.keys
+        cache's own events; other objects cost one look at ``old``'s labels (and fields). Sharded
+        by uid, the wake notes ``old``'s uid: the book forgets it once a call found the key gone."""
+        add, own, keys, book = self.queue.add, self.primary, self.keys, self.gate.book
+        uids = book.uids if book is not None else None
 
         def on_event(old: Any, new: Any) -> None:
             if old is None or not selected(old):
@@ -315,6 +313,8 @@ class Controller:
                     continue
                 if informer.store.get(key) is not None:
                     return  # still in the filtered cache: its own events wake the controller
+                if uids is not None and (old.get("metadata") or {}).get("uid"):
+                    uids[key] = old["metadata"]["uid"]  # the key's range, for the gate
                 add(key)
                 keys.trace(key).note("left-filter", ((new or old).get("metadata") or {}).get("resourceVersion"))
                 return

@@ -23,6 +23,11 @@ Invariants:
   finalizer is removed;
 - nothing ever waits: every call completes at once — except :meth:`FakeApiServer.watch`, a watch
   stream, which waits for changes;
+- a LIST and a watch honour ``labelSelector`` and ``fieldSelector`` (the field labels each
+  resource serves, :meth:`~declop.testing.resources.FakeDiscovery.field_labels`; another is a
+  400); a selected watch sends ADDED when a change moves an object into its selectors and
+  DELETED — the object as it was, at the change's resourceVersion — when one moves it out, as
+  the apiserver's watch cache does;
 - every change (an object added, modified or deleted — a deletion takes a new resourceVersion)
   is appended to a bounded history before any watch sees it; a watch from a resourceVersion
   older than the history (:meth:`FakeApiServer.compact`, or more than ``history`` changes ago)
@@ -50,6 +55,7 @@ from declop.clock import FakeClock
 from declop.errors import ConfigError
 from declop.kube.discovery import ResourceInfo
 from declop.kube.fencing import check
+from declop.kube.fields import FieldSelector, parse_fields
 from declop.kube.keys import Request, key_of
 from declop.kube.labels import Selector, parse_selector
 from declop.kube.transport import PATCH_TYPES, dumps, error_from, loads
@@ -181,9 +187,13 @@ def _shard_match(selector: str | None) -> Callable[[Mapping[str, Any]], bool] | 
     return match
 
 
-def _selected(selector: Selector | None, shard: Callable[[Mapping[str, Any]], bool] | None, obj: Mapping[str, Any]) -> bool:
-    """Does a watch with this label selector (and shard selector) select ``obj``?"""
+def _selected(
+    selector: Selector | None, fields: FieldSelector | None, shard: Callable[[Mapping[str, Any]], bool] | None, obj: Mapping[str, Any]
+) -> bool:
+    """Does a watch with this label selector (field selector, shard selector) select ``obj``?"""
     if selector is not None and not selector((obj.get("metadata") or {}).get("labels")):
+        return False
+    if fields is not None and not fields(obj):
         return False
     return shard is None or shard(obj)
 
@@ -337,7 +347,7 @@ class FakeApiServer:
         #: 0: none — no watch or continue token from before the latest change is served)
         self.history = history
         # the changes, oldest first: (resourceVersion, group_resource, event type, object, the
-        # object before a MODIFIED that changed its labels — what a label-selected watch needs)
+        # object before a MODIFIED — what a label- or field-selected watch needs)
         self._changes: list[tuple[int, str, str, Obj, Obj | None]] = []
         self._change_rvs: list[int] = []
         self._compacted = 0  # resourceVersions up to this one are gone from the history
@@ -355,16 +365,15 @@ class FakeApiServer:
 
     def _record_change(self, info: ResourceInfo, etype: str, obj: Obj, before: Obj | None = None) -> None:
         """Append one change to the watch history (bounded) and wake the watches. ``before``: the
-        object a MODIFIED replaced, kept only when the change moved its labels (a label-selected
-        watch then sends ADDED or DELETED, :meth:`watch`)."""
+        object a MODIFIED replaced (a filtered watch sends ADDED or DELETED when the change moved
+        it into or out of its selectors, :meth:`watch`)."""
         rv = int(obj["metadata"]["resourceVersion"])
         if self.history <= 0:  # what the trimming below would leave, without copying the object
             self._compacted = rv
             self._changes.clear()
             self._change_rvs.clear()
-        else:
-            moved = before is not None and (before["metadata"].get("labels") or {}) != (obj["metadata"].get("labels") or {})
-            self._changes.append((rv, info.group_resource, etype, _copy(obj), _copy(before) if moved else None))
+        else:  # ``before`` left the store: never changed again, kept as it is (no copy)
+            self._changes.append((rv, info.group_resource, etype, _copy(obj), before))
             self._change_rvs.append(rv)
         if len(self._changes) > self.history:
             drop = len(self._changes) - self.history // 2
@@ -547,9 +556,10 @@ class FakeApiServer:
         the list's resourceVersion replays what changed meanwhile, so an informer ends up right.
         A token older than the history is a 410."""
         items = self.store(info).list(namespace=namespace or None, selector=params.get("labelSelector") or None)
+        fields = self._field_selector(info, params, namespace)
         shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
-        if shard is not None:
-            items = [o for o in items if shard(o)]
+        if shard is not None or fields is not None:
+            items = [o for o in items if _selected(None, fields, shard, o)]
         rv = self._last_rv
         token = params.get("continue")
         if token:
@@ -568,6 +578,31 @@ class FakeApiServer:
             meta["continue"] = f"{rv}|{'/'.join(_sort_key(items[-1]))}"
         return {"apiVersion": info.api_version, "kind": f"{info.kind}List", "metadata": meta, "items": [clone(o) for o in items]}
 
+    def _field_selector(self, info: ResourceInfo, params: Mapping[str, Any], namespace: str) -> FieldSelector | None:
+        """The ``fieldSelector`` of a LIST or watch, each label read at the path the resource
+        serves it from (None: no selector); a malformed one, or a label the resource does not
+        serve, is the apiserver's 400 (:meth:`~declop.testing.resources.FakeDiscovery.field_labels`)."""
+        text = params.get("fieldSelector")
+        if not text:
+            return None
+        path = info.path(namespace=namespace or None)
+        try:
+            fields = parse_fields(text)
+        except ValueError as exc:
+            raise _fail(400, "BadRequest", str(exc), "GET", path) from None
+        served, own = self.discovery.field_labels(info)
+        if served is None:
+            return fields
+        terms = []
+        for parts, equal, value in fields.terms:
+            label = ".".join(parts)
+            if label not in served:
+                why = (f"field label not supported: {label}" if own else
+                       f'"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"')
+                raise _fail(400, "BadRequest", why, "GET", path)
+            terms.append((tuple(served[label].split(".")), equal, value))
+        return FieldSelector(tuple(terms))
+
     # -- watches ----------------------------------------------------------------------------------
     async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncGenerator[bytes, None]:
         """A watch stream, as JSON lines: from ``resourceVersion`` (the history after it, then live
@@ -579,6 +614,7 @@ class FakeApiServer:
         loop = asyncio.get_running_loop()
         ends = loop.time() + float(params.get("timeoutSeconds") or 1800)
         selector = parse_selector(params.get("labelSelector")) or None
+        fields = self._field_selector(info, params, namespace)
         bookmarks = str(params.get("allowWatchBookmarks")).lower() == "true"
         gr = info.group_resource
         shard = _shard_match(params.get("shardSelector")) if self.shard_selectors else None
@@ -595,7 +631,7 @@ class FakeApiServer:
         if str(params.get("sendInitialEvents")).lower() == "true":
             last = int(self._last_rv)
             for obj in sorted(self.store(info).list(namespace=namespace or None, selector=selector), key=_sort_key):
-                if _selected(None, shard, obj):
+                if _selected(None, fields, shard, obj):
                     yield line("ADDED", obj)
             yield bookmark(str(last), initial_end=True)
         else:
@@ -616,11 +652,11 @@ class FakeApiServer:
                     meta = obj["metadata"]
                     if namespace and meta.get("namespace") != namespace:
                         continue
-                    if _selected(selector, shard, obj):
-                        if before is not None and not _selected(selector, shard, before):
+                    if _selected(selector, fields, shard, obj):
+                        if before is not None and not _selected(selector, fields, shard, before):
                             etype = "ADDED"  # it starts to match: new to this watch
                         yield line(etype, obj)
-                    elif before is not None and _selected(selector, shard, before):
+                    elif before is not None and _selected(selector, fields, shard, before):
                         # it stops matching: the apiserver sends DELETED with the object as it
                         # was (still matching), at the change's resourceVersion
                         gone = _copy(before)

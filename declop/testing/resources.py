@@ -12,7 +12,12 @@ Invariants:
   :class:`~declop.errors.ConfigError` saying how to declare it;
 - an object of an unknown apiVersion/kind is learned from the object itself (namespaced when it
   has a namespace);
-- custom resources, and built-ins marked so in the table, have a ``metadata.generation``.
+- custom resources, and built-ins marked so in the table, have a ``metadata.generation``;
+- the field labels a resource serves in a ``fieldSelector`` (:meth:`FakeDiscovery.field_labels`)
+  are the apiserver's: ``metadata.name`` and ``metadata.namespace`` for every resource, the
+  resource's own table where Kubernetes declares one (pods, events, secrets …; a cluster-scoped
+  one there may serve no ``metadata.namespace``), a CRD's ``selectableFields``; a guessed or
+  learned resource (its CRD never given) and events.k8s.io's Events serve any field.
 """
 
 from __future__ import annotations
@@ -90,6 +95,28 @@ _GENERATION: frozenset[str] = frozenset(
 )
 
 
+#: the field labels of ``fieldSelector`` each built-in serves, and the dotted path each reads
+#: (Kubernetes' AddFieldLabelConversionFunc tables: pkg/apis/core/v1/conversion.go and the
+#: apps/batch ones); a resource not here serves only :data:`_META` (the generic conversion)
+_META = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace"}
+_FIELD_LABELS: dict[str, dict[str, str]] = {
+    "pods": {**_META, **{f: f for f in (
+        "spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork",
+        "status.phase", "status.podIP", "status.podIPs", "status.nominatedNodeName")}, "spec.host": "spec.nodeName"},
+    "nodes": {"metadata.name": "metadata.name", "spec.unschedulable": "spec.unschedulable"},
+    "namespaces": {"metadata.name": "metadata.name", "status.phase": "status.phase"},
+    "replicationcontrollers": {**_META, "status.replicas": "status.replicas"},
+    "events": {**_META, **{f: f for f in (
+        "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+        "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
+        "reason", "reportingComponent", "type")}, "source": "source.component"},
+    "secrets": {**_META, "type": "type"},
+    "services": {**_META, "spec.clusterIP": "spec.clusterIP", "spec.type": "spec.type"},
+    "replicasets.apps": {**_META, "status.replicas": "status.replicas"},
+    "jobs.batch": {**_META, "status.successful": "status.successful"},
+}
+
+
 def _pluralize(word: str) -> str:
     if word.endswith("y") and word[-2:-1] not in tuple("aeiou"):
         return word[:-1] + "ies"
@@ -135,6 +162,8 @@ class FakeDiscovery:
     def __init__(self, extra: Iterable[ResourceInfo | Mapping[str, Any]] = ()) -> None:
         self._resources: list[ResourceInfo] = []
         self.generation: set[str] = set(_GENERATION)
+        #: group_resource -> the field labels its CRD's ``selectableFields`` declare
+        self._selectable: dict[str, dict[str, str]] = {}
         for r in extra:
             self.add(r)
         self._resources.extend(_BUILTIN)
@@ -146,6 +175,23 @@ class FakeDiscovery:
                 self._resources.insert(0, info)  # given resources win over the table
             if not isinstance(r, ResourceInfo) or info.group not in {b.group for b in _BUILTIN}:
                 self.generation.add(info.group_resource)  # custom resources always have a generation
+            if not isinstance(r, ResourceInfo):
+                paths = [f.get("jsonPath") or "" for v in (r.get("spec") or {}).get("versions") or () for f in v.get("selectableFields") or ()]
+                self._selectable[info.group_resource] = {**_META, **{p.lstrip("."): p.lstrip(".") for p in paths if p}}
+
+    def field_labels(self, info: ResourceInfo) -> tuple[Mapping[str, str] | None, bool]:
+        """The field labels ``info`` serves in a ``fieldSelector``, each with the dotted path of
+        its value (None: any field, read at its own path — a resource whose CRD was never given),
+        and whether the resource has a table of its own (the apiserver words a refusal
+        differently then)."""
+        gr = info.group_resource
+        if gr in self._selectable:
+            return self._selectable[gr], False
+        if gr in _FIELD_LABELS:
+            return _FIELD_LABELS[gr], True
+        if gr != "events.events.k8s.io" and any(b.group_resource == gr for b in _BUILTIN):
+            return _META, False
+        return None, False
 
     def resources(self) -> list[ResourceInfo]:
         return list(self._resources)

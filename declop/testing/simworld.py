@@ -68,7 +68,14 @@ Invariants, checked while the run goes and at its end (each violation is a
   replica incarnation gets a runner of its own (a process's memory), on the virtual wall clock.
 - **I9** no two live replicas run a daemon (``@declop.daemon``) of the same namespace/name at
   once, from its first run until it ended (a replica paused since its daemon started is excused,
-  as for I1), and no daemon of an object runs once the object is gone.
+  as for I1), and no daemon of an object runs once the object is gone;
+- **I10** (``World(filtered=True)``: a ``labels=`` controller that reads its own object with
+  ``client.get(request)``, so two informers of one resource — the filtered one that wakes it and
+  the unfiltered one its reads start — with ``watch_lag`` delivering each watch's events after
+  delays of its own) from :data:`SETTLE` lease durations after the last fault healed, every
+  object in the filter has its child holding its spec's value and no other object has a child:
+  no change was left unreconciled, the changes that moved an object out of the filter too (a
+  move out of it is a deletion without a finalizer to the controller: sharded, I4's exception).
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
@@ -88,12 +95,12 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 
 from declop.errors import ApiError, NotFound
 from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
-from declop.kube.keys import Request
+from declop.kube.keys import Request, key_of
 from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
 from declop.manager import Manager, Options
@@ -113,6 +120,8 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 SETTLE = 4
 RESOURCE = "widgets.example.com"
 FINALIZER = "sim.example.com/cleanup"
+#: the label of the filtered world's ``labels=`` controller (``World(filtered=True)``)
+SELECTED = "sim.example.com/selected"
 NAMESPACES = ("ns-a", "ns-b", "ns-c", "ns-d", "ns-e", "ns-f", "ns-g", "ns-h")
 LEASE_NAMESPACE = "sim"
 _EPOCH = 1_800_000_000.0
@@ -149,6 +158,15 @@ class World:
     strict: bool = False
     #: the built-in handlers include a daemon per object (checked by I9)
     daemons: bool = False
+    #: the built-in handler is a ``labels=`` controller (``SELECTED=true``, no finalizer) that reads
+    #: its own object with ``client.get(request)`` (odd names: ``client.list(namespace=)``): two
+    #: informers of one resource, the filtered one that wakes it and the unfiltered one its reads
+    #: start; the workload moves objects in and out of the filter, and I10 checks every child says
+    #: what its object says
+    filtered: bool = False
+    #: each watch stream delivers each event after its own random delay, up to this many seconds
+    #: (0: at once), so two informers of one resource see a change at different moments
+    watch_lag: float = 0.0
 
     def repro(self, seed: int) -> str:
         default = World()
@@ -171,6 +189,10 @@ class World:
                 line += " --server-filter"
             if self.daemons:
                 line += " --daemons"
+            if self.filtered:
+                line += " --filtered"
+            if self.watch_lag:
+                line += f" --watch-lag {self.watch_lag:g}"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
         if self.only is not None:
@@ -218,13 +240,25 @@ def builtin_registry(world: World) -> Registry:
     """The built-in workload's handler: writes its status and a child ConfigMap; fails 1 call in
     10; with ``world.finalizer`` its cleanup deletes the child."""
     registry = Registry()
+    finalizer = FINALIZER if world.finalizer and not world.filtered else None
+    labels = f"{SELECTED}=true" if world.filtered else None
 
-    @registry.reconciler(RESOURCE, finalizer=FINALIZER if world.finalizer else None, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
+    @registry.reconciler(RESOURCE, finalizer=finalizer, labels=labels, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
     async def widgets(request: Request, client: Any, obj: Any, phase: Phase) -> None:
         rng = random.Random(f"{request}-{(obj or {}).get('metadata', {}).get('resourceVersion')}-{asyncio.get_running_loop().time()}")
         if rng.random() < 0.1:
             raise RuntimeError("the handler failed (simulated)")
         child = f"{request.name}-child"
+        if world.filtered:  # what controller-runtime's reconcilers do: read the object by its key
+            if int(request.name[1:]) % 2:  # or from a list of the namespace, for odd names
+                obj = next((o for o in client.list(namespace=request.namespace) if o["metadata"]["name"] == request.name), None)
+            else:
+                try:
+                    obj = client.get(request)
+                except NotFound:
+                    obj = None
+            if obj is not None and not _selected(obj):
+                obj = None  # it left the filter: its child goes
         if obj is None or phase is Phase.DELETING:
             await client.delete("configmaps", Request(request.namespace, child))
             return
@@ -246,6 +280,11 @@ def builtin_registry(world: World) -> Registry:
                 return
 
     return registry
+
+
+def _selected(obj: Any) -> bool:
+    """The filtered world's filter: ``SELECTED=true``."""
+    return bool(((obj.get("metadata") or {}).get("labels") or {}).get(SELECTED) == "true")
 
 
 # --------------------------------------------------------------------------- replicas
@@ -357,6 +396,8 @@ class WorldTransport:
         if not await self._healed(read_timeout):
             raise ApiError(0, "Unreachable", f"watch {path}: no response within {read_timeout} s")
         lines = w.server.watch(path, params)
+        if w.world.watch_lag:
+            lines = self._delayed(lines)
         try:
             async for line in lines:
                 if r.net == "fail":
@@ -365,6 +406,40 @@ class WorldTransport:
                     raise StreamIdle(0, "Idle", f"watch {path}: no data for {read_timeout} s")
                 yield line
         finally:
+            await lines.aclose()
+
+    async def _delayed(self, lines: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+        """``lines``, each delivered ``watch_lag`` × a draw of this stream's own after the server
+        sent it, in order (a line never overtakes the one before): the server's side is read
+        at once, so delays do not add up over a burst (a streaming list's initial events)."""
+        w = self.world
+        lags = random.Random(f"lag-{w.seed}-{w.streams}")
+        w.streams += 1
+        sent: asyncio.Queue[tuple[float, Any]] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for line in lines:
+                    sent.put_nowait((w.now() + lags.uniform(0, w.world.watch_lag), line))
+            except Exception as exc:  # noqa: BLE001 - handed to the reader, as the stream would raise it
+                sent.put_nowait((w.now(), exc))
+            finally:
+                sent.put_nowait((w.now(), None))
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while True:
+                due, line = await sent.get()
+                if due > w.now():
+                    await asyncio.sleep(due - w.now())
+                if line is None:
+                    return
+                if isinstance(line, Exception):
+                    raise line
+                yield line
+        finally:
+            reader.cancel()
+            await asyncio.wait([reader])  # its read of ``lines`` ends before ``lines`` is closed
             await lines.aclose()
 
     async def _healed(self, limit: float) -> bool:
@@ -436,6 +511,7 @@ class _World:
         self.by_actor: dict[Actor, _Replica] = {}
         self.requests = 0
         self.calls = 0
+        self.streams = 0  # watch streams opened (each draws its delays from its own stream)
         self._neutral = contextvars.Context()
         #: (uid, timer, grid index) -> the replica that fired it (T1)
         self.ticks: dict[tuple[str, str, int], str] = {}
@@ -472,6 +548,12 @@ class _World:
         #: unguarded deletions made while no replica owned the object's range (sharded): not
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
+        #: the filtered world: key -> who owned its range when its object last left the filter
+        #: (or was deleted in it), as for ``deletions``, and the replica incarnations alive then
+        self.left: dict[Request, tuple[tuple[_Replica, int, int] | None, frozenset[tuple[int, int]]]] = {}
+        #: the filtered world: names created more than once (two uids: sharded by uid, two ranges)
+        self.created: set[Request] = set()
+        self.recreated: set[Request] = set()
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -791,23 +873,30 @@ class _World:
         info = self.info()
         obj = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
         obj["spec"] = {} if self.user else {"value": value}  # a handlers file's model gets its defaults
+        if self.world.filtered:
+            obj["metadata"]["labels"] = {SELECTED: "true" if value % 3 else "false"}
         return obj
 
     def _change(self, value: int) -> dict[str, Any]:
         """The workload's update: the built-in spec's value; an annotation of a handlers file's object."""
         if self.user:
             return {"metadata": {"annotations": {"sim.declop.dev/value": str(value)}}}
+        if self.world.filtered and value % 2:  # in or out of the filter, by a label
+            return {"metadata": {"labels": {SELECTED: "true" if value % 4 == 1 else "false"}}}
         return {"spec": {"value": value}}
 
     async def _admin(self, method: str, key: Request, body: Any = None) -> Any:
         info = self.info()
         path = info.path(namespace=key.namespace, name=None if method == "POST" else key.name)
+        before = self.server.store(info).get(key) if self.world.filtered else None
         result = await self.server.request(method, path, body=body, content_type="application/merge-patch+json" if method == "PATCH" else None)
         meta = result["metadata"]
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
             owner = self._owner(key, meta["uid"])
-            if guarded or self.world.strict or owner is not None:
+            if self.world.filtered and not _selected(result):
+                pass  # outside the filter: no controller of it is told
+            elif guarded or self.world.strict or owner is not None:
                 self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded, owner))
             else:
                 self.unowned_deletions += 1  # no owner to deliver it: the documented exception
@@ -815,6 +904,12 @@ class _World:
                 self.want.pop(key, None)
         else:
             self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
+        if self.world.filtered and method == "POST":
+            (self.recreated if key in self.created else self.created).add(key)
+        if before is not None and _selected(before) and (method == "DELETE" or not _selected(result)):
+            self.left[key] = (self._owner(key, meta["uid"]), frozenset((r.index, r.gen) for r in self.replicas if r.alive))
+        elif self.world.filtered and method != "DELETE" and _selected(result):
+            self.left.pop(key, None)
         return result
 
     def _owner(self, key: Request, uid: str) -> tuple[_Replica, int, int] | None:
@@ -880,7 +975,12 @@ class _World:
     # -- the end: I3 and I4 -------------------------------------------------------------------------
     def check_end(self, settled_at: float) -> None:
         store = self.server.store(self.info())
+        if self.world.filtered:
+            self.check_children(settled_at)
         for key, (uid, rv) in sorted(self.want.items()):
+            stored = store.get(key)
+            if self.world.filtered and (stored is None or not _selected(stored)):
+                continue  # outside the filter: I10 checks it
             got = self.seen.get((key, uid), 0)
             if self.user:
                 rv = 1  # a handlers file's predicates may drop updates: its object must be seen once
@@ -908,6 +1008,41 @@ class _World:
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
                 # there is nothing of it to clean up)
                 self.violate("I4", "-", f"the deletion of {key} (uid {uid[:8]}) at t={at:.3f} never reached a handler")
+
+    def check_children(self, settled_at: float) -> None:
+        """I10 (the filtered world): every object in the filter has its child ConfigMap, holding
+        its spec's value, and no other object has one — what the handler did when it last read the
+        object is what the object says now, so no change was left unreconciled, the changes that
+        moved it out of the filter too. Leaving the filter is a deletion to the controller, without
+        a finalizer: sharded, one made while no replica owned the object's range, or whose owner
+        lost it since, is excused as I4 excuses a deletion (in leader mode, one the leader at the
+        end never saw: a process started after it, :meth:`_unowned_leave`); so is, sharded by
+        uid, a name created again (the old object's calls and the new one's run on two replicas,
+        which I1 excuses: they share the child). ``World(strict=True)`` checks both."""
+        store = self.server.store(self.info())
+        children = self.server.store("configmaps")
+        for key in sorted({*(key_of(o) for o in store), *(Request(key_of(c).namespace, key_of(c).name.removesuffix("-child")) for c in children)}):
+            obj, child = store.get(key), children.get(Request(key.namespace, f"{key.name}-child"))
+            want = str(obj["spec"].get("value")) if obj is not None and _selected(obj) else None
+            got = (child.get("data") or {}).get("value") if child is not None else None
+            if got != want and not self.world.strict and key in self.left and self._unowned_leave(key):
+                self.unowned_deletions += 1  # it left while no replica owned its range: §7's exception
+            elif got != want and self.by_uid and key in self.recreated:
+                self.excused += 1  # the old object's calls and the new one's on two replicas: §7 (I1's exception)
+            elif got != want:
+                what = "no object" if obj is None else f"resourceVersion {obj['metadata']['resourceVersion']}, {'in' if want else 'out of'} the filter"
+                self.violate("I10", "-", f"{key} ({what}) has {'no child' if got is None else f'a child with {got!r}'}, want {'none' if want is None else repr(want)}, {self.now() - settled_at:.3f} s after the faults healed")
+
+    def _unowned_leave(self, key: Request) -> bool:
+        """``key``'s last move out of the filter reached no replica that owns its range now: sharded,
+        its range's owner then lost it since (or there was none); in leader mode, the leader now is
+        a process started after it (it listed the filter without the object; standbys that queued
+        the event never led)."""
+        owner, alive = self.left[key]
+        if self.world.mode == "sharded":
+            return not self._kept(owner)
+        leaders = [r for r in self.replicas if r.alive and r.manager is not None and r.manager.elector is not None and r.manager.elector.valid()]
+        return not any((r.index, r.gen) in alive for r in leaders)
 
 
 def _plain(obj: Any) -> Any:
@@ -1008,6 +1143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="I1 without the exception for shard_by='uid' without a finalizer")
     p.add_argument("--server-filter", action="store_true", help="the apiserver serves shardSelector (server-side filtering)")
     p.add_argument("--daemons", action="store_true", help="add a daemon per object to the built-in handler (checks I9)")
+    p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
+    p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None)
     p.add_argument("--faults", default=",".join(WORLD_FAULTS))
     p.add_argument("-v", "--verbose", action="store_true")
@@ -1021,7 +1158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_FAULTS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
-                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons)  # fmt: skip
+                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons,
+                  filtered=args.filtered, watch_lag=args.watch_lag)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())

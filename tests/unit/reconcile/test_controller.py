@@ -38,6 +38,7 @@ class FakeInformer:
         self.resource = CM
         self.syncing = False
         self.lists = 1
+        self.shard = None
 
     def subscribe(self, handler: Any) -> None:
         self.subscribers.append(handler)
@@ -1027,6 +1028,66 @@ def test_a_deleted_objects_key_keeps_its_range_from_its_last_event() -> None:
     on_event(gone, None)  # a deletion: the cache no longer has it
     run(c.process([KEY]))
     assert called == [None] and KEY not in c.gate.book.uids  # type: ignore[operator]
+
+
+def test_a_failed_call_of_a_deleted_objects_key_is_retried_in_its_range() -> None:
+    # issue 42's filtered world, sharded by uid: the call that saw the object gone failed, and
+    # the book had already forgotten the key's uid, so its retry had no range and was dropped at
+    # the fence as not ours — the deletion was never handled. The uid goes once a call of the
+    # gone object succeeds.
+    called: list[Any] = []
+
+    def handler(obj: Any, **_: Any) -> None:
+        called.append(obj)
+        if len(called) == 1:
+            raise RuntimeError("the first try fails")
+
+    c, informer, shards = sharded(handler)
+    own(shards, 2)
+    c.subscriber(c.sources[0])(cm("a", uid=uid_in(shards, 2)), None)
+    run(c.process([KEY]))
+    assert called == [None] and c.queue.num_requeues(KEY) == 1
+    run(c.process([KEY]))  # the retry
+    assert called == [None, None] and c.unowned == 0
+    assert KEY not in c.gate.book.uids  # type: ignore[operator]
+
+
+def test_a_sharded_controller_woken_by_its_unfiltered_cache_finds_the_keys_range() -> None:
+    # issue 42's filtered world, sharded by uid (simworld seed 19): a left the filter; the call of
+    # the filtered DELETED read the lagging unfiltered cache and succeeded, so the book forgot a's
+    # uid. That cache catching up woke the controller, but the key had no range any more and
+    # was dropped at the fence: the handler's last look at a stayed the stale one.
+    called: list[Any] = []
+    c, _informer, shards = sharded(lambda obj, **_: called.append(obj))
+    own(shards, 2)
+    was = cm("a", uid=uid_in(shards, 2), labels={"app": "x"})
+    left = {**was, "metadata": {**was["metadata"], "resourceVersion": "2", "labels": {}}}
+    c.unfiltered_subscriber(lambda obj: obj["metadata"]["labels"].get("app") == "x")(was, left)
+    assert queued(c) == [KEY]
+    run(c.process([KEY]))
+    assert called == [None] and c.unowned == 0
+
+
+def test_a_sharded_controller_woken_while_the_call_of_a_gone_object_runs_keeps_the_keys_range() -> None:
+    # simworld seed 2 of the filtered world, sharded by uid, no fault: the unfiltered cache's
+    # DELETED woke the controller while the call of the filtered one ran (and read the stale
+    # copy); that call succeeded, the book forgot the uid, and the wake found no range
+    called: list[Any] = []
+
+    def handler(obj: Any, **_: Any) -> None:
+        called.append(obj)
+        if len(called) == 1:  # the unfiltered cache's DELETED, while this call runs
+            c.unfiltered_subscriber(lambda obj: True)(was, None)
+
+    c, _informer, shards = sharded(handler)
+    own(shards, 2)
+    was = cm("a", uid=uid_in(shards, 2), labels={"app": "x"})
+    c.subscriber(c.sources[0])(was, None)  # the filtered DELETED
+    run(c.process([KEY]))
+    assert called == [None] and queued(c) == [KEY]
+    run(c.process([KEY]))
+    assert called == [None, None] and c.unowned == 0
+    assert KEY not in c.gate.book.uids  # type: ignore[operator]
 
 
 def test_a_deletion_dropped_at_the_fence_is_delivered_when_the_range_is_gained_again() -> None:

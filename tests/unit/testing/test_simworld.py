@@ -235,7 +235,9 @@ def test_a_range_lost_and_retaken_delivers_the_deletions_it_dropped_at_its_fence
     monkeypatch.setattr(ShardBook, "refused", forgetful)
     without = run(world, seed=18)
     assert [v.invariant for v in without.violations][:1] == ["I4"], without.report()
-    assert "ns-d/w059" in without.violations[0].detail
+    # (ns-c/w026's too since 1a45be5, where a gone object's key keeps its range while a cause of
+    # it waits: that key now reaches the fence with a range, and so depends on the tombstones)
+    assert any("ns-d/w059" in v.detail for v in without.violations), without.report()
 
 
 def test_i2_holds_a_call_to_the_apiservers_record_of_its_lease(monkeypatch: "object") -> None:
