@@ -404,7 +404,8 @@ class WorldTransport:
 
 class InlineExecutor(concurrent.futures.Executor):
     """Runs a plain handler's executor job at once on the loop's thread (no thread: a run stays
-    deterministic); the job's future completes after the virtual durations its handler calls
+    deterministic); the job's future is running from the start (a worker cancelled meanwhile
+    abandons it, as a thread's) and completes after the virtual durations its handler calls
     drew (:attr:`owed`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -413,6 +414,7 @@ class InlineExecutor(concurrent.futures.Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # taken by a "thread" at once: it cannot be cancelled
         self.owed = 0.0
         token = _INLINE.set(self)
         try:
