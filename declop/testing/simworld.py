@@ -27,7 +27,9 @@ controllers, finalizers, the fences, leader election or shard Leases — on one
   child ConfigMap, fails now and then, sometimes runs long, and owns a finalizer whose cleanup
   deletes the child.
 - **the workload**, from the seed: creates, spec updates, deletes, and deletes followed by a
-  re-create of the same name, by an administrator (straight to the apiserver).
+  re-create of the same name, by an administrator (straight to the apiserver). With a handlers
+  file, its objects fit what the registrations watch (:mod:`declop.testing.simworkload`:
+  namespaces, labels, fields), and objects outside every filter are owed nothing.
 - **faults**, from the seed, per replica (:data:`WORLD_FAULTS`): partitions (requests hang, fail,
   or lose their answers; watches stall or break), slow requests, pause and resume, crash and
   restart with empty memory, and ``compact`` (the apiserver forgets its watch history: watches
@@ -69,6 +71,15 @@ Invariants, checked while the run goes and at its end (each violation is a
 - **I9** no two live replicas run a daemon (``@declop.daemon``) of the same namespace/name at
   once, from its first run until it ended (a replica paused since its daemon started is excused,
   as for I1), and no daemon of an object runs once the object is gone.
+
+With a handlers file, the properties of :mod:`declop.testing.simprops` too: **quiescence** (no
+handler write changes anything from :data:`~declop.testing.simprops.QUIET_AFTER` lease
+durations after the workload and faults stopped, for a quiet window of one lease duration; the
+run ends at the first that does) and **idempotence** (then one more reconcile of every cached
+object changes nothing). Every write a handler call sends is recorded with its call and the
+handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
+:class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
+what ended it.
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
