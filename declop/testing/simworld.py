@@ -61,7 +61,9 @@ Invariants, checked while the run goes and at its end (each violation is a
   exception (contract.md §7), sharded: a deletion without a finalizer is owed only by the replica
   that owned the object's range when it happened and still owns it at the end (same process);
   one made while nobody owned the range, or whose owner lost the range (a crash, a partition, a
-  pause) is not delivered by the next owner (``World(strict=True)`` checks them all);
+  pause) is not delivered by the next owner; in leader mode, one is owed only when the leader
+  at the end is a process that was watching when it happened (a restarted one lists after the
+  object went) (``World(strict=True)`` checks them all);
 - **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
   uid, DELETING) returned without an exception;
 - **T1** (timers, :mod:`declop.handlers.timers`) no grid index of an object (its uid) fires twice,
@@ -539,6 +541,8 @@ class _World:
         #: unguarded deletions made while no replica owned the object's range (sharded): not
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
+        #: leader mode: (key, uid) of a deletion -> the incarnations watching then (:meth:`_kept`)
+        self.knew: dict[tuple[Request, str], frozenset[tuple[int, int]]] = {}
         #: the workload's namespaces and which objects the handlers watch (their registrations)
         self.scope = scope(regs, self.primary, NAMESPACES) if self.user else Scope(NAMESPACES, ())
         #: the handlers' writes (simprops: quiescence, idempotence)
@@ -970,6 +974,8 @@ class _World:
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
             owner = self._owner(key, meta["uid"])
+            if owner is not None and owner[1] < 0:  # leader mode: the processes that will see it go
+                self.knew[(key, meta["uid"])] = self._watching()
             if guarded or self.world.strict or owner is not None:
                 self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded, owner))
             else:
@@ -983,7 +989,7 @@ class _World:
     def _owner(self, key: Request, uid: str) -> tuple[_Replica, int, int] | None:
         """The live, running replica whose fence for ``key``'s range is open now (sharded), with
         its generation and the range; ``(replica 0, -1, -1)`` in leader mode, where standbys queue
-        every event and any next leader delivers it."""
+        every event and a next leader that was watching then delivers it (:meth:`_kept`)."""
         if self.world.mode != "sharded":
             return self.replicas[0], -1, -1
         for r in self.replicas:
@@ -998,13 +1004,29 @@ class _World:
                 return r, r.gen, i
         return None
 
-    def _kept(self, owner: tuple[_Replica, int, int] | None) -> bool:
-        """Whether the owner at a deletion still owns that range now, in the same process."""
+    def _watching(self) -> frozenset[tuple[int, int]]:
+        """The replica incarnations (index, generation) alive now with synced primary caches:
+        each sees a deletion now, or at its next relist, and queues it (leader mode)."""
+        return frozenset(
+            (r.index, r.gen) for r in self.replicas
+            if r.alive and r.manager is not None and r.manager.controllers
+            and all(i.synced.is_set() for c in r.manager.controllers for i in c.primary.informers)
+        )  # fmt: skip
+
+    def _kept(self, owner: tuple[_Replica, int, int] | None, key: Request, uid: str) -> bool:
+        """Whether the owner at a deletion still owns that range now, in the same process; in
+        leader mode, whether the leader now is a process that was watching at the deletion (one
+        started later lists after the object went, and never learns of it: the documented
+        exception, contract.md §7 — a deletion that must be acted on needs a finalizer)."""
         if owner is None:
             return False
         r, gen, i = owner
         if gen < 0:
-            return True
+            knew = self.knew.get((key, uid), frozenset())
+            return any(
+                (x.index, x.gen) in knew for x in self.replicas
+                if x.alive and x.manager is not None and x.manager.elector is not None and x.manager.elector.valid()
+            )  # fmt: skip
         m = r.manager
         s = m.controllers[0].shards if m is not None and m.controllers else None
         return r.alive and r.gen == gen and s is not None and s.electors[i].valid()
@@ -1069,7 +1091,7 @@ class _World:
             if guarded:
                 if uid not in self.cleaned:
                     self.violate("I4", "-", f"{key} (uid {uid[:8]}) deleted at t={at:.3f} went without its cleanup")
-            elif not self.world.strict and not self._kept(owner):
+            elif not self.world.strict and not self._kept(owner, key, uid):
                 self.unowned_deletions += 1  # its range's owner lost it meanwhile: the exception
             elif uid in seen_uids and not any(n > before for n in self.started.get(key, ())):
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
