@@ -130,6 +130,9 @@ SETTLE = 4
 #: of the run, per replica and per object: runs of the built-in handler and the examples take
 #: some 4 times fewer (~22,000 steps for 3 replicas, 200 objects, 185 virtual seconds, sharded)
 STEPS_PER_REPLICA, STEPS_PER_OBJECT = 60, 1.5
+#: and per object of each timer or daemon registration (examples/kopf/14_daemons.py, two
+#: daemons per object — one a thread waking every 5 s of real time —: ~180,000 steps a run)
+STEPS_PER_PERIODIC = 5
 RESOURCE = "widgets.example.com"
 FINALIZER = "sim.example.com/cleanup"
 NAMESPACES = ("ns-a", "ns-b", "ns-c", "ns-d", "ns-e", "ns-f", "ns-g", "ns-h")
@@ -560,7 +563,7 @@ class _World:
         #: the task running the world (:func:`_main`), cancelled by :meth:`halt`
         self.main: asyncio.Task[None] | None = None
         #: timers and daemons: periodic by design, their writes are not held to quiescence
-        self.periodic = {r.name for r in regs if isinstance(getattr(r.fn, "__self__", None), (TimerRunner, DaemonRunner))}
+        self.periodic = {r.name for r in registry.registrations if isinstance(getattr(r.fn, "__self__", None), (TimerRunner, DaemonRunner))}
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -634,6 +637,9 @@ class _World:
         timer = getattr(fn, "__self__", None)
         if isinstance(timer, TimerRunner):
             fn = functools.partial(self._timer_call, reg.name, timer)
+        # a timer's or a daemon's writes are periodic by design (and a daemon's task, started in
+        # the call, would inherit it): no call recorded for them (quiescence, idempotence)
+        records = not isinstance(timer, (TimerRunner, DaemonRunner))
 
         def pick(kw: dict[str, Any]) -> dict[str, Any]:
             return kw if wants is None else {k: v for k, v in kw.items() if k in wants}
@@ -647,7 +653,7 @@ class _World:
         if reg.is_async:
             async def handler(**kw: Any) -> Any:
                 r, key, started = self.call_started(kw, None, reg.name)
-                token = CALL.set(self.call_of(reg.name, kw["request"], started))
+                token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
                 try:
                     await asyncio.sleep(duration())
                     out = await fn(**pick(kw))
@@ -666,7 +672,7 @@ class _World:
                     inline.owed += d
                 r, key, started = self.call_started(kw, d, reg.name)
                 self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
-                token = CALL.set(self.call_of(reg.name, kw["request"], started))
+                token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
                 try:
                     out = fn(**pick(kw))
                 finally:
@@ -1119,7 +1125,7 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
     random.seed(f"jitter-{seed}")
     uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
     w = _World(world, seed, loop, registry if registry is not None else builtin_registry(world), crds)
-    limits = bounds(world, faults)
+    limits = bounds(world, faults, len(w.periodic))
     loop.max_turns, loop.max_time, loop.exhausted = limits.steps, limits.seconds, w.exhausted
     saved_now = apiserver._now  # timestamps (a timer's grid anchor) on the virtual wall clock too
     apiserver._now = lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(w.wall()))
@@ -1146,12 +1152,14 @@ def calm(world: World, faults: Sequence[Fault]) -> float:
     return max([world.duration] + [f.at + f.length for f in faults])
 
 
-def bounds(world: World, faults: Sequence[Fault]) -> Bounds:
+def bounds(world: World, faults: Sequence[Fault], periodic: int = 0) -> Bounds:
     """The seed's bounds: its virtual end (the settling, the quiet window, the idempotence
-    check's longest wait) and :data:`STEPS_PER_REPLICA` and :data:`STEPS_PER_OBJECT` loop turns
-    per virtual second."""
+    check's longest wait) and steps per virtual second: :data:`STEPS_PER_REPLICA` per replica,
+    :data:`STEPS_PER_OBJECT` per object, and :data:`STEPS_PER_PERIODIC` per object and
+    ``periodic`` registration (timers, daemons: a task per object that wakes on its own)."""
     seconds = calm(world, faults) + (SETTLE + 1) * world.lease_duration + _check_bound(world) + 1.0
-    return Bounds(int((STEPS_PER_REPLICA * world.replicas + STEPS_PER_OBJECT * world.objects) * seconds), seconds)
+    rate = STEPS_PER_REPLICA * world.replicas + (STEPS_PER_OBJECT + STEPS_PER_PERIODIC * periodic) * world.objects
+    return Bounds(int(rate * seconds), seconds)
 
 
 def _check_bound(world: World) -> float:
