@@ -138,3 +138,25 @@ def test_objects_outside_the_handlers_namespaces_are_not_owed_a_reconcile() -> N
     world = dataclasses.replace(QUIET, faults=(Fault(3.0, "crash", 0, 2.0),))
     result = run(world, 0, _registry(noted, namespaces=["default"]))
     assert result.ok, result.report()
+
+
+def test_a_daemon_s_periodic_writes_are_neither_a_hot_loop_nor_a_non_idempotent_reconcile() -> None:
+    import asyncio
+
+    registry = Registry()
+
+    @registry.daemon("configmaps", stop_timeout=1.0)
+    async def beat(request: Any, stop: asyncio.Event, client: Any) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            await client.patch("configmaps", request, {"metadata": {"annotations": {"beat": str(n)}}})
+            try:
+                await asyncio.wait_for(stop.wait(), 5.0)
+            except asyncio.TimeoutError:
+                pass
+
+    result = run(QUIET, 0, registry)
+    assert result.ok, result.report()
+    assert result.writes == "handler writes: 0 changed something, 0 changed nothing"
+    assert result.bounds is not None and result.steps < result.bounds.steps
