@@ -41,7 +41,7 @@ from typing import Any
 from declop.kube.keys import Request
 from declop.testing.sim import Violation
 
-__all__ = ["CALL", "QUIET_AFTER", "Bounds", "Call", "Write", "Writes", "user_frames"]
+__all__ = ["CALL", "QUIET_AFTER", "Bounds", "Call", "Write", "Writes", "target", "user_frames"]
 
 #: the bound of quiescence: lease durations after the workload and the faults stopped (the same
 #: as I3's: by then every object has been reconciled)

@@ -120,7 +120,10 @@ from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simworkload import Scope, scope
 
-__all__ = ["SETTLE", "WORLD_FAULTS", "InlineExecutor", "World", "WorldResult", "WorldTransport", "builtin_registry", "main", "run", "run_seeds", "shrink"]
+__all__ = [
+    "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
+    "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_seeds", "shrink",
+]
 
 #: what a seed may draw
 WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
