@@ -22,7 +22,7 @@ __all__ = ["sim"]
     cls=Command,
     examples=(
         "declop sim handlers.py --replicas 3 --seeds 1000     # 1000 fault schedules; prints each failing seed",
-        "declop sim handlers.py --seed 17                     # one schedule: its faults and first violation",
+        "declop sim handlers.py --seed 17                     # one schedule: faults, writes, bounds, first violation",
         "declop sim handlers.py --mode sharded --shards 4 --seeds 100",
     )
 )
@@ -42,10 +42,14 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
         shards: int, objects: int, duration: float, faults: str | None, verbose: bool) -> None:  # fmt: skip
     """Run handler PATHS and -m modules in a simulated cluster: several replicas, on virtual
     time, under faults drawn from each seed (partitions, pauses, crashes, compaction), with a
-    workload of creates, updates, deletes and re-creates; check the invariants (no two replicas
-    reconcile one object at once, every change reconciled, every deletion delivered, finalizers
-    released only after a successful cleanup). Prints each failing seed's repro line and the
-    schedules per second; exit 1 if any failed. See docs/simulation.md.
+    workload of creates, updates, deletes and re-creates of the objects the handlers watch (their
+    resources, namespaces, label and field selectors); check the invariants (no two replicas
+    reconcile one object at once, every watched object reconciled, every deletion delivered,
+    finalizers released only after a successful cleanup) and the properties of the handlers:
+    quiescence (their writes stop once the workload and faults do: no hot loop) and idempotence
+    (one more reconcile of a converged world changes nothing). Every seed is bounded in steps and
+    virtual time. Prints each failing seed's repro line and the handler's line that made the
+    offending write, and the schedules per second; exit 1 if any failed. See docs/simulation.md.
     """
     from declop.dev.manifests import from_models
     from declop.testing import simworld

@@ -196,6 +196,9 @@ class Violation:
     invariant: str
     replica: str
     detail: str
+    #: where a handler's code did it (a property of the user's handlers: the stack of the
+    #: offending write trimmed to user code, as traceback lines); () for declop's invariants
+    trace: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"t={self.at:.3f} {self.invariant} {self.replica}: {self.detail}"
@@ -231,6 +234,8 @@ def report_text(repro: str, faults: Sequence[Fault], counts: str, violations: Se
     lines.append(counts)
     if violations:
         lines += ["first violation:", f"  {violations[0]}"]
+        if violations[0].trace:
+            lines += ["the handler's write (traceback, user code):", *(f"    {t}" for t in violations[0].trace)]
         if len(violations) > 1:
             lines += [f"  (and {len(violations) - 1} more)"]
     return "\n".join(lines)

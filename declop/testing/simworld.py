@@ -27,7 +27,9 @@ controllers, finalizers, the fences, leader election or shard Leases — on one
   child ConfigMap, fails now and then, sometimes runs long, and owns a finalizer whose cleanup
   deletes the child.
 - **the workload**, from the seed: creates, spec updates, deletes, and deletes followed by a
-  re-create of the same name, by an administrator (straight to the apiserver).
+  re-create of the same name, by an administrator (straight to the apiserver). With a handlers
+  file, its objects fit what the registrations watch (:mod:`declop.testing.simworkload`:
+  namespaces, labels, fields), and objects outside every filter are owed nothing.
 - **faults**, from the seed, per replica (:data:`WORLD_FAULTS`): partitions (requests hang, fail,
   or lose their answers; watches stall or break), slow requests, pause and resume, crash and
   restart with empty memory, and ``compact`` (the apiserver forgets its watch history: watches
@@ -59,7 +61,9 @@ Invariants, checked while the run goes and at its end (each violation is a
   exception (contract.md §7), sharded: a deletion without a finalizer is owed only by the replica
   that owned the object's range when it happened and still owns it at the end (same process);
   one made while nobody owned the range, or whose owner lost the range (a crash, a partition, a
-  pause) is not delivered by the next owner (``World(strict=True)`` checks them all);
+  pause) is not delivered by the next owner; in leader mode, one is owed only when the leader
+  at the end is a process that was watching when it happened (a restarted one lists after the
+  object went) (``World(strict=True)`` checks them all);
 - **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
   uid, DELETING) returned without an exception;
 - **T1** (timers, :mod:`declop.handlers.timers`) no grid index of an object (its uid) fires twice,
@@ -76,6 +80,15 @@ Invariants, checked while the run goes and at its end (each violation is a
   object in the filter has its child holding its spec's value and no other object has a child:
   no change was left unreconciled, the changes that moved an object out of the filter too (a
   move out of it is a deletion without a finalizer to the controller: sharded, I4's exception).
+
+With a handlers file, the properties of :mod:`declop.testing.simprops` too: **quiescence** (no
+handler write changes anything from :data:`~declop.testing.simprops.QUIET_AFTER` lease
+durations after the workload and faults stopped, for a quiet window of one lease duration; the
+run ends at the first that does) and **idempotence** (then one more reconcile of every cached
+object changes nothing). Every write a handler call sends is recorded with its call and the
+handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
+:class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
+what ended it.
 """
 
 # size: the world — its transport, executor, replicas, workload, faults, invariants and command
@@ -111,13 +124,25 @@ from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simloop import Actor, VirtualLoop, actor
+from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
+from declop.testing.simworkload import Scope, scope
 
-__all__ = ["SETTLE", "WORLD_FAULTS", "InlineExecutor", "World", "WorldResult", "WorldTransport", "builtin_registry", "main", "run", "run_seeds", "shrink"]
+__all__ = [
+    "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
+    "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_seeds", "shrink",
+]
 
 #: what a seed may draw
 WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: the I3 bound: lease durations after the last fault healed (and the workload stopped)
 SETTLE = 4
+#: the step bound, in steps (a turn of the loop, a handler call or a request) per virtual second
+#: of the run, per replica and per object: runs of the built-in handler and the examples take
+#: some 4 times fewer (~22,000 steps for 3 replicas, 200 objects, 185 virtual seconds, sharded)
+STEPS_PER_REPLICA, STEPS_PER_OBJECT = 60, 1.5
+#: and per object of each timer or daemon registration (examples/kopf/14_daemons.py, two
+#: daemons per object — one a thread waking every 5 s of real time —: ~180,000 steps a run)
+STEPS_PER_PERIODIC = 5
 RESOURCE = "widgets.example.com"
 FINALIZER = "sim.example.com/cleanup"
 #: the label of the filtered world's ``labels=`` controller (``World(filtered=True)``)
@@ -210,6 +235,14 @@ class WorldResult:
     requests: int = 0
     #: timer ticks fired (T1, T2)
     ticks: int = 0
+    #: what ended the run: "end" (its checks ran), "quiescence" (a write after the quiet bound),
+    #: "steps" or "time" (its :class:`~declop.testing.simprops.Bounds`)
+    ended: str = "end"
+    #: loop turns taken, and the seed's bounds
+    steps: int = 0
+    bounds: Bounds | None = None
+    #: the handlers' writes (a handlers file's run): changing and not
+    writes: str = ""
 
     @property
     def ok(self) -> bool:
@@ -219,7 +252,12 @@ class WorldResult:
         return self.world.repro(self.seed)
 
     def report(self) -> str:
-        return report_text(self.repro(), self.faults, f"handler calls: {self.calls}, requests: {self.requests}", self.violations)
+        counts = f"handler calls: {self.calls}, requests: {self.requests}"
+        if self.writes:
+            counts += f"\n{self.writes}"
+        if self.bounds is not None:
+            counts += f"\nended: {self.ended}, at {self.steps:,} of {self.bounds.steps:,} steps, bound t={self.bounds.seconds:.3f}"
+        return report_text(self.repro(), self.faults, counts, self.violations)
 
 
 def schedule(world: World, rng: random.Random) -> list[Fault]:
@@ -339,18 +377,23 @@ class WorldTransport:
     ) -> Any:  # fmt: skip
         w, r = self.world, self.replica
         w.requests += 1
+        w.loop.turns += 1  # type: ignore[attr-defined]  # a step of the step bound
+        call = CALL.get()
+        # a handler's write: who sent it, from which line of user code (the stack is here)
+        origin = (call, user_frames()) if call is not None and method != "GET" and w.user and "/events" not in path else None
         if _INLINE.get() is not None:  # a plain handler's request: no latency, no waiting
             if r.net != "ok" or self._gone():
                 raise ApiError(0, "Unreachable", f"{method} {path}: connection refused")
-            return await w.serve(method, path, params, body, content_type)
+            return await w.serve(method, path, params, body, content_type, origin)
         answer: asyncio.Future[Any] = w.loop.create_future()
-        w.spawn(self._wire(answer, method, path, params, body, content_type))
+        w.spawn(self._wire(answer, method, path, params, body, content_type, origin))
         try:
             return await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
             raise ApiError(0, "Timeout", f"{method} {path} timed out after {timeout} s") from None
 
-    async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, params: Any, body: Any, content_type: str | None) -> None:
+    async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, params: Any, body: Any, content_type: str | None,
+                    origin: tuple[Call, tuple[str, ...]] | None = None) -> None:  # fmt: skip
         w, r = self.world, self.replica
         latency = w.rng.uniform(0.0005, 0.005) + (w.rng.uniform(0, r.slow) if r.slow else 0.0)
         if self._gone() or r.net == "hang":
@@ -365,7 +408,7 @@ class WorldTransport:
             return
         error: BaseException | None = None
         try:
-            result = await w.serve(method, path, params, body, content_type)
+            result = await w.serve(method, path, params, body, content_type, origin)
         except ApiError as exc:
             error = exc
         await asyncio.sleep(latency / 2)
@@ -455,7 +498,8 @@ class WorldTransport:
 
 class InlineExecutor(concurrent.futures.Executor):
     """Runs a plain handler's executor job at once on the loop's thread (no thread: a run stays
-    deterministic); the job's future completes after the virtual durations its handler calls
+    deterministic); the job's future is running from the start (a worker cancelled meanwhile
+    abandons it, as a thread's) and completes after the virtual durations its handler calls
     drew (:attr:`owed`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -464,6 +508,7 @@ class InlineExecutor(concurrent.futures.Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # taken by a "thread" at once: it cannot be cancelled
         self.owed = 0.0
         token = _INLINE.set(self)
         try:
@@ -482,6 +527,36 @@ class InlineExecutor(concurrent.futures.Executor):
 
         self.loop.call_later(self.owed, done)
         return future
+
+
+class WorldLoop(VirtualLoop):
+    """The world's loop: what a plain handler's job hands back to the loop
+    (``call_soon_threadsafe`` while :class:`InlineExecutor` runs it — the waiter of
+    :func:`declop.reconcile._run.hand_off`) arrives when the job's drawn duration has passed, as
+    from a thread that ran that long. Without this a plain handler took no virtual time: one that
+    wakes itself (a hot loop) ran for ever at one virtual instant."""
+
+    #: steps so far (turns of the loop; the world adds its handler calls and requests); at
+    #: ``max_turns``, or once the clock passed ``max_time``, :attr:`exhausted` is called (once),
+    #: at the next turn (no timer of its own: one more timer in the heap would move the purges
+    #: of cancelled timers, and with them the order of timers due at one instant)
+    turns = 0
+    max_turns = 0
+    max_time = float("inf")
+    exhausted: Callable[[], None] | None = None
+
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> asyncio.Handle:  # type: ignore[override]
+        inline = _INLINE.get()
+        if inline is not None and inline.owed > 0:
+            return self.call_later(inline.owed, callback, *args, context=context)
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+    def _run_once(self) -> None:
+        self.turns += 1
+        if (self.turns >= self.max_turns or self._virtual_now > self.max_time) and self.exhausted is not None:
+            self.exhausted()
+            self.exhausted = None
+        super()._run_once()
 
 
 def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -554,6 +629,26 @@ class _World:
         #: the filtered world: names created more than once (two uids: sharded by uid, two ranges)
         self.created: set[Request] = set()
         self.recreated: set[Request] = set()
+        #: leader mode: (key, uid) of a deletion -> the incarnations watching then (:meth:`_kept`)
+        self.knew: dict[tuple[Request, str], frozenset[tuple[int, int]]] = {}
+        #: the workload's namespaces and which objects the handlers watch (their registrations)
+        self.scope = scope(regs, self.primary, NAMESPACES) if self.user else Scope(NAMESPACES, ())
+        #: the handlers' writes (simprops: quiescence, idempotence)
+        self.writes = Writes()
+        #: a changing handler write from then on fails quiescence (set once the run knows when
+        #: the workload and the faults stop; inf while the idempotence check runs)
+        self.quiet_from = float("inf")
+        #: when the workload and the faults stopped (the quiescence report's reference)
+        self.calm_at = 0.0
+        #: (controller, key) queued again by the idempotence check, not yet reconciled
+        self.pending: set[tuple[str, Request]] = set()
+        self.checking = False
+        #: what ended the run: "end", or what :meth:`halt` was told ("quiescence", "steps", "time")
+        self.ended = "end"
+        #: the task running the world (:func:`_main`), cancelled by :meth:`halt`
+        self.main: asyncio.Task[None] | None = None
+        #: timers and daemons: periodic by design, their writes are not held to quiescence
+        self.periodic = {r.name for r in registry.registrations if isinstance(getattr(r.fn, "__self__", None), (TimerRunner, DaemonRunner))}
 
     # -- plumbing -------------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -573,13 +668,18 @@ class _World:
         return self.server.discovery.resolve_cached(self.primary)
 
     # -- the apiserver, as every replica reaches it --------------------------------------------------
-    async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None) -> Any:
+    async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None,
+                    origin: tuple[Call, tuple[str, ...]] | None = None) -> Any:  # fmt: skip
         """One request, served; a write that takes a controller's finalizer off an object is
-        checked against I8."""
+        checked against I8; a handler's write (``origin``: its call and user frames) is recorded,
+        changed or not (the apiserver keeps the resourceVersion of a write that changes nothing)."""
         before = None
         if method in ("PUT", "PATCH", "DELETE") and self.finalizers:
             before = self._stored(path)
+        rv = self.server._last_rv
         result = await self.server.request(method, path, params=params, body=body, content_type=content_type)
+        if origin is not None:
+            self.wrote(method, path, result, self.server._last_rv != rv, *origin)
         if "/leases" in path and method in ("PUT", "POST") and isinstance(result, dict):
             spec = result.get("spec") or {}
             self.leases[result["metadata"]["name"]] = (spec.get("holderIdentity") or "", self.now(), float(spec.get("leaseDurationSeconds") or 0))
@@ -622,6 +722,9 @@ class _World:
         timer = getattr(fn, "__self__", None)
         if isinstance(timer, TimerRunner):
             fn = functools.partial(self._timer_call, reg.name, timer)
+        # a timer's or a daemon's writes are periodic by design (and a daemon's task, started in
+        # the call, would inherit it): no call recorded for them (quiescence, idempotence)
+        records = not isinstance(timer, (TimerRunner, DaemonRunner))
 
         def pick(kw: dict[str, Any]) -> dict[str, Any]:
             return kw if wants is None else {k: v for k, v in kw.items() if k in wants}
@@ -635,12 +738,14 @@ class _World:
         if reg.is_async:
             async def handler(**kw: Any) -> Any:
                 r, key, started = self.call_started(kw, None, reg.name)
+                token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
                 try:
                     await asyncio.sleep(duration())
                     out = await fn(**pick(kw))
                     self.call_returned(kw)
                     return out
                 finally:
+                    CALL.reset(token)
                     self.call_ended(r, key, started)
 
             wrapped: Callable[..., Any] = handler
@@ -652,7 +757,11 @@ class _World:
                     inline.owed += d
                 r, key, started = self.call_started(kw, d, reg.name)
                 self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
-                out = fn(**pick(kw))
+                token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
+                try:
+                    out = fn(**pick(kw))
+                finally:
+                    CALL.reset(token)
                 self.call_returned(kw)
                 return out
 
@@ -712,6 +821,7 @@ class _World:
         obj = _plain(kw.get("obj"))
         now = self.now()
         self.calls += 1
+        self.loop.turns += 1  # type: ignore[attr-defined]  # a step of the step bound
         self.started.setdefault(key, []).append(self.calls)
         uid = None
         if obj is not None:
@@ -781,12 +891,78 @@ class _World:
             self.violate("I9", r, f"a daemon of {key} started while {other.name} runs one (since t={since:.3f})")
         r.daemons[key] = now
 
+    def call_of(self, controller: str, key: Request, started: float) -> Call:
+        """The running call, as its writes are recorded (one queued by the idempotence check: extra)."""
+        return Call(controller, key, started, self.checking and (controller, key) in self.pending)
+
+    def wrote(self, method: str, path: str, result: Any, changed: bool, call: Call, trace: tuple[str, ...]) -> None:
+        """A handler's write was applied; one that changed something after the quiet bound ends
+        the run (quiescence)."""
+        try:
+            info, namespace, name, _sub = self.server._route(method, path)
+            what = target(method, info.plural, namespace, name, result)
+        except ApiError:
+            what = path
+        self.writes.note(Write(self.now(), call, method, what, changed, trace))
+        if changed and self.now() >= self.quiet_from:
+            why = f"a write changed something {self.now() - self.calm_at:.3f} virtual s after the workload and the faults stopped at t={self.calm_at:.3f} (the bound: {self.quiet_from - self.calm_at:g} s)"
+            self.violations.append(self.writes.quiescence(self.now(), self.calm_at, why))
+            self.halt("quiescence")
+
+    def halt(self, why: str) -> None:
+        """End the run now: :func:`_main` is cancelled where it waits, and ends the replicas."""
+        self.quiet_from = float("inf")
+        if self.ended == "end" and self.main is not None and not self.main.done():
+            self.ended = why
+            self.main.cancel()
+
+    def exhausted(self) -> None:
+        """The loop took its bound of steps (something never stops: a quiescence failure), or
+        passed its bound of virtual time (the run ends, "time")."""
+        loop = self.loop
+        assert isinstance(loop, WorldLoop)
+        now = self.now()
+        if loop.turns < loop.max_turns:
+            self.halt("time")
+            return
+        when = "after" if now >= self.calm_at else "before"
+        why = f"the step bound ({loop.max_turns:,} steps: turns of the loop, handler calls, requests) was hit at t={now:.3f}, {when} the workload and the faults stopped (t={self.calm_at:.3f})"
+        self.violations.append(self.writes.quiescence(now, self.calm_at if now >= self.calm_at else max(0.0, now - 10.0), why))
+        self.halt("steps")
+
+    async def check_idempotence(self, deadline: float) -> None:
+        """Idempotence: the world is quiet; queue one more reconcile of every object each live
+        replica's controllers cache (a resync), wait until each ran once (or ``deadline``:
+        the run ended by "time"), and report the first of their writes that changed something."""
+        self.quiet_from = float("inf")
+        self.checking = True
+        for r in self.replicas:
+            m = r.manager
+            if m is None or not r.alive:
+                continue
+            for c in m.controllers:
+                if c.name in self.periodic:
+                    continue
+                for informer in c.primary.informers:
+                    for key in informer.store.keys():
+                        self.pending.add((c.name, key))
+                        c.queue.add(key)
+        while self.pending and self.now() < deadline:
+            await asyncio.sleep(0.5)
+        if self.pending:
+            self.ended = "time"
+        violation = self.writes.idempotence(self.now())
+        if violation is not None:
+            self.violations.append(violation)
+
     def call_returned(self, kw: dict[str, Any]) -> None:
         obj = _plain(kw.get("obj"))
         if obj is not None and kw.get("phase") is Phase.DELETING:
             self.cleaned.add((obj.get("metadata") or {}).get("uid") or "")
 
     def call_ended(self, r: _Replica | None, key: Any, started: float) -> None:
+        if self.pending:
+            self.pending.discard(key)
         if r is not None and r.calls.get(key, (None,))[0] == started:
             del r.calls[key]
 
@@ -871,8 +1047,10 @@ class _World:
     # -- the workload -------------------------------------------------------------------------
     def _new(self, key: Request, value: int) -> dict[str, Any]:
         info = self.info()
-        obj = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
+        obj: dict[str, Any] = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
         obj["spec"] = {} if self.user else {"value": value}  # a handlers file's model gets its defaults
+        if self.user:
+            obj = self.scope.fill(obj, int(key.name[1:]))
         if self.world.filtered:
             obj["metadata"]["labels"] = {SELECTED: "true" if value % 3 else "false"}
         return obj
@@ -894,6 +1072,8 @@ class _World:
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
             owner = self._owner(key, meta["uid"])
+            if owner is not None and owner[1] < 0:  # leader mode: the processes that will see it go
+                self.knew[(key, meta["uid"])] = self._watching()
             if self.world.filtered and not _selected(result):
                 pass  # outside the filter: no controller of it is told
             elif guarded or self.world.strict or owner is not None:
@@ -915,7 +1095,7 @@ class _World:
     def _owner(self, key: Request, uid: str) -> tuple[_Replica, int, int] | None:
         """The live, running replica whose fence for ``key``'s range is open now (sharded), with
         its generation and the range; ``(replica 0, -1, -1)`` in leader mode, where standbys queue
-        every event and any next leader delivers it."""
+        every event and a next leader that was watching then delivers it (:meth:`_kept`)."""
         if self.world.mode != "sharded":
             return self.replicas[0], -1, -1
         for r in self.replicas:
@@ -930,13 +1110,29 @@ class _World:
                 return r, r.gen, i
         return None
 
-    def _kept(self, owner: tuple[_Replica, int, int] | None) -> bool:
-        """Whether the owner at a deletion still owns that range now, in the same process."""
+    def _watching(self) -> frozenset[tuple[int, int]]:
+        """The replica incarnations (index, generation) alive now with synced primary caches:
+        each sees a deletion now, or at its next relist, and queues it (leader mode)."""
+        return frozenset(
+            (r.index, r.gen) for r in self.replicas
+            if r.alive and r.manager is not None and r.manager.controllers
+            and all(i.synced.is_set() for c in r.manager.controllers for i in c.primary.informers)
+        )  # fmt: skip
+
+    def _kept(self, owner: tuple[_Replica, int, int] | None, key: Request, uid: str) -> bool:
+        """Whether the owner at a deletion still owns that range now, in the same process; in
+        leader mode, whether the leader now is a process that was watching at the deletion (one
+        started later lists after the object went, and never learns of it: the documented
+        exception, contract.md §7 — a deletion that must be acted on needs a finalizer)."""
         if owner is None:
             return False
         r, gen, i = owner
         if gen < 0:
-            return True
+            knew = self.knew.get((key, uid), frozenset())
+            return any(
+                (x.index, x.gen) in knew for x in self.replicas
+                if x.alive and x.manager is not None and x.manager.elector is not None and x.manager.elector.valid()
+            )  # fmt: skip
         m = r.manager
         s = m.controllers[0].shards if m is not None and m.controllers else None
         return r.alive and r.gen == gen and s is not None and s.electors[i].valid()
@@ -944,7 +1140,8 @@ class _World:
     async def workload(self) -> None:
         w = self.world
         rng = random.Random(f"work-{self.seed}")
-        keys = [Request(NAMESPACES[i % len(NAMESPACES)], f"w{i:03d}") for i in range(w.objects)]
+        spaces = self.scope.namespaces
+        keys = [Request(spaces[i % len(spaces)], f"w{i:03d}") for i in range(w.objects)]
         value = 0
         for key in keys[: w.objects // 2]:
             value += 1
@@ -984,6 +1181,9 @@ class _World:
             got = self.seen.get((key, uid), 0)
             if self.user:
                 rv = 1  # a handlers file's predicates may drop updates: its object must be seen once
+                stored = store.get(key)
+                if stored is not None and not self.scope.watched(stored):
+                    continue  # outside every registration's namespaces and selectors: nobody's
             if got < rv:
                 self.violate("I3", "-", f"{key} (uid {uid[:8]}) changed at resourceVersion {rv}, not reconciled since (last seen {got or 'never'}) {self.now() - settled_at:.3f} s after the faults healed")
         for obj in store:
@@ -1002,7 +1202,7 @@ class _World:
             if guarded:
                 if uid not in self.cleaned:
                     self.violate("I4", "-", f"{key} (uid {uid[:8]}) deleted at t={at:.3f} went without its cleanup")
-            elif not self.world.strict and not self._kept(owner):
+            elif not self.world.strict and not self._kept(owner, key, uid):
                 self.unowned_deletions += 1  # its range's owner lost it meanwhile: the exception
             elif uid in seen_uids and not any(n > before for n in self.started.get(key, ())):
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
@@ -1059,16 +1259,19 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
     faults = list(world.faults) if world.faults is not None else schedule(world, rng)
     if world.only is not None:
         faults = [faults[i] for i in world.only if i < len(faults)]
-    loop = VirtualLoop()
+    loop = WorldLoop()
     ids = random.Random(f"uids-{seed}")
     saved_random, saved_uuid4 = random.getstate(), uuid.uuid4
     random.seed(f"jitter-{seed}")
     uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
     w = _World(world, seed, loop, registry if registry is not None else builtin_registry(world), crds)
+    limits = bounds(world, faults, len(w.periodic))
+    loop.max_turns, loop.max_time, loop.exhausted = limits.steps, limits.seconds, w.exhausted
     saved_now = apiserver._now  # timestamps (a timer's grid anchor) on the virtual wall clock too
     apiserver._now = lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(w.wall()))
     try:
-        loop.run_until_complete(_main(w, faults))
+        w.main = loop.create_task(_main(w, faults))
+        loop.run_until_complete(w.main)
     finally:
         apiserver._now = saved_now
         uuid.uuid4 = saved_uuid4
@@ -1079,24 +1282,61 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
         if tasks:  # their clean-up (a manager's shutdown) is bounded: 60 virtual seconds at most
             loop.run_until_complete(asyncio.wait(tasks, timeout=60))
         loop.close()
-    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks))
+    ended = w.ended
+    writes = w.writes.counts() if w.user else ""
+    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes)
+
+
+def calm(world: World, faults: Sequence[Fault]) -> float:
+    """When the workload and the faults of a run stop."""
+    return max([world.duration] + [f.at + f.length for f in faults])
+
+
+def bounds(world: World, faults: Sequence[Fault], periodic: int = 0) -> Bounds:
+    """The seed's bounds: its virtual end (the settling, the quiet window, the idempotence
+    check's longest wait) and steps per virtual second: :data:`STEPS_PER_REPLICA` per replica,
+    :data:`STEPS_PER_OBJECT` per object, and :data:`STEPS_PER_PERIODIC` per object and
+    ``periodic`` registration (timers, daemons: a task per object that wakes on its own)."""
+    seconds = calm(world, faults) + (SETTLE + 1) * world.lease_duration + _check_bound(world) + 1.0
+    rate = STEPS_PER_REPLICA * world.replicas + (STEPS_PER_OBJECT + STEPS_PER_PERIODIC * periodic) * world.objects
+    return Bounds(int(rate * seconds), seconds)
+
+
+def _check_bound(world: World) -> float:
+    """The longest the idempotence check waits for its reconciles (virtual seconds)."""
+    return 2 * world.lease_duration + 0.1 * world.objects
 
 
 async def _main(w: _World, faults: list[Fault]) -> None:
+    try:
+        await _body(w, faults)
+    except asyncio.CancelledError:
+        if w.ended == "end":
+            raise
+        # halted (quiescence, a bound): the run ends here
+    for r in w.replicas:
+        if r.actor is not None:
+            r.actor.kill()
+    await asyncio.sleep(0)
+
+
+async def _body(w: _World, faults: list[Fault]) -> None:
     s = w.world
     for r in w.replicas:
         w.start(r)
     for f in faults:
         w.spawn(w.inject(f))
+    w.calm_at = end_of_faults = calm(s, faults)
+    if w.user:  # the handlers' writes must stop by the time every object is reconciled (I3)
+        w.quiet_from = end_of_faults + QUIET_AFTER * s.lease_duration
     await w.workload()
-    end_of_faults = max([s.duration] + [f.at + f.length for f in faults])
     await asyncio.sleep(max(0.0, end_of_faults - w.now()))
     await asyncio.sleep(SETTLE * s.lease_duration)
     w.check_end(end_of_faults)
-    for r in w.replicas:
-        if r.actor is not None:
-            r.actor.kill()
-    await asyncio.sleep(0)
+    if not w.user:
+        return
+    await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
+    await w.check_idempotence(w.now() + _check_bound(s))
 
 
 def shrink(failed: WorldResult, registry: Registry | None = None) -> WorldResult:
@@ -1123,6 +1363,8 @@ def run_seeds(world: World, seeds: Sequence[int], registry: Registry | None = No
         if not result.ok:
             failed += 1
             print(f"FAIL {result.repro()}  # {result.violations[0]}", file=out, flush=True)
+            for line in result.violations[0].trace:  # the handler's line that made the write
+                print(f"    {line}", file=out, flush=True)
     took = max(time.perf_counter() - began, 1e-9)
     print(f"{len(seeds)} seeds, {failed} failed, {took:.1f} s: {len(seeds) / took:.2f} schedules/s", file=out)
     return failed

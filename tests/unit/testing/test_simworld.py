@@ -320,3 +320,37 @@ def test_daemon_worlds_pass_over_generated_schedules() -> None:
         for seed in (3, 4):
             result = run(World(mode=mode, daemons=True, objects=30, duration=40.0), seed=seed)
             assert result.ok, result.report()
+
+
+def test_leader_mode_a_deletion_only_standbys_saw_is_the_documented_exception_when_a_restarted_replica_leads() -> None:
+    """Seed 693 of examples/buggy/idempotence_fixed.py (its handler, inline): the leader r0 finds
+    no renewal for 10 s under a ``fail`` fault, exits and restarts; ``ns-c/w162`` is deleted at
+    t=37.159 meanwhile, and r0#2 — which listed after the object went — leads to the end. The
+    standbys queued the deletion but never led. Without a finalizer that deletion is lost
+    (contract.md §7); I4 held it against declop in leader mode ("any next leader delivers it")."""
+    import declop
+    from declop.registry import Registry
+
+    registry = Registry()
+
+    @registry.reconciler("configmaps", owns=["secrets"])
+    def make_child(request: Any, client: Any, obj: Any) -> None:
+        if obj is None:
+            return
+        name = f"{request.name}-child"
+        try:
+            client.get("secrets", name)
+            return
+        except declop.NotFound:
+            pass
+        child = {"metadata": {"name": name, "namespace": request.namespace}}
+        declop.set_controller_reference(child, obj)
+        try:
+            client.create("secrets", child)
+        except declop.Conflict:
+            pass
+
+    world = World(handlers="idempotence_fixed.py")
+    strict = run(dataclasses.replace(world, strict=True), 693, registry)
+    assert [str(v) for v in strict.violations][:1] == ["t=135.476 I4 -: the deletion of ns-c/w162 (uid 2a54ac1a) at t=37.159 never reached a handler"]
+    assert run(world, 693, registry).ok

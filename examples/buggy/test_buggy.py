@@ -1,0 +1,66 @@
+"""The gallery of buggy handlers is a test: ``declop sim`` finds each bug, names the property and
+the handler's line, and passes the fixed version (docs/simulation.md, "Properties of your handlers").
+
+    pytest examples/buggy/test_buggy.py
+
+Each case runs ``declop sim`` as a user would — a process, from the repository's root — and reads
+what it prints: the failing seed's line (``FAIL declop sim FILE --seed N  # t=… PROPERTY …``),
+the handler's line under it, then the one-seed report that line reproduces.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+SEEDS = "20"  # a few seconds each; the 1,000-seed figures are in docs/simulation.md
+
+
+def sim(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "declop", "sim", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def line_of(path: Path, text: str) -> int:
+    (number,) = [i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line]
+    return number
+
+
+@pytest.mark.parametrize(
+    "name, prop, write",
+    [
+        ("idempotence.py", "idempotence", 'client.create("secrets"'),
+        ("hot_loop.py", "quiescence", 'client.patch("configmaps"'),
+    ],
+)
+def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(name: str, prop: str, write: str) -> None:
+    path = f"examples/buggy/{name}"
+    out = sim(path, "--seeds", "5")
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    fails = [i for i, line in enumerate(lines) if line.startswith("FAIL ")]
+    assert fails, out.stdout
+    first = lines[fails[0]]
+    repro = re.match(r"FAIL (declop sim \S+ --seed \d+)  # t=[\d.]+ (\w+) ", first)
+    assert repro is not None and repro[2] == prop, first
+    where = f'File "{path}", line {line_of(ROOT / path, write)}, in '
+    assert lines[fails[0] + 1].strip().startswith(where), out.stdout
+    assert write in lines[fails[0] + 2], out.stdout
+    if prop == "quiescence":  # the cycle, in virtual seconds
+        assert "→ event → handler count of the same object again" in first and "virtual s" in first, first
+
+    # the one line reproduces it: the same property, the same handler line
+    again = sim(*repro[1].split()[2:])
+    assert again.returncode == 1, again.stdout
+    assert f" {prop} -: " in again.stdout and where in again.stdout, again.stdout
+    assert re.search(r"ended: (quiescence|end|steps|time), at [\d,]+ of [\d,]+ steps, bound t=", again.stdout), again.stdout
+
+
+@pytest.mark.parametrize("name", ["idempotence_fixed.py", "hot_loop_fixed.py", "namespaced.py"])
+def test_the_fixed_and_the_correct_handlers_pass(name: str) -> None:
+    out = sim(f"examples/buggy/{name}", "--seeds", SEEDS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{SEEDS} seeds, 0 failed" in out.stdout, out.stdout

@@ -1,0 +1,87 @@
+"""The world's workload derived from the registrations (declop.testing.simworkload)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from declop.registry import Registry
+from declop.testing.simworkload import OUTSIDE_EVERY, UNWATCHED, scope
+
+WORLD = ("ns-a", "ns-b")
+
+
+def _scope(**options: Any) -> Any:
+    registry = Registry()
+
+    @registry.reconciler("configmaps", **options)
+    def handler(request: Any) -> None:
+        return None
+
+    return scope(registry.registrations, "configmaps", WORLD)
+
+
+def _obj(namespace: str, labels: dict[str, str] | None = None, **top: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "w000", "namespace": namespace}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"metadata": meta, **top}
+
+
+def test_without_filters_the_world_namespaces_and_every_object_are_watched() -> None:
+    s = _scope()
+    assert s.namespaces == WORLD and not s.filtered
+    assert s.watched(_obj("anywhere"))
+    obj = _obj("ns-a")
+    assert s.fill(obj, 3) == _obj("ns-a")  # nothing to satisfy
+
+
+def test_named_namespaces_are_the_workload_s_plus_one_nobody_watches() -> None:
+    s = _scope(namespaces=["default", "prod"])
+    assert s.namespaces == ("default", "prod", UNWATCHED)
+    assert s.watched(_obj("default")) and s.watched(_obj("prod"))
+    assert not s.watched(_obj(UNWATCHED)) and not s.watched(_obj("ns-a"))
+
+
+def test_a_field_selector_on_the_namespace_counts_as_one() -> None:
+    s = _scope(fields="metadata.namespace=default")
+    assert s.namespaces == ("default", UNWATCHED)
+    assert s.watched(_obj("default")) and not s.watched(_obj(UNWATCHED))
+
+
+def test_objects_get_the_labels_a_selector_asks_for_except_some_outside_it() -> None:
+    s = _scope(labels="app=web,tier in (b,a),managed,!skip")
+    inside = s.fill(_obj("ns-a"), 0)
+    assert inside["metadata"]["labels"] == {"app": "web", "tier": "a", "managed": "sim"}
+    assert s.watched(inside)
+    outside = s.fill(_obj("ns-a"), OUTSIDE_EVERY - 1)
+    assert "labels" not in outside["metadata"] and not s.watched(outside)
+
+
+def test_objects_get_the_field_values_a_field_selector_asks_for() -> None:
+    s = _scope(fields="spec.nodeName=node-1")
+    obj = s.fill(_obj("ns-a", spec={}), 0)
+    assert obj["spec"] == {"nodeName": "node-1"} and s.watched(obj)
+    assert not s.watched(_obj("ns-a", spec={"nodeName": "node-2"}))
+
+
+def test_an_object_any_registration_selects_is_watched() -> None:
+    registry = Registry()
+
+    @registry.reconciler("configmaps", labels="app=web")
+    def web(request: Any) -> None:
+        return None
+
+    @registry.reconciler("configmaps", labels="app=db")
+    def db(request: Any) -> None:
+        return None
+
+    @registry.reconciler("secrets", namespaces=["other"])
+    def secrets(request: Any) -> None:
+        return None
+
+    s = scope(registry.registrations, "configmaps", WORLD)
+    assert s.namespaces == WORLD  # the secrets' registration does not narrow the configmaps'
+    first, second = s.fill(_obj("ns-a"), 0), s.fill(_obj("ns-a"), 1)
+    assert {first["metadata"]["labels"]["app"], second["metadata"]["labels"]["app"]} == {"web", "db"}
+    assert s.watched(first) and s.watched(second)
+    assert not s.watched(_obj("ns-a", {"app": "cache"}))
