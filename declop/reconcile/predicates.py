@@ -2,7 +2,8 @@
 
 A predicate is any callable ``(old, new) -> bool``: ``old`` is ``None`` for an addition and ``new``
 is ``None`` for a deletion. Returning False drops the event. As in controller-runtime, the
-``*_changed`` built-ins filter *updates* only: additions and deletions always pass.
+``*_changed`` built-ins filter *updates* only: additions and deletions always pass, and so does
+an update that replaced the object (another uid: deleted and created again while unwatched).
 
 Every built-in is a small immutable object with a readable ``repr``; combine them with
 :func:`all_of`, :func:`any_of` and :func:`not_`.
@@ -41,7 +42,9 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Changed:
-    """Passes additions, deletions, and updates where ``metadata[field]`` differs."""
+    """Passes additions, deletions, and updates where ``metadata[field]`` differs — or where the
+    uid differs: an "update" whose object was deleted and created again under its name (what a
+    relist after a missed watch window reports) is a new object, even at the same generation 1."""
 
     field: str
     name: str
@@ -49,7 +52,8 @@ class _Changed:
     def __call__(self, old: Any, new: Any) -> bool:
         if old is None or new is None:
             return True
-        return _meta(old).get(self.field) != _meta(new).get(self.field)
+        was, now = _meta(old), _meta(new)
+        return was.get(self.field) != now.get(self.field) or was.get("uid") != now.get("uid")
 
     def __repr__(self) -> str:
         return f"declop.predicates.{self.name}"

@@ -77,6 +77,18 @@ def test_generation_changed_ignores_status_only_updates() -> None:
     assert resource_version_changed(old, new) is True
 
 
+@pytest.mark.parametrize("pred", CHANGED)
+def test_an_update_that_replaced_the_object_passes_every_changed_predicate(pred: Any) -> None:
+    """A name deleted and created again while the watch was down reaches the informer as an update
+    (its relist) at the same generation 1, labels and annotations: the new object must still be
+    reconciled (the simulator's examples/crd seeds 193 and 610 never reconciled it)."""
+    old, new = obj(), obj()
+    old["metadata"]["uid"], new["metadata"]["uid"] = "uid-1", "uid-2"
+    assert pred(old, new) is True
+    new["metadata"]["uid"] = "uid-1"
+    assert pred is resource_version_changed or pred(old, new) is False
+
+
 @pytest.mark.parametrize(
     ("pred", "old", "new"),
     [

@@ -179,6 +179,16 @@ def test_declop_sim_runs_the_crd_example_sharded_with_its_typed_model() -> None:
     assert "2 seeds, 0 failed" in result.output  # type: ignore[attr-defined]
 
 
+def test_a_name_deleted_and_created_again_under_a_pause_is_reconciled_despite_generation_changed() -> None:
+    """Seed 193 of the CRD example (whose controller filters with generation_changed): the leader's
+    watch misses a delete + create of ns-b/w041, its relist reports the new object as an update at
+    the same generation 1, and the predicate dropped it — I3, never reconciled. An update whose
+    uid changed now passes every *_changed predicate."""
+    result = _sim("examples/crd/handlers.py", "--seed", "193")
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    assert result.output.startswith("ok declop sim examples/crd/handlers.py --seed 193")  # type: ignore[attr-defined]
+
+
 def test_declop_sim_one_seed_prints_its_repro_line_and_faults() -> None:
     result = _sim("examples/pods.py", "--seed", "1", "--objects", "30", "--duration", "15")
     assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
