@@ -67,7 +67,8 @@ Invariants, checked while the run goes and at its end (each violation is a
 - **I8** a controller's finalizer leaves an object only after a cleanup call of that object (its
   uid, DELETING) returned without an exception;
 - **T1** (timers, :mod:`declop.handlers.timers`) no grid index of an object (its uid) fires twice,
-  across replicas and incarnations; **T2** a tick fires only while the apiserver's record of the
+  across replicas and incarnations (an attempt whose function raised is retried by design and
+  does not count; one that ended with ``TerminalError`` does); **T2** a tick fires only while the apiserver's record of the
   Lease covering its key names the replica and is unexpired (I2 at the moment of the tick). Each
   replica incarnation gets a runner of its own (a process's memory), on the virtual wall clock.
 - **I9** no two live replicas run a daemon (``@declop.daemon``) of the same namespace/name at
@@ -110,7 +111,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 
-from declop.errors import ApiError, NotFound
+from declop.errors import ApiError, NotFound, TerminalError
 from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
 from declop.kube.keys import Request, key_of
@@ -784,21 +785,35 @@ class _World:
 
             if asyncio.iscoroutinefunction(user):
                 async def fire(**k: Any) -> Any:
-                    self.tick_fired(r, name, k)
-                    return await user(**pick(k))
+                    slot = self.tick_fired(r, name, k)
+                    try:
+                        return await user(**pick(k))
+                    except Exception as exc:
+                        self.tick_failed(slot, exc)
+                        raise
 
                 recorded: Callable[..., Any] = fire
             else:
                 def fire_plain(**k: Any) -> Any:
-                    self.tick_fired(r, name, k)
-                    return user(**pick(k))
+                    slot = self.tick_fired(r, name, k)
+                    try:
+                        return user(**pick(k))
+                    except Exception as exc:
+                        self.tick_failed(slot, exc)
+                        raise
 
                 recorded = fire_plain
             runner = self.timers[slot] = TimerRunner(recorded, timer.schedule, name=name, model=timer.model, clock=self.wall)
         return runner.handler(**kw)
 
-    def tick_fired(self, r: _Replica | None, name: str, kw: dict[str, Any]) -> None:
-        """T1 and T2 at the moment a tick's function is called."""
+    def tick_failed(self, slot: tuple[str, str, int], exc: Exception) -> None:
+        """A tick whose function raised (not TerminalError) is retried, by design (docs/timers.md):
+        that attempt does not count as the grid index fired, for T1."""
+        if not isinstance(exc, TerminalError):
+            self.ticks.pop(slot, None)
+
+    def tick_fired(self, r: _Replica | None, name: str, kw: dict[str, Any]) -> tuple[str, str, int]:
+        """T1 and T2 at the moment a tick's function is called; the tick's T1 slot."""
         key: Request = kw["request"]
         obj = kw.get("obj")
         meta = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
@@ -813,6 +828,7 @@ class _World:
             self.ticks[slot] = who
         if r is not None:
             self._check_lease(r, key, uid, name, "T2")
+        return slot
 
     def call_started(self, kw: dict[str, Any], lasts: float | None = None, controller: str = "") -> tuple[_Replica | None, Any, float]:
         who = actor()
