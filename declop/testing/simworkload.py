@@ -11,7 +11,9 @@ A handlers file (``declop sim handlers.py``) says what it watches: the resource,
   turn), except one in :data:`OUTSIDE_EVERY` that gets none — so filtered-out objects exist too;
 - :meth:`Scope.watched` tells whether any registration selects an object (namespace, labels and
   fields, with the parsers the informers use). An object no registration selects is never
-  owed a reconcile (I3), nor checked for idempotence.
+  owed a reconcile (I3), nor checked for idempotence;
+- a typed handler's objects get the smallest ``spec`` its CRD's schema accepts (:func:`minimal`);
+  one that still fails the model (:func:`valid`) is owed no reconcile either.
 
 Invariants:
 - a scope is a pure function of the registrations: the same file gives the same workload;
@@ -25,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from declop.errors import InvalidObject
 from declop.kube.fields import FieldSelector, parse_fields
 from declop.kube.labels import Selector, parse_selector
 from declop.reconcile.registration import Registration
 
-__all__ = ["OUTSIDE_EVERY", "UNWATCHED", "Scope", "scope"]
+__all__ = ["OUTSIDE_EVERY", "UNWATCHED", "Scope", "minimal", "scope", "spec_schema", "valid"]
 
 #: the namespace of the workload's objects that no registration watches (when they name theirs)
 UNWATCHED = "sim-unwatched"
@@ -95,6 +98,62 @@ class Scope:
                 node = node.setdefault(part, {})
             node[path[-1]] = value
         return obj
+
+
+def minimal(schema: Mapping[str, Any]) -> Any:
+    """The smallest value the OpenAPI ``schema`` (a CRD's structural schema) accepts: its
+    default or first enum value, else its required properties, ``minItems`` items, ``minLength``
+    characters, its ``minimum``. A ``pattern`` is not read (the object may then fail its model:
+    :func:`valid` tells). Used for the ``spec`` of a typed handler's objects, so they pass their
+    model instead of all being skipped as invalid."""
+    if "default" in schema:
+        return schema["default"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if schema.get("x-kubernetes-int-or-string"):
+        return 0
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return {k: minimal(props[k]) for k in schema.get("required") or () if k in props}
+    if kind == "array":
+        return [minimal(schema.get("items") or {}) for _ in range(int(schema.get("minItems") or 0))]
+    if kind == "string":
+        if schema.get("format") == "date-time":
+            return "2026-01-01T00:00:00Z"
+        return "s" * max(1, int(schema.get("minLength") or 0))
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", 0)
+        low = low + 1 if schema.get("exclusiveMinimum") else low
+        return int(low) if kind == "integer" else float(low)
+    if kind == "boolean":
+        return False
+    return {}
+
+
+def spec_schema(crds: Sequence[Mapping[str, Any]], resource: str) -> Mapping[str, Any] | None:
+    """The ``spec`` schema of ``resource`` (``plural.group``, or ``plural.version.group`` for that
+    version; else the storage version) among ``crds``."""
+    for crd in crds:
+        spec = crd.get("spec") or {}
+        plural, group = (spec.get("names") or {}).get("plural"), spec.get("group")
+        for version in spec.get("versions") or ():
+            if resource == f"{plural}.{version.get('name')}.{group}" or (resource == f"{plural}.{group}" and version.get("storage")):
+                root = ((version.get("schema") or {}).get("openAPIV3Schema") or {}).get("properties") or {}
+                return root.get("spec")  # type: ignore[no-any-return]
+    return None
+
+
+def valid(registrations: Sequence[Registration], resource: str, obj: Mapping[str, Any]) -> bool:
+    """``obj`` passes the model of every typed registration of ``resource``: one that fails is
+    skipped by design ("Object fails its model; skipped until it changes") and owed no reconcile."""
+    for reg in registrations:
+        if reg.resource == resource and reg.model is not None:
+            try:
+                reg.view(obj)
+            except InvalidObject:
+                return False
+    return True
 
 
 def scope(registrations: Sequence[Registration], resource: str, namespaces: Sequence[str]) -> Scope:

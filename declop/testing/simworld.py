@@ -99,6 +99,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import concurrent.futures
 import contextvars
 import dataclasses
@@ -126,7 +127,7 @@ from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
-from declop.testing.simworkload import Scope, scope
+from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
 
 __all__ = [
     "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
@@ -634,6 +635,9 @@ class _World:
         self.knew: dict[tuple[Request, str], frozenset[tuple[int, int]]] = {}
         #: the workload's namespaces and which objects the handlers watch (their registrations)
         self.scope = scope(regs, self.primary, NAMESPACES) if self.user else Scope(NAMESPACES, ())
+        #: a handlers file's objects: the smallest spec its CRD accepts (a typed model's required fields)
+        schema = spec_schema(crds, self.primary) if self.user else None
+        self.spec: Any = minimal(schema) if schema is not None else {}
         #: the handlers' writes (simprops: quiescence, idempotence)
         self.writes = Writes()
         #: a changing handler write from then on fails quiescence (set once the run knows when
@@ -1064,7 +1068,7 @@ class _World:
     def _new(self, key: Request, value: int) -> dict[str, Any]:
         info = self.info()
         obj: dict[str, Any] = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
-        obj["spec"] = {} if self.user else {"value": value}  # a handlers file's model gets its defaults
+        obj["spec"] = copy.deepcopy(self.spec) if self.user else {"value": value}
         if self.user:
             obj = self.scope.fill(obj, int(key.name[1:]))
         if self.world.filtered:
@@ -1200,6 +1204,8 @@ class _World:
                 stored = store.get(key)
                 if stored is not None and not self.scope.watched(stored):
                     continue  # outside every registration's namespaces and selectors: nobody's
+                if stored is not None and not valid(self.registry.registrations, self.primary, stored):
+                    continue  # fails its typed model: skipped until it changes, by design
             if got < rv:
                 self.violate("I3", "-", f"{key} (uid {uid[:8]}) changed at resourceVersion {rv}, not reconciled since (last seen {got or 'never'}) {self.now() - settled_at:.3f} s after the faults healed")
         for obj in store:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, Field
+
+import declop
 from declop.registry import Registry
-from declop.testing.simworkload import OUTSIDE_EVERY, UNWATCHED, scope
+from declop.testing.simworkload import OUTSIDE_EVERY, UNWATCHED, minimal, scope, spec_schema, valid
 
 WORLD = ("ns-a", "ns-b")
 
@@ -85,3 +88,56 @@ def test_an_object_any_registration_selects_is_watched() -> None:
     assert {first["metadata"]["labels"]["app"], second["metadata"]["labels"]["app"]} == {"web", "db"}
     assert s.watched(first) and s.watched(second)
     assert not s.watched(_obj("ns-a", {"app": "cache"}))
+
+
+# -- a typed handler's objects: the smallest spec its CRD accepts ------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "required": ["message", "replicas", "mode", "tags", "size", "when", "nested"],
+    "properties": {
+        "message": {"type": "string", "minLength": 3},
+        "replicas": {"type": "integer", "minimum": 1},
+        "mode": {"type": "string", "enum": ["fast", "slow"]},
+        "tags": {"type": "array", "minItems": 2, "items": {"type": "string"}},
+        "size": {"x-kubernetes-int-or-string": True},
+        "when": {"type": "string", "format": "date-time"},
+        "nested": {"type": "object", "required": ["on"], "properties": {"on": {"type": "boolean"}, "skip": {"type": "string"}}},
+        "key": {"type": "string", "default": "message"},
+    },
+}
+
+
+def test_the_smallest_spec_has_every_required_field_within_its_bounds() -> None:
+    assert minimal(SCHEMA) == {
+        "message": "sss", "replicas": 1, "mode": "fast", "tags": ["s", "s"], "size": 0,
+        "when": "2026-01-01T00:00:00Z", "nested": {"on": False},
+    }
+
+
+class WidgetSpec(BaseModel):
+    message: str = Field(min_length=1)
+
+
+class Widget(declop.CustomResource, group="example.com", version="v1", kind="Widget", plural="widgets"):
+    spec: WidgetSpec
+
+
+def test_the_scaffolded_model_gets_a_spec_it_accepts_and_a_bad_one_is_owed_nothing() -> None:
+    """`declop new`'s Widget requires spec.message: with an empty spec every object failed its
+    model, was skipped, and every seed of `declop sim handlers.py` failed I3 for all of them."""
+    from declop.typed.crd import definitions
+
+    registry = Registry()
+
+    @registry.reconciler(Widget)
+    def widget(obj: Widget) -> None:
+        return None
+
+    (resource,) = {r.resource for r in registry.registrations}
+    schema = spec_schema(definitions([Widget]), resource)
+    assert schema is not None and minimal(schema) == {"message": "s"}
+    good = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "n"}, "spec": minimal(schema)}
+    assert valid(registry.registrations, resource, good)
+    assert not valid(registry.registrations, resource, {**good, "spec": {}})
+    assert valid(registry.registrations, "configmaps", {**good, "spec": {}})  # another resource: no model
