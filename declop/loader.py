@@ -117,7 +117,7 @@ def _loaded(path: str) -> ModuleType | None:
     return None
 
 
-def _import_file(path: str) -> ModuleType:
+def _import_file(path: str, fresh: bool = False) -> ModuleType:
     name = _module_name(path)
     if name in sys.modules:
         return sys.modules[name]
@@ -127,8 +127,8 @@ def _import_file(path: str) -> ModuleType:
     if directory not in finder.dirs:
         finder.dirs.append(directory)
     existing = _loaded(absolute)
-    if existing is not None:  # a sibling imported it first
-        return existing
+    if existing is not None and (not fresh or isinstance(getattr(existing, "__loader__", None), _Source)):
+        return existing  # a sibling imported it first (fresh: in this very call)
     spec = importlib.util.spec_from_file_location(name, path, loader=_Source(name, path))
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {path}: not a Python file")
@@ -225,8 +225,13 @@ def _forget_file(path: str) -> None:
             del sys.modules[name]
 
 
-def load(paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[ModuleType]:
+def load(paths: Iterable[str] = (), modules: Iterable[str] = (), *, fresh: bool = False) -> list[ModuleType]:
     """Import every path and module in order; returns the modules.
+
+    ``fresh``: a file that the process already imported by a plain ``import`` (a project's own
+    tests do ``import handlers``) is executed once more under the loader's own name, so its
+    decorators register again into today's default registry; the imported module is untouched.
+    Without it, that module is taken as it is (:func:`declop.testing.simulate` asks for fresh).
 
     Each call executes the files it names afresh, so their decorators register into whatever
     registry is the default *now* (a test that swaps in a fresh registry and loads a file a
@@ -238,7 +243,7 @@ def load(paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[ModuleT
     for file in files:
         _forget_file(file)
     for file in files:
-        loaded.append(_import_file(file))
+        loaded.append(_import_file(file, fresh))
     for name in modules:
         try:
             loaded.append(importlib.import_module(name))

@@ -59,7 +59,7 @@ EXPECTED = {
 }
 
 #: the public names of ``declop.testing``
-EXPECTED_TESTING = {"BuildKit", "BuiltImage", "ControlPlane", "FakeClient", "ImageBuildError", "ListWatchServer", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "Replicas", "base_image", "build_image", "declop_image", "find_assets", "pause_image", "run_reconcile", "wait_for", "wheelhouse"}
+EXPECTED_TESTING = {"BuildKit", "BuiltImage", "ControlPlane", "FakeClient", "ImageBuildError", "ListWatchServer", "OperatorProcess", "OperatorRunner", "ReconcileOutcome", "Replicas", "Simulation", "base_image", "build_image", "declop_image", "find_assets", "pause_image", "run_reconcile", "simulate", "wait_for", "wheelhouse"}
 
 
 def test_all_is_sorted() -> None:

@@ -10,6 +10,8 @@
 - :mod:`declop.testing.sim` (``python -m declop.testing.sim``): replicas of the real Lease code on
   virtual time (:mod:`declop.testing.simloop`) under seeded faults, with invariants checked as
   they run (docs/simulation.md). Not re-exported here: import it by its module.
+- :func:`simulate` (:class:`Simulation`): ``declop sim`` from a project's own tests —
+  ``simulate("handlers.py", seeds=20).check()``.
 - :class:`BuildKit`, :func:`build_image`, :func:`declop_image`, :func:`base_image`,
   :func:`pause_image`, :func:`wheelhouse`: container images from a Dockerfile with no Docker
   daemon and no registry (:class:`BuiltImage`: an OCI archive for ``ctr images import`` and an
@@ -32,6 +34,7 @@ from declop.testing.image import (
 )
 from declop.testing.listwatch import ListWatchServer
 from declop.testing.runner import OperatorProcess, OperatorRunner, Replicas, wait_for
+from declop.testing.simulate import Simulation, simulate
 
 __all__ = [
     "BuildKit",
@@ -44,12 +47,14 @@ __all__ = [
     "OperatorRunner",
     "ReconcileOutcome",
     "Replicas",
+    "Simulation",
     "base_image",
     "build_image",
     "declop_image",
     "find_assets",
     "pause_image",
     "run_reconcile",
+    "simulate",
     "wait_for",
     "wheelhouse",
 ]

@@ -60,9 +60,10 @@ def test_the_generated_project_passes_its_own_tests(tmp_path: Path) -> None:
     print(result.stdout[-4000:], result.stderr[-2000:])
     assert result.returncode == 0
     passed = [line for line in result.stdout.splitlines() if line.startswith("PASSED ")]
-    assert len(passed) == 9, result.stdout  # eight unit tests, one on the real control plane
+    assert len(passed) == 10, result.stdout  # eight unit tests, one in the simulator, one on the real control plane
     assert any("test_integration.py::" in line for line in passed)
-    assert re.search(r"^9 passed in ", result.stdout, re.M), result.stdout  # nothing failed, skipped or errored
+    assert any("test_sim.py::" in line for line in passed)
+    assert re.search(r"^10 passed in ", result.stdout, re.M), result.stdout  # nothing failed, skipped or errored
 
 
 def sh(env: dict[str, str], *args: str, stdin: str | None = None) -> str:

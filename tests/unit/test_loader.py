@@ -147,6 +147,24 @@ def test_each_load_of_a_file_registers_into_the_default_registry_of_the_moment(t
         assert fresh.registrations[0].fn is module.greet
 
 
+def test_fresh_executes_a_file_the_process_imported_by_a_plain_import_once_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scaffolded project's tests `import handlers` (into the default registry), then its sim
+    test loads handlers.py into a registry of its own: without fresh, the imported module was
+    taken as it was and the own registry got nothing ("registered no reconciler")."""
+    path = write(tmp_path / "handlers.py", "import declop\n\n@declop.reconciler('configmaps')\ndef greet(**_):\n    return None\n")
+    monkeypatch.setattr(registry_module, "default_registry", Registry())
+    sys.path.insert(0, str(tmp_path))
+    import handlers  # type: ignore[import-not-found]  # the plain import a project's test does
+
+    own = Registry()
+    monkeypatch.setattr(registry_module, "default_registry", own)
+    (taken,) = load([str(path)])
+    assert taken is handlers and not own.registrations  # without fresh: the imported module, as it is
+    (module,) = load([str(path)], fresh=True)
+    assert module is not handlers and [r.fn for r in own.registrations] == [module.greet]
+    assert sys.modules["handlers"] is handlers  # the project's own import is untouched
+
+
 def test_a_second_load_executes_a_sibling_imported_file_afresh_once(tmp_path: Path) -> None:
     folder = tmp_path / "handlers"
     stem = f"helpers_{tmp_path.name.replace('-', '_')}"

@@ -157,7 +157,7 @@ def test_a_crd_name_over_253_characters_is_refused():
 
 RENDERED_FILES = {
     ".dockerignore", ".gitignore", "Dockerfile", "README.md", "example.yaml", "handlers.py", "pyproject.toml",
-    "tests/test_handlers.py", "tests/test_integration.py", "values.yaml",
+    "tests/test_handlers.py", "tests/test_integration.py", "tests/test_sim.py", "values.yaml",
 }
 EXPECTED_FILES = RENDERED_FILES | {"rbac-values.yaml"}  # create() adds what `declop rbac --values` writes
 
@@ -173,7 +173,7 @@ def test_the_project_has_every_file_and_no_placeholder_left(files):
         assert "${" not in content, path
 
 
-@pytest.mark.parametrize("path", ["handlers.py", "tests/test_handlers.py", "tests/test_integration.py"])
+@pytest.mark.parametrize("path", ["handlers.py", "tests/test_handlers.py", "tests/test_integration.py", "tests/test_sim.py"])
 def test_the_python_files_compile(files, path):
     compile(files[path], path, "exec")
 
