@@ -125,6 +125,7 @@ from declop.registry import Registry
 from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
+from declop.testing.simconflicts import Conflicts
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
@@ -640,6 +641,8 @@ class _World:
         self.spec: Any = minimal(schema) if schema is not None else {}
         #: the handlers' writes (simprops: quiescence, idempotence)
         self.writes = Writes()
+        #: the handlers' writes refused with 409, 429 or 5xx while the workload runs (simconflicts)
+        self.conflicts = Conflicts(seed)
         #: a changing handler write from then on fails quiescence (set once the run knows when
         #: the workload and the faults stop; inf while the idempotence check runs)
         self.quiet_from = float("inf")
@@ -678,6 +681,8 @@ class _World:
         """One request, served; a write that takes a controller's finalizer off an object is
         checked against I8; a handler's write (``origin``: its call and user frames) is recorded,
         changed or not (the apiserver keeps the resourceVersion of a write that changes nothing)."""
+        if origin is not None and self.now() < self.calm_at:
+            self.refuse(method, path, *origin)
         before = None
         if method in ("PUT", "PATCH", "DELETE") and self.finalizers:
             before = self._stored(path)
@@ -698,6 +703,23 @@ class _World:
             if left & self.finalizers and uid not in self.cleaned:
                 self.violate("I8", "-", f"finalizer {sorted(left & self.finalizers)} left {meta.get('namespace')}/{meta.get('name')} (uid {uid[:8]}) before any cleanup of it returned")
         return result
+
+    def refuse(self, method: str, path: str, call: Call, trace: tuple[str, ...]) -> None:
+        """Conflicts: raise the 409, 429 or 5xx this handler write is answered with, if drawn."""
+        try:
+            info, namespace, name, _sub = self.server._route(method, path)
+            what = target(method, info.plural, namespace, name, None)
+        except ApiError:
+            what = path
+        error = self.conflicts.answer(self.now(), method, what, call, trace)
+        if error is not None:
+            raise error
+
+    def gave_up(self, error: BaseException) -> None:
+        """Conflicts: the running handler call ended with TerminalError (never retried)."""
+        violation = self.conflicts.ended(self.now(), CALL.get(), error)
+        if violation is not None:
+            self.violations.append(violation)
 
     def _stored(self, path: str) -> Any:
         try:
@@ -749,7 +771,11 @@ class _World:
                     out = await fn(**pick(kw))
                     self.call_returned(kw)
                     return out
+                except TerminalError as exc:
+                    self.gave_up(exc)
+                    raise
                 finally:
+                    self.conflicts.forget(CALL.get())
                     CALL.reset(token)
                     self.call_ended(r, key, started)
 
@@ -765,7 +791,11 @@ class _World:
                 token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
                 try:
                     out = fn(**pick(kw))
+                except TerminalError as exc:
+                    self.gave_up(exc)
+                    raise
                 finally:
+                    self.conflicts.forget(CALL.get())
                     CALL.reset(token)
                 self.call_returned(kw)
                 return out
@@ -1305,7 +1335,7 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
             loop.run_until_complete(asyncio.wait(tasks, timeout=60))
         loop.close()
     ended = w.ended
-    writes = w.writes.counts() if w.user else ""
+    writes = w.writes.counts() + (f"\n{w.conflicts.counts()}" if w.conflicts.refused else "") if w.user else ""
     return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes)
 
 
