@@ -125,6 +125,7 @@ from declop.registry import Registry
 from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
+from declop.testing.simgc import collect, ownership
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
@@ -1351,12 +1352,16 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     w.calm_at = end_of_faults = calm(s, faults)
     if w.user:  # the handlers' writes must stop by the time every object is reconciled (I3)
         w.quiet_from = end_of_faults + QUIET_AFTER * s.lease_duration
+        w.spawn(collect(w.server))  # the garbage collector, from ownerReferences (simgc)
     await w.workload()
     await asyncio.sleep(max(0.0, end_of_faults - w.now()))
     await asyncio.sleep(SETTLE * s.lease_duration)
     w.check_end(end_of_faults)
     if not w.user:
         return
+    regs = w.registry._registrations
+    orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now())
+    w.violations += [orphan] if orphan is not None else []
     await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
     await w.check_idempotence(w.now() + _check_bound(s))
 
