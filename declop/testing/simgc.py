@@ -24,7 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, Mapping
 
 from declop.errors import ApiError, ConfigError
 from declop.kube.keys import Request
@@ -71,9 +71,14 @@ async def collect(server: FakeApiServer, every: float = EVERY) -> None:
             last = server._last_rv
 
 
-def ownership(server: FakeApiServer, writes: Writes, resource_of: Callable[[str], str | None], now: float) -> Violation | None:
+def ownership(
+    server: FakeApiServer, writes: Writes, resource_of: Callable[[str], str | None], now: float,
+    deleted: Mapping[tuple[str, Request], float] = {},  # noqa: B006 - read only
+) -> Violation | None:  # fmt: skip
     """The ownership violation of a settled world, or None. ``resource_of``: a controller's
-    primary resource (None: not a controller, its writes are not held to this)."""
+    primary resource (None: not a controller, its writes are not held to this); ``deleted``:
+    (resource, key) -> when its object was last deleted — a child created before that was
+    created for the object that went, even when the name was created again since."""
     last: dict[str, Write] = {}
     for w in writes.changed:
         if w.verb == "POST":
@@ -81,8 +86,10 @@ def ownership(server: FakeApiServer, writes: Writes, resource_of: Callable[[str]
     orphans: list[tuple[Write, str]] = []
     for target, w in last.items():
         resource = resource_of(w.call.controller)
-        if resource is None or _stored(server, resource, w.call.key) is not None:
-            continue  # its primary is there (or the same name again: a new object may adopt it)
+        if resource is None:
+            continue
+        if _stored(server, resource, w.call.key) is not None and deleted.get((resource, w.call.key), -1.0) < w.at:
+            continue  # its primary is there, the one it was created for
         child = _stored(server, *_where(target))
         if child is None:
             continue

@@ -86,7 +86,9 @@ With a handlers file, the properties of :mod:`declop.testing.simprops` too: **qu
 handler write changes anything from :data:`~declop.testing.simprops.QUIET_AFTER` lease
 durations after the workload and faults stopped, for a quiet window of one lease duration; the
 run ends at the first that does) and **idempotence** (then one more reconcile of every cached
-object changes nothing). Every write a handler call sends is recorded with its call and the
+object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
+from ownerReferences, **ownership** (once settled, no child a handler created is left without
+the primary it was created for). Every write a handler call sends is recorded with its call and the
 handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
@@ -1360,7 +1362,8 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     if not w.user:
         return
     regs = w.registry._registrations
-    orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now())
+    deleted = {(w.primary, key): at for key, _uid, at, *_ in w.deletions}
+    orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
     w.violations += [orphan] if orphan is not None else []
     await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
     await w.check_idempotence(w.now() + _check_bound(s))
