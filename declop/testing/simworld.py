@@ -86,7 +86,9 @@ With a handlers file, the properties of :mod:`declop.testing.simprops` too: **qu
 handler write changes anything from :data:`~declop.testing.simprops.QUIET_AFTER` lease
 durations after the workload and faults stopped, for a quiet window of one lease duration; the
 run ends at the first that does) and **idempotence** (then one more reconcile of every cached
-object changes nothing). Every write a handler call sends is recorded with its call and the
+object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
+from ownerReferences, **ownership** (once settled, no child a handler created is left without
+the primary it was created for). Every write a handler call sends is recorded with its call and the
 handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
@@ -126,6 +128,7 @@ from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simconflicts import Conflicts
+from declop.testing.simgc import collect, ownership
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
@@ -1381,12 +1384,17 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     w.calm_at = end_of_faults = calm(s, faults)
     if w.user:  # the handlers' writes must stop by the time every object is reconciled (I3)
         w.quiet_from = end_of_faults + QUIET_AFTER * s.lease_duration
+        w.spawn(collect(w.server))  # the garbage collector, from ownerReferences (simgc)
     await w.workload()
     await asyncio.sleep(max(0.0, end_of_faults - w.now()))
     await asyncio.sleep(SETTLE * s.lease_duration)
     w.check_end(end_of_faults)
     if not w.user:
         return
+    regs = w.registry._registrations
+    deleted = {(w.primary, key): at for key, _uid, at, *_ in w.deletions}
+    orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
+    w.violations += [orphan] if orphan is not None else []
     await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
     await w.check_idempotence(w.now() + _check_bound(s))
 

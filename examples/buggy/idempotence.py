@@ -12,5 +12,9 @@ import declop
 
 
 @declop.reconciler("configmaps")
-def make_child(request, client, **_):
-    client.create("secrets", {"metadata": {"generateName": f"{request.name}-", "namespace": request.namespace}})
+def make_child(request, client, obj, **_):
+    if obj is None:
+        return  # gone: the garbage collector deletes its children (their ownerReference)
+    child = {"metadata": {"generateName": f"{request.name}-", "namespace": request.namespace}}
+    declop.set_controller_reference(child, obj)  # owned: this example's one bug is idempotence
+    client.create("secrets", child)

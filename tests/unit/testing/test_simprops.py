@@ -104,8 +104,11 @@ def test_a_run_that_never_quiets_ends_at_its_step_bound_and_says_so(monkeypatch:
     assert f"ended: steps, at {result.steps:,} of {result.bounds.steps:,} steps" in result.report()
 
 
-def child_per_call(request: Any, client: Any) -> None:
-    client.create("secrets", {"metadata": {"generateName": f"{request.name}-", "namespace": request.namespace}})
+def child_per_call(request: Any, client: Any, obj: Any) -> None:
+    if obj is None:
+        return
+    owner = [{"apiVersion": "v1", "kind": "ConfigMap", "name": request.name, "uid": obj["metadata"]["uid"]}]  # ownership holds
+    client.create("secrets", {"metadata": {"generateName": f"{request.name}-", "namespace": request.namespace, "ownerReferences": owner}})
 
 
 def test_a_child_per_reconcile_fails_idempotence_with_its_line() -> None:
