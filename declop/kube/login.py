@@ -158,9 +158,16 @@ class LoginConfig(RestConfig):
         await self._current()
         return await super().ssl_context()
 
-    def unauthorized(self) -> bool:
-        """A 401: the next request asks the login function again; True: retry the request."""
-        self._due = 0.0
+    @property
+    def epoch(self) -> int:
+        return self.logins
+
+    def unauthorized(self, epoch: int | None = None) -> bool:
+        """A 401: the next request asks the login function again — unless the request was sent
+        with credentials an earlier 401 already replaced (``epoch``: several requests in flight
+        with one refused credential ask for one login, not one each); True: retry the request."""
+        if epoch is None or epoch == self.logins:
+            self._due = 0.0
         return True
 
     def explain_401(self) -> str:

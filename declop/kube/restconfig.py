@@ -108,8 +108,15 @@ class RestConfig:
             self._ssl = (ident, tls_context(self.ca_data, self.insecure, cert, key))
         return self._ssl[1]
 
-    def unauthorized(self) -> bool:
-        """A 401 came back: forget a cached exec credential. True when retrying may help."""
+    @property
+    def epoch(self) -> int:
+        """Which credentials requests are sent with now, for :meth:`unauthorized` (changes only
+        with a login function's answers: :class:`~declop.kube.login.LoginConfig`)."""
+        return 0
+
+    def unauthorized(self, epoch: int | None = None) -> bool:
+        """A 401 came back for a request sent with the credentials of ``epoch``: forget a cached
+        exec credential. True when retrying may help."""
         if self.exec_plugin is not None and self._exec is not None:
             self._exec = None
             return True

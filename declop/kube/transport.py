@@ -332,7 +332,7 @@ class Transport:
         url = self.host + path
         reauthorized = False
         for attempt in range(self._retries + 1):
-            headers = await self._headers(content_type)
+            headers, epoch = await self._headers(content_type), self.configuration.epoch  # (after a login it asked for)
             if fence is not None:
                 fence.check(method, path)  # after every wait; FencedConnector checks once more
             if not attempt:
@@ -354,7 +354,7 @@ class Transport:
                         self.observer(method, resp.status)
                     if resp.status < 300:
                         return loads(payload) if payload else None
-                    if resp.status == 401 and not reauthorized and self.configuration.unauthorized():
+                    if resp.status == 401 and not reauthorized and self.configuration.unauthorized(epoch):
                         reauthorized = True  # an exec credential was revoked early: fetch a new one
                         continue
                     if resp.status in (429, 503) and attempt < self._retries:
@@ -402,7 +402,7 @@ class Transport:
         """
         self._count("GET", path, params)
         started = False
-        headers = await self._headers(None)
+        headers, epoch = await self._headers(None), self.configuration.epoch
         if accept:
             headers["Accept"] = accept
         try:
@@ -416,7 +416,7 @@ class Transport:
                 if resp.status >= 300:
                     error = error_from(resp.status, resp.reason or "", await resp.read(), "WATCH", path)
                     if resp.status == 401:
-                        self.configuration.unauthorized()  # the next watch gets a new exec credential
+                        self.configuration.unauthorized(epoch)  # the next watch gets a new exec credential
                     if resp.status in (429, 503) and resp.headers.get("Retry-After"):
                         error.retry_after = _retry_after(resp.headers.get("Retry-After"), 0)
                     raise error

@@ -110,6 +110,25 @@ def test_a_401_asks_again_before_the_retry() -> None:
     assert asyncio.run(main()) == [{"Authorization": "Bearer stale"}, {"Authorization": "Bearer fresh"}]
 
 
+def test_401s_of_requests_sent_with_one_refused_credential_ask_for_one_login() -> None:
+    """Informers start together: several requests leave with the first answer, all get 401. The
+    first 401 asks again; the later ones — sent before that new answer — retry with it instead of
+    asking once each (the fresh-clone run saw ["bad", "admin", "admin"] in test_embedding)."""
+    login = Answers({"server": SERVER, "token": "bad"}, {"server": SERVER, "token": "good"}, {"server": SERVER, "token": "third"})
+
+    async def main() -> list[Any]:
+        cfg = await LoginConfig.first(login, "f")
+        sent = [cfg.epoch for _ in range(3)]  # three requests in flight with "bad"
+        seen = []
+        for epoch in sent:  # their 401s come back one after another, each retried
+            assert cfg.unauthorized(epoch) is True
+            seen.append(await cfg.headers())
+        return seen
+
+    assert asyncio.run(main()) == [{"Authorization": "Bearer good"}] * 3
+    assert login.calls == 2
+
+
 def test_one_call_at_a_time_concurrent_requests_share_it() -> None:
     login = Answers({"server": SERVER, "token": "one"}, {"server": SERVER, "token": "two"}, delay=0.05)
 
