@@ -30,7 +30,8 @@ Invariants:
   record the other wrote;
 - a claim without an outcome names its replica (``by``, unique per process and controller): to
   any other replica it is a step under way, and the step waits for its outcome, up to
-  :data:`CLAIM_HOLD` after the claim's ``at``. So two live replicas on one key (a handover's
+  :data:`CLAIM_HOLD` after the claim's ``at`` (an ``at`` more than the hold in the future is not
+  trusted: a hand-edited or garbage record cannot block a step for ever). So two live replicas on one key (a handover's
   overlap) never run one step twice. A claim older than that, or our own, is an attempt whose
   process died (or whose outcome write failed): the next call counts it as a failed attempt and
   runs the step again (steps are at-least-once across crashes, as Kopf's handlers are);
@@ -158,7 +159,8 @@ def decide(entry: Mapping[str, Any] | None, generation: int, once: Once, retries
 
     A claim without an outcome (``by`` still set) is another replica's step in progress until
     :data:`CLAIM_HOLD` seconds after its ``at``: the step waits (the other's outcome wakes the key
-    before that). Our own, or an older one, is an attempt that left no outcome (a crash, or an
+    before that). Our own, an older one, or one whose ``at`` is more than the hold ahead of our
+    clock (garbage, or a clock too far off to trust) is an attempt that left no outcome (a crash, or an
     outcome write that failed): it counts as failed, and the step runs again."""
     e = dict(entry or {})
     if once == "generation" and e.get("generation") != generation:
@@ -168,7 +170,9 @@ def decide(entry: Mapping[str, Any] | None, generation: int, once: Once, retries
     if e.get("failed") is not None:
         return Decision("failed", e, message=str(e["failed"]))
     holder, since = e.get("by"), _seconds(e.get("at"))
-    if holder and holder != me and since is not None and now < since + CLAIM_HOLD:
+    # a claim stamped more than the hold ahead of our clock is garbage (a hand edit, a clock far
+    # off): held, it would block the step for ever, so it counts as expired too
+    if holder and holder != me and since is not None and abs(now - since) < CLAIM_HOLD:
         return Decision("wait", e, delay=min(since + CLAIM_HOLD - now, CLAIM_HOLD), message=f"claimed by {holder}")
     e = {k: v for k, v in e.items() if k not in _CLAIM}
     attempts = e.get("attempts")

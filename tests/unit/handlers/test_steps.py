@@ -102,6 +102,9 @@ CLAIMED = {"generation": 1, "attempts": 1, "by": "other", "at": "1970-01-01T00:0
         (CLAIMED, "me", 100.0 + CLAIM_HOLD, 1, "give-up"),
         (CLAIMED, "other", 100.0, None, "run"),  # our own claim without an outcome: that attempt failed
         ({**CLAIMED, "at": "not a time"}, "me", 100.0, None, "run"),  # unreadable: no hold
+        (CLAIMED, "me", 100.0 - CLAIM_HOLD + 1, None, "wait"),  # a clock a little behind the claimer's: held
+        (CLAIMED, "me", 100.0 - CLAIM_HOLD, None, "run"),  # stamped a hold or more ahead of us: not trusted
+        ({**CLAIMED, "at": "9999-12-31T23:59:59.000Z"}, "me", 100.0, None, "run"),  # garbage far in the future
         ({**CLAIMED, "done": True}, "me", 100.0, None, "skip"),  # (an edit) done wins
     ],
 )
