@@ -291,9 +291,18 @@ def test_an_async_handler_awaits_its_steps(env: dict[str, str], kubeconfig: str,
     assert runs.of("async") == [1] and runs.of("sync-in-async") == [0]
 
 
-def test_two_replicas_at_once_run_a_step_once(env: dict[str, str], kubeconfig: str, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_two_replicas_at_once_run_a_step_once(
+    env: dict[str, str], kubeconfig: str, namespace: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two operators reconciling the same object at the same time (a handover's overlap, or no
-    leader election): each reads its own cache and claims; the apiserver takes one claim."""
+    leader election): each reads its own cache and claims; the apiserver takes one claim.
+
+    The loser that reads the winner's claim before its outcome waits, and keeps a retry at the
+    claim's expiry as a safety net (the winner's outcome event wakes it sooner, but the delayed
+    retry stays queued, as client-go's delaying queue keeps it). The hold is shortened here so
+    that retry fires inside the test's wait for idle (with the 60 s default it outlived it: a
+    fresh-clone run failed 'both idle'); the step itself takes milliseconds, far under it."""
+    monkeypatch.setattr(declop.handlers.steps, "CLAIM_HOLD", 8.0)
     caplog.set_level(logging.INFO, logger="declop")
     runs, met = Runs(), threading.Event()
     inside = threading.Barrier(2, action=met.set, timeout=10)
@@ -313,6 +322,6 @@ def test_two_replicas_at_once_run_a_step_once(env: dict[str, str], kubeconfig: s
     with operator(registries[0], kubeconfig, namespace) as a, operator(registries[1], kubeconfig, namespace) as b:
         create(env, namespace)
         wait_for(lambda: record(env, namespace, "both").get("once", {}).get("done"), 20, what="the step done")
-        wait_for(lambda: idle(a) and idle(b), 20, what="both idle")
+        wait_for(lambda: idle(a) and idle(b), 30, what="both idle")
     assert runs.of("once") == [0]
     assert conflicts(caplog) >= 1  # the other replica's claim was refused
