@@ -13,6 +13,7 @@ import pytest
 import declop
 from declop.errors import ApiError
 from declop.kube.keys import Request
+from declop.reconcile.result import Phase
 from declop.registry import Registry
 from declop.testing import simworld
 from declop.testing.apiserver import FakeApiServer
@@ -183,3 +184,24 @@ def test_without_the_fault_kind_no_replica_is_killed_and_the_schedule_draws_the_
 def test_the_built_in_world_kills_nobody_between_writes() -> None:
     result = run(World(objects=20, duration=10.0), 0)
     assert "killed" not in result.report()
+
+
+def abandons(request: Any, client: Any, obj: Any, phase: Any) -> None:
+    """A cleanup in two writes that refuses to run again once begun: killed between them, it never completes."""
+    if obj is None or phase is not Phase.DELETING:
+        return
+    if (obj["metadata"].get("annotations") or {}).get("cleaning") == "yes":
+        raise declop.TerminalError("a cleanup began before: not again")
+    client.patch("configmaps", request, {"metadata": {"annotations": {"cleaning": "yes"}}})
+    client.patch("configmaps", request, {"metadata": {"annotations": {"cleaned": "yes"}}})
+
+
+def test_a_cleanup_that_a_crash_leaves_unfinished_for_ever_is_a_lost_cleanup() -> None:
+    registry = Registry()
+    registry.reconciler("configmaps", finalizer="sim.example.com/cleanup")(abandons)
+    result = run(World(handlers="handlers.py", objects=40, duration=45.0, faults=(), kinds=(CRASH_BETWEEN_WRITES,)), 0, registry)
+    v = result.violations[0]
+    assert v.invariant == "crash-safety", result.report()
+    assert " by abandons never completed after a crash: " in v.detail and "right after write 1 of handler abandons" in v.detail
+    assert v.trace[-2].endswith("in abandons") and '"cleaning": "yes"' in v.trace[-1]
+    assert any(x.invariant == "I4" for x in result.violations[1:])  # the object is still being deleted, too
