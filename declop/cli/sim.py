@@ -64,10 +64,10 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     loaded = load(paths, modules)
     require_registrations({"paths": paths, "modules": modules}, default_registry)
     crds = [m.obj for m in from_models(loaded, default_registry)]
-    kinds = tuple(k for k in (faults or ",".join(simworld.FAULT_KINDS)).split(",") if k)
-    unknown = sorted(set(kinds) - set(simworld.FAULT_KINDS))
+    kinds = tuple(k for k in (faults or ",".join(simworld.WORLD_KINDS)).split(",") if k)
+    unknown = sorted(set(kinds) - set(simworld.WORLD_KINDS))
     if unknown:
-        raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.FAULT_KINDS)}")
+        raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")
     world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
                            handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]))  # fmt: skip
     if seed is not None:

@@ -88,7 +88,9 @@ durations after the workload and faults stopped, for a quiet window of one lease
 run ends at the first that does) and **idempotence** (then one more reconcile of every cached
 object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
 from ownerReferences, **ownership** (once settled, no child a handler created is left without
-the primary it was created for). Every write a handler call sends is recorded with its call and the
+the primary it was created for), and, with replicas killed right after some handler writes
+(:mod:`declop.testing.simcrash`, the kind ``crash-between-writes`` of :data:`WORLD_KINDS`),
+**crash safety** (no duplicate child, no lost cleanup). Every write a handler call sends is recorded with its call and the
 handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
@@ -135,7 +137,7 @@ from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writ
 from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
 
 __all__ = [
-    "FAULT_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
+    "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
     "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_seeds", "shrink",
 ]
 
@@ -143,7 +145,7 @@ __all__ = [
 WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: what ``--faults`` may name: those, and the kinds a handlers file's properties inject
 #: (simcrash: a kill between two writes of a reconcile), not drawn by :func:`schedule`
-FAULT_KINDS = WORLD_FAULTS + (CRASH_BETWEEN_WRITES,)
+WORLD_KINDS = WORLD_FAULTS + (CRASH_BETWEEN_WRITES,)
 #: the I3 bound: lease durations after the last fault healed (and the workload stopped)
 SETTLE = 4
 #: the step bound, in steps (a turn of the loop, a handler call or a request) per virtual second
@@ -179,7 +181,7 @@ class World:
     renew_deadline: float = LEASE_TIMINGS.renew_deadline
     retry_period: float = LEASE_TIMINGS.retry_period
     max_faults: int = 4
-    kinds: tuple[str, ...] = FAULT_KINDS
+    kinds: tuple[str, ...] = WORLD_KINDS
     faults: tuple[Fault, ...] | None = None
     only: tuple[int, ...] | None = None
     #: a handlers file (``declop sim``); None: the built-in widgets handler
@@ -1482,16 +1484,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
     p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None)
-    p.add_argument("--faults", default=",".join(FAULT_KINDS))
+    p.add_argument("--faults", default=",".join(WORLD_KINDS))
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
     kinds = tuple(k for k in args.faults.split(",") if k)
-    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    unknown = sorted(set(kinds) - set(WORLD_KINDS))
     if unknown:
-        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
+        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_KINDS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
                   duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons,

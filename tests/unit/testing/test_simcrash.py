@@ -172,7 +172,7 @@ def test_a_handler_that_finds_its_child_by_name_survives_its_crashes(seed: int) 
 
 
 def test_without_the_fault_kind_no_replica_is_killed_and_the_schedule_draws_the_same_faults() -> None:
-    kinds = tuple(k for k in simworld.FAULT_KINDS if k != CRASH_BETWEEN_WRITES)
+    kinds = tuple(k for k in simworld.WORLD_KINDS if k != CRASH_BETWEEN_WRITES)
     result = run(World(handlers="handlers.py", objects=40, duration=45.0, faults=(), kinds=kinds), 0, _registry(recorded))
     assert result.ok and "killed" not in result.writes, result.report()
     assert "--faults hang,fail,cut,slow,pause,crash,compact" in result.repro()
