@@ -36,7 +36,7 @@ __all__ = ["sim"]
 @click.option("--shards", type=int, default=4, show_default=True, help="Hash ranges with --mode sharded.")
 @click.option("--objects", type=int, default=200, show_default=True, help="Objects of the primary resource the workload creates.")
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Virtual seconds of workload and faults.")
-@click.option("--faults", default=None, help="Fault kinds to draw from, comma-separated (default: all).")
+@click.option("--faults", default=None, help="Fault kinds to use, comma-separated (default: all; crash-between-writes kills a replica between two handler writes).")
 @click.option("-v", "--verbose", is_flag=True, help="Print declop's log lines.")
 def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: int, start: int, seed: int | None, mode: str,
         shards: int, objects: int, duration: float, faults: str | None, verbose: bool) -> None:  # fmt: skip
@@ -47,7 +47,8 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     reconcile one object at once, every watched object reconciled, every deletion delivered,
     finalizers released only after a successful cleanup) and the properties of the handlers:
     quiescence (their writes stop once the workload and faults do: no hot loop) and idempotence
-    (one more reconcile of a converged world changes nothing). Every seed is bounded in steps and
+    (one more reconcile of a converged world changes nothing), and crash safety (a replica killed
+    between two writes of a reconcile leaves no duplicate child nor lost cleanup). Every seed is bounded in steps and
     virtual time. Prints each failing seed's repro line and the handler's line that made the
     offending write, and the schedules per second; exit 1 if any failed. See docs/simulation.md.
     """
@@ -63,10 +64,10 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     loaded = load(paths, modules)
     require_registrations({"paths": paths, "modules": modules}, default_registry)
     crds = [m.obj for m in from_models(loaded, default_registry)]
-    kinds = tuple(k for k in (faults or ",".join(simworld.WORLD_FAULTS)).split(",") if k)
-    unknown = sorted(set(kinds) - set(simworld.WORLD_FAULTS))
+    kinds = tuple(k for k in (faults or ",".join(simworld.WORLD_KINDS)).split(",") if k)
+    unknown = sorted(set(kinds) - set(simworld.WORLD_KINDS))
     if unknown:
-        raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_FAULTS)}")
+        raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")
     world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
                            handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]))  # fmt: skip
     if seed is not None:

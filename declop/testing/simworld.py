@@ -88,7 +88,9 @@ durations after the workload and faults stopped, for a quiet window of one lease
 run ends at the first that does) and **idempotence** (then one more reconcile of every cached
 object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
 from ownerReferences, **ownership** (once settled, no child a handler created is left without
-the primary it was created for). Every write a handler call sends is recorded with its call and the
+the primary it was created for), and, with replicas killed right after some handler writes
+(:mod:`declop.testing.simcrash`, the kind ``crash-between-writes`` of :data:`WORLD_KINDS`),
+**crash safety** (no duplicate child, no lost cleanup). Every write a handler call sends is recorded with its call and the
 handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
@@ -128,18 +130,22 @@ from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simconflicts import Conflicts
+from declop.testing.simcrash import CRASH_BETWEEN_WRITES, Crashes, crash_safety
 from declop.testing.simgc import collect, ownership
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
 
 __all__ = [
-    "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
+    "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
     "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_seeds", "shrink",
 ]
 
 #: what a seed may draw
 WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
+#: what ``--faults`` may name: those, and the kinds a handlers file's properties inject
+#: (simcrash: a kill between two writes of a reconcile), not drawn by :func:`schedule`
+WORLD_KINDS = WORLD_FAULTS + (CRASH_BETWEEN_WRITES,)
 #: the I3 bound: lease durations after the last fault healed (and the workload stopped)
 SETTLE = 4
 #: the step bound, in steps (a turn of the loop, a handler call or a request) per virtual second
@@ -175,7 +181,7 @@ class World:
     renew_deadline: float = LEASE_TIMINGS.renew_deadline
     retry_period: float = LEASE_TIMINGS.retry_period
     max_faults: int = 4
-    kinds: tuple[str, ...] = WORLD_FAULTS
+    kinds: tuple[str, ...] = WORLD_KINDS
     faults: tuple[Fault, ...] | None = None
     only: tuple[int, ...] | None = None
     #: a handlers file (``declop sim``); None: the built-in widgets handler
@@ -269,8 +275,9 @@ class WorldResult:
 def schedule(world: World, rng: random.Random) -> list[Fault]:
     """The faults of one run, drawn from ``rng`` (sorted by time)."""
     faults = []
-    for _ in range(rng.randint(0, world.max_faults)):
-        kind = rng.choice(world.kinds)
+    kinds = tuple(k for k in world.kinds if k in WORLD_FAULTS)
+    for _ in range(rng.randint(0, world.max_faults) if kinds else 0):
+        kind = rng.choice(kinds)
         at = round(rng.uniform(0, world.duration), 3)
         length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * world.lease_duration))), 3)
         faults.append(Fault(at, kind, rng.randrange(world.replicas), 0.0 if kind == "compact" else length))
@@ -646,6 +653,8 @@ class _World:
         self.writes = Writes()
         #: the handlers' writes refused with 409, 429 or 5xx while the workload runs (simconflicts)
         self.conflicts = Conflicts(seed)
+        #: replicas killed between two writes of a reconcile while the workload runs (simcrash)
+        self.crashes = Crashes(seed, world.duration) if self.user and CRASH_BETWEEN_WRITES in world.kinds else None
         #: a changing handler write from then on fails quiescence (set once the run knows when
         #: the workload and the faults stop; inf while the idempotence check runs)
         self.quiet_from = float("inf")
@@ -956,11 +965,34 @@ class _World:
             what = target(method, info.plural, namespace, name, result)
         except ApiError:
             what = path
-        self.writes.note(Write(self.now(), call, method, what, changed, trace))
+        write = Write(self.now(), call, method, what, changed, trace)
+        self.writes.note(write)
+        if self.crashes is not None and self.now() < self.calm_at and self.crashes.due(self.now(), write):
+            self.crash_between_writes(write)
         if changed and self.now() >= self.quiet_from:
             why = f"a write changed something {self.now() - self.calm_at:.3f} virtual s after the workload and the faults stopped at t={self.calm_at:.3f} (the bound: {self.quiet_from - self.calm_at:g} s)"
             self.violations.append(self.writes.quiescence(self.now(), self.calm_at, why))
             self.halt("quiescence")
+
+    def crash_between_writes(self, write: Write) -> None:
+        """Crash safety: kill the replica running ``write``'s call now, start it again later."""
+        call = write.call
+        r = next((r for r in self.replicas if r.alive and r.calls.get((call.controller, call.key), (None,))[0] == call.started), None)
+        if r is None:
+            return
+        reg = self.registry._registrations[call.controller]
+        obj = self.server.store(reg.resource).get(call.key) if reg.finalizer else None
+        meta = (obj or {}).get("metadata") or {}
+        cleanup = meta.get("uid") if meta.get("deletionTimestamp") and reg.finalizer in (meta.get("finalizers") or ()) else None
+        delay, a = self.crashes.crash(self.now(), write, r.name, cleanup), r.actor  # type: ignore[union-attr]
+        self.kill(r)
+
+        async def restart() -> None:
+            await asyncio.sleep(delay)
+            if r.actor is a:
+                self.start(r)
+
+        self.spawn(restart())
 
     def halt(self, why: str) -> None:
         """End the run now: :func:`_main` is cancelled where it waits, and ends the replicas."""
@@ -1339,6 +1371,7 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
         loop.close()
     ended = w.ended
     writes = w.writes.counts() + (f"\n{w.conflicts.counts()}" if w.conflicts.refused else "") if w.user else ""
+    writes += f"\n{w.crashes.counts()}" if w.crashes is not None and w.crashes.points else ""
     return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes)
 
 
@@ -1388,11 +1421,14 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     await w.workload()
     await asyncio.sleep(max(0.0, end_of_faults - w.now()))
     await asyncio.sleep(SETTLE * s.lease_duration)
+    regs = w.registry._registrations
+    deleted = {(w.primary, key): at for key, _uid, at, *_ in w.deletions}
+    if w.crashes is not None:  # before I3/I4: a cleanup a crash interrupted is named as such
+        crashed = crash_safety(w.server, w.writes, w.crashes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
+        w.violations += [crashed] if crashed is not None else []
     w.check_end(end_of_faults)
     if not w.user:
         return
-    regs = w.registry._registrations
-    deleted = {(w.primary, key): at for key, _uid, at, *_ in w.deletions}
     orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
     w.violations += [orphan] if orphan is not None else []
     await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
@@ -1448,16 +1484,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
     p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None)
-    p.add_argument("--faults", default=",".join(WORLD_FAULTS))
+    p.add_argument("--faults", default=",".join(WORLD_KINDS))
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
     kinds = tuple(k for k in args.faults.split(",") if k)
-    unknown = sorted(set(kinds) - set(WORLD_FAULTS))
+    unknown = sorted(set(kinds) - set(WORLD_KINDS))
     if unknown:
-        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_FAULTS)}")
+        p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_KINDS)}")
     only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
                   duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons,

@@ -36,6 +36,7 @@ def line_of(path: Path, text: str) -> int:
         ("hot_loop.py", "quiescence", 'client.patch("configmaps"'),
         ("conflict.py", "conflicts", 'client.patch("configmaps"'),
         ("orphan.py", "ownership", 'client.create("secrets"'),
+        ("crash.py", "crash-safety", 'made = client.create("secrets"'),
     ],
 )
 def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(name: str, prop: str, write: str) -> None:
@@ -46,7 +47,7 @@ def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(nam
     fails = [i for i, line in enumerate(lines) if line.startswith("FAIL ")]
     assert fails, out.stdout
     first = lines[fails[0]]
-    repro = re.match(r"FAIL (declop sim \S+ --seed \d+)  # t=[\d.]+ (\w+) ", first)
+    repro = re.match(r"FAIL (declop sim \S+ --seed \d+)  # t=[\d.]+ ([\w-]+) ", first)
     assert repro is not None and repro[2] == prop, first
     where = f'File "{path}", line {line_of(ROOT / path, write)}, in '
     assert lines[fails[0] + 1].strip().startswith(where), out.stdout
@@ -57,6 +58,8 @@ def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(nam
         assert "ended with TerminalError" in first and "transient and must be retried" in first, first
     if prop == "ownership":  # the orphan, and what its primary was
         assert re.search(r" -: secrets \S+-child, created by make_child for \S+ at t=[\d.]+, is left after ", first), first
+    if prop == "crash-safety":  # the duplicate, the child it duplicates, and the crash point
+        assert re.search(r" -: \S+ has \d+ secrets created by make_child, where a primary no crash touched has at most 1: secrets \S+, created at t=[\d.]+, duplicates secrets \S+, created at t=[\d.]+ by a call killed before its next write \(r\d#\d+ was killed at t=[\d.]+ right after write 1 of handler make_child for \S+ \(POST secrets ", first), first
 
     # the one line reproduces it: the same property, the same handler line
     again = sim(*repro[1].split()[2:])
@@ -65,7 +68,7 @@ def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(nam
     assert re.search(r"ended: (quiescence|end|steps|time), at [\d,]+ of [\d,]+ steps, bound t=", again.stdout), again.stdout
 
 
-@pytest.mark.parametrize("name", ["idempotence_fixed.py", "hot_loop_fixed.py", "conflict_fixed.py", "orphan_fixed.py", "namespaced.py"])
+@pytest.mark.parametrize("name", ["idempotence_fixed.py", "hot_loop_fixed.py", "conflict_fixed.py", "orphan_fixed.py", "crash_fixed.py", "namespaced.py"])
 def test_the_fixed_and_the_correct_handlers_pass(name: str) -> None:
     out = sim(f"examples/buggy/{name}", "--seeds", SEEDS)
     assert out.returncode == 0, out.stdout + out.stderr
