@@ -88,7 +88,9 @@ durations after the workload and faults stopped, for a quiet window of one lease
 run ends at the first that does) and **idempotence** (then one more reconcile of every cached
 object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
 from ownerReferences, **ownership** (once settled, no child a handler created is left without
-the primary it was created for). Every write a handler call sends is recorded with its call and the
+the primary it was created for), and **finalizers** (:mod:`declop.testing.simfinalizers`: once
+settled, no object held by a handler's finalizer is still being deleted while its last cleanup
+call raised; some handler deletes lose their answer after they were applied). Every write a handler call sends is recorded with its call and the
 handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
