@@ -88,9 +88,12 @@ durations after the workload and faults stopped, for a quiet window of one lease
 run ends at the first that does) and **idempotence** (then one more reconcile of every cached
 object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
 from ownerReferences, **ownership** (once settled, no child a handler created is left without
-the primary it was created for), and, with replicas killed right after some handler writes
+the primary it was created for), with replicas killed right after some handler writes
 (:mod:`declop.testing.simcrash`, the kind ``crash-between-writes`` of :data:`WORLD_KINDS`),
-**crash safety** (no duplicate child, no lost cleanup). Every write a handler call sends is recorded with its call and the
+**crash safety** (no duplicate child, no lost cleanup), and **finalizers**
+(:mod:`declop.testing.simfinalizers`: once settled, no object held by a handler's finalizer is
+still being deleted while its last cleanup call raised; some handler deletes lose their answer
+after they were applied). Every write a handler call sends is recorded with its call and the
 handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
@@ -131,6 +134,7 @@ from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
 from declop.testing.simconflicts import Conflicts
 from declop.testing.simcrash import CRASH_BETWEEN_WRITES, Crashes, crash_safety
+from declop.testing.simfinalizers import Cleanups
 from declop.testing.simgc import collect, ownership
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
@@ -655,6 +659,8 @@ class _World:
         self.conflicts = Conflicts(seed)
         #: replicas killed between two writes of a reconcile while the workload runs (simcrash)
         self.crashes = Crashes(seed, world.duration) if self.user and CRASH_BETWEEN_WRITES in world.kinds else None
+        #: the cleanup calls' outcomes, and handler deletes whose answer is lost (simfinalizers)
+        self.cleanups = Cleanups(seed)
         #: a changing handler write from then on fails quiescence (set once the run knows when
         #: the workload and the faults stop; inf while the idempotence check runs)
         self.quiet_from = float("inf")
@@ -714,6 +720,10 @@ class _World:
                 left = set()
             if left & self.finalizers and uid not in self.cleaned:
                 self.violate("I8", "-", f"finalizer {sorted(left & self.finalizers)} left {meta.get('namespace')}/{meta.get('name')} (uid {uid[:8]}) before any cleanup of it returned")
+        if origin is not None and self.now() < self.calm_at:  # finalizers: a delete applied, its answer lost
+            lost = self.cleanups.lose(method, path)
+            if lost is not None:
+                raise lost
         return result
 
     def refuse(self, method: str, path: str, call: Call, trace: tuple[str, ...]) -> None:
@@ -785,6 +795,10 @@ class _World:
                     return out
                 except TerminalError as exc:
                     self.gave_up(exc)
+                    self.call_raised(reg.name, kw, exc)
+                    raise
+                except Exception as exc:
+                    self.call_raised(reg.name, kw, exc)
                     raise
                 finally:
                     self.conflicts.forget(CALL.get())
@@ -805,6 +819,10 @@ class _World:
                     out = fn(**pick(kw))
                 except TerminalError as exc:
                     self.gave_up(exc)
+                    self.call_raised(reg.name, kw, exc)
+                    raise
+                except Exception as exc:
+                    self.call_raised(reg.name, kw, exc)
                     raise
                 finally:
                     self.conflicts.forget(CALL.get())
@@ -1044,6 +1062,13 @@ class _World:
         obj = _plain(kw.get("obj"))
         if obj is not None and kw.get("phase") is Phase.DELETING:
             self.cleaned.add((obj.get("metadata") or {}).get("uid") or "")
+            self.cleanups.returned(self.now(), "", kw["request"], (obj.get("metadata") or {}).get("uid") or "")
+
+    def call_raised(self, controller: str, kw: dict[str, Any], exc: BaseException) -> None:
+        """Finalizers: a handler call raised; a cleanup's (DELETING) outcome is kept."""
+        obj = _plain(kw.get("obj"))
+        if obj is not None and kw.get("phase") is Phase.DELETING:
+            self.cleanups.ended(self.now(), controller, kw["request"], (obj.get("metadata") or {}).get("uid") or "", exc)
 
     def call_ended(self, r: _Replica | None, key: Any, started: float) -> None:
         if self.pending:
@@ -1274,7 +1299,7 @@ class _World:
             if got < rv:
                 self.violate("I3", "-", f"{key} (uid {uid[:8]}) changed at resourceVersion {rv}, not reconciled since (last seen {got or 'never'}) {self.now() - settled_at:.3f} s after the faults healed")
         for obj in store:
-            if obj["metadata"].get("deletionTimestamp"):
+            if obj["metadata"].get("deletionTimestamp") and not (self.user and self.cleanups.failing(obj["metadata"].get("uid"))):
                 self.violate("I4", "-", f"{obj['metadata']['namespace']}/{obj['metadata']['name']} is still being deleted {self.now() - settled_at:.3f} s after the faults healed")
         for r in self.replicas:  # I9: no daemon of an object that is gone
             if r.alive:
@@ -1372,6 +1397,7 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
     ended = w.ended
     writes = w.writes.counts() + (f"\n{w.conflicts.counts()}" if w.conflicts.refused else "") if w.user else ""
     writes += f"\n{w.crashes.counts()}" if w.crashes is not None and w.crashes.points else ""
+    writes += f"\n{w.cleanups.counts()}" if w.user and (w.cleanups.lost or w.cleanups.failed) else ""
     return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes)
 
 
@@ -1426,11 +1452,14 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     if w.crashes is not None:  # before I3/I4: a cleanup a crash interrupted is named as such
         crashed = crash_safety(w.server, w.writes, w.crashes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
         w.violations += [crashed] if crashed is not None else []
+    before_end = len(w.violations)
     w.check_end(end_of_faults)
     if not w.user:
         return
     orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
     w.violations += [orphan] if orphan is not None else []
+    stuck = w.cleanups.stuck(w.primary, w.server.store(w.info()), w.finalizers, {uid: at for _k, uid, at, *_ in w.deletions}, w.now(), end_of_faults)
+    w.violations[before_end:before_end] = [stuck] if stuck is not None else []  # before the end's I3s
     await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
     await w.check_idempotence(w.now() + _check_bound(s))
 

@@ -37,6 +37,7 @@ def line_of(path: Path, text: str) -> int:
         ("conflict.py", "conflicts", 'client.patch("configmaps"'),
         ("orphan.py", "ownership", 'client.create("secrets"'),
         ("crash.py", "crash-safety", 'made = client.create("secrets"'),
+        ("cleanup.py", "finalizers", 'record = client.get("secrets", name)'),
     ],
 )
 def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(name: str, prop: str, write: str) -> None:
@@ -60,6 +61,10 @@ def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(nam
         assert re.search(r" -: secrets \S+-child, created by make_child for \S+ at t=[\d.]+, is left after ", first), first
     if prop == "crash-safety":  # the duplicate, the child it duplicates, and the crash point
         assert re.search(r" -: \S+ has \d+ secrets created by make_child, where a primary no crash touched has at most 1: secrets \S+, created at t=[\d.]+, duplicates secrets \S+, created at t=[\d.]+ by a call killed before its next write \(r\d#\d+ was killed at t=[\d.]+ right after write 1 of handler make_child for \S+ \(POST secrets ", first), first
+    if prop == "finalizers":  # the stuck object, its finalizer, the last cleanup's exception, what to do
+        assert re.search(r" -: configmaps \S+ \(uid \w+\), deleted at t=[\d.]+, is still being deleted ", first), first
+        assert "held by finalizer example.com/release-lease: its cleanup (lease, DELETING) raised " in first, first
+        assert "NotFound: secrets " in first and "treat NotFound (404) of what it deletes as done" in first, first
 
     # the one line reproduces it: the same property, the same handler line
     again = sim(*repro[1].split()[2:])
@@ -68,7 +73,9 @@ def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(nam
     assert re.search(r"ended: (quiescence|end|steps|time), at [\d,]+ of [\d,]+ steps, bound t=", again.stdout), again.stdout
 
 
-@pytest.mark.parametrize("name", ["idempotence_fixed.py", "hot_loop_fixed.py", "conflict_fixed.py", "orphan_fixed.py", "crash_fixed.py", "namespaced.py"])
+@pytest.mark.parametrize(
+    "name", ["idempotence_fixed.py", "hot_loop_fixed.py", "conflict_fixed.py", "orphan_fixed.py", "crash_fixed.py", "cleanup_fixed.py", "namespaced.py"]
+)
 def test_the_fixed_and_the_correct_handlers_pass(name: str) -> None:
     out = sim(f"examples/buggy/{name}", "--seeds", SEEDS)
     assert out.returncode == 0, out.stdout + out.stderr
