@@ -34,7 +34,7 @@ __all__ = ["sim"]
 @click.option("--replicas", type=int, default=3, show_default=True, help="Replicas (managers) in the simulated cluster.")
 @click.option("--seeds", type=int, default=100, show_default=True, help="Schedules to run (seeds from --start).")
 @click.option("--start", type=int, default=0, show_default=True, help="The first seed.")
-@click.option("--seed", type=int, default=None, help="Run this one seed and print its faults and first violation.")
+@click.option("--seed", type=int, default=None, help="Run this one seed: its faults, first violation and object history; shrunk if it fails.")
 @click.option("--mode", type=click.Choice(["leader", "sharded"]), default="leader", show_default=True, help="Leader election, or --shards ranges.")
 @click.option("--shards", type=int, default=4, show_default=True, help="Hash ranges with --mode sharded.")
 @click.option("--objects", type=int, default=200, show_default=True, help="Objects of the primary resource the workload creates.")

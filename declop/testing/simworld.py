@@ -760,7 +760,7 @@ class _World:
             what = path
         error = self.conflicts.answer(self.now(), method, what, call, trace)
         if error is not None:
-            self.history.note(call.key, self.now(), self.who(), call.controller, f"{method} {what}: answered {error.status} {error.reason}, not applied")
+            self.history.note(call.key, self.now(), self.who(), call.controller, f"  {method} {what}: answered {error.status} {error.reason}, not applied")
             raise error
 
     def gave_up(self, error: BaseException) -> None:
