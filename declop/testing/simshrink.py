@@ -8,8 +8,9 @@ seed's faults, each try a whole run of the same seed with a smaller schedule:
 2. each fault dropped in turn, kept dropped while the run still fails (greedy, one pass);
 3. each remaining fault shortened, to a quarter of its length, else to half.
 
-Every other random stream of a run (the workload, the latencies, the durations, the uids) is
-drawn from the seed on its own, so a smaller schedule changes only what the faults did. The
+The workload, the handlers' durations, the uids and the conflicts are drawn from the seed on
+streams of their own, so a smaller schedule keeps them (the network's latencies shift once a
+fault that slowed or failed requests is gone: a try may then pass for another reason). The
 result is one line that reproduces it: ``--only i,j`` (the seed's faults kept, by index; ``--only
 none``: without any) when only drops were needed, or the faults spelled out with
 ``--fault AT:KIND:REPLICA:LENGTH`` once one was shortened.

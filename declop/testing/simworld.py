@@ -89,7 +89,9 @@ run ends at the first that does) and **idempotence** (then one more reconcile of
 object changes nothing), and, with the garbage collector of :mod:`declop.testing.simgc` running
 from ownerReferences, **ownership** (once settled, no child a handler created is left without
 the primary it was created for). Every write a handler call sends is recorded with its call and the
-handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
+handler's lines; each object's last rows — the workload's changes, the calls, their writes — are
+kept for the report (:mod:`declop.testing.simhistory`), and a property the user allows on purpose
+(``World.allow``, :mod:`declop.testing.simallow`) is kept apart as allowed instead of failing. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
 """
