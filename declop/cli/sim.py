@@ -3,6 +3,7 @@ under faults drawn from each seed, with the invariants checked (docs/simulation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -22,7 +23,9 @@ __all__ = ["sim"]
     cls=Command,
     examples=(
         "declop sim handlers.py --replicas 3 --seeds 1000     # 1000 fault schedules; prints each failing seed",
-        "declop sim handlers.py --seed 17                     # one schedule: faults, writes, bounds, first violation",
+        "declop sim handlers.py --seed 17                     # one schedule: its first violation, the object's history, shrunk",
+        "declop sim handlers.py --seed 17 --only 1 -v         # the shrunk schedule again, with declop's log lines",
+        "declop sim handlers.py --allow idempotence --allow quiescence:heartbeat   # silence a property on purpose",
         "declop sim handlers.py --mode sharded --shards 4 --seeds 100",
     )
 )
@@ -31,15 +34,22 @@ __all__ = ["sim"]
 @click.option("--replicas", type=int, default=3, show_default=True, help="Replicas (managers) in the simulated cluster.")
 @click.option("--seeds", type=int, default=100, show_default=True, help="Schedules to run (seeds from --start).")
 @click.option("--start", type=int, default=0, show_default=True, help="The first seed.")
-@click.option("--seed", type=int, default=None, help="Run this one seed and print its faults and first violation.")
+@click.option("--seed", type=int, default=None, help="Run this one seed: its faults, first violation and object history; shrunk if it fails.")
 @click.option("--mode", type=click.Choice(["leader", "sharded"]), default="leader", show_default=True, help="Leader election, or --shards ranges.")
 @click.option("--shards", type=int, default=4, show_default=True, help="Hash ranges with --mode sharded.")
 @click.option("--objects", type=int, default=200, show_default=True, help="Objects of the primary resource the workload creates.")
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Virtual seconds of workload and faults.")
-@click.option("--faults", default=None, help="Fault kinds to use, comma-separated (default: all; crash-between-writes kills a replica between two handler writes).")
-@click.option("-v", "--verbose", is_flag=True, help="Print declop's log lines.")
+@click.option("--faults", default=None, help="Fault kinds to draw from, comma-separated (default: all; crash-between-writes kills a replica between two handler writes).")
+@click.option("--only", default=None, metavar="I,J", help="Keep only these of each seed's faults, by index (0,2), or none: a shrunk schedule.")
+@click.option("--fault", "fault", multiple=True, metavar="AT:KIND:REPLICA:LENGTH",
+              help="Run this fault instead of the seed's (repeatable): a shrunk schedule with shortened faults.")  # fmt: skip
+@click.option("--allow", "allow", multiple=True, metavar="PROPERTY[:HANDLER]",
+              help="Allow a property of the handlers on purpose (quiescence, idempotence, conflicts, ownership, crash-safety, finalizers), everywhere or for one "
+                   "handler (registration name); counted and reported as allowed, never failing. Repeatable.")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="Print declop's log lines, each with its virtual time and replica.")
 def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: int, start: int, seed: int | None, mode: str,
-        shards: int, objects: int, duration: float, faults: str | None, verbose: bool) -> None:  # fmt: skip
+        shards: int, objects: int, duration: float, faults: str | None, only: str | None, fault: tuple[str, ...],
+        allow: tuple[str, ...], verbose: bool) -> None:  # fmt: skip
     """Run handler PATHS and -m modules in a simulated cluster: several replicas, on virtual
     time, under faults drawn from each seed (partitions, pauses, crashes, compaction), with a
     workload of creates, updates, deletes and re-creates of the objects the handlers watch (their
@@ -50,15 +60,24 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     (one more reconcile of a converged world changes nothing), and crash safety (a replica killed
     between two writes of a reconcile leaves no duplicate child nor lost cleanup). Every seed is bounded in steps and
     virtual time. Prints each failing seed's repro line and the handler's line that made the
-    offending write, and the schedules per second; exit 1 if any failed. See docs/simulation.md.
+    offending write, and the schedules per second; exit 1 if any failed. --seed N runs one seed
+    and prints its faults, its first violation, the history of the object it is about (the
+    workload's changes, the handler calls and their writes) and, shrunk, the fewest and
+    shortest faults that still fail it, with their own repro line. --allow silences a property on
+    purpose. See docs/simulation.md.
     """
     from declop.dev.manifests import from_models
     from declop.testing import simworld
+    from declop.testing.simallow import Allow
+    from declop.testing.simshrink import parse_fault, parse_only, shrink
 
     if not paths and not modules:
         raise ConfigError("nothing to simulate: pass handler files (declop sim handlers.py) or -m module")
     if verbose:
         setup_logging("text", 1, False)
+        for handler in logging.getLogger().handlers:
+            if getattr(handler, "_declop", False):
+                handler.addFilter(_virtual)
     else:
         logging.getLogger("declop").setLevel(logging.CRITICAL + 1)  # the faults make errors on purpose
     loaded = load(paths, modules)
@@ -68,11 +87,29 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     unknown = sorted(set(kinds) - set(simworld.WORLD_KINDS))
     if unknown:
         raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")
+    allowed = Allow.parse(allow, {r.name for r in default_registry.registrations})
     world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
-                           handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]))  # fmt: skip
+                           handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]), only=parse_only(only),
+                           faults=tuple(parse_fault(f, simworld.WORLD_FAULTS) for f in fault) or None, allow=allowed.specs())  # fmt: skip
     if seed is not None:
         result = simworld.run(world, seed, default_registry, crds)
         click.echo(result.report())
+        if not result.ok:
+            click.echo("\n".join(shrink(result, default_registry, crds).report()))
         sys.exit(0 if result.ok else 1)
     failed = simworld.run_seeds(world, range(start, start + seeds), default_registry, crds=crds)
     sys.exit(1 if failed else 0)
+
+
+def _virtual(record: logging.LogRecord) -> bool:
+    """``-v``'s lines in a simulated run: each prefixed with its virtual time and replica
+    (``t=12.345 r0``), to read beside the report's history table."""
+    from declop.testing.simloop import actor
+
+    try:
+        now = asyncio.get_running_loop().time()
+    except RuntimeError:
+        return True
+    who = actor()
+    record.msg = f"t={now:.3f} {who.name if who is not None else '-'} {record.msg}"
+    return True

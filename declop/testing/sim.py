@@ -199,6 +199,9 @@ class Violation:
     #: where a handler's code did it (a property of the user's handlers: the stack of the
     #: offending write trimmed to user code, as traceback lines); () for declop's invariants
     trace: tuple[str, ...] = ()
+    #: the handler (registration name) a property of the user's handlers is about, when one is
+    #: ("" for declop's invariants): ``declop sim --allow PROPERTY:HANDLER`` matches it
+    handler: str = ""
 
     def __str__(self) -> str:
         return f"t={self.at:.3f} {self.invariant} {self.replica}: {self.detail}"

@@ -114,7 +114,7 @@ class Conflicts:
             f"conflict or a throttle is transient and must be retried — let the exception propagate (the call is retried "
             f"with backoff) or raise declop.TemporaryError"
         )
-        self.violation = Violation(now, "conflicts", "-", detail, r.trace)
+        self.violation = Violation(now, "conflicts", "-", detail, r.trace, call.controller)
         return self.violation
 
     def forget(self, call: Call | None) -> None:

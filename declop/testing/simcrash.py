@@ -140,7 +140,7 @@ def crash_safety(
                 f"{p.text()}, and {p.call.key} is still there {now - p.at:.3f} s later — the cleanup must finish on its "
                 f"next run from what the cluster holds (a step already done is found done, not skipped nor failed)"
             )
-            return Violation(now, "crash-safety", "-", detail, p.after.trace)
+            return Violation(now, "crash-safety", "-", detail, p.after.trace, p.call.controller)
     # the live children: the last create of each name, counted for its call's primary
     last: dict[str, Write] = {}
     for w in writes.changed:
@@ -176,7 +176,7 @@ def crash_safety(
                 f"a deterministic name (409 AlreadyExists: it is there) or a lookup by label or ownerReference, "
                 f"not a record written after the create"
             )
-            return Violation(now, "crash-safety", "-", detail, y.trace)
+            return Violation(now, "crash-safety", "-", detail, y.trace, y.call.controller)
     return None
 
 

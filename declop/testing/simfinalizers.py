@@ -161,7 +161,7 @@ class Cleanups:
             f"deletes as done, let transient errors (409, 429, 5xx, timeouts) propagate to be retried, and keep TerminalError "
             f"for what no retry can fix ({len(stuck)} object(s) stuck in all)"
         )
-        return Violation(now, "finalizers", "-", detail, a.trace)
+        return Violation(now, "finalizers", "-", detail, a.trace, a.controller)
 
     def counts(self) -> str:
         return f"handler deletes whose answer was lost: {self.lost}; cleanup calls that raised: {self.failed}"

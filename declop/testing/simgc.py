@@ -106,7 +106,7 @@ def ownership(
         f"it has no ownerReferences, so the garbage collector never deletes it ({len(orphans)} orphaned child(ren) in all; "
         f"set an ownerReference — declop.set_controller_reference(child, obj) — or annotate it {OUTLIVES}: \"true\")"
     )
-    return Violation(now, "ownership", "-", detail, w.trace)
+    return Violation(now, "ownership", "-", detail, w.trace, w.call.controller)
 
 
 def _where(target: str) -> tuple[str, Request]:

@@ -36,7 +36,7 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 from declop.kube.keys import Request
 from declop.testing.sim import Violation
@@ -144,11 +144,13 @@ class Writes:
             self.unchanged += 1
             self.unchanged_extra += write.call.extra
 
-    def quiescence(self, now: float, since: float, why: str) -> Violation:
+    def quiescence(self, now: float, since: float, why: str, skip: Collection[str] = ()) -> Violation:
         """The quiescence violation at ``now``: ``why`` (what ended the wait), and the busiest
         cycle among the writes changing something since ``since`` — one handler line writing
-        (its own object, or another that wakes it) over and over, with its period per object."""
-        late = [w for w in self.changed if w.at >= since] or self.changed[-200:]
+        (its own object, or another that wakes it) over and over, with its period per object.
+        The writes of the handlers in ``skip`` (allowed to keep writing: ``--allow``) are left out."""
+        held = [w for w in self.changed if w.call.controller not in skip] if skip else self.changed
+        late = [w for w in held if w.at >= since] or held[-200:]
         if not late:
             return Violation(now, "quiescence", "-", f"{why}; no handler write changed anything meanwhile: the loop was kept busy outside the handlers")
         cycles = collections.Counter(_cycle(w) for w in late)
@@ -167,11 +169,12 @@ class Writes:
             f"of the same object again — {n} time(s) on {len(by_key)} object(s) since t={mine[0].at:.3f}, {period} "
             f"(e.g. {example}: {len(times)} time(s) from t={times[0]:.3f} to t={times[-1]:.3f})"
         )
-        return Violation(now, "quiescence", "-", detail, mine[0].trace)
+        return Violation(now, "quiescence", "-", detail, mine[0].trace, controller)
 
-    def idempotence(self, now: float) -> Violation | None:
-        """The violation for the first changing write of the idempotence check's reconciles."""
-        extra = [w for w in self.changed if w.call.extra]
+    def idempotence(self, now: float, controllers: Collection[str] | None = None) -> Violation | None:
+        """The violation for the first changing write of the idempotence check's reconciles (of
+        the handlers in ``controllers``; None: all)."""
+        extra = [w for w in self.changed if w.call.extra and (controllers is None or w.call.controller in controllers)]
         if not extra:
             return None
         w = extra[0]
@@ -181,7 +184,7 @@ class Writes:
             f"({len(extra)} changing write(s) from {len({x.call.key for x in extra})} object(s) in the check; "
             f"{self.unchanged_extra} write(s) that changed nothing, allowed)"
         )
-        return Violation(now, "idempotence", "-", detail, w.trace)
+        return Violation(now, "idempotence", "-", detail, w.trace, w.call.controller)
 
     def counts(self) -> str:
         return f"handler writes: {len(self.changed)} changed something, {self.unchanged} changed nothing"

@@ -14,7 +14,9 @@ virtual time, faults drawn from each seed, declop's invariants and the handlers'
 checked), and returns a :class:`Simulation`. :meth:`Simulation.check` raises an
 ``AssertionError`` whose message is, per failing seed, the line that reproduces it on the
 command line (``declop sim handlers.py --seed N``), its first violation and the handler's lines
-that made the offending write.
+that made the offending write, and for the first failing seed the history of the object it is
+about. ``allow=("idempotence", "quiescence:heartbeat")`` silences properties on purpose, as
+``declop sim --allow`` does: the summary counts them as allowed.
 
 Invariants:
 - a simulation is a pure function of its files and arguments: the same seeds give the same results;
@@ -55,16 +57,20 @@ class Simulation:
         return 60.0 * len(self.results) / max(self.seconds, 1e-9)
 
     def summary(self) -> str:
-        return f"{len(self.results)} seeds, {len(self.failed)} failed, {self.seconds:.1f} s: {self.per_minute:.0f} schedules/min"
+        from declop.testing.simallow import allowed_summary
+
+        allowed = allowed_summary([r.allowed for r in self.results])
+        return f"{len(self.results)} seeds, {len(self.failed)} failed, {self.seconds:.1f} s: {self.per_minute:.0f} schedules/min" + (f"; {allowed}" if allowed else "")
 
     def report(self) -> str:
         """The summary, then each of the first :data:`SHOWN` failing seeds: its repro line, first
-        violation and the handler's lines."""
+        violation and the handler's lines; under the first, its object's history."""
         lines = [self.summary()]
-        for result in self.failed[:SHOWN]:
+        for n, result in enumerate(self.failed[:SHOWN]):
             first = result.violations[0]
             lines.append(f"FAIL {result.repro()}  # {first}")
             lines.extend(f"    {line}" for line in first.trace)
+            lines.extend(f"    {line}" for line in (result.history if n == 0 else ()))
         if len(self.failed) > SHOWN:
             lines.append(f"... and {len(self.failed) - SHOWN} more failing seed(s)")
         return "\n".join(lines)
@@ -86,13 +92,14 @@ def simulate(
     objects: int = 200,
     duration: float = 60.0,
     faults: Sequence[str] | None = None,
+    allow: Sequence[str] = (),
 ) -> Simulation:
     """Run the handlers of ``paths`` (files, as ``declop sim`` takes them) and ``modules`` through
     seeds ``start`` … ``start + seeds - 1`` of the simulated cluster; see the module docstring.
 
     Raises:
-        ConfigError: nothing to simulate, a file that does not load, no registration, or an
-            unknown fault kind.
+        ConfigError: nothing to simulate, a file that does not load, no registration, an
+            unknown fault kind, or an ``allow`` item that is not a property (or names no handler).
     """
     from declop import registry as registries
     from declop.dev.manifests import from_models
@@ -100,6 +107,7 @@ def simulate(
     from declop.loader import load
     from declop.registry import Registry
     from declop.testing import simworld
+    from declop.testing.simallow import Allow
 
     if not paths and not modules:
         raise ConfigError("nothing to simulate: pass handler files, simulate('handlers.py'), or modules=[...]")
@@ -116,8 +124,9 @@ def simulate(
         if not own.registrations:
             raise ConfigError(f"{', '.join([*paths, *modules])} registered no reconciler; decorate a function with @declop.reconciler")
         crds = [m.obj for m in from_models(loaded, own)]
+        allowed = Allow.parse(allow, {r.name for r in own.registrations}).specs()
         world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
-                               handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]))  # fmt: skip
+                               handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]), allow=allowed)  # fmt: skip
         logger.setLevel(logging.CRITICAL + 1)  # the faults make errors on purpose
         began = time.perf_counter()
         results = tuple(simworld.run(world, seed, own, crds) for seed in range(start, start + seeds))

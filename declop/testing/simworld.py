@@ -94,7 +94,9 @@ the primary it was created for), with replicas killed right after some handler w
 (:mod:`declop.testing.simfinalizers`: once settled, no object held by a handler's finalizer is
 still being deleted while its last cleanup call raised; some handler deletes lose their answer
 after they were applied). Every write a handler call sends is recorded with its call and the
-handler's lines. Every seed is bounded (:func:`bounds`): steps — turns of the
+handler's lines; each object's last rows — the workload's changes, the calls, their writes — are
+kept for the report (:mod:`declop.testing.simhistory`), and a property the user allows on purpose
+(``World.allow``, :mod:`declop.testing.simallow`) is kept apart as allowed instead of failing. Every seed is bounded (:func:`bounds`): steps — turns of the
 :class:`WorldLoop`, handler calls, requests — and virtual time; :attr:`WorldResult.ended` says
 what ended it.
 """
@@ -132,10 +134,12 @@ from declop.registry import Registry
 from declop.testing import apiserver
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault, Violation, report_text
+from declop.testing.simallow import Allow
 from declop.testing.simconflicts import Conflicts
 from declop.testing.simcrash import CRASH_BETWEEN_WRITES, Crashes, crash_safety
 from declop.testing.simfinalizers import Cleanups
 from declop.testing.simgc import collect, ownership
+from declop.testing.simhistory import History
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
@@ -190,6 +194,9 @@ class World:
     only: tuple[int, ...] | None = None
     #: a handlers file (``declop sim``); None: the built-in widgets handler
     handlers: str | None = None
+    #: properties of the handlers allowed on purpose (``--allow``: ``"idempotence"``,
+    #: ``"quiescence:heartbeat"``; :mod:`declop.testing.simallow`)
+    allow: tuple[str, ...] = ()
     #: the built-in handler uses a finalizer (cleanup on delete)
     finalizer: bool = True
     #: the apiserver serves ``shardSelector`` (sharded informers filter server-side)
@@ -236,9 +243,18 @@ class World:
                 line += f" --watch-lag {self.watch_lag:g}"
         if self.kinds != default.kinds:
             line += f" --faults {','.join(self.kinds)}"
+        if self.allow:
+            line += f" --allow {','.join(Allow.parse(self.allow).specs())}"
+        if self.faults is not None:  # a schedule of its own (a shrunk one: shorter faults)
+            line += "".join(f" --fault {_num(f.at)}:{f.kind}:{f.replica}:{_num(f.length)}" for f in self.faults) or " --only none"
         if self.only is not None:
-            line += f" --only {','.join(map(str, self.only))}"
+            line += f" --only {','.join(map(str, self.only)) or 'none'}"
         return line
+
+
+def _num(x: float) -> str:
+    """A fault's time or length as a repro line spells it: its 3 decimals, without trailing zeros."""
+    return f"{x:.3f}".rstrip("0").rstrip(".") or "0"
 
 
 @dataclass
@@ -259,6 +275,11 @@ class WorldResult:
     bounds: Bounds | None = None
     #: the handlers' writes (a handlers file's run): changing and not
     writes: str = ""
+    #: violations of properties allowed on purpose (``World.allow``): the first of each
+    #: (property, handler), counted, never failing the seed
+    allowed: list[Violation] = field(default_factory=list)
+    #: the history of the object the first violation is about (:mod:`declop.testing.simhistory`)
+    history: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -273,7 +294,9 @@ class WorldResult:
             counts += f"\n{self.writes}"
         if self.bounds is not None:
             counts += f"\nended: {self.ended}, at {self.steps:,} of {self.bounds.steps:,} steps, bound t={self.bounds.seconds:.3f}"
-        return report_text(self.repro(), self.faults, counts, self.violations)
+        text = report_text(self.repro(), self.faults, counts, self.violations)
+        allowed = [f"allowed on purpose (--allow {','.join(self.world.allow)}), not failing the seed:", *(f"  {v}" for v in self.allowed)]
+        return "\n".join([text, *self.history, *(allowed if self.allowed else [])])
 
 
 def schedule(world: World, rng: random.Random) -> list[Fault]:
@@ -673,6 +696,13 @@ class _World:
         self.ended = "end"
         #: the task running the world (:func:`_main`), cancelled by :meth:`halt`
         self.main: asyncio.Task[None] | None = None
+        #: what the user allows on purpose, and the first allowed violation of each (property, handler)
+        self.allow = Allow.parse(world.allow)
+        self.allowed: list[Violation] = []
+        #: handlers whose late writes are allowed (``quiescence:HANDLER``): no longer watched
+        self.quiet_excused: set[str] = set()
+        #: each object's last rows: the workload's changes, handler calls, their writes (reports)
+        self.history = History()
         #: timers and daemons: periodic by design, their writes are not held to quiescence
         self.periodic = {r.name for r in registry.registrations if isinstance(getattr(r.fn, "__self__", None), (TimerRunner, DaemonRunner))}
 
@@ -692,6 +722,22 @@ class _World:
 
     def info(self) -> Any:
         return self.server.discovery.resolve_cached(self.primary)
+
+    def fail(self, violation: Violation) -> bool:
+        """A property's violation: the run's (True), or, when the user allows it (``--allow``),
+        kept as allowed — the first of its property and handler — and not failing (False)."""
+        if self.allow and self.allow.covers(violation.invariant, violation.handler):
+            if not any((a.invariant, a.handler) == (violation.invariant, violation.handler) for a in self.allowed):
+                self.allowed.append(violation)
+            return False
+        self.violations.append(violation)
+        return True
+
+    def who(self) -> str:
+        """The running replica's name (``r0#1``), for the history; "-" outside one."""
+        a = actor()
+        r = self.by_actor.get(a) if a is not None else None
+        return r.name if r is not None else "-"
 
     # -- the apiserver, as every replica reaches it --------------------------------------------------
     async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None,
@@ -735,13 +781,14 @@ class _World:
             what = path
         error = self.conflicts.answer(self.now(), method, what, call, trace)
         if error is not None:
+            self.history.note(call.key, self.now(), self.who(), call.controller, f"  {method} {what}: answered {error.status} {error.reason}, not applied")
             raise error
 
     def gave_up(self, error: BaseException) -> None:
         """Conflicts: the running handler call ended with TerminalError (never retried)."""
         violation = self.conflicts.ended(self.now(), CALL.get(), error)
-        if violation is not None:
-            self.violations.append(violation)
+        if violation is not None and not self.fail(violation):
+            self.conflicts.violation = None  # allowed: a later handler's give-up is still reported
 
     def _stored(self, path: str) -> Any:
         try:
@@ -788,6 +835,7 @@ class _World:
             async def handler(**kw: Any) -> Any:
                 r, key, started = self.call_started(kw, None, reg.name)
                 token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
+                out: Any = None
                 try:
                     await asyncio.sleep(duration())
                     out = await fn(**pick(kw))
@@ -796,14 +844,20 @@ class _World:
                 except TerminalError as exc:
                     self.gave_up(exc)
                     self.call_raised(reg.name, kw, exc)
+                    out = exc
                     raise
                 except Exception as exc:
                     self.call_raised(reg.name, kw, exc)
+                    out = exc
+                    raise
+                except BaseException as exc:
+                    out = exc
                     raise
                 finally:
                     self.conflicts.forget(CALL.get())
                     CALL.reset(token)
                     self.call_ended(r, key, started)
+                    self.outcome(r, reg.name, kw["request"], out)
 
             wrapped: Callable[..., Any] = handler
         else:
@@ -815,18 +869,25 @@ class _World:
                 r, key, started = self.call_started(kw, d, reg.name)
                 self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
                 token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
+                out: Any = None
                 try:
                     out = fn(**pick(kw))
                 except TerminalError as exc:
                     self.gave_up(exc)
                     self.call_raised(reg.name, kw, exc)
+                    out = exc
                     raise
                 except Exception as exc:
                     self.call_raised(reg.name, kw, exc)
+                    out = exc
+                    raise
+                except BaseException as exc:
+                    out = exc
                     raise
                 finally:
                     self.conflicts.forget(CALL.get())
                     CALL.reset(token)
+                    self.outcome(r, reg.name, kw["request"], out)
                 self.call_returned(kw)
                 return out
 
@@ -904,11 +965,17 @@ class _World:
         self.loop.turns += 1  # type: ignore[attr-defined]  # a step of the step bound
         self.started.setdefault(key, []).append(self.calls)
         uid = None
+        phase = kw.get("phase")
+        what = f"call ({phase.name.lower() if isinstance(phase, Phase) else 'gone'}"
         if obj is not None:
             meta = obj.get("metadata") or {}
             uid = meta.get("uid") or ""
             k = (key, uid)
             self.seen[k] = max(self.seen.get(k, 0), int(meta.get("resourceVersion") or 0))
+            what += f", rv {meta.get('resourceVersion')}"
+        if self.checking and (controller, key) in self.pending:
+            what += ", the idempotence check's one more"
+        self.history.note(key, now, r.name if r is not None else "-", controller, what + ")")
         slot = (controller, key)  # two controllers of one key may run on two replicas (sharded)
         if r is None:
             return None, slot, now
@@ -985,12 +1052,18 @@ class _World:
             what = path
         write = Write(self.now(), call, method, what, changed, trace)
         self.writes.note(write)
+        self.history.note(call.key, self.now(), self.who(), call.controller, f"  {method} {what}: {'changed' if changed else 'no change'}")
         if self.crashes is not None and self.now() < self.calm_at and self.crashes.due(self.now(), write):
             self.crash_between_writes(write)
-        if changed and self.now() >= self.quiet_from:
+        if changed and self.now() >= self.quiet_from and call.controller not in self.quiet_excused:
             why = f"a write changed something {self.now() - self.calm_at:.3f} virtual s after the workload and the faults stopped at t={self.calm_at:.3f} (the bound: {self.quiet_from - self.calm_at:g} s)"
-            self.violations.append(self.writes.quiescence(self.now(), self.calm_at, why))
-            self.halt("quiescence")
+            violation = self.writes.quiescence(self.now(), self.calm_at, why, self.quiet_excused)
+            if self.fail(violation):
+                self.halt("quiescence")
+            elif self.allow.covers("quiescence"):
+                self.quiet_from = float("inf")  # allowed everywhere: the writes may go on
+            else:
+                self.quiet_excused.add(violation.handler)  # allowed for this handler: the others' still count
 
     def crash_between_writes(self, write: Write) -> None:
         """Crash safety: kill the replica running ``write``'s call now, start it again later."""
@@ -1030,7 +1103,7 @@ class _World:
             return
         when = "after" if now >= self.calm_at else "before"
         why = f"the step bound ({loop.max_turns:,} steps: turns of the loop, handler calls, requests) was hit at t={now:.3f}, {when} the workload and the faults stopped (t={self.calm_at:.3f})"
-        self.violations.append(self.writes.quiescence(now, self.calm_at if now >= self.calm_at else max(0.0, now - 10.0), why))
+        self.fail(self.writes.quiescence(now, self.calm_at if now >= self.calm_at else max(0.0, now - 10.0), why, self.quiet_excused))
         self.halt("steps")
 
     async def check_idempotence(self, deadline: float) -> None:
@@ -1050,13 +1123,52 @@ class _World:
                     for key in informer.store.keys():
                         self.pending.add((c.name, key))
                         c.queue.add(key)
+        queued = self.now()
         while self.pending and self.now() < deadline:
             await asyncio.sleep(0.5)
+        names = {name for name in self.registry._registrations if name not in self.periodic}
+        for allowed in (False, True):  # the held handlers, then those allowed (--allow idempotence:H)
+            group = {name for name in names if self.allow.covers("idempotence", name) == allowed}
+            violation = self.writes.idempotence(self.now(), group) if group else None
+            if violation is None:
+                violation = self.unchecked(queued, {(c, k) for c, k in self.pending if c in group})
+            if violation is not None:
+                self.fail(violation)
         if self.pending:
             self.ended = "time"
-        violation = self.writes.idempotence(self.now())
-        if violation is not None:
-            self.violations.append(violation)
+
+    def unchecked(self, queued: float, pending: set[tuple[str, Request]]) -> Violation | None:
+        """Idempotence, when some of the check's reconciles never ran by its deadline: which, and
+        why — a call of that key still running (a handler call that never returns), or none
+        started (the key is held back). Not knowing is a failure: the check cannot vouch for them."""
+        if not pending:
+            return None
+        running = {slot: (r, since) for r in self.replicas if r.alive for slot, (since, _end, _uid) in r.calls.items()}
+        shown = []
+        for slot in sorted(pending, key=lambda s: (s[0], str(s[1])))[:3]:
+            controller, key = slot
+            r, since = running.get(slot, (None, 0.0))
+            how = f"a call started at t={since:.3f} on {r.name} still runs" if r is not None else "no call started"
+            shown.append(f"{key} by {controller} ({how})")
+        controller = min(pending, key=lambda s: (s[0], str(s[1])))[0]
+        detail = (
+            f"one more reconcile of {len(pending)} object(s), queued at t={queued:.3f} once the world converged, did not run "
+            f"within {self.now() - queued:.3f} virtual s: {'; '.join(shown)}{' …' if len(pending) > 3 else ''} — so their "
+            f"idempotence is unknown. A handler call that never returns holds its key (and a worker) for ever: bound every "
+            f"wait with a timeout, and return (or raise) from every call"
+        )
+        return Violation(self.now(), "idempotence", "-", detail, (), controller)
+
+    def outcome(self, r: _Replica | None, controller: str, key: Request, out: Any) -> None:
+        """The history's row of a call's end: what it returned, or raised."""
+        if isinstance(out, asyncio.CancelledError):
+            what = "  cancelled (its replica stopped, or the run ended)"
+        elif isinstance(out, BaseException):
+            text = str(out)
+            what = f"  raised {type(out).__name__}" + (f": {text[:100]}{'…' if len(text) > 100 else ''}" if text else "")
+        else:
+            what = "  returned" + (f" {out!r:.60}" if out is not None else "")
+        self.history.note(key, self.now(), r.name if r is not None else "-", controller, what)
 
     def call_returned(self, kw: dict[str, Any]) -> None:
         obj = _plain(kw.get("obj"))
@@ -1179,6 +1291,9 @@ class _World:
         before = self.server.store(info).get(key) if self.world.filtered else None
         result = await self.server.request(method, path, body=body, content_type="application/merge-patch+json" if method == "PATCH" else None)
         meta = result["metadata"]
+        held = method == "DELETE" and meta.get("deletionTimestamp")
+        done = {"POST": "created", "DELETE": "deletion asked, finalizers hold it" if held else "deleted"}.get(method) or f"updated ({', '.join(_fields(body))})"
+        self.history.note(key, self.now(), "admin", "", f"{done}, uid {meta['uid'][:8]}, rv {meta['resourceVersion']}")
         if method == "DELETE":
             guarded = bool(meta.get("deletionTimestamp") and set(meta.get("finalizers") or ()) & self.finalizers)
             owner = self._owner(key, meta["uid"])
@@ -1357,6 +1472,11 @@ class _World:
         return not any((r.index, r.gen) in alive for r in leaders)
 
 
+def _fields(body: dict[str, Any]) -> list[str]:
+    """The fields a merge patch sets: ``["metadata.annotations"]``, ``["spec"]``."""
+    return [f"{k}.{sub}" for k, v in body.items() if k == "metadata" and isinstance(v, dict) for sub in v] + [k for k in body if k != "metadata"]
+
+
 def _plain(obj: Any) -> Any:
     """A typed view's dict (or the dict itself)."""
     if obj is None or isinstance(obj, dict):
@@ -1398,7 +1518,9 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
     writes = w.writes.counts() + (f"\n{w.conflicts.counts()}" if w.conflicts.refused else "") if w.user else ""
     writes += f"\n{w.crashes.counts()}" if w.crashes is not None and w.crashes.points else ""
     writes += f"\n{w.cleanups.counts()}" if w.user and (w.cleanups.lost or w.cleanups.failed) else ""
-    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes)
+    history = w.history.report(w.violations[0]) if w.violations else ()
+    return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes,
+                       allowed=w.allowed, history=history)  # fmt: skip
 
 
 def calm(world: World, faults: Sequence[Fault]) -> float:
@@ -1450,48 +1572,60 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     regs = w.registry._registrations
     deleted = {(w.primary, key): at for key, _uid, at, *_ in w.deletions}
     if w.crashes is not None:  # before I3/I4: a cleanup a crash interrupted is named as such
-        crashed = crash_safety(w.server, w.writes, w.crashes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
-        w.violations += [crashed] if crashed is not None else []
+        for allowed in (False, True):  # the held handlers', then the allowed ones' (--allow crash-safety:H)
+            group = {name for name in regs if w.allow.covers("crash-safety", name) == allowed}
+            crashed = crash_safety(w.server, w.writes, w.crashes, lambda name: regs[name].resource if name in group else None, w.now(), deleted) if group else None
+            if crashed is not None:
+                w.fail(crashed)
     before_end = len(w.violations)
     w.check_end(end_of_faults)
     if not w.user:
         return
-    orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in regs else None, w.now(), deleted)
-    w.violations += [orphan] if orphan is not None else []
-    stuck = w.cleanups.stuck(w.primary, w.server.store(w.info()), w.finalizers, {uid: at for _k, uid, at, *_ in w.deletions}, w.now(), end_of_faults)
-    w.violations[before_end:before_end] = [stuck] if stuck is not None else []  # before the end's I3s
+    for allowed in (False, True):  # the held handlers' children, then the allowed ones' (--allow ownership:H)
+        group = {name for name in regs if w.allow.covers("ownership", name) == allowed}
+        orphan = ownership(w.server, w.writes, lambda name: regs[name].resource if name in group else None, w.now(), deleted) if group else None
+        if orphan is not None:
+            w.fail(orphan)
+    for allowed in (False, True):  # the held handlers' finalizers, then the allowed ones' (--allow finalizers:H)
+        held = {r.finalizer for r in regs.values() if r.finalizer and w.allow.covers("finalizers", r.name) == allowed}
+        stuck = w.cleanups.stuck(w.primary, w.server.store(w.info()), held, {uid: at for _k, uid, at, *_ in w.deletions}, w.now(), end_of_faults) if held else None
+        if stuck is not None and w.fail(stuck):
+            w.violations.insert(before_end, w.violations.pop())  # before the end's I3s: the cause, not its symptom
     await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
     await w.check_idempotence(w.now() + _check_bound(s))
 
 
-def shrink(failed: WorldResult, registry: Registry | None = None) -> WorldResult:
-    """The fewest of ``failed``'s faults that still fail (greedy, as :func:`declop.testing.sim.shrink`)."""
-    if failed.ok or failed.world.faults is not None:
-        return failed
-    kept = list(failed.world.only if failed.world.only is not None else range(len(failed.faults)))
-    best = failed
-    for index in list(kept):
-        trial = [i for i in kept if i != index]
-        result = run(dataclasses.replace(failed.world, only=tuple(trial)), failed.seed, registry)
-        if not result.ok:
-            kept, best = trial, result
-    return best
+def shrink(failed: WorldResult, registry: Registry | None = None, crds: Sequence[Any] = ()) -> WorldResult:
+    """The smallest schedule of ``failed``'s seed that still fails its first violation's way, in
+    a bounded number of runs (:func:`declop.testing.simshrink.shrink`: no fault, fewer, shorter)."""
+    from declop.testing.simshrink import shrink as shrinking
+
+    return shrinking(failed, registry, crds).result
 
 
 def run_seeds(world: World, seeds: Sequence[int], registry: Registry | None = None, out: Any = None, crds: Sequence[Any] = ()) -> int:
-    """Run ``seeds``; print each failure's repro line and the schedules per second; return how
-    many failed."""
+    """Run ``seeds``; print each failure's repro line (and the handler's line of its write; the
+    first one's object history too), the schedules per second and what was allowed on purpose
+    (``World.allow``); return how many failed."""
+    from declop.testing.simallow import allowed_summary
+
     out = out or sys.stdout
-    began, failed = time.perf_counter(), 0
+    began, failed, allowed = time.perf_counter(), 0, []
     for seed in seeds:
         result = run(world, seed, registry, crds)
+        allowed.append(result.allowed)
         if not result.ok:
             failed += 1
             print(f"FAIL {result.repro()}  # {result.violations[0]}", file=out, flush=True)
             for line in result.violations[0].trace:  # the handler's line that made the write
                 print(f"    {line}", file=out, flush=True)
+            for line in result.history if failed == 1 else ():  # the first failure's object: its last rows
+                print(f"    {line}", file=out, flush=True)
     took = max(time.perf_counter() - began, 1e-9)
-    print(f"{len(seeds)} seeds, {failed} failed, {took:.1f} s: {len(seeds) / took:.2f} schedules/s", file=out)
+    summary = allowed_summary(allowed)
+    print(f"{len(seeds)} seeds, {failed} failed, {took:.1f} s: {len(seeds) / took:.2f} schedules/s" + (f"; {summary}" if summary else ""), file=out)
+    if failed:
+        print("(a FAIL line run alone shrinks its seed to the faults it needs and prints its object's history)", file=out)
     return failed
 
 
@@ -1512,7 +1646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--daemons", action="store_true", help="add a daemon per object to the built-in handler (checks I9)")
     p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
     p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
-    p.add_argument("--only", default=None)
+    p.add_argument("--only", default=None, help="the seed's faults to keep, by index (0,2), or none")
+    p.add_argument("--fault", action="append", default=None, help="a fault of its own, AT:KIND:REPLICA:LENGTH (repeatable; replaces the seed's)")
     p.add_argument("--faults", default=",".join(WORLD_KINDS))
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -1523,18 +1658,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(WORLD_KINDS))
     if unknown:
         p.error(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(WORLD_KINDS)}")
-    only = tuple(int(i) for i in args.only.split(",") if i) if args.only is not None else None
+    from declop.testing.simshrink import parse_fault, parse_only, shrink as shrinking
+
+    only = parse_only(args.only)
+    faults = tuple(parse_fault(f, WORLD_FAULTS) for f in args.fault) if args.fault else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
-                  duration=args.duration, kinds=kinds, only=only, finalizer=not args.no_finalizer, strict=args.strict, server_filter=args.server_filter, daemons=args.daemons,
-                  filtered=args.filtered, watch_lag=args.watch_lag)  # fmt: skip
+                  duration=args.duration, kinds=kinds, only=only, faults=faults, finalizer=not args.no_finalizer, strict=args.strict,
+                  server_filter=args.server_filter, daemons=args.daemons, filtered=args.filtered, watch_lag=args.watch_lag)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())
         if not result.ok:
-            shrunk = shrink(result)
-            if len(shrunk.faults) < len(result.faults):
-                print(f"shrunk to {len(shrunk.faults)} fault(s):")
-                print(shrunk.report())
+            print("\n".join(shrinking(result).report()))
         return 0 if result.ok else 1
     return 1 if run_seeds(world, range(args.start, args.start + args.seeds)) else 0
 

@@ -5,7 +5,8 @@ the handler's line, and passes the fixed version (docs/simulation.md, "Propertie
 
 Each case runs ``declop sim`` as a user would — a process, from the repository's root — and reads
 what it prints: the failing seed's line (``FAIL declop sim FILE --seed N  # t=… PROPERTY …``),
-the handler's line under it, then the one-seed report that line reproduces.
+the handler's line under it, then the one-seed report that line reproduces: the history of the
+object the violation is about and the seed shrunk to the faults it needs.
 """
 
 import re
@@ -71,6 +72,11 @@ def test_a_buggy_handler_fails_naming_the_property_and_the_line_of_its_write(nam
     assert again.returncode == 1, again.stdout
     assert f" {prop} -: " in again.stdout and where in again.stdout, again.stdout
     assert re.search(r"ended: (quiescence|end|steps|time), at [\d,]+ of [\d,]+ steps, bound t=", again.stdout), again.stdout
+    # with the history of the object it is about, and its schedule shrunk to one line of its own
+    table = again.stdout.split("\nthe history of ", 1)[1].splitlines()
+    assert table[1].split() == ["t", "by", "handler", "what"] and any(re.search(r" r\d#\d +\w+ +call \(", row) for row in table[2:]), again.stdout
+    shrunk = again.stdout.split("\nshrunk (", 1)[1].splitlines()
+    assert f" {prop} " in shrunk[0] and shrunk[-1].strip().startswith(f"{repro[1]} --"), again.stdout
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ def test_a_multiple_option_from_its_variable_splits_on_spaces() -> None:
     assert "-n/--namespace (several: separated by spaces)" in " ".join(help_text(["run"], 200).split())
 
 
-@pytest.mark.parametrize("command", ["run", "dev"])
+@pytest.mark.parametrize("command", ["run", "dev", "sim"])
 def test_run_and_dev_help_have_examples_that_parse(command: str) -> None:
     text = help_text([command], 200)
     examples = text.split("Examples:", 1)[1].strip().splitlines()

@@ -364,3 +364,31 @@ def test_leader_mode_a_deletion_only_standbys_saw_is_the_documented_exception_wh
     strict = run(dataclasses.replace(world, strict=True), 693, registry)
     assert [str(v) for v in strict.violations][:1] == ["t=135.476 I4 -: the deletion of ns-c/w162 (uid 2a54ac1a) at t=37.159 never reached a handler"]
     assert run(world, 693, registry).ok
+
+
+# the idempotence check: reconciles that never ran by its deadline fail it (they ended "time" silently)
+
+STUCK = '''
+import asyncio
+import declop
+
+
+@declop.reconciler("configmaps", max_concurrent=4)
+async def stuck(request, client, obj, **_):
+    if obj is not None and request.name == "w003" and (obj["metadata"].get("annotations") or {}).get("sim.declop.dev/value"):
+        await asyncio.Event().wait()  # never returns once the workload updated the object
+'''
+
+
+def test_a_check_reconcile_that_never_runs_fails_idempotence_naming_the_object_and_its_running_call(tmp_path: Any) -> None:
+    from declop.testing import simulate
+
+    handlers = tmp_path / "stuck.py"
+    handlers.write_text(STUCK)
+    (failed,) = simulate(str(handlers), seeds=1, start=1, objects=20, duration=20.0).failed  # seed 1 updates w003
+    (violation,) = failed.violations
+    assert failed.ended == "time" and violation.invariant == "idempotence" and violation.handler == "stuck"
+    assert "one more reconcile of 1 object(s), queued at t=" in violation.detail
+    assert "did not run within 32.000 virtual s: ns-d/w003 by stuck (a call started at t=" in violation.detail
+    assert "still runs) — so their idempotence is unknown" in violation.detail and "bound every wait with a timeout" in violation.detail
+    assert failed.history[0].startswith("the history of ns-d/w003 (")
