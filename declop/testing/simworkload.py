@@ -91,7 +91,7 @@ class Scope:
         f = self.filters[index % len(self.filters)]
         labels = f.labels_for()
         if labels:
-            obj["metadata"]["labels"] = labels
+            obj["metadata"]["labels"] = {**(obj["metadata"].get("labels") or {}), **labels}
         for path, value in f.fields_for().items():
             node = obj
             for part in path[:-1]:
