@@ -85,8 +85,8 @@ def _resolve(spec: str) -> Any:
 
     try:
         module = _import_file(where) if where.endswith(".py") and os.path.exists(where) else load(modules=[where])[0]
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        raise ConfigError(f"--objects-from {spec}: {exc}") from exc
     except Exception as exc:
         raise ConfigError(f"--objects-from {spec}: importing {where} failed: {type(exc).__name__}: {exc}") from exc
     if not hasattr(module, name):
