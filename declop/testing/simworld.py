@@ -29,7 +29,10 @@ controllers, finalizers, the fences, leader election or shard Leases — on one
 - **the workload**, from the seed: creates, spec updates, deletes, and deletes followed by a
   re-create of the same name, by an administrator (straight to the apiserver). With a handlers
   file, its objects fit what the registrations watch (:mod:`declop.testing.simworkload`:
-  namespaces, labels, fields), and objects outside every filter are owed nothing.
+  namespaces, labels, fields), and objects outside every filter are owed nothing; their bodies
+  and updates (spec, metadata or status) come from :mod:`declop.testing.simobjects` (varied and
+  some invalid typed specs, or the project's own generator), and an object that fails its model
+  is owed nothing either.
 - **faults**, from the seed, per replica (:data:`WORLD_FAULTS`): partitions (requests hang, fail,
   or lose their answers; watches stall or break), slow requests, pause and resume, crash and
   restart with empty memory, and ``compact`` (the apiserver forgets its watch history: watches
