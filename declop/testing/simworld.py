@@ -1112,7 +1112,7 @@ class _World:
     def _new(self, key: Request, value: int) -> dict[str, Any]:
         info = self.info()
         obj: dict[str, Any] = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
-        obj["spec"] = {"value": value}
+        obj["spec"] = {} if self.user else {"value": value}
         if self.user:
             obj = self.scope.fill(self.objects.new(obj, int(key.name[1:])), int(key.name[1:]))
         if self.world.filtered:
