@@ -39,6 +39,8 @@ __all__ = ["sim"]
 @click.option("--shards", type=int, default=4, show_default=True, help="Hash ranges with --mode sharded.")
 @click.option("--objects", type=int, default=200, show_default=True, help="Objects of the primary resource the workload creates.")
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Virtual seconds of workload and faults.")
+@click.option("--objects-from", "objects_from", default=None, metavar="MODULE:FUNCTION",
+              help="Your own objects: a function (random.Random, index) -> the object's body, or a list of bodies (module:name or file.py:name).")
 @click.option("--faults", default=None, help="Fault kinds to draw from, comma-separated (default: all; crash-between-writes kills a replica between two handler writes).")
 @click.option("--only", default=None, metavar="I,J", help="Keep only these of each seed's faults, by index (0,2), or none: a shrunk schedule.")
 @click.option("--fault", "fault", multiple=True, metavar="AT:KIND:REPLICA:LENGTH",
@@ -49,7 +51,7 @@ __all__ = ["sim"]
 @click.option("-v", "--verbose", is_flag=True, help="Print declop's log lines, each with its virtual time and replica.")
 def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: int, start: int, seed: int | None, mode: str,
         shards: int, objects: int, duration: float, faults: str | None, only: str | None, fault: tuple[str, ...],
-        allow: tuple[str, ...], verbose: bool) -> None:  # fmt: skip
+        allow: tuple[str, ...], verbose: bool, objects_from: str | None = None) -> None:  # fmt: skip
     """Run handler PATHS and -m modules in a simulated cluster: several replicas, on virtual
     time, under faults drawn from each seed (partitions, pauses, crashes, compaction), with a
     workload of creates, updates, deletes and re-creates of the objects the handlers watch (their
@@ -88,9 +90,14 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     if unknown:
         raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")
     allowed = Allow.parse(allow, {r.name for r in default_registry.registrations})
+    if objects_from is not None:
+        from declop.testing.simobjects import maker
+
+        maker(objects_from)  # a name that does not resolve: one line now, not a traceback per seed
     world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
                            handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]), only=parse_only(only),
-                           faults=tuple(parse_fault(f, simworld.WORLD_FAULTS) for f in fault) or None, allow=allowed.specs())  # fmt: skip
+                           faults=tuple(parse_fault(f, simworld.WORLD_FAULTS) for f in fault) or None, allow=allowed.specs(),
+                           objects_from=objects_from)  # fmt: skip
     if seed is not None:
         result = simworld.run(world, seed, default_registry, crds)
         click.echo(result.report())

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from declop.testing.simworld import WorldResult
@@ -93,13 +93,17 @@ def simulate(
     duration: float = 60.0,
     faults: Sequence[str] | None = None,
     allow: Sequence[str] = (),
+    objects_from: Any = None,
 ) -> Simulation:
     """Run the handlers of ``paths`` (files, as ``declop sim`` takes them) and ``modules`` through
     seeds ``start`` … ``start + seeds - 1`` of the simulated cluster; see the module docstring.
+    ``objects_from``: the project's own objects (``declop sim --objects-from``): a function
+    ``(random.Random, index) -> body``, a list of bodies to cycle, or ``"module:function"``.
 
     Raises:
         ConfigError: nothing to simulate, a file that does not load, no registration, an
-            unknown fault kind, or an ``allow`` item that is not a property (or names no handler).
+            unknown fault kind, an ``allow`` item that is not a property (or names no handler), or
+            ``objects_from`` that does not resolve or gives no object body.
     """
     from declop import registry as registries
     from declop.dev.manifests import from_models
@@ -126,7 +130,8 @@ def simulate(
         crds = [m.obj for m in from_models(loaded, own)]
         allowed = Allow.parse(allow, {r.name for r in own.registrations}).specs()
         world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
-                               handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]), allow=allowed)  # fmt: skip
+                               handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]), allow=allowed,
+                               objects_from=objects_from)  # fmt: skip
         logger.setLevel(logging.CRITICAL + 1)  # the faults make errors on purpose
         began = time.perf_counter()
         results = tuple(simworld.run(world, seed, own, crds) for seed in range(start, start + seeds))

@@ -12,8 +12,9 @@ A handlers file (``declop sim handlers.py``) says what it watches: the resource,
 - :meth:`Scope.watched` tells whether any registration selects an object (namespace, labels and
   fields, with the parsers the informers use). An object no registration selects is never
   owed a reconcile (I3), nor checked for idempotence;
-- a typed handler's objects get the smallest ``spec`` its CRD's schema accepts (:func:`minimal`);
-  one that still fails the model (:func:`valid`) is owed no reconcile either.
+- a typed handler's objects get varied specs its CRD's schema accepts, and some it does not
+  (:mod:`declop.testing.simobjects`, :mod:`declop.testing.simspecs`; :func:`minimal` is the
+  fallback); one that fails the model (:func:`valid`) is owed no reconcile either.
 
 Invariants:
 - a scope is a pure function of the registrations: the same file gives the same workload;
@@ -91,7 +92,7 @@ class Scope:
         f = self.filters[index % len(self.filters)]
         labels = f.labels_for()
         if labels:
-            obj["metadata"]["labels"] = labels
+            obj["metadata"]["labels"] = {**(obj["metadata"].get("labels") or {}), **labels}
         for path, value in f.fields_for().items():
             node = obj
             for part in path[:-1]:

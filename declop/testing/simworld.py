@@ -29,7 +29,10 @@ controllers, finalizers, the fences, leader election or shard Leases — on one
 - **the workload**, from the seed: creates, spec updates, deletes, and deletes followed by a
   re-create of the same name, by an administrator (straight to the apiserver). With a handlers
   file, its objects fit what the registrations watch (:mod:`declop.testing.simworkload`:
-  namespaces, labels, fields), and objects outside every filter are owed nothing.
+  namespaces, labels, fields), and objects outside every filter are owed nothing; their bodies
+  and updates (spec, metadata or status) come from :mod:`declop.testing.simobjects` (varied and
+  some invalid typed specs, or the project's own generator), and an object that fails its model
+  is owed nothing either.
 - **faults**, from the seed, per replica (:data:`WORLD_FAULTS`): partitions (requests hang, fail,
   or lose their answers; watches stall or break), slow requests, pause and resume, crash and
   restart with empty memory, and ``compact`` (the apiserver forgets its watch history: watches
@@ -108,7 +111,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import concurrent.futures
 import contextvars
 import dataclasses
@@ -142,7 +144,8 @@ from declop.testing.simgc import collect, ownership
 from declop.testing.simhistory import History
 from declop.testing.simloop import Actor, VirtualLoop, actor
 from declop.testing.simprops import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
-from declop.testing.simworkload import Scope, minimal, scope, spec_schema, valid
+from declop.testing.simobjects import Objects, label, maker
+from declop.testing.simworkload import Scope, scope, spec_schema, valid
 
 __all__ = [
     "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
@@ -215,6 +218,9 @@ class World:
     #: each watch stream delivers each event after its own random delay, up to this many seconds
     #: (0: at once), so two informers of one resource see a change at different moments
     watch_lag: float = 0.0
+    #: a handlers file's objects: a project's generator (``module:function``, a callable, or a
+    #: list of bodies to cycle; :mod:`declop.testing.simobjects`), or None: drawn from the model
+    objects_from: Any = None
 
     def repro(self, seed: int) -> str:
         default = World()
@@ -223,6 +229,8 @@ class World:
             for f in ("mode", "replicas", "shards", "objects", "duration"):
                 if getattr(self, f) != getattr(default, f):
                     line += f" --{f} {getattr(self, f):g}" if not isinstance(getattr(self, f), str) else f" --{f} {getattr(self, f)}"
+            if self.objects_from is not None:
+                line += f" --objects-from {label(self.objects_from)}"
         else:
             line = f"python -m declop.testing.simworld --seed {seed}"
             for f in ("mode", "shard_by", "replicas", "shards", "objects", "duration"):
@@ -673,9 +681,10 @@ class _World:
         self.knew: dict[tuple[Request, str], frozenset[tuple[int, int]]] = {}
         #: the workload's namespaces and which objects the handlers watch (their registrations)
         self.scope = scope(regs, self.primary, NAMESPACES) if self.user else Scope(NAMESPACES, ())
-        #: a handlers file's objects: the smallest spec its CRD accepts (a typed model's required fields)
+        #: a handlers file's objects: varied specs its CRD accepts (some broken), or a project's own
         schema = spec_schema(crds, self.primary) if self.user else None
-        self.spec: Any = minimal(schema) if schema is not None else {}
+        self.objects = Objects(schema, lambda obj: valid(regs, self.primary, obj), random.Random(f"objects-{seed}"),
+                               maker(world.objects_from), label(world.objects_from) if world.objects_from is not None else "")  # fmt: skip
         #: the handlers' writes (simprops: quiescence, idempotence)
         self.writes = Writes()
         #: the handlers' writes refused with 409, 429 or 5xx while the workload runs (simconflicts)
@@ -1121,6 +1130,8 @@ class _World:
                     continue
                 for informer in c.primary.informers:
                     for key in informer.store.keys():
+                        if self.user and not valid(self.registry.registrations, self.primary, informer.store.get(key) or {}):
+                            continue  # fails its model: its reconcile never calls the handler
                         self.pending.add((c.name, key))
                         c.queue.add(key)
         queued = self.now()
@@ -1270,24 +1281,25 @@ class _World:
     def _new(self, key: Request, value: int) -> dict[str, Any]:
         info = self.info()
         obj: dict[str, Any] = {"apiVersion": info.api_version, "kind": info.kind, "metadata": {"name": key.name, "namespace": key.namespace}}
-        obj["spec"] = copy.deepcopy(self.spec) if self.user else {"value": value}
+        obj["spec"] = {} if self.user else {"value": value}
         if self.user:
-            obj = self.scope.fill(obj, int(key.name[1:]))
+            obj = self.scope.fill(self.objects.new(obj, int(key.name[1:])), int(key.name[1:]))
         if self.world.filtered:
             obj["metadata"]["labels"] = {SELECTED: "true" if value % 3 else "false"}
         return obj
 
-    def _change(self, value: int) -> dict[str, Any]:
-        """The workload's update: the built-in spec's value; an annotation of a handlers file's object."""
+    def _change(self, value: int, key: Request, stored: Any) -> tuple[str | None, dict[str, Any]]:
+        """The workload's update (a subresource, a merge patch): the built-in spec's value; a
+        handlers file's object's spec, metadata or status (:meth:`Objects.update`)."""
         if self.user:
-            return {"metadata": {"annotations": {"sim.declop.dev/value": str(value)}}}
+            return self.objects.update(stored, int(key.name[1:]), value, self.scope)
         if self.world.filtered and value % 2:  # in or out of the filter, by a label
-            return {"metadata": {"labels": {SELECTED: "true" if value % 4 == 1 else "false"}}}
-        return {"spec": {"value": value}}
+            return None, {"metadata": {"labels": {SELECTED: "true" if value % 4 == 1 else "false"}}}
+        return None, {"spec": {"value": value}}
 
-    async def _admin(self, method: str, key: Request, body: Any = None) -> Any:
+    async def _admin(self, method: str, key: Request, body: Any = None, sub: str | None = None) -> Any:
         info = self.info()
-        path = info.path(namespace=key.namespace, name=None if method == "POST" else key.name)
+        path = info.path(namespace=key.namespace, name=None if method == "POST" else key.name) + (f"/{sub}" if sub else "")
         before = self.server.store(info).get(key) if self.world.filtered else None
         result = await self.server.request(method, path, body=body, content_type="application/merge-patch+json" if method == "PATCH" else None)
         meta = result["metadata"]
@@ -1367,6 +1379,7 @@ class _World:
         rng = random.Random(f"work-{self.seed}")
         spaces = self.scope.namespaces
         keys = [Request(spaces[i % len(spaces)], f"w{i:03d}") for i in range(w.objects)]
+        self.objects.status = "status" in self.info().subresources
         value = 0
         for key in keys[: w.objects // 2]:
             value += 1
@@ -1386,7 +1399,8 @@ class _World:
                 elif stored["metadata"].get("deletionTimestamp"):
                     continue
                 elif op < 0.6:
-                    await self._admin("PATCH", key, self._change(value))
+                    sub, patch = self._change(value, key, stored)
+                    await self._admin("PATCH", key, patch, sub)
                 else:
                     await self._admin("DELETE", key)
                     if op > 0.85:  # and at once again, same name (a new uid)
@@ -1414,6 +1428,8 @@ class _World:
             if got < rv:
                 self.violate("I3", "-", f"{key} (uid {uid[:8]}) changed at resourceVersion {rv}, not reconciled since (last seen {got or 'never'}) {self.now() - settled_at:.3f} s after the faults healed")
         for obj in store:
+            if self.user and obj["metadata"].get("deletionTimestamp") and not valid(self.registry.registrations, self.primary, obj):
+                continue  # fails its model: our finalizer waits until it validates ("Deletion waits"), by design
             if obj["metadata"].get("deletionTimestamp") and not (self.user and self.cleanups.failing(obj["metadata"].get("uid"))):
                 self.violate("I4", "-", f"{obj['metadata']['namespace']}/{obj['metadata']['name']} is still being deleted {self.now() - settled_at:.3f} s after the faults healed")
         for r in self.replicas:  # I9: no daemon of an object that is gone
@@ -1431,6 +1447,8 @@ class _World:
                     self.violate("I4", "-", f"{key} (uid {uid[:8]}) deleted at t={at:.3f} went without its cleanup")
             elif not self.world.strict and not self._kept(owner, key, uid):
                 self.unowned_deletions += 1  # its range's owner lost it meanwhile: the exception
+            elif self.user and now_there is not None and not valid(self.registry.registrations, self.primary, now_there):
+                continue  # its name holds an object that fails its model: the key's calls are skipped
             elif uid in seen_uids and not any(n > before for n in self.started.get(key, ())):
                 # a handler saw the object, so it must see it go (one it never saw may go unseen:
                 # there is nothing of it to clean up)

@@ -196,6 +196,19 @@ def test_declop_sim_one_seed_prints_its_repro_line_and_faults() -> None:
     assert "faults:" in result.output  # type: ignore[attr-defined]
 
 
+def test_declop_sim_takes_the_project_s_objects_from_a_function(tmp_path: Any) -> None:
+    gen = tmp_path / "bodies.py"
+    gen.write_text("def widget(rng, index):\n    return {'spec': {'replicas': rng.randint(0, 2), 'message': f'm{index}'}}\n"
+                   "def wrong(rng, index):\n    return ['spec']\n")  # fmt: skip
+    result = _sim("examples/crd/handlers.py", "--seed", "2", "--objects", "20", "--duration", "10", "--objects-from", f"{gen}:widget")
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    assert f"--objects-from {gen}:widget" in result.output.splitlines()[0]  # type: ignore[attr-defined]
+    from declop.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^--objects-from {gen}:wrong gave list for object 0; return the object's body"):
+        _sim("examples/crd/handlers.py", "--seed", "2", "--objects", "20", "--objects-from", f"{gen}:wrong")
+
+
 def test_declop_sim_without_handlers_is_one_line() -> None:
     from click.testing import CliRunner
 
