@@ -93,3 +93,20 @@ def test_an_allowed_hot_loop_runs_on_and_the_next_property_is_still_checked() ->
     both = simulate("examples/buggy/hot_loop.py", seeds=1, allow=["quiescence", "idempotence"], **SMALL)
     both.check()
     assert {v.invariant for v in both.results[0].allowed} == {"quiescence", "idempotence"}
+
+
+@pytest.mark.parametrize(
+    ("path", "prop", "handler", "seed", "size"),
+    [
+        ("examples/buggy/crash.py", "crash-safety", "make_child", 1, SMALL),  # a duplicate child after a kill
+        ("examples/buggy/cleanup.py", "finalizers", "lease", 0, {}),  # an object stuck on a failing cleanup
+    ],
+)
+def test_crash_safety_and_finalizers_can_be_allowed_for_their_handler(path: str, prop: str, handler: str, seed: int, size: dict[str, float]) -> None:
+    """The properties added after --allow route through it too, naming their handler: the seed
+    that fails without the allowance passes with it, and keeps the violation as allowed."""
+    (failed,) = simulate(path, start=seed, seeds=1, **size).failed  # type: ignore[arg-type]
+    assert (failed.violations[0].invariant, failed.violations[0].handler) == (prop, handler)
+    allowed = simulate(path, start=seed, seeds=1, allow=[f"{prop}:{handler}"], **size)  # type: ignore[arg-type]
+    allowed.check()
+    assert (prop, handler) in [(v.invariant, v.handler) for v in allowed.results[0].allowed]
