@@ -850,17 +850,8 @@ class _World:
                     out = await fn(**pick(kw))
                     self.call_returned(kw)
                     return out
-                except TerminalError as exc:
-                    self.gave_up(exc)
-                    self.call_raised(reg.name, kw, exc)
-                    out = exc
-                    raise
-                except Exception as exc:
-                    self.call_raised(reg.name, kw, exc)
-                    out = exc
-                    raise
                 except BaseException as exc:
-                    out = exc
+                    out = self.call_raised(reg.name, kw, exc)
                     raise
                 finally:
                     self.conflicts.forget(CALL.get())
@@ -881,17 +872,8 @@ class _World:
                 out: Any = None
                 try:
                     out = fn(**pick(kw))
-                except TerminalError as exc:
-                    self.gave_up(exc)
-                    self.call_raised(reg.name, kw, exc)
-                    out = exc
-                    raise
-                except Exception as exc:
-                    self.call_raised(reg.name, kw, exc)
-                    out = exc
-                    raise
                 except BaseException as exc:
-                    out = exc
+                    out = self.call_raised(reg.name, kw, exc)
                     raise
                 finally:
                     self.conflicts.forget(CALL.get())
@@ -1187,11 +1169,16 @@ class _World:
             self.cleaned.add((obj.get("metadata") or {}).get("uid") or "")
             self.cleanups.returned(self.now(), "", kw["request"], (obj.get("metadata") or {}).get("uid") or "")
 
-    def call_raised(self, controller: str, kw: dict[str, Any], exc: BaseException) -> None:
-        """Finalizers: a handler call raised; a cleanup's (DELETING) outcome is kept."""
+    def call_raised(self, controller: str, kw: dict[str, Any], exc: BaseException) -> BaseException:
+        """A handler call raised ``exc`` (returned, for the history's row): a give-up is noted for
+        the conflicts property, a cleanup's (DELETING) failure for the finalizers property; a
+        cancellation (its replica stopped) is neither."""
+        if isinstance(exc, TerminalError):
+            self.gave_up(exc)
         obj = _plain(kw.get("obj"))
-        if obj is not None and kw.get("phase") is Phase.DELETING:
+        if isinstance(exc, Exception) and obj is not None and kw.get("phase") is Phase.DELETING:
             self.cleanups.ended(self.now(), controller, kw["request"], (obj.get("metadata") or {}).get("uid") or "", exc)
+        return exc
 
     def call_ended(self, r: _Replica | None, key: Any, started: float) -> None:
         if self.pending:
