@@ -1611,16 +1611,19 @@ def shrink(failed: WorldResult, registry: Registry | None = None, crds: Sequence
 def run_seeds(world: World, seeds: Sequence[int], registry: Registry | None = None, out: Any = None, crds: Sequence[Any] = ()) -> int:
     """Run ``seeds``; print each failure's repro line (and the handler's line of its write; the
     first one's object history too), the schedules per second and what was allowed on purpose
-    (``World.allow``); return how many failed."""
+    (``World.allow``), then the first failure's shrunk schedule (its runs, at most
+    :data:`declop.testing.simshrink.RUNS`, are not in the rate); return how many failed."""
     from declop.testing.simallow import allowed_summary
+    from declop.testing.simshrink import shrink as shrinking
 
     out = out or sys.stdout
-    began, failed, allowed = time.perf_counter(), 0, []
+    began, failed, allowed, first = time.perf_counter(), 0, [], None
     for seed in seeds:
         result = run(world, seed, registry, crds)
         allowed.append(result.allowed)
         if not result.ok:
             failed += 1
+            first = first or result
             print(f"FAIL {result.repro()}  # {result.violations[0]}", file=out, flush=True)
             for line in result.violations[0].trace:  # the handler's line that made the write
                 print(f"    {line}", file=out, flush=True)
@@ -1629,8 +1632,10 @@ def run_seeds(world: World, seeds: Sequence[int], registry: Registry | None = No
     took = max(time.perf_counter() - began, 1e-9)
     summary = allowed_summary(allowed)
     print(f"{len(seeds)} seeds, {failed} failed, {took:.1f} s: {len(seeds) / took:.2f} schedules/s" + (f"; {summary}" if summary else ""), file=out)
-    if failed:
-        print("(a FAIL line run alone shrinks its seed to the faults it needs and prints its object's history)", file=out)
+    if first is not None:  # one shrink per sweep: each costs up to RUNS runs of its seed
+        for line in shrinking(first, registry, crds).report():
+            print(line, file=out, flush=True)
+        print("(each FAIL line run alone prints its seed's whole report and its own shrunk schedule)", file=out)
     return failed
 
 
