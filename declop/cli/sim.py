@@ -48,10 +48,12 @@ __all__ = ["sim"]
 @click.option("--allow", "allow", multiple=True, metavar="PROPERTY[:HANDLER]",
               help="Allow a property of the handlers on purpose (quiescence, idempotence, conflicts, ownership, crash-safety, finalizers), everywhere or for one "
                    "handler (registration name); counted and reported as allowed, never failing. Repeatable.")  # fmt: skip
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run the seeds in this many processes (one per core: a seed's run is the same wherever it runs).")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="Print declop's log lines, each with its virtual time and replica.")
 def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: int, start: int, seed: int | None, mode: str,
         shards: int, objects: int, duration: float, faults: str | None, only: str | None, fault: tuple[str, ...],
-        allow: tuple[str, ...], verbose: bool, objects_from: str | None = None) -> None:  # fmt: skip
+        allow: tuple[str, ...], verbose: bool, jobs: int = 1, objects_from: str | None = None) -> None:  # fmt: skip
     """Run handler PATHS and -m modules in a simulated cluster: several replicas, on virtual
     time, under faults drawn from each seed (partitions, pauses, crashes, compaction), with a
     workload of creates, updates, deletes and re-creates of the objects the handlers watch (their
@@ -104,7 +106,7 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
         if not result.ok:
             click.echo("\n".join(shrink(result, default_registry, crds).report()))
         sys.exit(0 if result.ok else 1)
-    failed = simworld.run_seeds(world, range(start, start + seeds), default_registry, crds=crds)
+    failed = simworld.run_seeds(world, range(start, start + seeds), default_registry, crds=crds, jobs=jobs)
     sys.exit(1 if failed else 0)
 
 

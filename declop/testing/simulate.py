@@ -94,11 +94,14 @@ def simulate(
     faults: Sequence[str] | None = None,
     allow: Sequence[str] = (),
     objects_from: Any = None,
+    jobs: int = 1,
 ) -> Simulation:
     """Run the handlers of ``paths`` (files, as ``declop sim`` takes them) and ``modules`` through
     seeds ``start`` … ``start + seeds - 1`` of the simulated cluster; see the module docstring.
     ``objects_from``: the project's own objects (``declop sim --objects-from``): a function
     ``(random.Random, index) -> body``, a list of bodies to cycle, or ``"module:function"``.
+    ``jobs``: processes to run the seeds in (``declop sim --jobs``; forked, so the handlers are
+    those already loaded), one per core at most.
 
     Raises:
         ConfigError: nothing to simulate, a file that does not load, no registration, an
@@ -134,7 +137,7 @@ def simulate(
                                objects_from=objects_from)  # fmt: skip
         logger.setLevel(logging.CRITICAL + 1)  # the faults make errors on purpose
         began = time.perf_counter()
-        results = tuple(simworld.run(world, seed, own, crds) for seed in range(start, start + seeds))
+        results = tuple(simworld.run_many(world, range(start, start + seeds), own, crds, jobs))
         return Simulation(results, time.perf_counter() - began)
     finally:
         registries.default_registry = saved

@@ -121,7 +121,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 
 from declop.errors import ApiError, NotFound, TerminalError
 from declop.handlers.daemons import DaemonRunner
@@ -149,7 +149,7 @@ from declop.testing.simworkload import Scope, scope, spec_schema, valid
 
 __all__ = [
     "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
-    "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_seeds", "shrink",
+    "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_many", "run_seeds", "shrink",
 ]
 
 #: what a seed may draw
@@ -1608,18 +1608,49 @@ def shrink(failed: WorldResult, registry: Registry | None = None, crds: Sequence
     return shrinking(failed, registry, crds).result
 
 
-def run_seeds(world: World, seeds: Sequence[int], registry: Registry | None = None, out: Any = None, crds: Sequence[Any] = ()) -> int:
-    """Run ``seeds``; print each failure's repro line (and the handler's line of its write; the
-    first one's object history too), the schedules per second and what was allowed on purpose
-    (``World.allow``), then the first failure's shrunk schedule (its runs, at most
-    :data:`declop.testing.simshrink.RUNS`, are not in the rate); return how many failed."""
+#: what a forked worker of :func:`run_seeds` runs its seeds with (set before the fork)
+_JOB: tuple[World, Registry | None, Sequence[Any]] | None = None
+
+
+def _run_job(seed: int) -> WorldResult:
+    assert _JOB is not None
+    world, registry, crds = _JOB
+    # sent back without its world (the parent has it; a user's objects_from may not pickle)
+    return dataclasses.replace(run(world, seed, registry, crds), world=None)  # type: ignore[arg-type]
+
+
+def run_many(world: World, seeds: Sequence[int], registry: Registry | None = None, crds: Sequence[Any] = (), jobs: int = 1) -> Iterator[WorldResult]:
+    """Each seed's result, in the order of ``seeds``: here, or in ``jobs`` forked processes (a
+    world run is a pure function of its seed, so where it runs changes nothing)."""
+    global _JOB
+    if jobs <= 1 or len(seeds) < 2:
+        yield from (run(world, seed, registry, crds) for seed in seeds)
+        return
+    import multiprocessing
+
+    _JOB = (world, registry, crds)
+    try:
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            for result in pool.map(_run_job, seeds, chunksize=max(1, min(8, len(seeds) // (4 * jobs)))):
+                yield dataclasses.replace(result, world=world)
+    finally:
+        _JOB = None
+
+
+def run_seeds(
+    world: World, seeds: Sequence[int], registry: Registry | None = None, out: Any = None, crds: Sequence[Any] = (), jobs: int = 1,
+) -> int:  # fmt: skip
+    """Run ``seeds`` (in ``jobs`` processes); print each failure's repro line (and the handler's
+    line of its write; the first one's object history too), the schedules per second and what
+    was allowed on purpose (``World.allow``), then the first failure's shrunk schedule (its runs,
+    at most :data:`declop.testing.simshrink.RUNS`, are not in the rate); return how many failed.
+    The output is the same whatever ``jobs`` is, but for the rate."""
     from declop.testing.simallow import allowed_summary
     from declop.testing.simshrink import shrink as shrinking
 
     out = out or sys.stdout
     began, failed, allowed, first = time.perf_counter(), 0, [], None
-    for seed in seeds:
-        result = run(world, seed, registry, crds)
+    for result in run_many(world, seeds, registry, crds, jobs):
         allowed.append(result.allowed)
         if not result.ok:
             failed += 1
@@ -1646,6 +1677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="run this one seed and print its schedule")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--start", type=int, default=0)
+    p.add_argument("-j", "--jobs", type=int, default=1, help="run the seeds in this many processes")
     p.add_argument("--replicas", type=int, default=World.replicas)
     p.add_argument("--shards", type=int, default=World.shards)
     p.add_argument("--objects", type=int, default=World.objects)
@@ -1681,7 +1713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not result.ok:
             print("\n".join(shrinking(result).report()))
         return 0 if result.ok else 1
-    return 1 if run_seeds(world, range(args.start, args.start + args.seeds)) else 0
+    return 1 if run_seeds(world, range(args.start, args.start + args.seeds), jobs=max(1, args.jobs)) else 0
 
 
 if __name__ == "__main__":

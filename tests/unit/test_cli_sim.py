@@ -56,3 +56,17 @@ def test_bad_allow_and_fault_options_are_one_line() -> None:
     assert bad.returncode != 0 and "--allow I1: I1 is an invariant of declop" in bad.stderr, bad.stderr
     bad = sim("examples/buggy/idempotence.py", "--seed", "0", "--fault", "3:crash")
     assert bad.returncode != 0 and "--fault 3:crash: want AT:KIND:REPLICA:LENGTH" in bad.stderr, bad.stderr
+
+
+def test_a_sweep_in_two_processes_prints_what_one_process_prints_but_the_rate() -> None:
+    """--jobs: each seed's run is a pure function of the seed, so forked workers give the same
+    FAIL lines, history and shrunk schedule, in seed order; only the rate differs. The sweep's
+    summary ends with the first failure's shrunk schedule."""
+    one, two = sim("examples/buggy/idempotence.py", "--seeds", "4", *SMALL), sim("examples/buggy/idempotence.py", "--seeds", "4", *SMALL, "-j", "2")
+    assert one.returncode == two.returncode == 1, one.stdout + two.stdout + two.stderr
+    rate = re.compile(r"^4 seeds, 4 failed, [\d.]+ s: [\d.]+ schedules/s$", re.M)
+    assert rate.search(one.stdout) and rate.search(two.stdout), two.stdout
+    assert rate.sub("", one.stdout) == rate.sub("", two.stdout)
+    fails = [line.split("  #")[0] for line in two.stdout.splitlines() if line.startswith("FAIL ")]
+    assert fails == [f"FAIL declop sim examples/buggy/idempotence.py --seed {n} --objects 30 --duration 20" for n in range(4)]
+    assert "\nshrunk (1 run(s)): idempotence fails without any fault:\n  declop sim examples/buggy/idempotence.py --seed 0 " in two.stdout

@@ -41,6 +41,17 @@ def test_a_simulation_is_a_function_of_its_seeds() -> None:
     assert [(r.seed, r.calls, r.requests) for r in a.results] == [(r.seed, r.calls, r.requests) for r in b.results]
 
 
+
+def test_seeds_run_in_forked_processes_give_the_same_results_in_seed_order() -> None:
+    """jobs=2: a run is a function of its seed, wherever it runs; a user's objects given as a
+    lambda (which does not pickle) stays in the parent, since a result comes back without it."""
+    bodies = lambda rng, index: {"data": {"n": str(index)}}  # noqa: E731 - a lambda on purpose
+    one, two = (simulate("examples/buggy/idempotence.py", seeds=3, objects_from=bodies, jobs=jobs, **SMALL) for jobs in (1, 2))
+    assert [(r.seed, r.calls, r.requests, [str(v) for v in r.violations]) for r in one.results] == [
+        (r.seed, r.calls, r.requests, [str(v) for v in r.violations]) for r in two.results
+    ]
+    assert [r.seed for r in two.results] == [0, 1, 2] and all(r.world.objects_from is bodies for r in two.results)
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "says"),
     [
