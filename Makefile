@@ -16,7 +16,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 IMAGE_TAR ?= build/declop-image.tar
 
-.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit test-typed-props sim dist clean
+.PHONY: all setup venv controlplane node image lock pin-base run run-without-node dev demo test test-fast test-unit test-typed-props sim mutate dist clean
 
 all: test
 
@@ -119,6 +119,20 @@ sim: venv
 		echo "== $$family"; \
 		$(PY) -m declop.testing.sim --scenario $$family --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) || failed=1; \
 	done; exit $${failed:-0}
+
+# Mutation testing of the code the simulator claims to prove (tools/mutate.py, docs/simulation.md
+# "Mutation testing"): Cosmic Ray writes each mutant to disk and runs the sweep, the simulator's
+# other tests and the group's unit tests under it; build/mutate/report.md gets the scores and every
+# survivor. Hours for every group: MUTATE_GROUPS="fence" and MUTATE_ARGS="--sample 30" narrow it;
+# a second `make mutate` resumes the sessions (MUTATE_ARGS=--fresh starts again).
+COSMIC_RAY_VERSION := 8.7.0
+MUTATE_GROUPS ?=
+$(VENV)/.mutate-installed: $(VENV)/.installed
+	$(PY) -m pip install -q "cosmic-ray==$(COSMIC_RAY_VERSION)"
+	@touch $@
+
+mutate: $(VENV)/.mutate-installed
+	$(PY) tools/mutate.py run $(MUTATE_GROUPS) $(MUTATE_ARGS)
 
 # A wheel and an sdist in dist/, for `pip install dist/declop-*.whl` outside this checkout: the
 # sdist first, then the wheel built from it (so the sdist is proven complete). `build` comes

@@ -1,0 +1,353 @@
+"""`make mutate`: mutation testing of the code the Lease simulator claims to prove (issue 42).
+
+Cosmic Ray (https://cosmic-ray.readthedocs.io) makes the mutants. It was chosen over mutmut
+because it writes each mutant to the file on disk and runs an arbitrary command: the simulator's
+real managers, every subprocess a test starts and `python -m` all see the mutant, where mutmut 3's
+trampolines live only in the copy it imports. The price is that each mutant runs the whole
+command; the stages below keep that bearable.
+
+A *group* is a set of production modules and the unit tests of them. For each group this tool
+
+1. writes a Cosmic Ray config and session (`build/mutate/<group>.sqlite`);
+2. marks *equivalent by construction* mutants skipped: every module here has
+   `from __future__ import annotations`, so a mutant inside an annotation (`X | None` becomes
+   `X - None`) changes nothing that runs; and, with `--sample N`, all but N mutants drawn with a
+   fixed seed (a cheaper estimate, said so in the report);
+3. runs the test command, `tools/mutate.py stage`, under each mutant. The stages run in order
+   and the first that fails names the killer: `sweep` (the random schedules `make test` sweeps),
+   `sim` (the simulator's other tests: pinned seeds, the simulated world) and `units` (the
+   group's unit tests). A mutant that only the units kill counts for the combined score but not
+   for the sweep's;
+4. writes `build/mutate/report.md`: per group, the mutants, the skipped, what killed the rest,
+   the two scores, and every survivor's diff.
+
+Invariant: the test command never passes by finding no test. A stage whose pytest exits 5 (no
+tests collected) is an error of this tool, printed as such, and the unmutated baseline run
+before each group must pass every stage or the group is not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "mutate"
+
+#: The random schedules of every Lease family: what `make test` sweeps.
+SWEEP = ("tests/unit/testing/test_sim.py::test_random_schedules_keep_every_invariant",)
+#: The simulator's other tests: pinned seeds of found defects and the simulated world's seeds.
+SIM = (
+    "tests/unit/testing/test_sim.py",
+    "tests/unit/testing/test_sim_exit.py",
+    "tests/unit/testing/test_sim_timers.py",
+    "tests/unit/testing/test_simworld.py",
+    "tests/unit/testing/test_simworld_filtered.py",
+)
+STAGES = ("sweep", "sim", "units")
+SURVIVED = "survived"
+#: What `stage` prints last: `killed-by: <stage>` or `survived`.
+VERDICT = "killed-by: "
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Group:
+    """Production modules to mutate and the unit tests that are theirs."""
+
+    name: str
+    modules: tuple[str, ...]
+    units: tuple[str, ...]
+
+
+GROUPS: dict[str, Group] = {
+    g.name: g
+    for g in (
+        Group(
+            "fence",
+            ("declop/reconcile/_fence.py", "declop/kube/fencing.py"),
+            ("tests/unit/reconcile/test_fence.py", "tests/unit/kube/test_fencing.py",
+             "tests/unit/reconcile/test_client.py", "tests/unit/reconcile/test_controller.py"),
+        ),
+        Group(
+            "leases",
+            ("declop/leases/leader.py", "declop/leases/shards.py", "declop/leases/members.py",
+             "declop/leases/ranges.py", "declop/leases/watchdog.py", "declop/leases/hashing.py"),
+            ("tests/unit/leases",),
+        ),
+        Group(
+            "manager",
+            ("declop/manager/shutdown.py", "declop/manager/loss.py", "declop/manager/leadership.py"),
+            ("tests/unit/manager", "tests/unit/test_manager.py"),
+        ),
+        Group("queue", ("declop/queue/workqueue.py", "declop/queue/ratelimit.py",
+                        "declop/queue/priority.py", "declop/queue/batches.py"), ("tests/unit/queue",)),
+        Group("cache", ("declop/cache/informer.py", "declop/cache/store.py", "declop/cache/watch.py",
+                        "declop/cache/listing.py", "declop/cache/sharding.py", "declop/cache/backoff.py"),
+              ("tests/unit/cache",)),
+    )
+}
+
+
+# --- which mutants are skipped ---------------------------------------------------------------
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Every annotation's (start, end) as (line from 1, column from 0) pairs, as Cosmic Ray counts.
+
+    Parameters (positional-only, keyword-only, *args, **kwargs), returns and annotated
+    assignments. Columns are ast's UTF-8 offsets; the listed modules are ASCII where it matters.
+    """
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        notes: list[ast.expr | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            notes.append(node.returns)
+            notes.extend(arg.annotation for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+            notes.extend(arg.annotation for arg in (a.vararg, a.kwarg) if arg is not None)
+        elif isinstance(node, ast.AnnAssign):
+            notes.append(node.annotation)
+        spans.extend(((n.lineno, n.col_offset), (n.end_lineno or n.lineno, n.end_col_offset or 0))
+                     for n in notes if n is not None)
+    return spans
+
+
+def in_spans(start: tuple[int, int], end: tuple[int, int],
+             spans: Iterable[tuple[tuple[int, int], tuple[int, int]]]) -> bool:
+    """Whether the range start..end lies wholly inside one of spans."""
+    return any(s <= tuple(start) and tuple(end) <= e for s, e in spans)
+
+
+def sample(job_ids: Sequence[str], keep: int, seed: int) -> set[str]:
+    """The job ids left out of a sample of `keep` drawn with `seed` (stable for one session)."""
+    if keep >= len(job_ids):
+        return set()
+    kept = set(random.Random(seed).sample(sorted(job_ids), keep))
+    return set(job_ids) - kept
+
+
+# --- the test command ------------------------------------------------------------------------
+
+
+def stage_commands(group: Group) -> list[tuple[str, list[str]]]:
+    """Each stage's pytest command, in the order they run."""
+    base = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    sim = [*SIM, "--deselect", SWEEP[0]]
+    return [("sweep", [*base, *SWEEP]), ("sim", [*base, *sim]), ("units", [*base, *group.units])]
+
+
+def run_stages(group: Group, runner=subprocess.run) -> tuple[str, int]:
+    """Run the stages until one fails: (verdict, exit code for Cosmic Ray)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name, command in stage_commands(group):
+        done = runner(command, cwd=ROOT, env=env)
+        if done.returncode == 5:
+            return f"error: stage {name} collected no test ({' '.join(command[3:])})", 2
+        if done.returncode != 0:
+            return VERDICT + name, 1
+    return SURVIVED, 0
+
+
+def verdict_of(output: str | None) -> str | None:
+    """The stage a mutant's recorded output names (None when it timed out or never ran)."""
+    for line in reversed((output or "").splitlines()):
+        if line.startswith(VERDICT):
+            return line[len(VERDICT):].strip()
+        if line.strip() == SURVIVED:
+            return SURVIVED
+    return None
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Tally:
+    """One group's mutants by fate."""
+
+    group: str
+    total: int = 0
+    equivalent: int = 0
+    unsampled: int = 0
+    pending: int = 0
+    killed: dict[str, int] = dataclasses.field(default_factory=lambda: {s: 0 for s in (*STAGES, "timeout", "other")})
+    survivors: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def judged(self) -> int:
+        """Mutants that ran: the scores' denominator."""
+        return sum(self.killed.values()) + len(self.survivors)
+
+    def score(self, by: Sequence[str]) -> float | None:
+        """Share of judged mutants killed by the stages in `by` (timeouts count as killed)."""
+        if not self.judged:
+            return None
+        return sum(self.killed[s] for s in (*by, "timeout", "other")) / self.judged
+
+
+def tally(group: str, items: Iterable[tuple[str, str | None, str | None, str | None]]) -> Tally:
+    """Tally (worker outcome, test outcome, output, diff) rows; worker outcome None is pending."""
+    t = Tally(group)
+    for worker, test, output, diff in items:
+        t.total += 1
+        if worker is None:
+            t.pending += 1
+        elif worker == "skipped":
+            if (output or "").startswith("not sampled"):
+                t.unsampled += 1
+            else:
+                t.equivalent += 1
+        elif test == "survived":
+            t.survivors.append(diff or "")
+        else:
+            stage = verdict_of(output)
+            if stage in STAGES:
+                t.killed[stage] += 1
+            elif output and "timeout" in output:
+                t.killed["timeout"] += 1
+            else:
+                t.killed["other"] += 1
+    return t
+
+
+def percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def render(tallies: Sequence[Tally]) -> str:
+    """The markdown report: a table of scores, then every survivor's diff."""
+    lines = ["# Mutation testing (tools/mutate.py)", "",
+             "| group | mutants | in annotations | not sampled | pending | ran | sweep | sim | units |"
+             " timeout/other | survived | sweep alone | sweep+sim+units |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t in tallies:
+        k = t.killed
+        lines.append(f"| {t.group} | {t.total} | {t.equivalent} | {t.unsampled} | {t.pending} | {t.judged}"
+                     f" | {k['sweep']} | {k['sim']} | {k['units']} | {k['timeout'] + k['other']}"
+                     f" | {len(t.survivors)} | {percent(t.score(('sweep',)))} | {percent(t.score(STAGES))} |")
+    for t in tallies:
+        if t.survivors:
+            lines += ["", f"## Survivors: {t.group}", ""]
+            for diff in t.survivors:
+                lines += ["```diff", diff.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+# --- driving Cosmic Ray ----------------------------------------------------------------------
+
+
+def config_text(group: Group, timeout: float) -> str:
+    modules = ", ".join(f'"{m}"' for m in group.modules)
+    command = f"{sys.executable} {Path(__file__).relative_to(ROOT)} stage {group.name}"
+    return (f'[cosmic-ray]\nmodule-path = [{modules}]\ntimeout = {timeout}\nexcluded-modules = []\n'
+            f'test-command = "{command}"\n\n[cosmic-ray.distributor]\nname = "local"\n')
+
+
+def mark_skipped(session: Path, keep: int | None, seed: int) -> None:
+    """Mark annotation mutants (and, with keep, the unsampled) skipped in a new session."""
+    from cosmic_ray.work_db import use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    spans: dict[Path, list] = {}
+    with use_db(str(session)) as db:
+        live = []
+        for item in db.work_items:
+            m = item.mutations[0]
+            if m.module_path not in spans:
+                spans[m.module_path] = annotation_spans((ROOT / m.module_path).read_text())
+            if in_spans(tuple(m.start_pos), tuple(m.end_pos), spans[m.module_path]):
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED,
+                                                      output="inside an annotation (never evaluated)"))
+            else:
+                live.append(item.job_id)
+        if keep is not None:
+            for job in sample(live, keep, seed):
+                db.set_result(job, WorkResult(worker_outcome=WorkerOutcome.SKIPPED,
+                                              output=f"not sampled (--sample {keep} --seed {seed})"))
+
+
+def session_rows(session: Path) -> list[tuple[str, str | None, str | None, str | None]]:
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    rows = []
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        results = dict(db.results)
+        for item in db.work_items:
+            r = results.get(item.job_id)
+            rows.append((None, None, None, None) if r is None else
+                        (r.worker_outcome.value, r.test_outcome and r.test_outcome.value, r.output, r.diff))
+    return rows
+
+
+def cosmic_ray(*args: str) -> int:
+    return subprocess.call([str(Path(sys.executable).parent / "cosmic-ray"), *args], cwd=ROOT)
+
+
+def run(groups: Sequence[Group], keep: int | None, seed: int, timeout: float, fresh: bool) -> int:
+    BUILD.mkdir(parents=True, exist_ok=True)
+    for group in groups:
+        config, session = BUILD / f"{group.name}.toml", BUILD / f"{group.name}.sqlite"
+        config.write_text(config_text(group, timeout))
+        if fresh or not session.exists():
+            session.unlink(missing_ok=True)
+            if cosmic_ray("init", str(config), str(session)):
+                return 1
+            mark_skipped(session, keep, seed)
+            print(f"[mutate] {group.name}: baseline (every stage, no mutant)", flush=True)
+            verdict, code = run_stages(group)
+            if code:
+                print(f"[mutate] {group.name}: the unmutated tree fails ({verdict}); fix that first",
+                      file=sys.stderr)
+                return 1
+        print(f"[mutate] {group.name}: running the mutants", flush=True)
+        if cosmic_ray("exec", str(config), str(session)):
+            return 1
+    return report(list(GROUPS.values()))
+
+
+def report(groups: Sequence[Group]) -> int:
+    tallies = [tally(g.name, session_rows(s)) for g in groups if (s := BUILD / f"{g.name}.sqlite").exists()]
+    if not tallies:
+        print("[mutate] no session in build/mutate: run `make mutate` first", file=sys.stderr)
+        return 1
+    text = render(tallies)
+    (BUILD / "report.md").write_text(text)
+    print(text, end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/mutate.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="make and judge the mutants of the named groups (all by default)")
+    p_run.add_argument("groups", nargs="*", metavar="GROUP", help=f"one of: {', '.join(GROUPS)}")
+    p_run.add_argument("--sample", type=int, help="judge only this many mutants per group, drawn with --seed")
+    p_run.add_argument("--seed", type=int, default=0)
+    p_run.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant before it counts as killed")
+    p_run.add_argument("--fresh", action="store_true", help="start the sessions again (else resume them)")
+    p_stage = sub.add_parser("stage", help="the test command Cosmic Ray runs under a mutant")
+    p_stage.add_argument("group", choices=list(GROUPS))
+    sub.add_parser("report", help="write build/mutate/report.md from the sessions")
+    args = parser.parse_args(argv)
+    if args.command == "stage":
+        verdict, code = run_stages(GROUPS[args.group])
+        print(verdict, flush=True)
+        return code
+    if args.command == "report":
+        return report(list(GROUPS.values()))
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"no group {unknown[0]!r}: name one of {', '.join(GROUPS)}")
+    groups = [GROUPS[g] for g in args.groups] or list(GROUPS.values())
+    return run(groups, args.sample, args.seed, args.timeout, args.fresh)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
