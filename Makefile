@@ -125,13 +125,9 @@ sim: venv
 # other tests and the group's unit tests under it; build/mutate/report.md gets the scores and every
 # survivor. Hours for every group: MUTATE_GROUPS="fence" and MUTATE_ARGS="--sample 30" narrow it;
 # a second `make mutate` resumes the sessions (MUTATE_ARGS=--fresh starts again).
-COSMIC_RAY_VERSION := 8.7.0
+# Cosmic Ray comes with the test extras.
 MUTATE_GROUPS ?=
-$(VENV)/.mutate-installed: $(VENV)/.installed
-	$(PY) -m pip install -q "cosmic-ray==$(COSMIC_RAY_VERSION)"
-	@touch $@
-
-mutate: $(VENV)/.mutate-installed
+mutate: venv
 	$(PY) tools/mutate.py run $(MUTATE_GROUPS) $(MUTATE_ARGS)
 
 # A wheel and an sdist in dist/, for `pip install dist/declop-*.whl` outside this checkout: the

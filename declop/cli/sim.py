@@ -87,7 +87,7 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     loaded = load(paths, modules)
     require_registrations({"paths": paths, "modules": modules}, default_registry)
     crds = [m.obj for m in from_models(loaded, default_registry)]
-    kinds = tuple(k for k in (faults or ",".join(simworld.WORLD_KINDS)).split(",") if k)
+    kinds = tuple(k for k in (faults or ",".join(simworld.DEFAULT_KINDS)).split(",") if k)
     unknown = sorted(set(kinds) - set(simworld.WORLD_KINDS))
     if unknown:
         raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")

@@ -118,7 +118,7 @@ def simulate(
 
     if not paths and not modules:
         raise ConfigError("nothing to simulate: pass handler files, simulate('handlers.py'), or modules=[...]")
-    kinds = tuple(faults) if faults is not None else simworld.WORLD_KINDS
+    kinds = tuple(faults) if faults is not None else simworld.DEFAULT_KINDS
     unknown = sorted(set(kinds) - set(simworld.WORLD_KINDS))
     if unknown:
         raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")

@@ -123,9 +123,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 
-from declop.errors import ApiError, NotFound, TerminalError
+from declop.errors import ApiError, Fenced, NotFound, TerminalError
 from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
+from declop.kube import fencing
+from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request, key_of
 from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
@@ -148,15 +150,23 @@ from declop.testing.simobjects import Objects, label, maker
 from declop.testing.simworkload import Scope, scope, spec_schema, valid
 
 __all__ = [
-    "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
+    "DEFAULT_KINDS", "PROTOCOL_FAULTS", "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
     "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_many", "run_seeds", "shrink",
 ]
 
 #: what a seed may draw
 WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
-#: what ``--faults`` may name: those, and the kinds a handlers file's properties inject
-#: (simcrash: a kill between two writes of a reconcile), not drawn by :func:`schedule`
-WORLD_KINDS = WORLD_FAULTS + (CRASH_BETWEEN_WRITES,)
+#: faults placed by the protocol or the process's life, drawn after those (and only when named,
+#: so that the default schedules of every seed stay what they were): a pause of the replica
+#: between its next fenced write's check and the send; SIGTERM, whose grace may end before
+#: the manager's own stop does (then SIGKILL); an administrator's delete of a held Lease
+PROTOCOL_FAULTS = ("pause-at-write", "term", "delete")
+#: what a run draws when not told: the uniform faults, and the kinds a handlers file's
+#: properties inject (simcrash: a kill between two writes of a reconcile), not drawn by
+#: :func:`schedule`
+DEFAULT_KINDS = WORLD_FAULTS + (CRASH_BETWEEN_WRITES,)
+#: what ``--faults`` may name
+WORLD_KINDS = DEFAULT_KINDS + PROTOCOL_FAULTS
 #: the I3 bound: lease durations after the last fault healed (and the workload stopped)
 SETTLE = 4
 #: the step bound, in steps (a turn of the loop, a handler call or a request) per virtual second
@@ -192,7 +202,7 @@ class World:
     renew_deadline: float = LEASE_TIMINGS.renew_deadline
     retry_period: float = LEASE_TIMINGS.retry_period
     max_faults: int = 4
-    kinds: tuple[str, ...] = WORLD_KINDS
+    kinds: tuple[str, ...] = DEFAULT_KINDS
     faults: tuple[Fault, ...] | None = None
     only: tuple[int, ...] | None = None
     #: a handlers file (``declop sim``); None: the built-in widgets handler
@@ -316,6 +326,16 @@ def schedule(world: World, rng: random.Random) -> list[Fault]:
         at = round(rng.uniform(0, world.duration), 3)
         length = round(rng.choice((rng.uniform(0.1, 3.0), rng.uniform(3.0, 2 * world.lease_duration))), 3)
         faults.append(Fault(at, kind, rng.randrange(world.replicas), 0.0 if kind == "compact" else length))
+    placed = tuple(k for k in world.kinds if k in PROTOCOL_FAULTS)
+    for _ in range(rng.randint(1, 2) if placed else 0):  # after the others: their draws stay as they were
+        kind, at = rng.choice(placed), round(rng.uniform(0, world.duration), 3)
+        if kind == "term":  # the pod's grace, against the manager's own 5 s: it may run out first
+            length = round(rng.uniform(0.1, 10.0), 3)
+        elif kind == "pause-at-write":
+            length = round(rng.uniform(0.5, 2 * world.lease_duration), 3)
+        else:
+            length = 0.0
+        faults.append(Fault(at, kind, rng.randrange(world.replicas), length))
     return sorted(faults, key=lambda f: (f.at, f.kind, f.replica))
 
 
@@ -389,6 +409,10 @@ class _Replica:
     paused: list[list[float]] = field(default_factory=list)
     #: key -> when its running daemon first ran (I9)
     daemons: dict[Request, float] = field(default_factory=dict)
+    #: the manager's stop (what its SIGTERM handler sets); a new one per incarnation
+    stop: asyncio.Event | None = None
+    #: a ``pause-at-write`` armed: the length of the pause its next fenced write takes
+    pause_at_write: float = 0.0
 
     @property
     def name(self) -> str:
@@ -429,19 +453,25 @@ class WorldTransport:
         call = CALL.get()
         # a handler's write: who sent it, from which line of user code (the stack is here)
         origin = (call, user_frames()) if call is not None and method != "GET" and w.user and "/events" not in path else None
+        # the write fence of the call sending it, checked as the real Transport does: before the
+        # send (here) and once more when the request has its connection (FencedConnector: in
+        # _wire, after the first half of the latency, right before the apiserver applies it)
+        fence = fencing.current() if method != "GET" else None
+        if fence is not None:
+            w.check_fence(fence, method, path)
         if _INLINE.get() is not None:  # a plain handler's request: no latency, no waiting
             if r.net != "ok" or self._gone():
                 raise ApiError(0, "Unreachable", f"{method} {path}: connection refused")
-            return await w.serve(method, path, params, body, content_type, origin)
+            return await w.serve(method, path, params, body, content_type, origin, (r, fence))
         answer: asyncio.Future[Any] = w.loop.create_future()
-        w.spawn(self._wire(answer, method, path, params, body, content_type, origin))
+        w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence))
         try:
             return await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
             raise ApiError(0, "Timeout", f"{method} {path} timed out after {timeout} s") from None
 
     async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, params: Any, body: Any, content_type: str | None,
-                    origin: tuple[Call, tuple[str, ...]] | None = None) -> None:  # fmt: skip
+                    origin: tuple[Call, tuple[str, ...]] | None = None, fence: WriteFence | None = None) -> None:  # fmt: skip
         w, r = self.world, self.replica
         latency = w.rng.uniform(0.0005, 0.005) + (w.rng.uniform(0, r.slow) if r.slow else 0.0)
         if self._gone() or r.net == "hang":
@@ -454,10 +484,16 @@ class WorldTransport:
         await asyncio.sleep(latency / 2)
         if self._gone() or r.net == "hang":
             return
+        if fence is not None and r.pause_at_write:
+            await w.pause_here(r)  # stopped after the Transport's check, waiting for its connection
+            if self._gone():
+                return
         error: BaseException | None = None
         try:
-            result = await w.serve(method, path, params, body, content_type, origin)
-        except ApiError as exc:
+            if fence is not None:
+                w.check_fence(fence, method, path)  # the pool's check, with the connection in hand
+            result = await w.serve(method, path, params, body, content_type, origin, (r, fence))
+        except (ApiError, Fenced) as exc:
             error = exc
         await asyncio.sleep(latency / 2)
         if r.net in ("hang", "cut") or answer.done():
@@ -668,6 +704,8 @@ class _World:
         #: Lease name -> (holder, when the apiserver applied its last write, its duration): the
         #: apiserver's record (a deleted Lease keeps its last one, as in declop.testing.sim)
         self.leases: dict[str, tuple[str, float, float]] = {}
+        #: writes sent under a call's fence that reached the apiserver, and writes it refused
+        self.fenced_writes = self.fenced = 0
         #: unguarded deletions made while no replica owned the object's range (sharded): not
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
@@ -749,11 +787,39 @@ class _World:
         return r.name if r is not None else "-"
 
     # -- the apiserver, as every replica reaches it --------------------------------------------------
+    def check_fence(self, fence: WriteFence, method: str, path: str) -> None:
+        """The transport's fence check of a write (counted when it refuses)."""
+        try:
+            fence.check(method, path)
+        except Fenced:
+            self.fenced += 1
+            raise
+
+    def _check_fenced_write(self, r: _Replica, fence: WriteFence, method: str, path: str) -> None:
+        """I9 for writes: a fenced write reaches the apiserver only while the apiserver's record of
+        the Lease it was checked against names its replica and is unexpired. (A Lease an
+        administrator deleted keeps its last record until it is written again.)"""
+        self.fenced_writes += 1
+        m = r.manager
+        if m is None:
+            return
+        mine = {m.elector.identity} if m.elector is not None else set()
+        mine.update(e.identity for c in m.controllers if c.shards is not None for e in c.shards.electors)
+        name = fence.lease.rpartition("/")[2]
+        rec = self.leases.get(name)
+        if rec is None or rec[0] not in mine or self.now() >= rec[1] + rec[2]:
+            what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
+            self.violate("I9", r, f"{method} {path} of a call of {fence.key} accepted under Lease {name} ({what})")
+
     async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None,
-                    origin: tuple[Call, tuple[str, ...]] | None = None) -> Any:  # fmt: skip
+                    origin: tuple[Call, tuple[str, ...]] | None = None,
+                    sender: tuple[_Replica, WriteFence | None] | None = None) -> Any:  # fmt: skip
         """One request, served; a write that takes a controller's finalizer off an object is
         checked against I8; a handler's write (``origin``: its call and user frames) is recorded,
-        changed or not (the apiserver keeps the resourceVersion of a write that changes nothing)."""
+        changed or not (the apiserver keeps the resourceVersion of a write that changes nothing);
+        a write sent under a call's fence (``sender``: its replica and fence) against I9."""
+        if sender is not None and sender[1] is not None:
+            self._check_fenced_write(sender[0], sender[1], method, path)
         if origin is not None and self.now() < self.calm_at:
             self.refuse(method, path, *origin)
         before = None
@@ -1192,6 +1258,7 @@ class _World:
         r.actor = Actor(self.loop, f"r{r.index}")
         self.by_actor[r.actor] = r
         r.calls, r.paused, r.daemons = {}, [], {}
+        r.stop, r.pause_at_write = None, 0.0
         self.last_change = self.now()
         r.actor.spawn(self._run(r))
 
@@ -1209,7 +1276,8 @@ class _World:
         )  # fmt: skip
         await m.setup()
         m.context.inline = _drive
-        await m.run(asyncio.Event())  # returns after a lost Lease (exit 1)
+        r.stop = asyncio.Event()
+        await m.run(r.stop)  # returns after a lost Lease (exit 1) or a stop (SIGTERM)
         self.exit(r)
 
     def exit(self, r: _Replica) -> None:
@@ -1238,6 +1306,16 @@ class _World:
         if f.kind == "compact":
             self.server.compact()
             return
+        if f.kind == "delete":
+            await self._delete_a_lease()
+            return
+        if f.kind == "term":
+            await self._term(r, f.length)
+            return
+        if f.kind == "pause-at-write":
+            if r.alive:
+                r.pause_at_write = f.length
+            return
         if f.kind == "crash":
             if r.alive:
                 a = r.actor
@@ -1263,6 +1341,48 @@ class _World:
             r.net = f.kind
         await asyncio.sleep(f.length)
         r.net, r.slow = "ok", 0.0
+
+    async def _term(self, r: _Replica, grace: float) -> None:
+        """SIGTERM: the manager's stop is set (what its signal handler does) and the pod has
+        ``grace`` seconds; a manager still running then is killed (SIGKILL), and either way the
+        replica comes back as a new pod a few seconds later (:meth:`exit`)."""
+        a = r.actor
+        if not r.alive or r.stop is None:
+            return
+        r.stop.set()
+        await asyncio.sleep(grace)
+        if r.actor is a and r.alive:
+            self.exit(r)
+
+    async def _delete_a_lease(self) -> None:
+        """An administrator deletes one held Lease (the holder learns it at its next renewal).
+        Its last record stays for I2 and I9 until the Lease is written again."""
+        held = sorted(name for name, (holder, _, _) in self.leases.items() if holder)
+        if not held:
+            return
+        name = held[self.rng.randrange(len(held))]
+        try:
+            await self.server.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{name}")
+        except ApiError:
+            pass
+
+    async def pause_here(self, r: _Replica) -> None:
+        """``pause-at-write``: the replica is stopped (SIGSTOP) while its fenced write, checked by
+        the Transport, waits for a connection; on SIGCONT, ``length`` later, the write goes on
+        first — to the pool's check (FencedConnector's), then the apiserver — and the rest of the
+        replica after it, in the order things became ready."""
+        length, r.pause_at_write = r.pause_at_write, 0.0
+        a = r.actor
+        if a is None or a.dead:
+            return
+        span = [self.now(), float("inf")]
+        r.paused.append(span)
+        self.last_change = max(self.last_change, self.now() + length)
+        a.pause()
+        await asyncio.sleep(length)
+        span[1] = self.now()
+        if not a.dead:
+            a.resume()
 
     # -- the workload -------------------------------------------------------------------------
     def _new(self, key: Request, value: int) -> dict[str, Any]:
@@ -1690,7 +1810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None, help="the seed's faults to keep, by index (0,2), or none")
     p.add_argument("--fault", action="append", default=None, help="a fault of its own, AT:KIND:REPLICA:LENGTH (repeatable; replaces the seed's)")
-    p.add_argument("--faults", default=",".join(WORLD_KINDS))
+    p.add_argument("--faults", default=",".join(DEFAULT_KINDS))
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)

@@ -1,0 +1,134 @@
+"""tools/mutate.py (make mutate): which mutants are skipped as equivalent, how a mutant's killer is
+named, and how the report scores the sweep alone and every stage together. The Cosmic Ray parts
+run on a real session of a real module (init takes a second); the stages are judged with a
+recording runner in place of pytest, since a real stage run is minutes of sweep."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("mutate", ROOT / "tools" / "mutate.py")
+assert spec and spec.loader
+mutate = importlib.util.module_from_spec(spec)
+sys.modules["mutate"] = mutate  # dataclasses resolve their module by name
+spec.loader.exec_module(mutate)
+
+SOURCE = '''from __future__ import annotations
+def f(a: int | None, *rest: str | bytes, k: dict[str, int] | None = None, **kw: int | str) -> int | None:
+    x: list[int] | None = None
+    return a | 1
+'''
+
+
+def test_annotation_spans_cover_parameters_returns_and_annotated_names_but_not_code() -> None:
+    spans = mutate.annotation_spans(SOURCE)
+    lines = SOURCE.splitlines()
+
+    def pos(line: int, text: str, nth: int = 0) -> tuple[int, int]:
+        col = -1
+        for _ in range(nth + 1):
+            col = lines[line - 1].index(text, col + 1)
+        return line, col
+
+    for line, nth in ((2, 0), (2, 1), (2, 2), (2, 3), (2, 4), (3, 0)):
+        start = pos(line, "|", nth)
+        assert mutate.in_spans(start, (start[0], start[1] + 1), spans), (line, nth)
+    start = pos(4, "|")
+    assert not mutate.in_spans(start, (4, start[1] + 1), spans)
+
+
+def test_a_sample_is_stable_for_its_seed_and_keeps_what_it_says() -> None:
+    jobs = [f"j{i}" for i in range(50)]
+    left_out = mutate.sample(jobs, 10, seed=3)
+    assert len(left_out) == 40 and left_out == mutate.sample(list(reversed(jobs)), 10, seed=3)
+    assert left_out != mutate.sample(jobs, 10, seed=4)
+    assert mutate.sample(jobs, 50, seed=3) == set() == mutate.sample(jobs, 99, seed=3)
+
+
+def runner_failing_at(codes: dict[str, int]):
+    calls: list[str] = []
+
+    def run(command, cwd, env):
+        if "tests/unit/queue" in command:
+            stage = "units"
+        else:
+            stage = "sim" if "--deselect" in command else "sweep"
+        calls.append(stage)
+        assert env["PYTHONPATH"] == str(mutate.ROOT)
+        return SimpleNamespace(returncode=codes.get(stage, 0))
+
+    return run, calls
+
+
+@pytest.mark.parametrize(
+    ("codes", "verdict", "code", "ran"),
+    [
+        ({}, "survived", 0, ["sweep", "sim", "units"]),
+        ({"sweep": 1}, "killed-by: sweep", 1, ["sweep"]),
+        ({"sim": 1}, "killed-by: sim", 1, ["sweep", "sim"]),
+        ({"units": 1}, "killed-by: units", 1, ["sweep", "sim", "units"]),
+        ({"units": 2}, "killed-by: units", 1, ["sweep", "sim", "units"]),
+    ],
+)
+def test_the_stages_run_in_order_until_one_fails_and_that_one_is_named(codes, verdict, code, ran) -> None:
+    run, calls = runner_failing_at(codes)
+    assert mutate.run_stages(mutate.GROUPS["queue"], runner=run) == (verdict, code)
+    assert calls == ran
+    assert mutate.verdict_of(f"pytest output\n{verdict}\n") == verdict.removeprefix("killed-by: ")
+
+
+def test_a_stage_that_collects_no_test_is_an_error_not_a_kill_and_not_a_pass() -> None:
+    run, _ = runner_failing_at({"sim": 5})
+    verdict, code = mutate.run_stages(mutate.GROUPS["queue"], runner=run)
+    assert code == 2 and verdict.startswith("error: stage sim collected no test")
+    assert mutate.verdict_of(verdict) is None
+
+
+def test_every_group_names_files_and_test_paths_that_exist() -> None:
+    for group in mutate.GROUPS.values():
+        for path in (*group.modules, *group.units):
+            assert (ROOT / path).exists(), (group.name, path)
+        for path in group.modules:  # what makes an annotation mutant equivalent
+            assert "from __future__ import annotations" in (ROOT / path).read_text(), path
+    assert (ROOT / mutate.SWEEP[0].split("::")[0]).exists()
+    assert all((ROOT / p).exists() for p in mutate.SIM)
+
+
+def test_the_report_scores_the_sweep_alone_and_all_stages_and_shows_each_survivor() -> None:
+    rows = [
+        ("normal", "killed", "...\nkilled-by: sweep\n", "d1"),
+        ("normal", "killed", "killed-by: sweep", "d2"),
+        ("normal", "killed", "killed-by: units", "d3"),
+        ("normal", "killed", "timeout", "d4"),
+        ("normal", "survived", "survived", "--- a\n+++ b\n-x\n+y"),
+        ("skipped", None, "inside an annotation (never evaluated)", None),
+        ("skipped", None, "not sampled (--sample 5 --seed 0)", None),
+        (None, None, None, None),
+    ]
+    t = mutate.tally("fence", rows)
+    assert (t.total, t.equivalent, t.unsampled, t.pending, t.judged) == (8, 1, 1, 1, 5)
+    assert t.score(("sweep",)) == pytest.approx(3 / 5)
+    assert t.score(mutate.STAGES) == pytest.approx(4 / 5)
+    text = mutate.render([t])
+    assert "| fence | 8 | 1 | 1 | 1 | 5 | 2 | 0 | 1 | 1 | 1 | 60.0 % | 80.0 % |" in text
+    assert "## Survivors: fence" in text and "+y" in text
+    assert mutate.tally("empty", []).score(mutate.STAGES) is None
+
+
+def test_a_real_session_skips_annotation_mutants_and_the_unsampled(tmp_path: Path) -> None:
+    group = mutate.GROUPS["fence"]
+    config, session = tmp_path / "c.toml", tmp_path / "s.sqlite"
+    config.write_text(mutate.config_text(mutate.Group("t", ("declop/kube/fencing.py",), ()), 60.0))
+    cosmic_ray = Path(sys.executable).parent / "cosmic-ray"
+    subprocess.run([str(cosmic_ray), "init", str(config), str(session)], cwd=ROOT, check=True)
+    mutate.mark_skipped(session, keep=4, seed=7)
+    t = mutate.tally("t", mutate.session_rows(session))
+    assert t.pending == 4 and t.equivalent > 0 and t.unsampled == t.total - t.equivalent - 4
+    assert "tools/mutate.py stage t" in config.read_text() and group.name == "fence"
