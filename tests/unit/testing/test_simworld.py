@@ -266,7 +266,6 @@ def test_a_range_lost_and_retaken_delivers_the_deletions_it_dropped_at_its_fence
 
 
 def test_i2_holds_a_call_to_the_apiservers_record_of_its_lease(monkeypatch: "object") -> None:
-
     world = World(mode="sharded", objects=30, duration=10.0, faults=NO_FAULTS)
     assert run(world, seed=1).ok
     serve = simworld._World.serve
