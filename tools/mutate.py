@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import json
 import os
 import random
 import subprocess
@@ -41,8 +42,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutate"
 
-#: The random schedules of every Lease family: what `make test` sweeps.
-SWEEP = ("tests/unit/testing/test_sim.py::test_random_schedules_keep_every_invariant",)
+#: The search `make test` runs: random schedules of every Lease family, and of the simulated
+#: world (real managers, every fault kind, the protocol-placed ones too).
+SWEEP = (
+    "tests/unit/testing/test_sim.py::test_random_schedules_keep_every_invariant",
+    "tests/unit/testing/test_simworld.py::test_random_world_schedules_keep_every_invariant",
+)
 #: The simulator's other tests: pinned seeds of found defects and the simulated world's seeds.
 SIM = (
     "tests/unit/testing/test_sim.py",
@@ -136,17 +141,49 @@ def sample(job_ids: Sequence[str], keep: int, seed: int) -> set[str]:
 # --- the test command ------------------------------------------------------------------------
 
 
-def stage_commands(group: Group) -> list[tuple[str, list[str]]]:
+def stage_commands(group: Group, python: Sequence[str] = (sys.executable,)) -> list[tuple[str, list[str]]]:
     """Each stage's pytest command, in the order they run."""
-    base = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
-    sim = [*SIM, "--deselect", SWEEP[0]]
+    base = [*python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    sim = [*SIM, *(a for s in SWEEP for a in ("--deselect", s))]
     return [("sweep", [*base, *SWEEP]), ("sim", [*base, *sim]), ("units", [*base, *group.units])]
 
 
-def run_stages(group: Group, runner=subprocess.run) -> tuple[str, int]:
-    """Run the stages until one fails: (verdict, exit code for Cosmic Ray)."""
+def lines_path(group: Group) -> Path:
+    return BUILD / f"{group.name}.lines.json"
+
+
+def mutated_lines(diff: str) -> dict[str, set[int]]:
+    """The lines of each file a unified diff (``git diff -U0``) changes, in the old file's numbers."""
+    changed: dict[str, set[int]] = {}
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            path = line[4:].removeprefix("a/") if line[4:] != "/dev/null" else None
+        elif line.startswith("@@") and path is not None:
+            old = line.split()[1].lstrip("-")
+            start, _, count = old.partition(",")
+            n = int(count) if count else 1
+            changed.setdefault(path, set()).update(range(int(start), int(start) + max(n, 1)))
+    return changed
+
+
+def reaches(covered: dict[str, list[int]] | None, changed: dict[str, set[int]]) -> bool:
+    """Whether a stage that executed ``covered`` (None: not measured) runs a changed line."""
+    if covered is None or not changed:
+        return True
+    return any(changed_lines & set(covered.get(path, ())) for path, changed_lines in changed.items())
+
+
+def run_stages(group: Group, runner=subprocess.run, changed: dict[str, set[int]] | None = None,
+               covered: dict[str, dict[str, list[int]]] | None = None) -> tuple[str, int]:
+    """Run the stages until one fails: (verdict, exit code for Cosmic Ray). A stage whose measured
+    coverage (``covered``, per stage) misses every ``changed`` line cannot see the mutant: it is
+    not run, and does not kill it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name, command in stage_commands(group):
+        if changed is not None and covered is not None and not reaches(covered.get(name), changed):
+            print(f"stage {name}: does not execute the mutated line(s), not run", flush=True)
+            continue
         done = runner(command, cwd=ROOT, env=env)
         if done.returncode == 5:
             return f"error: stage {name} collected no test ({' '.join(command[3:])})", 2
@@ -290,6 +327,29 @@ def cosmic_ray(*args: str) -> int:
     return subprocess.call([str(Path(sys.executable).parent / "cosmic-ray"), *args], cwd=ROOT)
 
 
+def baseline(group: Group) -> bool:
+    """Every stage on the unmutated tree, under coverage: each must pass; the lines each one
+    executes in the group's modules go to ``lines_path(group)``."""
+    from coverage import CoverageData
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    covered: dict[str, dict[str, list[int]]] = {}
+    for name, command in stage_commands(group, (sys.executable, "-m", "coverage", "run")):
+        data = BUILD / f"{group.name}.{name}.coverage"
+        include = ",".join(str(ROOT / m) for m in group.modules)
+        command[4:4] = [f"--data-file={data}", f"--include={include}"]  # after "-m coverage run"
+        done = subprocess.run(command, cwd=ROOT, env=env)
+        if done.returncode != 0:
+            print(f"[mutate] {group.name}: the unmutated tree fails stage {name} (exit {done.returncode}); fix that first",
+                  file=sys.stderr)
+            return False
+        measured = CoverageData(basename=str(data))
+        measured.read()
+        covered[name] = {str(Path(f).relative_to(ROOT)): sorted(measured.lines(f) or ()) for f in measured.measured_files()}
+    lines_path(group).write_text(json.dumps(covered))
+    return True
+
+
 def run(groups: Sequence[Group], keep: int | None, seed: int, timeout: float, fresh: bool) -> int:
     BUILD.mkdir(parents=True, exist_ok=True)
     for group in groups:
@@ -300,11 +360,8 @@ def run(groups: Sequence[Group], keep: int | None, seed: int, timeout: float, fr
             if cosmic_ray("init", str(config), str(session)):
                 return 1
             mark_skipped(session, keep, seed)
-            print(f"[mutate] {group.name}: baseline (every stage, no mutant)", flush=True)
-            verdict, code = run_stages(group)
-            if code:
-                print(f"[mutate] {group.name}: the unmutated tree fails ({verdict}); fix that first",
-                      file=sys.stderr)
+            print(f"[mutate] {group.name}: baseline (every stage, no mutant, under coverage)", flush=True)
+            if not baseline(group):
                 return 1
         print(f"[mutate] {group.name}: running the mutants", flush=True)
         if cosmic_ray("exec", str(config), str(session)):
@@ -337,7 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("report", help="write build/mutate/report.md from the sessions")
     args = parser.parse_args(argv)
     if args.command == "stage":
-        verdict, code = run_stages(GROUPS[args.group])
+        group = GROUPS[args.group]
+        covered = json.loads(lines_path(group).read_text()) if lines_path(group).exists() else None
+        diff = subprocess.run(["git", "diff", "-U0", "--", *group.modules], cwd=ROOT, capture_output=True, text=True).stdout
+        verdict, code = run_stages(group, changed=mutated_lines(diff), covered=covered)
         print(verdict, flush=True)
         return code
     if args.command == "report":

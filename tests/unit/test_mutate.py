@@ -132,3 +132,35 @@ def test_a_real_session_skips_annotation_mutants_and_the_unsampled(tmp_path: Pat
     t = mutate.tally("t", mutate.session_rows(session))
     assert t.pending == 4 and t.equivalent > 0 and t.unsampled == t.total - t.equivalent - 4
     assert "tools/mutate.py stage t" in config.read_text() and group.name == "fence"
+
+
+def test_the_mutated_lines_are_read_from_git_s_diff_in_the_old_file_s_numbers() -> None:
+    diff = """diff --git a/declop/x.py b/declop/x.py
+--- a/declop/x.py
++++ b/declop/x.py
+@@ -86 +86 @@ def enter(fence):
+-    return a
++    return not a
+@@ -90,2 +90,2 @@
+-x
+-y
++x
++z
+"""
+    assert mutate.mutated_lines(diff) == {"declop/x.py": {86, 90, 91}}
+    assert mutate.mutated_lines("") == {}
+
+
+def test_a_stage_that_never_executes_the_mutated_line_is_not_run_and_kills_nothing() -> None:
+    covered = {"sweep": {"declop/x.py": [1, 2]}, "sim": {"declop/x.py": [86]}, "units": {}}
+    run, calls = runner_failing_at({"sim": 1})
+    assert mutate.run_stages(mutate.GROUPS["queue"], runner=run, changed={"declop/x.py": {86}}, covered=covered) == (
+        "killed-by: sim", 1)
+    assert calls == ["sim"]
+    run, calls = runner_failing_at({})
+    assert mutate.run_stages(mutate.GROUPS["queue"], runner=run, changed={"declop/x.py": {3}}, covered=covered) == (
+        "survived", 0)
+    assert calls == []  # no stage reaches line 3: it survives without a run
+    run, calls = runner_failing_at({})
+    mutate.run_stages(mutate.GROUPS["queue"], runner=run, changed={"declop/x.py": {3}}, covered=None)
+    assert calls == ["sweep", "sim", "units"]  # not measured: every stage runs
