@@ -131,6 +131,7 @@ from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request, key_of
 from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
+from declop.leases.watchdog import EXIT_BOUND, Watchdog
 from declop.manager import Manager, Options
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
@@ -159,8 +160,11 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: faults placed by the protocol or the process's life, drawn after those (and only when named,
 #: so that the default schedules of every seed stay what they were): a pause of the replica
 #: between its next fenced write's check and the send; SIGTERM, whose grace may end before
-#: the manager's own stop does (then SIGKILL); an administrator's delete of a held Lease
-PROTOCOL_FAULTS = ("pause-at-write", "term", "delete")
+#: the manager's own stop does (then SIGKILL); an administrator's delete of a held Lease; the
+#: replica's next call stuck for one to three lease durations, deaf to cancellation (a plain
+#: handler's thread that runs on); and both at once: SIGTERM half a second into such a call, so
+#: the stop's drain ends with the call still running under its Lease
+PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call")
 #: what a run draws when not told: the uniform faults, and the kinds a handlers file's
 #: properties inject (simcrash: a kill between two writes of a reconcile), not drawn by
 #: :func:`schedule`
@@ -329,10 +333,14 @@ def schedule(world: World, rng: random.Random) -> list[Fault]:
     placed = tuple(k for k in world.kinds if k in PROTOCOL_FAULTS)
     for _ in range(rng.randint(1, 2) if placed else 0):  # after the others: their draws stay as they were
         kind, at = rng.choice(placed), round(rng.uniform(0, world.duration), 3)
-        if kind == "term":  # the pod's grace, against the manager's own 5 s: it may run out first
-            length = round(rng.uniform(0.1, 10.0), 3)
+        if kind in ("term", "term-in-call"):
+            # the grace before SIGKILL, against the manager's own 5 s: the chart's (+5 s) or
+            # shorter, or much longer (a Deployment of one's own, `declop run` under systemd)
+            length = round(rng.choice((rng.uniform(0.1, 10.0), rng.uniform(10.0, 60.0))), 3)
         elif kind == "pause-at-write":
             length = round(rng.uniform(0.5, 2 * world.lease_duration), 3)
+        elif kind == "stuck":
+            length = round(rng.uniform(world.lease_duration, 3 * world.lease_duration), 3)
         else:
             length = 0.0
         faults.append(Fault(at, kind, rng.randrange(world.replicas), length))
@@ -388,6 +396,18 @@ def builtin_registry(world: World) -> Registry:
     return registry
 
 
+async def _run_on(seconds: float) -> None:
+    """A ``stuck`` call: ``seconds`` of work that cancellation does not stop (a thread runs on);
+    then it goes on to its writes, which the write fence judges."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        try:
+            await asyncio.sleep(left)
+        except asyncio.CancelledError:
+            pass
+
+
 def _selected(obj: Any) -> bool:
     """The filtered world's filter: ``SELECTED=true``."""
     return bool(((obj.get("metadata") or {}).get("labels") or {}).get(SELECTED) == "true")
@@ -413,6 +433,14 @@ class _Replica:
     stop: asyncio.Event | None = None
     #: a ``pause-at-write`` armed: the length of the pause its next fenced write takes
     pause_at_write: float = 0.0
+    #: Lease name -> when this incarnation last wrote it (I5's exemption for a pause since)
+    lease_written: dict[str, float] = field(default_factory=dict)
+    #: a ``stuck`` armed: how long its next call runs on; with ``term-in-call``, the grace of the
+    #: SIGTERM that follows that call's start
+    stuck: float = 0.0
+    term_grace: float = 0.0
+    #: ``declop run``'s watchdog of this incarnation (armed at a loss)
+    watchdog: Watchdog | None = None
 
     @property
     def name(self) -> str:
@@ -438,7 +466,10 @@ class WorldTransport:
         self.actor = replica.actor
 
     async def close(self) -> None:
-        return None
+        """Closing the connections waits while the network hangs or cuts (a TLS close that gets no
+        answer); the manager bounds it."""
+        while self.replica.net in ("hang", "cut") and not self._gone():
+            await asyncio.sleep(0.5)
 
     def _gone(self) -> bool:
         return self.replica.actor is not self.actor or not self.replica.alive
@@ -811,6 +842,28 @@ class _World:
             what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
             self.violate("I9", r, f"{method} {path} of a call of {fence.key} accepted under Lease {name} ({what})")
 
+    def _check_handover(self, writer: _Replica, name: str, old: str, new: str) -> None:
+        """I5 and I6 at the moment the record of Lease ``name`` stops naming ``old``: no live
+        replica that held it as ``old`` still runs a call under it — I6 when it released the
+        Lease itself (``new`` empty), I5 when another took it. Exempt, as in the Lease families:
+        a replica paused since its own last write of that Lease (it could not act on the loss;
+        the write fence stops what the call writes)."""
+        for r in self.replicas:
+            m = r.manager
+            if not r.alive or m is None:
+                continue
+            mine = {m.elector.identity} if m.elector is not None else set()
+            mine.update(e.identity for c in m.controllers if c.shards is not None for e in c.shards.electors)
+            if old not in mine or r.was_paused(r.lease_written.get(name, 0.0)):
+                continue
+            for (controller, key), (started, ends, uid) in r.calls.items():
+                if ends <= self.now() or self._lease_of(r, key, uid, controller) != (name, old):
+                    continue
+                if not new and r is writer:
+                    self.violate("I6", r, f"released Lease {name} while its call of {key} runs (since t={started:.3f})")
+                elif new:
+                    self.violate("I5", r, f"Lease {name} went to {new[-8:]!r} while {r.name}'s call of {key} runs under it (since t={started:.3f})")
+
     async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None,
                     origin: tuple[Call, tuple[str, ...]] | None = None,
                     sender: tuple[_Replica, WriteFence | None] | None = None) -> Any:  # fmt: skip
@@ -831,7 +884,13 @@ class _World:
             self.wrote(method, path, result, self.server._last_rv != rv, *origin)
         if "/leases" in path and method in ("PUT", "POST") and isinstance(result, dict):
             spec = result.get("spec") or {}
-            self.leases[result["metadata"]["name"]] = (spec.get("holderIdentity") or "", self.now(), float(spec.get("leaseDurationSeconds") or 0))
+            name, holder = result["metadata"]["name"], spec.get("holderIdentity") or ""
+            before_rec = self.leases.get(name)
+            self.leases[name] = (holder, self.now(), float(spec.get("leaseDurationSeconds") or 0))
+            if sender is not None:
+                sender[0].lease_written[name] = self.now()
+                if before_rec is not None and before_rec[0] and before_rec[0] != holder:
+                    self._check_handover(sender[0], name, before_rec[0], holder)
         if before is not None:
             meta = before["metadata"]
             uid = meta.get("uid")
@@ -913,6 +972,9 @@ class _World:
                 out: Any = None
                 try:
                     await asyncio.sleep(duration())
+                    hold = self.stuck_call() if records else 0.0
+                    if hold:  # ``stuck``: this call runs on, deaf to cancellation, then goes on
+                        await _run_on(hold)
                     out = await fn(**pick(kw))
                     self.call_returned(kw)
                     return out
@@ -1050,24 +1112,30 @@ class _World:
         r.calls[slot] = (now, now + lasts if lasts is not None else float("inf"), uid)
         return r, slot, now
 
-    def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str, invariant: str = "I2") -> None:
-        """I2 (or ``invariant``): the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
+    def _lease_of(self, r: _Replica, key: Request, uid: str | None, controller: str) -> tuple[str, str] | None:
+        """The Lease covering a call of ``key`` on ``r``, and ``r``'s identity in it (None: no Lease)."""
         m = r.manager
         if m is None:
-            return
+            return None
         if m.elector is not None:
-            name, identity = m.elector.name, m.elector.identity
-        else:
-            c = next((c for c in m.controllers if c.name == controller), None)
-            s = c.shards if c is not None else None
-            if c is None or s is None:
-                return
-            book = c.gate.book  # the uid of a deleted object's key, from its last event
-            value = key.namespace if s.shard_by == "namespace" else (uid or (book.uid_of(key, None) if book else None))
-            if not value:
-                return
-            e = s.electors[s.index(value)]
-            name, identity = e.name, e.identity
+            return m.elector.name, m.elector.identity
+        c = next((c for c in m.controllers if c.name == controller), None)
+        s = c.shards if c is not None else None
+        if c is None or s is None:
+            return None
+        book = c.gate.book  # the uid of a deleted object's key, from its last event
+        value = key.namespace if s.shard_by == "namespace" else (uid or (book.uid_of(key, None) if book else None))
+        if not value:
+            return None
+        e = s.electors[s.index(value)]
+        return e.name, e.identity
+
+    def _check_lease(self, r: _Replica, key: Request, uid: str | None, controller: str, invariant: str = "I2") -> None:
+        """I2 (or ``invariant``): the apiserver's record of the Lease covering ``key`` names ``r`` and is unexpired."""
+        lease = self._lease_of(r, key, uid, controller)
+        if lease is None:
+            return
+        name, identity = lease
         rec = self.leases.get(name)
         if rec is None or rec[0] != identity or self.now() >= rec[1] + rec[2]:
             what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
@@ -1258,7 +1326,7 @@ class _World:
         r.actor = Actor(self.loop, f"r{r.index}")
         self.by_actor[r.actor] = r
         r.calls, r.paused, r.daemons = {}, [], {}
-        r.stop, r.pause_at_write = None, 0.0
+        r.stop, r.pause_at_write, r.lease_written, r.stuck, r.term_grace = None, 0.0, {}, 0.0, 0.0
         self.last_change = self.now()
         r.actor.spawn(self._run(r))
 
@@ -1276,6 +1344,15 @@ class _World:
         )  # fmt: skip
         await m.setup()
         m.context.inline = _drive
+        a = r.actor
+
+        def fire() -> None:  # the watchdog's os._exit: this incarnation is gone
+            if r.actor is a and r.alive:
+                self.exit(r)
+
+        # declop run's watchdog, on virtual time: its timer belongs to the replica (stopped with it)
+        r.watchdog = Watchdog(EXIT_BOUND, fire=fire, timer=lambda seconds, fn: asyncio.get_running_loop().call_later(seconds, fn))
+        m.on_lost = lambda: self.lost(r)
         r.stop = asyncio.Event()
         await m.run(r.stop)  # returns after a lost Lease (exit 1) or a stop (SIGTERM)
         self.exit(r)
@@ -1312,9 +1389,14 @@ class _World:
         if f.kind == "term":
             await self._term(r, f.length)
             return
-        if f.kind == "pause-at-write":
+        if f.kind in ("pause-at-write", "stuck"):
             if r.alive:
-                r.pause_at_write = f.length
+                setattr(r, f.kind.replace("-", "_"), f.length)
+            return
+        if f.kind == "term-in-call":
+            if r.alive:
+                w = self.world
+                r.stuck, r.term_grace = round(self.rng.uniform(w.lease_duration, 3 * w.lease_duration), 3), f.length
             return
         if f.kind == "crash":
             if r.alive:
@@ -1365,6 +1447,48 @@ class _World:
             await self.server.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{name}")
         except ApiError:
             pass
+
+    def stuck_call(self) -> float:
+        """``stuck``: how long the calling replica's call runs on (0: it is not the armed one)."""
+        a = actor()
+        r = self.by_actor.get(a) if a is not None else None
+        if r is None or not r.stuck:
+            return 0.0
+        hold, r.stuck = r.stuck, 0.0
+        self.last_change = max(self.last_change, self.now() + hold)
+        if r.term_grace:
+            grace, r.term_grace = r.term_grace, 0.0
+
+            partition = self.rng.random() < 0.5  # and, half of the time, a partition from the SIGTERM on
+
+            async def term() -> None:
+                await asyncio.sleep(0.5)
+                if partition:
+                    self.spawn(self._partition(r, grace + 10.0))
+                await self._term(r, grace)
+
+            self.spawn(term())
+        return hold
+
+    async def _partition(self, r: _Replica, length: float) -> None:
+        r.net = "hang"
+        self.last_change = max(self.last_change, self.now() + length)
+        await asyncio.sleep(length)
+        r.net = "ok"
+
+    def lost(self, r: _Replica) -> None:
+        """The manager declared a Lease lost (``Manager.on_lost``): its watchdog is armed, on
+        virtual time, and I11 checks that the incarnation is gone within the exit bound."""
+        a, at = r.actor, self.now()
+        if r.watchdog is not None:
+            r.watchdog.arm()
+
+        async def gone() -> None:
+            await asyncio.sleep(EXIT_BOUND + 0.001)
+            if r.actor is a and r.alive and not r.was_paused(at):
+                self.violate("I11", r, f"still running {EXIT_BOUND:g} s after it lost a Lease at t={at:.3f}")
+
+        self.spawn(gone())
 
     async def pause_here(self, r: _Replica) -> None:
         """``pause-at-write``: the replica is stopped (SIGSTOP) while its fenced write, checked by

@@ -8,11 +8,14 @@ import copy
 import dataclasses
 import json
 import logging
+import sys
 from typing import Any
 
 import pytest
 
 from declop.kube import fencing
+from declop.leases.watchdog import Watchdog
+from declop.manager import Manager, loss
 from declop.testing import simworld
 from declop.testing.apiserver import FakeApiServer
 from declop.testing.sim import Fault
@@ -437,3 +440,41 @@ def test_a_write_paused_between_its_check_and_its_send_is_refused_at_the_pool(
     result = run(world, seed=seed)
     assert [v.invariant for v in result.violations][:1] == ["I9"], result.report()
     assert "accepted under Lease" in str(result.violations[0])
+
+
+def _without_shutdown_s_lose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: the stop leaves a Lease to expire under a running call without declaring the loss."""
+    real = Manager.lose
+
+    def lose(self: Manager) -> None:
+        if sys._getframe(1).f_code.co_name != "shutdown":
+            real(self)
+
+    monkeypatch.setattr(Manager, "lose", lose)
+
+
+@pytest.mark.parametrize(("mode", "seed"), [("leader", 0), ("sharded", 1)])
+def test_a_stop_that_leaves_its_lease_to_expire_under_a_call_must_declare_the_loss(
+    monkeypatch: pytest.MonkeyPatch, mode: str, seed: int
+) -> None:
+    """term-in-call: SIGTERM half a second into a call that runs on; the drain ends with the
+    call running, so the stop leaves the Lease to expire — a loss, gone within the exit bound
+    (the watchdog). Without declaring it, a stop step that waits (closing connections under a
+    partition) keeps the process, and its call, alive when a standby takes the Lease: I5."""
+    world = World(mode=mode, objects=40, duration=40.0, kinds=("term-in-call",))
+    assert run(world, seed=seed).ok
+    _without_shutdown_s_lose(monkeypatch)
+    result = run(world, seed=seed)
+    assert "I5" in {v.invariant for v in result.violations}, result.report()
+
+
+def test_i11_a_replica_must_be_gone_within_the_exit_bound_after_a_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 0: the stop declares the loss, then closing the connections hangs under the
+    partition. The manager's own budget ends it in time; with a longer budget only the watchdog
+    does — and without the watchdog, I11 names the replica still running after the bound."""
+    world = World(mode="leader", objects=40, duration=40.0, kinds=("term-in-call",))
+    monkeypatch.setattr(loss, "LOST_CLEANUP_SECONDS", 10.0)
+    assert run(world, seed=0).ok
+    monkeypatch.setattr(Watchdog, "arm", lambda self: None)
+    result = run(world, seed=0)
+    assert [v.invariant for v in result.violations][:1] == ["I11"], result.report()
