@@ -163,8 +163,10 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: the manager's own stop does (then SIGKILL); an administrator's delete of a held Lease; the
 #: replica's next call stuck for one to three lease durations, deaf to cancellation (a plain
 #: handler's thread that runs on); and both at once: SIGTERM half a second into such a call, so
-#: the stop's drain ends with the call still running under its Lease
-PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call")
+#: the stop's drain ends with the call still running under its Lease; and a hang of the
+#: replica's Lease requests only (its Lease lane), while its other requests — a call's writes —
+#: go through
+PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases")
 #: what a run draws when not told: the uniform faults, and the kinds a handlers file's
 #: properties inject (simcrash: a kill between two writes of a reconcile), not drawn by
 #: :func:`schedule`
@@ -339,7 +341,7 @@ def schedule(world: World, rng: random.Random) -> list[Fault]:
             length = round(rng.choice((rng.uniform(0.1, 10.0), rng.uniform(10.0, 60.0))), 3)
         elif kind == "pause-at-write":
             length = round(rng.uniform(0.5, 2 * world.lease_duration), 3)
-        elif kind == "stuck":
+        elif kind in ("stuck", "hang-leases"):
             length = round(rng.uniform(world.lease_duration, 3 * world.lease_duration), 3)
         else:
             length = 0.0
@@ -441,6 +443,8 @@ class _Replica:
     term_grace: float = 0.0
     #: ``declop run``'s watchdog of this incarnation (armed at a loss)
     watchdog: Watchdog | None = None
+    #: ``hang-leases``: until when this replica's Lease requests hang (the node's, across restarts)
+    leases_hang_until: float = 0.0
 
     @property
     def name(self) -> str:
@@ -495,7 +499,8 @@ class WorldTransport:
                 raise ApiError(0, "Unreachable", f"{method} {path}: connection refused")
             return await w.serve(method, path, params, body, content_type, origin, (r, fence))
         answer: asyncio.Future[Any] = w.loop.create_future()
-        w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence))
+        if not (lane == "leader" and w.now() < r.leases_hang_until):  # hang-leases: no answer, nothing applied
+            w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence))
         try:
             return await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
@@ -1393,7 +1398,15 @@ class _World:
             if r.alive:
                 setattr(r, f.kind.replace("-", "_"), f.length)
             return
+        if f.kind == "hang-leases":
+            r.leases_hang_until = max(r.leases_hang_until, self.now() + f.length)
+            return
         if f.kind == "term-in-call":
+            # placed by the protocol: at the leader, whose calls run under the Lease (a rollout
+            # reaches it sooner or later); sharded, every replica with a range has some
+            leader = next((x for x in self.replicas if x.alive and x.manager is not None and x.manager.elector is not None
+                           and x.manager.elector.is_leader), None)  # fmt: skip
+            r = leader or r
             if r.alive:
                 w = self.world
                 r.stuck, r.term_grace = round(self.rng.uniform(w.lease_duration, 3 * w.lease_duration), 3), f.length
@@ -1459,7 +1472,7 @@ class _World:
         if r.term_grace:
             grace, r.term_grace = r.term_grace, 0.0
 
-            partition = self.rng.random() < 0.5  # and, half of the time, a partition from the SIGTERM on
+            partition = self.rng.random() < 0.8  # and, most of the time, a partition from the SIGTERM on
 
             async def term() -> None:
                 await asyncio.sleep(0.5)
