@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -478,3 +479,9 @@ def test_i11_a_replica_must_be_gone_within_the_exit_bound_after_a_loss(monkeypat
     monkeypatch.setattr(Watchdog, "arm", lambda self: None)
     result = run(world, seed=0)
     assert [v.invariant for v in result.violations][:1] == ["I11"], result.report()
+
+
+def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
+    makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_FAULTS :="))
+    assert tuple(line.split(":=", 1)[1].strip().split(",")) == EVERY_KIND
