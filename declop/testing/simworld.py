@@ -497,17 +497,18 @@ class WorldTransport:
         if _INLINE.get() is not None:  # a plain handler's request: no latency, no waiting
             if r.net != "ok" or self._gone():
                 raise ApiError(0, "Unreachable", f"{method} {path}: connection refused")
-            return await w.serve(method, path, params, body, content_type, origin, (r, fence))
+            return await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
         answer: asyncio.Future[Any] = w.loop.create_future()
         if not (lane == "leader" and w.now() < r.leases_hang_until):  # hang-leases: no answer, nothing applied
-            w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence))
+            w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence, call))
         try:
             return await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
             raise ApiError(0, "Timeout", f"{method} {path} timed out after {timeout} s") from None
 
     async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, params: Any, body: Any, content_type: str | None,
-                    origin: tuple[Call, tuple[str, ...]] | None = None, fence: WriteFence | None = None) -> None:  # fmt: skip
+                    origin: tuple[Call, tuple[str, ...]] | None = None, fence: WriteFence | None = None,
+                    call: Call | None = None) -> None:  # fmt: skip
         w, r = self.world, self.replica
         latency = w.rng.uniform(0.0005, 0.005) + (w.rng.uniform(0, r.slow) if r.slow else 0.0)
         if self._gone() or r.net == "hang":
@@ -520,7 +521,7 @@ class WorldTransport:
         await asyncio.sleep(latency / 2)
         if self._gone() or r.net == "hang":
             return
-        if fence is not None and r.pause_at_write:
+        if (fence is not None or call is not None) and method != "GET" and r.pause_at_write:
             await w.pause_here(r)  # stopped after the Transport's check, waiting for its connection
             if self._gone():
                 return
@@ -528,7 +529,7 @@ class WorldTransport:
         try:
             if fence is not None:
                 w.check_fence(fence, method, path)  # the pool's check, with the connection in hand
-            result = await w.serve(method, path, params, body, content_type, origin, (r, fence))
+            result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
         except (ApiError, Fenced) as exc:
             error = exc
         await asyncio.sleep(latency / 2)
@@ -831,21 +832,32 @@ class _World:
             self.fenced += 1
             raise
 
-    def _check_fenced_write(self, r: _Replica, fence: WriteFence, method: str, path: str) -> None:
-        """I9 for writes: a fenced write reaches the apiserver only while the apiserver's record of
-        the Lease it was checked against names its replica and is unexpired. (A Lease an
-        administrator deleted keeps its last record until it is written again.)"""
-        self.fenced_writes += 1
+    def _check_fenced_write(self, r: _Replica, fence: WriteFence | None, call: Call | None, method: str, path: str) -> None:
+        """I9 for writes: a write of a reconcile call reaches the apiserver only while the
+        apiserver's record of the Lease covering the call — the one its fence was checked
+        against, or, with no fence set, the one the call's key falls under — names its replica
+        and is unexpired. (A Lease an administrator deleted keeps its last record until it is
+        written again.)"""
         m = r.manager
         if m is None:
             return
+        if fence is not None:
+            name = fence.lease.rpartition("/")[2]
+        else:
+            assert call is not None
+            lease = self._lease_of(r, call.key, None, call.controller)
+            if lease is None:
+                return  # no Lease covers it (a key whose range is not known): nothing to hold it to
+            name = lease[0]
+        self.fenced_writes += 1
         mine = {m.elector.identity} if m.elector is not None else set()
         mine.update(e.identity for c in m.controllers if c.shards is not None for e in c.shards.electors)
-        name = fence.lease.rpartition("/")[2]
         rec = self.leases.get(name)
         if rec is None or rec[0] not in mine or self.now() >= rec[1] + rec[2]:
             what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
-            self.violate("I9", r, f"{method} {path} of a call of {fence.key} accepted under Lease {name} ({what})")
+            key = fence.key if fence is not None else call.key if call is not None else "-"
+            unfenced = "" if fence is not None else ", sent without a fence"
+            self.violate("I9", r, f"{method} {path} of a call of {key} accepted under Lease {name} ({what}{unfenced})")
 
     def _check_handover(self, writer: _Replica, name: str, old: str, new: str) -> None:
         """I5 and I6 at the moment the record of Lease ``name`` stops naming ``old``: no live
@@ -871,13 +883,13 @@ class _World:
 
     async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None,
                     origin: tuple[Call, tuple[str, ...]] | None = None,
-                    sender: tuple[_Replica, WriteFence | None] | None = None) -> Any:  # fmt: skip
+                    sender: tuple[_Replica, WriteFence | None, Call | None] | None = None) -> Any:  # fmt: skip
         """One request, served; a write that takes a controller's finalizer off an object is
         checked against I8; a handler's write (``origin``: its call and user frames) is recorded,
         changed or not (the apiserver keeps the resourceVersion of a write that changes nothing);
-        a write sent under a call's fence (``sender``: its replica and fence) against I9."""
-        if sender is not None and sender[1] is not None:
-            self._check_fenced_write(sender[0], sender[1], method, path)
+        a write of a reconcile call (``sender``: its replica, the call's fence and the call) against I9."""
+        if sender is not None and method != "GET" and (sender[1] is not None or sender[2] is not None):
+            self._check_fenced_write(sender[0], sender[1], sender[2], method, path)
         if origin is not None and self.now() < self.calm_at:
             self.refuse(method, path, *origin)
         before = None

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -485,3 +486,16 @@ def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
     makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text()
     line = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_FAULTS :="))
     assert tuple(line.split(":=", 1)[1].strip().split(",")) == EVERY_KIND
+
+
+@pytest.mark.parametrize(("mode", "seed"), [("leader", 22), ("sharded", 18)])
+def test_a_call_whose_fence_is_never_set_has_its_late_write_caught(monkeypatch: pytest.MonkeyPatch, mode: str, seed: int) -> None:
+    """The mutant `make mutate` found the sweep blind to: fencing.enter sets nothing, so no
+    write is ever checked. I9 holds every write of a call to the Lease its key falls under,
+    fence or none, and pause-at-write pauses such a write too."""
+    world = World(mode=mode, **SWEEP_WORLD)
+    assert run(world, seed=seed).ok
+    monkeypatch.setattr(fencing, "_CURRENT", SimpleNamespace(set=lambda fence: None, reset=lambda token: None, get=lambda: None))
+    result = run(world, seed=seed)
+    assert [v.invariant for v in result.violations][:1] == ["I9"], result.report()
+    assert "sent without a fence" in str(result.violations[0])
