@@ -368,3 +368,55 @@ def test_the_leader_fence_names_the_elector_s_lease() -> None:
     assert lease_of(None) == "of the leader"
     c, _ = make(lambda **_: None)
     assert c.gate.write_fence(KEY, -1) is None, "no Lease: nothing to check"
+
+
+class _Range:
+    """A range's elector: held and valid while ``open``."""
+
+    def __init__(self, open_: bool) -> None:
+        self.open, self.name, self.namespace = open_, "range", "default"
+
+    def valid(self) -> bool:
+        return self.open
+
+
+@pytest.mark.parametrize("shard_by", ["namespace", "uid"])
+def test_a_key_dropped_at_the_fence_owes_a_deletion_only_when_its_object_is_not_cached(shard_by: str) -> None:
+    """Gate.owned: a key of a range not ours is dropped; when its object is gone from the cache
+    (a deletion), the range keeps a tombstone, owed to it if it becomes ours again; an object
+    still cached owes nothing (its owner reconciles it)."""
+    from declop.reconcile._fence import Gate
+    from declop.reconcile._keys import KeyNotes, PrimaryCache
+
+    shards = ShardSet("c", 4, shard_by, [_Range(False) for _ in range(4)])  # type: ignore[arg-type]
+    gate = Gate(None, shards, shard_by == "uid", lambda: None, logging.getLogger("t"), "c")
+    informer = Informer()
+    cached, gone = Request("ns-a", "cached"), Request("ns-b", "gone")
+    Writer(informer.store).upsert({"apiVersion": "v1", "kind": "ConfigMap",
+                                   "metadata": {"name": "cached", "namespace": "ns-a", "uid": "u1", "resourceVersion": "1"}})
+    assert gate.book is not None
+    if gate.book.uids is not None:  # by uid: both uids were seen in events before
+        gate.book.uids.update({cached: "u1", gone: "u2"})
+    queue: WorkQueue[Request] = WorkQueue(name="c", rate_limiter=ItemExponential(), clock=FakeClock())
+    ranges: dict[Request, int] = {}
+    kept = gate.owned([cached, gone], ranges, PrimaryCache([informer]), KeyNotes(), queue)
+    assert kept == [] and ranges == {}
+    owed = {k for keys in gate.book.tombstones.values() for k in keys}
+    assert owed == {gone}
+
+
+def test_the_gate_s_four_answers_are_told_apart_a_stop_is_not_a_fence() -> None:
+    """Gate.may_start: callers dispatch on the answer (a FENCED one logs the closed leader fence
+    and counts the keys it stopped; a STOPPING one only drops them), so the four differ, and a
+    stopping gate says STOPPING even when the leader fence has closed meanwhile."""
+    from declop.reconcile._fence import FENCED, GO, SKIP, STOPPING, Gate
+
+    assert len({GO, SKIP, STOPPING, FENCED}) == 4 and GO == 0  # GO is the only falsy answer
+    open_ = [True]
+    gate = Gate(lambda: open_[0], None, False, lambda: None, logging.getLogger("t"), "c")
+    assert gate.may_start(-1, False) == GO
+    open_[0] = False
+    assert gate.may_start(-1, False) == FENCED
+    gate.stopping = True
+    assert gate.may_start(-1, False) == STOPPING
+    assert gate.may_start(-1, True) == FENCED  # the first call a worker took is judged by the fence
