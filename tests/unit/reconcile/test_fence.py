@@ -366,6 +366,9 @@ def test_the_leader_fence_names_the_elector_s_lease() -> None:
     assert lease_of(leader.valid) == "ops/ops-leader"
     assert lease_of(lambda: True) == "of the leader"
     assert lease_of(None) == "of the leader"
+    half = Elector()
+    half.namespace = None  # type: ignore[assignment]  # a name alone does not make a Lease's name
+    assert lease_of(half.valid) == "of the leader"
     c, _ = make(lambda **_: None)
     assert c.gate.write_fence(KEY, -1) is None, "no Lease: nothing to check"
 
