@@ -185,6 +185,10 @@ class Fault:
             return f"t={self.at:.3f} roll r{self.replica}: restarted with --shards {self.length:g}"
         if self.kind == "unsynced":
             return f"t={self.at:.3f} unsynced r{self.replica}: restarted with caches that never sync"
+        if self.kind == "wall-jump":
+            return f"t={self.at:.3f} wall-jump r{self.replica}: its node's wall clock steps {self.length:+.3f} s"
+        if self.kind == "rollout":
+            return f"t={self.at:.3f} rollout: every replica restarted in turn with Lease timings x{self.length:g}"
         if self.kind == "term":
             return f"t={self.at:.3f} term r{self.replica}: SIGTERM with a grace period of {self.length:.3f} s"
         return f"t={self.at:.3f} {self.kind} r{self.replica} for {self.length:.3f} s"

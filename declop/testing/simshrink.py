@@ -44,12 +44,15 @@ if TYPE_CHECKING:
     from declop.registry import Registry
     from declop.testing.simworld import WorldResult
 
-__all__ = ["MIN_LENGTH", "RUNS", "Shrunk", "parse_fault", "parse_only", "shrink"]
+__all__ = ["MIN_LENGTH", "RUNS", "UNSHORTENED", "Shrunk", "parse_fault", "parse_only", "shrink"]
 
 #: the most runs one shrink takes
 RUNS = 12
 #: a fault is not shortened below this many virtual seconds
 MIN_LENGTH = 0.1
+#: kinds whose length is no duration, never shortened: a compaction has none, a ``rollout``'s is
+#: the scale of its new Lease timings
+UNSHORTENED = ("compact", "rollout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,7 @@ def shrink(failed: WorldResult, registry: Registry | None = None, crds: Sequence
         for i, f in enumerate(list(faults)):  # 3. shorten each
             for share in (0.25, 0.5):
                 length = round(max(MIN_LENGTH, f.length * share), 3)
-                if f.kind == "compact" or length >= f.length:
+                if f.kind in UNSHORTENED or length >= f.length:
                     break
                 if spent >= runs:
                     return Shrunk(failed, best, spent, False)

@@ -151,7 +151,7 @@ from declop.testing.simobjects import Objects, label, maker
 from declop.testing.simworkload import Scope, scope, spec_schema, valid
 
 __all__ = [
-    "DEFAULT_KINDS", "PROTOCOL_FAULTS", "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
+    "CLOCKS", "DEFAULT_KINDS", "DRIFT", "PROTOCOL_FAULTS", "WORLD_KINDS", "SETTLE", "STEPS_PER_OBJECT", "STEPS_PER_PERIODIC", "STEPS_PER_REPLICA", "WORLD_FAULTS", "InlineExecutor", "World", "WorldLoop",
     "WorldResult", "WorldTransport", "bounds", "builtin_registry", "calm", "main", "run", "run_many", "run_seeds", "shrink",
 ]
 
@@ -166,13 +166,36 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: the stop's drain ends with the call still running under its Lease; and a hang of the
 #: replica's Lease requests only (its Lease lane), while its other requests — a call's writes —
 #: go through
-PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases")
+PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases", "wall-jump", "rollout", "partition-holder")
+#: ``partition-holder`` (and 3 ``rollout``\ s in 4, once the first replica is rolled): a
+#: partition of a replica that holds a Lease, placed by the protocol — it starts right after that
+#: replica's next successful Lease write, so the fence it keeps open for a renew deadline and
+#: the others' wait for the record to expire start together, and every margin between them is
+#: the only thing that keeps the two apart
+#: a world whose replicas' clocks disagree (named like a fault kind, drawn once per seed rather
+#: than placed in time): each node's Lease clock runs at its own rate, within :data:`DRIFT` of
+#: true time, from its own origin, and its wall clock at its own rate from its own offset (up to
+#: :data:`WALL_SKEW` either way); ``wall-jump`` then steps a node's wall clock (an NTP step, an
+#: operator setting the date) by up to an hour either way
+CLOCKS = "clocks"
+#: the bound on a Lease clock's rate error the world draws from (and the protocol is held to):
+#: far past real quartz (NTP keeps a clock within 500 ppm), and well inside what the Lease
+#: protocol tolerates — two replicas are safe while the ratio of their rates stays below
+#: lease duration / renew deadline (1.5 with the defaults), here at most 1.15 / 0.85 ≈ 1.35
+DRIFT = 0.15
+WALL_SKEW = 600.0
+#: ``rollout``: the Deployment rolls every replica, one every this many seconds (SIGTERM with
+#: the chart's 10 s grace, a new pod 1–6 s after the old one ends), to Lease timings scaled by
+#: the fault's length (a rollout that changes ``--lease-duration``/``--renew-deadline``/
+#: ``--retry-period``); the two settings overlap until the last replica is rolled
+ROLLOUT_STEP, ROLLOUT_GRACE = 20.0, 10.0
+ROLLOUT_SCALES = (0.5, 0.75, 1.5, 2.0)
 #: what a run draws when not told: the uniform faults, and the kinds a handlers file's
 #: properties inject (simcrash: a kill between two writes of a reconcile), not drawn by
 #: :func:`schedule`
 DEFAULT_KINDS = WORLD_FAULTS + (CRASH_BETWEEN_WRITES,)
 #: what ``--faults`` may name
-WORLD_KINDS = DEFAULT_KINDS + PROTOCOL_FAULTS
+WORLD_KINDS = DEFAULT_KINDS + PROTOCOL_FAULTS + (CLOCKS,)
 #: the I3 bound: lease durations after the last fault healed (and the workload stopped)
 SETTLE = 4
 #: the step bound, in steps (a turn of the loop, a handler call or a request) per virtual second
@@ -335,14 +358,20 @@ def schedule(world: World, rng: random.Random) -> list[Fault]:
     placed = tuple(k for k in world.kinds if k in PROTOCOL_FAULTS)
     for _ in range(rng.randint(1, 2) if placed else 0):  # after the others: their draws stay as they were
         kind, at = rng.choice(placed), round(rng.uniform(0, world.duration), 3)
+        if kind == "rollout":  # early: both timings then run while the workload does
+            at = round(at / 4, 3)
         if kind in ("term", "term-in-call"):
             # the grace before SIGKILL, against the manager's own 5 s: the chart's (+5 s) or
             # shorter, or much longer (a Deployment of one's own, `declop run` under systemd)
             length = round(rng.choice((rng.uniform(0.1, 10.0), rng.uniform(10.0, 60.0))), 3)
         elif kind == "pause-at-write":
             length = round(rng.uniform(0.5, 2 * world.lease_duration), 3)
-        elif kind in ("stuck", "hang-leases"):
+        elif kind in ("stuck", "hang-leases", "partition-holder"):
             length = round(rng.uniform(world.lease_duration, 3 * world.lease_duration), 3)
+        elif kind == "wall-jump":  # seconds, either way
+            length = round(rng.choice((-1.0, 1.0)) * rng.uniform(1.0, 3600.0), 3)
+        elif kind == "rollout":  # the new timings' scale
+            length = rng.choice(ROLLOUT_SCALES)
         else:
             length = 0.0
         faults.append(Fault(at, kind, rng.randrange(world.replicas), length))
@@ -445,6 +474,20 @@ class _Replica:
     watchdog: Watchdog | None = None
     #: ``hang-leases``: until when this replica's Lease requests hang (the node's, across restarts)
     leases_hang_until: float = 0.0
+    #: the node's clocks (``clocks``; kept across restarts): the Lease clock reads
+    #: ``origin + rate * t``, the wall clock ``epoch + wall_offset + wall_rate * t + wall_jump``
+    #: (t: true, virtual time); the replica's timers run at ``rate`` too (:class:`WorldLoop`)
+    rate: float = 1.0
+    origin: float = 0.0
+    wall_rate: float = 1.0
+    wall_offset: float = 0.0
+    wall_jump: float = 0.0
+    #: ``rollout``: the scale of the Lease timings its next incarnation starts with
+    scale: float = 1.0
+    #: ``partition-holder`` armed: the length of the partition its next Lease write starts, until
+    #: when that write may come (a write after it starts none), and whether only its Lease lane
+    #: is cut off (its calls' writes go through)
+    partition_next: tuple[float, float, bool] = (0.0, 0.0, False)
 
     @property
     def name(self) -> str:
@@ -665,6 +708,17 @@ class WorldLoop(VirtualLoop):
     max_turns = 0
     max_time = float("inf")
     exhausted: Callable[[], None] | None = None
+    #: actor name -> the rate of its node's clock (``clocks``): a delay it sleeps is measured on
+    #: its own clock, so it takes ``delay / rate`` of true time (deadlines set with ``call_at``
+    #: from the loop's time stay true-time: asyncio's timeouts; nothing of the Lease code's)
+    rates: dict[str, float] = {}
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> asyncio.TimerHandle:  # type: ignore[override]
+        if self.rates and delay:
+            who = context.run(actor) if context is not None else actor()
+            if who is not None:
+                delay = delay / self.rates.get(who.name, 1.0)
+        return super().call_later(delay, callback, *args, context=context)
 
     def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> asyncio.Handle:  # type: ignore[override]
         inline = _INLINE.get()
@@ -704,6 +758,12 @@ class _World:
             self.server.seed(crd)
         self.violations: list[Violation] = []
         self.replicas = [_Replica(i) for i in range(world.replicas)]
+        if CLOCKS in world.kinds:  # from a stream of its own: every other draw stays as it was
+            clocks = random.Random(f"clocks-{seed}")
+            for r in self.replicas:
+                r.rate, r.origin = 1.0 + clocks.uniform(-DRIFT, DRIFT), clocks.uniform(0.0, 1e6)
+                r.wall_rate, r.wall_offset = 1.0 + clocks.uniform(-DRIFT, DRIFT), clocks.uniform(-WALL_SKEW, WALL_SKEW)
+            loop.rates = {f"r{r.index}": r.rate for r in self.replicas}
         self.by_actor: dict[Actor, _Replica] = {}
         self.requests = 0
         self.calls = 0
@@ -800,6 +860,20 @@ class _World:
     def wall(self) -> float:
         return _EPOCH + self.loop.time()
 
+    def lease_clock(self, r: _Replica) -> Callable[[], float]:
+        """The Lease clock of ``r``'s node (the loop's own time when clocks agree)."""
+        if r.rate == 1.0 and r.origin == 0.0:
+            return self.loop.time
+        loop = self.loop
+        return lambda: r.origin + r.rate * loop.time()
+
+    def wall_clock(self, r: _Replica) -> Callable[[], float]:
+        """The wall clock of ``r``'s node (the world's when nodes' clocks agree and never jump)."""
+        if CLOCKS not in self.world.kinds and "wall-jump" not in self.world.kinds:
+            return self.wall
+        loop = self.loop
+        return lambda: _EPOCH + r.wall_offset + r.wall_rate * loop.time() + r.wall_jump
+
     def violate(self, invariant: str, who: _Replica | str, detail: str) -> None:
         name = who if isinstance(who, str) else who.name
         self.violations.append(Violation(self.now(), invariant, name, detail))
@@ -850,10 +924,8 @@ class _World:
                 return  # no Lease covers it (a key whose range is not known): nothing to hold it to
             name = lease[0]
         self.fenced_writes += 1
-        mine = {m.elector.identity} if m.elector is not None else set()
-        mine.update(e.identity for c in m.controllers if c.shards is not None for e in c.shards.electors)
         rec = self.leases.get(name)
-        if rec is None or rec[0] not in mine or self.now() >= rec[1] + rec[2]:
+        if rec is None or rec[0] not in _identities(m) or self.now() >= rec[1] + rec[2]:
             what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
             key = fence.key if fence is not None else call.key if call is not None else "-"
             unfenced = "" if fence is not None else ", sent without a fence"
@@ -869,9 +941,7 @@ class _World:
             m = r.manager
             if not r.alive or m is None:
                 continue
-            mine = {m.elector.identity} if m.elector is not None else set()
-            mine.update(e.identity for c in m.controllers if c.shards is not None for e in c.shards.electors)
-            if old not in mine or r.was_paused(r.lease_written.get(name, 0.0)):
+            if old not in _identities(m) or r.was_paused(r.lease_written.get(name, 0.0)):
                 continue
             for (controller, key), (started, ends, uid) in r.calls.items():
                 if ends <= self.now() or self._lease_of(r, key, uid, controller) != (name, old):
@@ -906,6 +976,13 @@ class _World:
             self.leases[name] = (holder, self.now(), float(spec.get("leaseDurationSeconds") or 0))
             if sender is not None:
                 sender[0].lease_written[name] = self.now()
+                length, until, lane = sender[0].partition_next
+                if length and holder and self.now() <= until:
+                    sender[0].partition_next = (0.0, 0.0, False)
+                    if lane:
+                        sender[0].leases_hang_until = max(sender[0].leases_hang_until, self.now() + length)
+                    else:
+                        self.spawn(self._partition(sender[0], length))
                 if before_rec is not None and before_rec[0] and before_rec[0] != holder:
                     self._check_handover(sender[0], name, before_rec[0], holder)
         if before is not None:
@@ -1064,7 +1141,7 @@ class _World:
                         raise
 
                 recorded = fire_plain
-            runner = self.timers[slot] = TimerRunner(recorded, timer.schedule, name=name, model=timer.model, clock=self.wall)
+            runner = self.timers[slot] = TimerRunner(recorded, timer.schedule, name=name, model=timer.model, clock=self.wall_clock(r) if r is not None else self.wall)
         return runner.handler(**kw)
 
     def tick_failed(self, slot: tuple[str, str, int], exc: Exception) -> None:
@@ -1352,12 +1429,12 @@ class _World:
         options = Options(
             leader_elect=w.mode == "leader", shards=w.shards if w.mode == "sharded" else 0,
             leader_election_id="sim", leader_election_namespace=LEASE_NAMESPACE,
-            lease_duration=w.lease_duration, renew_deadline=w.renew_deadline, retry_period=w.retry_period,
+            lease_duration=w.lease_duration * r.scale, renew_deadline=w.renew_deadline * r.scale, retry_period=w.retry_period * r.scale,
             switch_interval=None, check_permissions=False, grace_period=5.0,
         )  # fmt: skip
         m = r.manager = Manager(
             None, self.registry, options, transport=WorldTransport(self, r), discovery=self.server.discovery,
-            executor=InlineExecutor(self.loop), clock=self.loop.time, wall_clock=self.wall,
+            executor=InlineExecutor(self.loop), clock=self.lease_clock(r), wall_clock=self.wall_clock(r),
         )  # fmt: skip
         await m.setup()
         m.context.inline = _drive
@@ -1413,6 +1490,15 @@ class _World:
         if f.kind == "hang-leases":
             r.leases_hang_until = max(r.leases_hang_until, self.now() + f.length)
             return
+        if f.kind == "wall-jump":
+            r.wall_jump += f.length
+            return
+        if f.kind == "rollout":
+            await self._rollout(f.length)
+            return
+        if f.kind == "partition-holder":
+            self._partition_a_holder(r, f.length)
+            return
         if f.kind == "term-in-call":
             # placed by the protocol: at the leader, whose calls run under the Lease (a rollout
             # reaches it sooner or later); sharded, every replica with a range has some
@@ -1460,6 +1546,35 @@ class _World:
         await asyncio.sleep(grace)
         if r.actor is a and r.alive:
             self.exit(r)
+
+    async def _rollout(self, scale: float) -> None:
+        """A Deployment rollout that changes the Lease timings (scaled by ``scale``): every
+        :data:`ROLLOUT_STEP` seconds the next replica is sent SIGTERM, with the chart's grace, and
+        comes back as a new pod with the new timings; until the last one is rolled, replicas of
+        both settings share the Leases."""
+        partition = self.rng.random() < 0.75
+        for i, r in enumerate(self.replicas):
+            r.scale = scale  # what its next pod starts with, whether it is up now or not
+            self.last_change = max(self.last_change, self.now() + ROLLOUT_STEP)
+            self.spawn(self._term(r, ROLLOUT_GRACE))
+            await asyncio.sleep(ROLLOUT_STEP)
+            if i == 0 and partition:  # both timings run now: a holder of either is cut off
+                lease = self.world.lease_duration * self.rng.choice((1.0, scale))
+                self._partition_a_holder(self.replicas[self.rng.randrange(len(self.replicas))], round(self.rng.uniform(lease, 3 * lease), 3))
+
+    def _partition_a_holder(self, r: _Replica, length: float) -> None:
+        """Arm a partition of ``length`` seconds that starts right after the next successful
+        Lease write of a replica holding a Lease: the leader, or a replica holding ranges (``r``
+        when it holds one, or none does). Half the time only its Lease lane is cut off."""
+        holders = [x for x in self.replicas if x.alive and x.manager is not None and _identities(x.manager) & self._holders()]
+        target = r if r in holders or not holders else holders[self.rng.randrange(len(holders))]
+        until = self.now() + self.world.lease_duration * target.scale
+        target.partition_next = (length, until, self.rng.random() < 0.5)
+        self.last_change = max(self.last_change, until + length)
+
+    def _holders(self) -> set[str]:
+        """The identities the apiserver's Lease records name now."""
+        return {holder for holder, _at, _d in self.leases.values() if holder}
 
     async def _delete_a_lease(self) -> None:
         """An administrator deletes one held Lease (the holder learns it at its next renewal).
@@ -1509,9 +1624,9 @@ class _World:
             r.watchdog.arm()
 
         async def gone() -> None:
-            await asyncio.sleep(EXIT_BOUND + 0.001)
+            await asyncio.sleep(EXIT_BOUND / r.rate + 0.001)  # the bound holds on the node's clock
             if r.actor is a and r.alive and not r.was_paused(at):
-                self.violate("I11", r, f"still running {EXIT_BOUND:g} s after it lost a Lease at t={at:.3f}")
+                self.violate("I11", r, f"still running {EXIT_BOUND:g} s (of its clock) after it lost a Lease at t={at:.3f}")
 
         self.spawn(gone())
 
@@ -1746,6 +1861,13 @@ class _World:
         return not any((r.index, r.gen) in alive for r in leaders)
 
 
+def _identities(m: Manager) -> set[str]:
+    """The holder identities a manager writes into Leases: its leader elector's, and its range electors'."""
+    mine = {m.elector.identity} if m.elector is not None else set()
+    mine.update(e.identity for c in m.controllers if c.shards is not None for e in c.shards.electors)
+    return mine
+
+
 def _fields(body: dict[str, Any]) -> list[str]:
     """The fields a merge patch sets: ``["metadata.annotations"]``, ``["spec"]``."""
     return [f"{k}.{sub}" for k, v in body.items() if k == "metadata" and isinstance(v, dict) for sub in v] + [k for k in body if k != "metadata"]
@@ -1799,7 +1921,23 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
 
 def calm(world: World, faults: Sequence[Fault]) -> float:
     """When the workload and the faults of a run stop."""
-    return max([world.duration] + [f.at + f.length for f in faults])
+    return max([world.duration] + [f.at + _span(world, f, faults) for f in faults])
+
+
+def _span(world: World, f: Fault, faults: Sequence[Fault] = ()) -> float:
+    """How long fault ``f`` lasts (a ``rollout``: until the last replica's new pod is up)."""
+    if f.kind == "rollout":  # and the partition it may place once the first replica is rolled
+        return max(world.replicas * ROLLOUT_STEP, ROLLOUT_STEP + 4 * world.lease_duration * max(1.0, f.length))
+    if f.kind == "wall-jump":
+        return 0.0  # its length is the step
+    if f.kind == "partition-holder":  # it starts at the holder's next Lease write
+        return world.lease_duration * max([1.0] + [g.length for g in faults if g.kind == "rollout"]) + f.length
+    return f.length
+
+
+def lease_span(world: World, faults: Sequence[Fault]) -> float:
+    """The longest lease duration of the run's replicas (a ``rollout`` may scale it)."""
+    return world.lease_duration * max([1.0] + [f.length for f in faults if f.kind == "rollout"])
 
 
 def bounds(world: World, faults: Sequence[Fault], periodic: int = 0) -> Bounds:
@@ -1807,14 +1945,16 @@ def bounds(world: World, faults: Sequence[Fault], periodic: int = 0) -> Bounds:
     check's longest wait) and steps per virtual second: :data:`STEPS_PER_REPLICA` per replica,
     :data:`STEPS_PER_OBJECT` per object, and :data:`STEPS_PER_PERIODIC` per object and
     ``periodic`` registration (timers, daemons: a task per object that wakes on its own)."""
-    seconds = calm(world, faults) + (SETTLE + 1) * world.lease_duration + _check_bound(world) + 1.0
+    lease = lease_span(world, faults)
+    seconds = calm(world, faults) + (SETTLE + 1) * lease + _check_bound(world, lease) + 1.0
     rate = STEPS_PER_REPLICA * world.replicas + (STEPS_PER_OBJECT + STEPS_PER_PERIODIC * periodic) * world.objects
     return Bounds(int(rate * seconds), seconds)
 
 
-def _check_bound(world: World) -> float:
-    """The longest the idempotence check waits for its reconciles (virtual seconds)."""
-    return 2 * world.lease_duration + 0.1 * world.objects
+def _check_bound(world: World, lease: float) -> float:
+    """The longest the idempotence check waits for its reconciles (virtual seconds), with
+    ``lease`` the longest lease duration."""
+    return 2 * lease + 0.1 * world.objects
 
 
 async def _main(w: _World, faults: list[Fault]) -> None:
@@ -1837,12 +1977,13 @@ async def _body(w: _World, faults: list[Fault]) -> None:
     for f in faults:
         w.spawn(w.inject(f))
     w.calm_at = end_of_faults = calm(s, faults)
+    lease = lease_span(s, faults)
     if w.user:  # the handlers' writes must stop by the time every object is reconciled (I3)
-        w.quiet_from = end_of_faults + QUIET_AFTER * s.lease_duration
+        w.quiet_from = end_of_faults + QUIET_AFTER * lease
         w.spawn(collect(w.server))  # the garbage collector, from ownerReferences (simgc)
     await w.workload()
     await asyncio.sleep(max(0.0, end_of_faults - w.now()))
-    await asyncio.sleep(SETTLE * s.lease_duration)
+    await asyncio.sleep(SETTLE * lease)
     regs = w.registry._registrations
     deleted = {(w.primary, key): at for key, _uid, at, *_ in w.deletions}
     if w.crashes is not None:  # before I3/I4: a cleanup a crash interrupted is named as such
@@ -1865,8 +2006,8 @@ async def _body(w: _World, faults: list[Fault]) -> None:
         stuck = w.cleanups.stuck(w.primary, w.server.store(w.info()), held, {uid: at for _k, uid, at, *_ in w.deletions}, w.now(), end_of_faults) if held else None
         if stuck is not None and w.fail(stuck):
             w.violations.insert(before_end, w.violations.pop())  # before the end's I3s: the cause, not its symptom
-    await asyncio.sleep(s.lease_duration)  # the quiet window: a changing write here ends the run
-    await w.check_idempotence(w.now() + _check_bound(s))
+    await asyncio.sleep(lease)  # the quiet window: a changing write here ends the run
+    await w.check_idempotence(w.now() + _check_bound(s, lease))
 
 
 def shrink(failed: WorldResult, registry: Registry | None = None, crds: Sequence[Any] = ()) -> WorldResult:
