@@ -1,7 +1,7 @@
 """The Lease tasks of one manager, and what a loss does.
 
-- :class:`LeaderLease`: acquire the leader Lease, open the controllers' gate, renew it until the
-  stop cancels it (only after the drain).
+- :class:`LeaderLease`: once every cache synced, acquire the leader Lease, open the
+  controllers' gate, renew it until the stop cancels it (only after the drain).
 - :class:`RangeLeases`: sharded mode: hold and balance the range Leases; :class:`Resharding`
   moves the informers' shard filters after each round.
 - :class:`BackgroundLease`: sharded mode has no leader, yet a leader-only background task runs
@@ -61,6 +61,11 @@ class LeaderLease:
         m = self.m
         assert m.elector is not None and m.leadership is not None
         try:
+            # campaign only once every cache synced, as a range is taken only then
+            # (ShardSet.synced): a replica whose caches never sync (a 403 on a watched resource)
+            # would otherwise hold the Lease for ever and reconcile nothing, while a synced
+            # standby waits behind it
+            await asyncio.gather(*(c.synced.wait() for c in m.controllers))
             await m.elector.acquire()
             m.leadership.set()
             await m.elector.hold()

@@ -123,7 +123,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 
-from declop.errors import ApiError, Fenced, NotFound, TerminalError
+from declop.errors import ApiError, Fenced, Forbidden, NotFound, TerminalError
 from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
 from declop.kube import fencing
@@ -166,12 +166,22 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: the stop's drain ends with the call still running under its Lease; and a hang of the
 #: replica's Lease requests only (its Lease lane), while its other requests — a call's writes —
 #: go through
-PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases", "wall-jump", "rollout", "partition-holder")
+PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases", "wall-jump", "rollout", "partition-holder", "errors", "unsynced")
 #: ``partition-holder`` (and 3 ``rollout``\ s in 4, once the first replica is rolled): a
 #: partition of a replica that holds a Lease, placed by the protocol — it starts right after that
 #: replica's next successful Lease write, so the fence it keeps open for a renew deadline and
 #: the others' wait for the record to expire start together, and every margin between them is
 #: the only thing that keeps the two apart
+#: ``errors``: for one to three lease durations, one request of the replica in three (or, half
+#: the time, every one: an apiserver shedding all load) — a Lease request, a list, a watch, a
+#: call's read or write — is answered 429 (Retry-After: 1 s), 503, or, for a write, 500 after
+#: the apiserver applied it (the answer lost, the change made).
+#: ``WorldTransport`` stands in for the whole ``Transport``, whose own retries of 429/503 are
+#: not modelled: what a caller gets here is what it gets once those ran out
+ERROR_SHARE = 1 / 3
+#: ``unsynced``: the replica restarts (as a new pod, 1–6 s later) with caches that never sync —
+#: every list and watch of a resource it reconciles is answered 403, as after an RBAC change
+#: that dropped it — until its next restart; its Lease requests go through
 #: a world whose replicas' clocks disagree (named like a fault kind, drawn once per seed rather
 #: than placed in time): each node's Lease clock runs at its own rate, within :data:`DRIFT` of
 #: true time, from its own origin, and its wall clock at its own rate from its own offset (up to
@@ -366,7 +376,7 @@ def schedule(world: World, rng: random.Random) -> list[Fault]:
             length = round(rng.choice((rng.uniform(0.1, 10.0), rng.uniform(10.0, 60.0))), 3)
         elif kind == "pause-at-write":
             length = round(rng.uniform(0.5, 2 * world.lease_duration), 3)
-        elif kind in ("stuck", "hang-leases", "partition-holder"):
+        elif kind in ("stuck", "hang-leases", "partition-holder", "errors"):
             length = round(rng.uniform(world.lease_duration, 3 * world.lease_duration), 3)
         elif kind == "wall-jump":  # seconds, either way
             length = round(rng.choice((-1.0, 1.0)) * rng.uniform(1.0, 3600.0), 3)
@@ -484,6 +494,13 @@ class _Replica:
     wall_jump: float = 0.0
     #: ``rollout``: the scale of the Lease timings its next incarnation starts with
     scale: float = 1.0
+    #: ``unsynced``: this incarnation's lists and watches are refused (403), and whether the
+    #: next one's will be
+    never_sync: bool = False
+    unsynced_next: bool = False
+    #: ``errors``: until when a share of this replica's requests is answered with an error
+    errors_until: float = 0.0
+    errors_share: float = 0.0
     #: ``partition-holder`` armed: the length of the partition its next Lease write starts, until
     #: when that write may come (a write after it starts none), and whether only its Lease lane
     #: is cut off (its calls' writes go through)
@@ -540,7 +557,13 @@ class WorldTransport:
         if _INLINE.get() is not None:  # a plain handler's request: no latency, no waiting
             if r.net != "ok" or self._gone():
                 raise ApiError(0, "Unreachable", f"{method} {path}: connection refused")
-            return await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
+            refused, applied = w.error_answer(r, method, path)
+            if refused is not None and not applied:
+                raise refused
+            result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
+            if refused is not None:
+                raise refused
+            return result
         answer: asyncio.Future[Any] = w.loop.create_future()
         if not (lane == "leader" and w.now() < r.leases_hang_until):  # hang-leases: no answer, nothing applied
             w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence, call))
@@ -572,7 +595,14 @@ class WorldTransport:
         try:
             if fence is not None:
                 w.check_fence(fence, method, path)  # the pool's check, with the connection in hand
+            refused, applied = w.error_answer(r, method, path)
+            if refused is None and r.never_sync and method == "GET" and w.a_list(path):
+                refused = Forbidden(f"{path}: forbidden (unsynced: this replica's lists are refused)")
+            if refused is not None and not applied:
+                raise refused
             result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
+            if refused is not None:
+                raise refused
         except (ApiError, Fenced) as exc:
             error = exc
         await asyncio.sleep(latency / 2)
@@ -598,6 +628,11 @@ class WorldTransport:
         await asyncio.sleep(w.rng.uniform(0.0005, 0.005))
         if r.net == "fail" or self._gone():
             raise ApiError(0, "Unreachable", f"watch {path}: connection refused")
+        refused, _ = w.error_answer(r, "GET", path)
+        if refused is not None:
+            raise refused
+        if r.never_sync and w.a_list(path):
+            raise Forbidden(f"watch {path}: forbidden (unsynced: this replica's watches are refused)")
         # a partition stalls the stream; TCP delivers once it heals, unless the read timeout
         # ends the wait first (no answer yet: Unreachable; an answer had begun: idle)
         if not await self._healed(read_timeout):
@@ -1012,6 +1047,30 @@ class _World:
             self.history.note(call.key, self.now(), self.who(), call.controller, f"  {method} {what}: answered {error.status} {error.reason}, not applied")
             raise error
 
+    def a_list(self, path: str) -> bool:
+        """``path`` lists (or watches) a collection other than Leases."""
+        if "/leases" in path:
+            return False
+        try:
+            _info, _namespace, name, _sub = self.server._route("GET", path)
+        except ApiError:
+            return False
+        return name is None
+
+    def error_answer(self, r: _Replica, method: str, path: str) -> tuple[ApiError | None, bool]:
+        """``errors``: the error this request of ``r`` is answered with, if one is drawn, and
+        whether the apiserver applies the request first (a write's 500 after commit)."""
+        if self.now() >= r.errors_until or self.rng.random() >= r.errors_share:
+            return None, False
+        status = self.rng.choice((429, 503, 500))
+        if status == 429:
+            error = ApiError(429, "TooManyRequests", f"{method} {path}: the server has received too many requests and has asked us to try again later")
+            error.retry_after = 1.0
+            return error, False
+        if status == 503:
+            return ApiError(503, "ServiceUnavailable", f"{method} {path}: the server is currently unable to handle the request"), False
+        return ApiError(500, "InternalError", f"{method} {path}: an error on the server has prevented the request from succeeding"), method != "GET"
+
     def gave_up(self, error: BaseException) -> None:
         """Conflicts: the running handler call ended with TerminalError (never retried)."""
         violation = self.conflicts.ended(self.now(), CALL.get(), error)
@@ -1421,6 +1480,7 @@ class _World:
         self.by_actor[r.actor] = r
         r.calls, r.paused, r.daemons = {}, [], {}
         r.stop, r.pause_at_write, r.lease_written, r.stuck, r.term_grace = None, 0.0, {}, 0.0, 0.0
+        r.never_sync, r.unsynced_next = r.unsynced_next, False
         self.last_change = self.now()
         r.actor.spawn(self._run(r))
 
@@ -1498,6 +1558,19 @@ class _World:
             return
         if f.kind == "partition-holder":
             self._partition_a_holder(r, f.length)
+            return
+        if f.kind == "unsynced":
+            if r.alive:
+                a = r.actor
+                self.kill(r)
+                await asyncio.sleep(1.0 + self.rng.uniform(0, 5))
+                if r.actor is a:
+                    r.unsynced_next = True
+                    self.start(r)
+            return
+        if f.kind == "errors":
+            r.errors_until = max(r.errors_until, self.now() + f.length)
+            r.errors_share = self.rng.choice((ERROR_SHARE, 1.0))  # a flaky apiserver, or one shedding all load
             return
         if f.kind == "term-in-call":
             # placed by the protocol: at the leader, whose calls run under the Lease (a rollout

@@ -120,9 +120,9 @@ async def _start(m: Manager, c: Controller, stuck: _Stuck) -> asyncio.Event:
     stop = asyncio.Event()
     m._stop = stop
     loop = asyncio.get_running_loop()
+    loop.create_task(c.start(m.leadership))  # as the manager does: caches warm while it campaigns
     m.group.start(LeaderLease(m))
     await m.leadership.wait()  # type: ignore[union-attr]
-    loop.create_task(c.start(m.leadership))
     assert m.lifecycle is not None
     m.lifecycle.start_background(every_replica=False)
     c.queue.add(Request("ns", "a"))
@@ -184,6 +184,37 @@ def test_after_a_loss_the_clean_up_ends_within_its_budget_whatever_is_stuck() ->
             assert c.running() == 1, "the handler's thread still runs (the process exit ends it)"
             assert m.lifecycle is not None and m.lifecycle.running == ["background"]
         finally:
+            await _cleanup(m, stuck)
+
+    asyncio.run(main())
+
+
+def test_a_replica_campaigns_for_the_leader_lease_only_once_its_caches_synced() -> None:
+    """A replica whose caches never sync (a 403 on a watched resource) would hold the Lease and
+    reconcile nothing while a synced standby waits: the world's ``unsynced`` kind found it (I3,
+    leader seeds 6, 40, 41, 74, 76 of ``unsynced,crash,hang``). It campaigns once synced."""
+
+    class Elector:
+        def __init__(self) -> None:
+            self.acquiring = asyncio.Event()
+
+        async def acquire(self) -> None:
+            self.acquiring.set()
+            await asyncio.Event().wait()
+
+    async def main() -> None:
+        stuck, elector = _Stuck(), Elector()
+        m, c = _manager(stuck, elector, grace=1.0)
+        task = asyncio.get_running_loop().create_task(LeaderLease(m).run())
+        try:
+            for _ in range(20):  # every pending step of the task runs; it stays before acquire()
+                await asyncio.sleep(0)
+            assert not elector.acquiring.is_set() and not c.synced.is_set()
+            c.synced.set()
+            await asyncio.wait_for(elector.acquiring.wait(), 5)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             await _cleanup(m, stuck)
 
     asyncio.run(main())

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import logging
+import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from declop.errors import ApiError
 from declop.kube import fencing
+from declop.leases.leader import LeaderElector
 from declop.leases.watchdog import Watchdog
 from declop.manager import Manager, loss
 from declop.testing import simworld
@@ -421,9 +424,9 @@ EVERY_KIND = tuple(k for k in simworld.WORLD_KINDS if k != simworld.CRASH_BETWEE
 SWEEP_WORLD = dict(objects=40, duration=40.0, kinds=EVERY_KIND)
 
 
-@pytest.mark.parametrize(("mode", "start"), [(m, s) for m in ("leader", "sharded") for s in (0, 50)])
+@pytest.mark.parametrize(("mode", "start"), [(m, s) for m in ("leader", "sharded") for s in (0, 50, 100, 150)])
 def test_random_world_schedules_keep_every_invariant(mode: str, start: int) -> None:
-    """`make test`'s sweep of world schedules: 100 seeds of each mode (see docs/simulation.md)."""
+    """`make test`'s sweep of world schedules: 200 seeds of each mode (see docs/simulation.md)."""
     for seed in range(start, start + 50):
         result = run(World(mode=mode, **SWEEP_WORLD), seed=seed)
         assert result.ok, result.report()
@@ -488,7 +491,7 @@ def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
     assert tuple(line.split(":=", 1)[1].strip().split(",")) == EVERY_KIND
 
 
-@pytest.mark.parametrize(("mode", "seed"), [("leader", 22), ("sharded", 18)])
+@pytest.mark.parametrize(("mode", "seed"), [("leader", 58), ("sharded", 58)])
 def test_a_call_whose_fence_is_never_set_has_its_late_write_caught(monkeypatch: pytest.MonkeyPatch, mode: str, seed: int) -> None:
     """The mutant `make mutate` found the sweep blind to: fencing.enter sets nothing, so no
     write is ever checked. I9 holds every write of a call to the Lease its key falls under,
@@ -499,3 +502,115 @@ def test_a_call_whose_fence_is_never_set_has_its_late_write_caught(monkeypatch: 
     result = run(world, seed=seed)
     assert [v.invariant for v in result.violations][:1] == ["I9"], result.report()
     assert "sent without a fence" in str(result.violations[0])
+
+
+# -- clocks that disagree, timings that differ, partitions placed by the protocol --
+
+
+def _judging_by_its_own_lease_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: a candidate judges another's record by its own lease duration, not the
+    record's ``leaseDurationSeconds`` (what it reads is rewritten to its own)."""
+    real = LeaderElector._request
+
+    async def request(self: LeaderElector, method: str, path: str, body: Any = None, deadline: float | None = None) -> Any:
+        answer = await real(self, method, path, body, deadline)
+        if method == "GET" and isinstance(answer, dict) and answer.get("spec"):
+            answer = copy.deepcopy(answer)
+            answer["spec"]["leaseDurationSeconds"] = self.lease_duration
+        return answer
+
+    monkeypatch.setattr(LeaderElector, "_request", request)
+
+
+def test_a_takeover_that_ignores_the_record_s_lease_duration_fails_under_a_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 34: a rollout halves the Lease timings; while both run, the holder is cut off right
+    after a renewal. A new replica that waited only its own, shorter, duration would take the
+    Lease while the old holder's fence is still open and its call still runs: I5."""
+    world = World(mode="leader", objects=40, duration=40.0, kinds=("rollout",))
+    result = run(world, seed=34)
+    assert result.ok, result.report()
+    assert {f.kind for f in result.faults} == {"rollout"} and any(f.length == 0.5 for f in result.faults)
+    _judging_by_its_own_lease_duration(monkeypatch)
+    result = run(world, seed=34)
+    assert "I5" in {v.invariant for v in result.violations}, result.report()
+
+
+def test_a_fence_measured_on_the_wall_clock_stays_open_when_the_clock_steps_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 13: the leader's node's wall clock steps back and the leader is cut off right after
+    a renewal. Fenced on the Lease clock (monotonic) it stops in time; fenced on the wall clock,
+    its renewal looks recent for the length of the step, and the Lease goes to a standby while
+    its call runs: I5."""
+    world = World(mode="leader", objects=40, duration=40.0, kinds=("wall-jump", "partition-holder"))
+    result = run(world, seed=13)
+    assert result.ok, result.report()
+    assert any(f.kind == "wall-jump" and f.length < 0 for f in result.faults)
+    real = LeaderElector.__init__
+
+    def init(self: LeaderElector, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        self.clock = self.wall_clock
+
+    monkeypatch.setattr(LeaderElector, "__init__", init)
+    result = run(world, seed=13)
+    assert "I5" in {v.invariant for v in result.violations}, result.report()
+
+
+@pytest.mark.parametrize("mode", ["leader", "sharded"])
+def test_clocks_that_run_at_different_rates_keep_every_invariant(mode: str) -> None:
+    """Every node's Lease clock runs at its own rate (within DRIFT) from its own origin, and its
+    wall clock is skewed and drifts too: the Lease protocol compares no two clocks, and holds."""
+    world = World(mode=mode, objects=40, duration=40.0, kinds=("clocks", "partition-holder", "pause", "hang"))
+    for seed in range(10):
+        result = run(world, seed=seed)
+        assert result.ok, result.report()
+
+
+def test_a_node_s_clocks_are_its_own_and_its_sleeps_run_on_them() -> None:
+    """``clocks``: the rates are drawn per node within DRIFT, from a stream of their own (the
+    schedule is the one the same kinds draw without it), and a replica's sleep of d seconds takes
+    d / rate of true time."""
+    loop = simworld.WorldLoop()
+    w = simworld._World(World(kinds=("clocks",)), 3, loop, simworld.builtin_registry(World()))
+    try:
+        rates = [r.rate for r in w.replicas]
+        assert len(set(rates)) == len(rates) and all(abs(x - 1.0) <= simworld.DRIFT for x in rates)
+        r = w.replicas[0]
+        clock = w.lease_clock(r)
+        a = simworld.Actor(loop, "r0")
+
+        async def sleep() -> float:
+            before = loop.time()
+            await asyncio.sleep(10.0)
+            return loop.time() - before
+
+        took = loop.run_until_complete(a.spawn(sleep()))
+        assert took == pytest.approx(10.0 / r.rate)
+        assert clock() == pytest.approx(r.origin + r.rate * loop.time())
+    finally:
+        loop.close()
+    plain = World(kinds=("hang", "pause"))
+    skewed = dataclasses.replace(plain, kinds=("hang", "pause", "clocks"))
+    assert simworld.schedule(plain, random.Random(5)) == simworld.schedule(skewed, random.Random(5))
+
+
+def test_a_renewal_answered_with_a_server_error_is_not_a_renewal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``errors``: the leader's requests get 429, 503 and 500-after-commit answers. A 5xx to a
+    renewal says nothing of whether the record moved; counted as a renewal, the fence stays
+    open past the record's expiry and seed 13 starts a call under another's record: I2."""
+    world = World(mode="leader", objects=40, duration=40.0, kinds=("errors",))
+    result = run(world, seed=13)
+    assert result.ok, result.report()
+    real = LeaderElector.try_acquire_or_renew
+
+    async def counted(self: LeaderElector, deadline: float | None = None) -> bool:
+        started = self.clock()
+        try:
+            return await real(self, deadline)
+        except ApiError as exc:
+            if self.is_leader and exc.status >= 500:
+                self.renewed_at = started
+            raise
+
+    monkeypatch.setattr(LeaderElector, "try_acquire_or_renew", counted)
+    result = run(world, seed=13)
+    assert {v.invariant for v in result.violations} & {"I2", "I9"}, result.report()
