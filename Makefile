@@ -117,7 +117,7 @@ SIM_SEEDS ?= 10000
 SIM_JOBS ?= 2
 SIM_FAMILIES ?= leader sharded-uid sharded-namespace rolling shared-id
 SIM_WORLD_MODES ?= leader sharded
-SIM_WORLD_FAULTS := hang,fail,cut,slow,pause,crash,compact,pause-at-write,term,delete,stuck,term-in-call,hang-leases,wall-jump,rollout,partition-holder,errors,unsynced,clocks
+SIM_WORLD_FAULTS := hang,fail,cut,slow,pause,crash,compact,pause-at-write,term,delete,stuck,term-in-call,hang-leases,wall-jump,rollout,partition-holder,pause-holder,errors,unsynced,clocks
 sim: venv
 	@for family in $(SIM_FAMILIES); do \
 		echo "== $$family"; \

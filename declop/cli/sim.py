@@ -41,7 +41,7 @@ __all__ = ["sim"]
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Virtual seconds of workload and faults.")
 @click.option("--objects-from", "objects_from", default=None, metavar="MODULE:FUNCTION",
               help="Your own objects: a function (random.Random, index) -> the object's body, or a list of bodies (module:name or file.py:name).")
-@click.option("--faults", default=None, help="Fault kinds to draw from, comma-separated (default: hang, fail, cut, slow, pause, crash, compact and crash-between-writes, which kills a replica between two handler writes; name pause-at-write, term, term-in-call, stuck, delete, hang-leases, partition-holder, rollout, wall-jump, errors or unsynced to add the protocol-placed ones, and clocks for nodes whose clocks disagree).")
+@click.option("--faults", default=None, help="Fault kinds to draw from, comma-separated (default: hang, fail, cut, slow, pause, crash, compact and crash-between-writes, which kills a replica between two handler writes; name pause-at-write, term, term-in-call, stuck, delete, hang-leases, partition-holder, pause-holder, rollout, wall-jump, errors or unsynced to add the protocol-placed ones, and clocks for nodes whose clocks disagree).")
 @click.option("--only", default=None, metavar="I,J", help="Keep only these of each seed's faults, by index (0,2), or none: a shrunk schedule.")
 @click.option("--fault", "fault", multiple=True, metavar="AT:KIND:REPLICA:LENGTH",
               help="Run this fault instead of the seed's (repeatable): a shrunk schedule with shortened faults.")  # fmt: skip

@@ -166,12 +166,14 @@ WORLD_FAULTS = ("hang", "fail", "cut", "slow", "pause", "crash", "compact")
 #: the stop's drain ends with the call still running under its Lease; and a hang of the
 #: replica's Lease requests only (its Lease lane), while its other requests — a call's writes —
 #: go through
-PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases", "wall-jump", "rollout", "partition-holder", "errors", "unsynced")
+PROTOCOL_FAULTS = ("pause-at-write", "term", "delete", "stuck", "term-in-call", "hang-leases", "wall-jump", "rollout", "partition-holder", "pause-holder", "errors", "unsynced")
 #: ``partition-holder`` (and 3 ``rollout``\ s in 4, once the first replica is rolled): a
 #: partition of a replica that holds a Lease, placed by the protocol — it starts right after that
 #: replica's next successful Lease write, so the fence it keeps open for a renew deadline and
 #: the others' wait for the record to expire start together, and every margin between them is
-#: the only thing that keeps the two apart
+#: the only thing that keeps the two apart; ``pause-holder``: the same, with SIGSTOP for half a
+#: lease duration to two (across the renew deadline and the record's expiry: on SIGCONT what
+#: became ready meanwhile runs in order, a call's write and the renewal loop's wake-up alike)
 #: ``errors``: for one to three lease durations, one request of the replica in three (or, half
 #: the time, every one: an apiserver shedding all load) — a Lease request, a list, a watch, a
 #: call's read or write — is answered 429 (Retry-After: 1 s), 503, or, for a write, 500 after
@@ -376,6 +378,8 @@ def schedule(world: World, rng: random.Random) -> list[Fault]:
             length = round(rng.choice((rng.uniform(0.1, 10.0), rng.uniform(10.0, 60.0))), 3)
         elif kind == "pause-at-write":
             length = round(rng.uniform(0.5, 2 * world.lease_duration), 3)
+        elif kind == "pause-holder":
+            length = round(rng.uniform(0.5 * world.lease_duration, 2 * world.lease_duration), 3)
         elif kind in ("stuck", "hang-leases", "partition-holder", "errors"):
             length = round(rng.uniform(world.lease_duration, 3 * world.lease_duration), 3)
         elif kind == "wall-jump":  # seconds, either way
@@ -502,9 +506,9 @@ class _Replica:
     errors_until: float = 0.0
     errors_share: float = 0.0
     #: ``partition-holder`` armed: the length of the partition its next Lease write starts, until
-    #: when that write may come (a write after it starts none), and whether only its Lease lane
-    #: is cut off (its calls' writes go through)
-    partition_next: tuple[float, float, bool] = (0.0, 0.0, False)
+    #: when that write may come (a write after it starts none), and how: "all" its requests,
+    #: its "leases" lane only (its calls' writes go through), or a "pause" (SIGSTOP)
+    partition_next: tuple[float, float, str] = (0.0, 0.0, "")
 
     @property
     def name(self) -> str:
@@ -1011,11 +1015,13 @@ class _World:
             self.leases[name] = (holder, self.now(), float(spec.get("leaseDurationSeconds") or 0))
             if sender is not None:
                 sender[0].lease_written[name] = self.now()
-                length, until, lane = sender[0].partition_next
+                length, until, how = sender[0].partition_next
                 if length and holder and self.now() <= until:
-                    sender[0].partition_next = (0.0, 0.0, False)
-                    if lane:
+                    sender[0].partition_next = (0.0, 0.0, "")
+                    if how == "leases":
                         sender[0].leases_hang_until = max(sender[0].leases_hang_until, self.now() + length)
+                    elif how == "pause":
+                        self.spawn(self._pause(sender[0], self.now(), length))
                     else:
                         self.spawn(self._partition(sender[0], length))
                 if before_rec is not None and before_rec[0] and before_rec[0] != holder:
@@ -1556,8 +1562,8 @@ class _World:
         if f.kind == "rollout":
             await self._rollout(f.length)
             return
-        if f.kind == "partition-holder":
-            self._partition_a_holder(r, f.length)
+        if f.kind in ("partition-holder", "pause-holder"):
+            self._partition_a_holder(r, f.length, "pause" if f.kind == "pause-holder" else "")
             return
         if f.kind == "unsynced":
             if r.alive:
@@ -1591,15 +1597,7 @@ class _World:
                     self.start(r)
             return
         if f.kind == "pause":
-            a = r.actor
-            if a is None or a.dead:
-                return
-            a.pause()
-            span = [f.at, float("inf")]
-            r.paused.append(span)
-            await asyncio.sleep(f.length)
-            span[1] = self.now()
-            a.resume()
+            await self._pause(r, f.at, f.length)
             return
         if f.kind == "slow":
             r.slow = f.length / 4
@@ -1607,6 +1605,18 @@ class _World:
             r.net = f.kind
         await asyncio.sleep(f.length)
         r.net, r.slow = "ok", 0.0
+
+    async def _pause(self, r: _Replica, at: float, length: float) -> None:
+        """SIGSTOP of ``r`` from ``at`` (now) for ``length`` seconds, then SIGCONT."""
+        a = r.actor
+        if a is None or a.dead:
+            return
+        a.pause()
+        span = [at, float("inf")]
+        r.paused.append(span)
+        await asyncio.sleep(length)
+        span[1] = self.now()
+        a.resume()
 
     async def _term(self, r: _Replica, grace: float) -> None:
         """SIGTERM: the manager's stop is set (what its signal handler does) and the pod has
@@ -1635,14 +1645,15 @@ class _World:
                 lease = self.world.lease_duration * self.rng.choice((1.0, scale))
                 self._partition_a_holder(self.replicas[self.rng.randrange(len(self.replicas))], round(self.rng.uniform(lease, 3 * lease), 3))
 
-    def _partition_a_holder(self, r: _Replica, length: float) -> None:
+    def _partition_a_holder(self, r: _Replica, length: float, how: str = "") -> None:
         """Arm a partition of ``length`` seconds that starts right after the next successful
         Lease write of a replica holding a Lease: the leader, or a replica holding ranges (``r``
-        when it holds one, or none does). Half the time only its Lease lane is cut off."""
+        when it holds one, or none does). ``how``: "pause" (SIGSTOP); else half the time only
+        its Lease lane is cut off, and all its requests otherwise."""
         holders = [x for x in self.replicas if x.alive and x.manager is not None and _identities(x.manager) & self._holders()]
         target = r if r in holders or not holders else holders[self.rng.randrange(len(holders))]
         until = self.now() + self.world.lease_duration * target.scale
-        target.partition_next = (length, until, self.rng.random() < 0.5)
+        target.partition_next = (length, until, how or ("leases" if self.rng.random() < 0.5 else "all"))
         self.last_change = max(self.last_change, until + length)
 
     def _holders(self) -> set[str]:
@@ -2003,7 +2014,7 @@ def _span(world: World, f: Fault, faults: Sequence[Fault] = ()) -> float:
         return max(world.replicas * ROLLOUT_STEP, ROLLOUT_STEP + 4 * world.lease_duration * max(1.0, f.length))
     if f.kind == "wall-jump":
         return 0.0  # its length is the step
-    if f.kind == "partition-holder":  # it starts at the holder's next Lease write
+    if f.kind in ("partition-holder", "pause-holder"):  # it starts at the holder's next Lease write
         return world.lease_duration * max([1.0] + [g.length for g in faults if g.kind == "rollout"]) + f.length
     return f.length
 

@@ -614,3 +614,23 @@ def test_a_renewal_answered_with_a_server_error_is_not_a_renewal(monkeypatch: py
     monkeypatch.setattr(LeaderElector, "try_acquire_or_renew", counted)
     result = run(world, seed=13)
     assert {v.invariant for v in result.violations} & {"I2", "I9"}, result.report()
+
+
+def test_a_fence_open_past_the_record_s_expiry_fails_when_the_holder_is_stopped_after_a_renewal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pause-holder: SIGSTOP right after the leader's renewal, across its renew deadline and the
+    record's expiry. On SIGCONT its call's write comes before the renewal loop notices the
+    loss; only the fence (a renew deadline from the renewal's send) stops it. A fence kept open
+    6 s longer lets seed 27's write land under the expired record: I9. (Drawn uniformly, a
+    pause almost never lands there, and the renewal loop's loss hid the same mutant.)"""
+    world = World(mode="leader", objects=40, duration=40.0, kinds=("pause-holder",))
+    result = run(world, seed=27)
+    assert result.ok, result.report()
+    real = LeaderElector.valid
+
+    def valid(self: LeaderElector) -> bool:
+        at = self.renewed_at
+        return real(self) or (self.is_leader and at is not None and self.clock() < at + self.renew_deadline + 6)
+
+    monkeypatch.setattr(LeaderElector, "valid", valid)
+    result = run(world, seed=27)
+    assert [v.invariant for v in result.violations][:1] == ["I9"], result.report()
