@@ -432,7 +432,7 @@ def test_random_world_schedules_keep_every_invariant(mode: str, start: int) -> N
         assert result.ok, result.report()
 
 
-@pytest.mark.parametrize(("mode", "seed"), [("leader", 2), ("sharded", 0)])
+@pytest.mark.parametrize(("mode", "seed"), [("leader", 13), ("sharded", 0)])
 def test_a_write_paused_between_its_check_and_its_send_is_refused_at_the_pool(
     monkeypatch: pytest.MonkeyPatch, mode: str, seed: int
 ) -> None:
@@ -523,27 +523,27 @@ def _judging_by_its_own_lease_duration(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_takeover_that_ignores_the_record_s_lease_duration_fails_under_a_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seed 34: a rollout halves the Lease timings; while both run, the holder is cut off right
+    """Seed 179: a rollout halves the Lease timings; while both run, the holder is cut off right
     after a renewal. A new replica that waited only its own, shorter, duration would take the
     Lease while the old holder's fence is still open and its call still runs: I5."""
     world = World(mode="leader", objects=40, duration=40.0, kinds=("rollout",))
-    result = run(world, seed=34)
+    result = run(world, seed=179)
     assert result.ok, result.report()
-    assert {f.kind for f in result.faults} == {"rollout"} and any(f.length == 0.5 for f in result.faults)
+    assert [(f.kind, f.length) for f in result.faults] == [("rollout", 0.5)]
     _judging_by_its_own_lease_duration(monkeypatch)
-    result = run(world, seed=34)
+    result = run(world, seed=179)
     assert "I5" in {v.invariant for v in result.violations}, result.report()
 
 
-def test_a_fence_measured_on_the_wall_clock_stays_open_when_the_clock_steps_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seed 13: the leader's node's wall clock steps back and the leader is cut off right after
-    a renewal. Fenced on the Lease clock (monotonic) it stops in time; fenced on the wall clock,
-    its renewal looks recent for the length of the step, and the Lease goes to a standby while
-    its call runs: I5."""
+def test_a_lease_measured_on_the_wall_clock_is_taken_early_when_a_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 237: a node's wall clock steps (here forward, by 220 s) and the leader is cut off
+    right after a renewal. On the Lease clock (monotonic) nothing changes; measured on the wall
+    clock, a standby's wait for the record to expire, or the holder's fence, is off by the
+    step, and the Lease goes to a standby while the holder's call runs: I5."""
     world = World(mode="leader", objects=40, duration=40.0, kinds=("wall-jump", "partition-holder"))
-    result = run(world, seed=13)
+    result = run(world, seed=237)
     assert result.ok, result.report()
-    assert any(f.kind == "wall-jump" and f.length < 0 for f in result.faults)
+    assert any(f.kind == "wall-jump" for f in result.faults)
     real = LeaderElector.__init__
 
     def init(self: LeaderElector, *args: Any, **kwargs: Any) -> None:
@@ -551,7 +551,7 @@ def test_a_fence_measured_on_the_wall_clock_stays_open_when_the_clock_steps_back
         self.clock = self.wall_clock
 
     monkeypatch.setattr(LeaderElector, "__init__", init)
-    result = run(world, seed=13)
+    result = run(world, seed=237)
     assert "I5" in {v.invariant for v in result.violations}, result.report()
 
 

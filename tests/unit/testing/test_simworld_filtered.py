@@ -26,7 +26,7 @@ def test_the_filtered_world_converges(mode: str) -> None:
         assert result.ok, result.report()
 
 
-@pytest.mark.parametrize("seed, key, read", [(19, "ns-a/w040", "get"), (28, "ns-b/w049", "list")])
+@pytest.mark.parametrize("seed, key, read", [(31, "ns-a/w024", "get"), (2, "ns-d/w027", "list")])
 def test_a_seed_loses_a_label_leave_when_the_unfiltered_cache_does_not_wake_the_controller(
     monkeypatch: pytest.MonkeyPatch, seed: int, key: str, read: str
 ) -> None:
