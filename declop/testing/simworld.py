@@ -1514,7 +1514,10 @@ class _World:
         r.watchdog = Watchdog(EXIT_BOUND, fire=fire, timer=lambda seconds, fn: asyncio.get_running_loop().call_later(seconds, fn))
         m.on_lost = lambda: self.lost(r)
         r.stop = asyncio.Event()
-        await m.run(r.stop)  # returns after a lost Lease (exit 1) or a stop (SIGTERM)
+        try:
+            await m.run(r.stop)  # returns after a lost Lease (exit 1) or a stop (SIGTERM)
+        except Exception as exc:  # noqa: BLE001 - I12: `declop run` would exit with a traceback
+            self.violate("I12", r, f"the manager's run raised {type(exc).__name__}: {exc}")
         self.exit(r)
 
     def exit(self, r: _Replica) -> None:

@@ -634,3 +634,19 @@ def test_a_fence_open_past_the_record_s_expiry_fails_when_the_holder_is_stopped_
     monkeypatch.setattr(LeaderElector, "valid", valid)
     result = run(world, seed=27)
     assert [v.invariant for v in result.violations][:1] == ["I9"], result.report()
+
+
+def test_i12_a_manager_whose_run_raises_fails_the_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop path that raises (a `make mutate` mutant: ``grace & 2.0`` in shutdown's drain) was
+    invisible: the replica's task ended with the exception and the others took over. `declop run`
+    would exit with a traceback instead of its stop; I12 names it, at the first SIGTERM."""
+    world = World(mode="leader", objects=40, duration=40.0, kinds=("term",))
+    assert run(world, seed=0).ok
+
+    async def broken(self: Manager) -> bool:
+        raise TypeError("planted: the stop path raises")
+
+    monkeypatch.setattr(Manager, "shutdown", broken)
+    result = run(world, seed=0)
+    assert "I12" in {v.invariant for v in result.violations}, result.report()
+    assert "planted" in next(str(v) for v in result.violations if v.invariant == "I12")
