@@ -1568,15 +1568,6 @@ class _World:
         if f.kind in ("partition-holder", "pause-holder"):
             self._partition_a_holder(r, f.length, "pause" if f.kind == "pause-holder" else "")
             return
-        if f.kind == "unsynced":
-            if r.alive:
-                a = r.actor
-                self.kill(r)
-                await asyncio.sleep(1.0 + self.rng.uniform(0, 5))
-                if r.actor is a:
-                    r.unsynced_next = True
-                    self.start(r)
-            return
         if f.kind == "errors":
             r.errors_until = max(r.errors_until, self.now() + f.length)
             r.errors_share = self.rng.choice((ERROR_SHARE, 1.0))  # a flaky apiserver, or one shedding all load
@@ -1591,12 +1582,14 @@ class _World:
                 w = self.world
                 r.stuck, r.term_grace = round(self.rng.uniform(w.lease_duration, 3 * w.lease_duration), 3), f.length
             return
-        if f.kind == "crash":
+        if f.kind in ("crash", "unsynced"):  # unsynced: a new pod 1-6 s later, its lists refused
             if r.alive:
+                delay = f.length if f.kind == "crash" else 1.0 + self.rng.uniform(0, 5)
                 a = r.actor
                 self.kill(r)
-                await asyncio.sleep(f.length)
+                await asyncio.sleep(delay)
                 if r.actor is a:
+                    r.unsynced_next = f.kind == "unsynced"
                     self.start(r)
             return
         if f.kind == "pause":
@@ -2018,7 +2011,7 @@ def _span(world: World, f: Fault, faults: Sequence[Fault] = ()) -> float:
     if f.kind == "wall-jump":
         return 0.0  # its length is the step
     if f.kind in ("partition-holder", "pause-holder"):  # it starts at the holder's next Lease write
-        return world.lease_duration * max([1.0] + [g.length for g in faults if g.kind == "rollout"]) + f.length
+        return lease_span(world, faults) + f.length
     return f.length
 
 
