@@ -136,7 +136,8 @@ class FinalizerWrites:
     resourceVersions of finalizer-only events seen while a patch of ours is in flight (whose they
     are is known once it answers); ``released`` — the uid of an object being deleted whose
     finalizer we released. By key: ``added`` — keys whose ``CREATED`` call was given back after
-    we added our finalizer, or whose ``CREATED`` call failed.
+    we added our finalizer, or whose ``CREATED`` call failed; ``left`` — with ``labels=`` or
+    ``fields=``, the uid of an object that left the filter still carrying our finalizer.
 
     Invariants:
     - an event is dropped as our echo only when its resourceVersion is one our patch produced and
@@ -150,16 +151,22 @@ class FinalizerWrites:
     - a key in ``added`` is ``CREATED`` when it next runs unless it is being deleted or gone; it
       leaves once its handler was called and did not fail (:meth:`ran`): a ``CREATED`` call that
       raised goes back in (:meth:`given_back`), so the create is retried as ``CREATED`` until one
-      succeeds — on this replica: a restart or a new owner reads the finalizer and says ``UPDATED``.
+      succeeds — on this replica: a restart or a new owner reads the finalizer and says ``UPDATED``;
+    - a key in ``left`` runs as ``DELETED`` (the filtered cache no longer holds it); once such a
+      call succeeded our finalizer is released from the object as the apiserver has it now, if
+      that object (same uid) is still outside the filter (:func:`~declop.reconcile._outcome.finish`).
+      The entry goes with that release, with the object gone or renamed by a new uid, or with a
+      call that found the object back in the filter.
     """
 
-    __slots__ = ("own_writes", "writing", "released", "added")
+    __slots__ = ("own_writes", "writing", "released", "added", "left")
 
     def __init__(self) -> None:
         self.own_writes: dict[Ident, str] = {}
         self.writing: dict[Ident, list[str]] = {}
         self.released: dict[Ident, str] = {}
         self.added: set[Request] = set()
+        self.left: dict[Request, str] = {}
 
     def gone(self, obj: Any) -> None:
         """The deletion event of ``obj``: nothing of it is remembered any more."""

@@ -39,13 +39,14 @@ import enum
 import time
 from typing import Any, Iterable
 
-from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult, TemporaryError, TerminalError
+from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult, NotFound, TemporaryError, TerminalError
 from declop.hints import returned_dict
 from declop.kube.fencing import enter, leave
 from declop.kube.keys import Request
 from declop.logs import ReconcileLogger
 from declop.queue.workqueue import WorkQueue
 from declop.reconcile._call import Call, ControllerState
+from declop.reconcile._filters import in_filter
 from declop.reconcile._keys import KeyNotes
 from declop.reconcile._preparation import own_write
 from declop.reconcile.finalizers import release_finalizer
@@ -294,6 +295,16 @@ async def finish(c: ControllerState, call: Call) -> None:
             await _release(c, call)
         except Exception as exc:  # noqa: BLE001
             call.error = exc
+    elif c.echoes.left:
+        if call.obj is not None:
+            if c.primary.get(call.key) is not None:  # back in the filter (or a namesake): ours again
+                c.echoes.left.pop(call.key, None)
+            # else it left while this call ran: its DELETED event queued the key again
+        elif call.error is None and not was_fenced(call) and (call.outcome is None or isinstance(call.outcome, Result)):
+            try:  # the DELETED call of an object that left the filter succeeded
+                await _release_left(c, call)
+            except Exception as exc:  # noqa: BLE001
+                call.error = exc
     complete(c, call)
 
 
@@ -314,3 +325,45 @@ async def _release(c: ControllerState, call: Call) -> None:
         leave(token)
     if uid and c.primary.get(call.key) is not None:  # (its deletion event pops it)
         c.echoes.release(call.obj, uid)
+
+
+async def _release_left(c: ControllerState, call: Call) -> None:
+    """Remove our finalizer from an object that left the ``labels=``/``fields=`` filter with it
+    (``c.echoes.left``), now that its ``DELETED`` call succeeded: no controller of that finalizer
+    would see the object again, so a later delete would wait for ever. Reads the object as an
+    unfiltered cache has it, or, with none, from the apiserver (once per object that left). A
+    copy still in the filter (a lagging cache, or the object came back) keeps the entry: the
+    cache catching up, or the filtered informer, wakes the key again. A failed release is the
+    call's error (retried with backoff)."""
+    uid = c.echoes.left.get(call.key)
+    finalizer = c.registration.finalizer
+    if uid is None or finalizer is None:
+        return
+    key, resource = call.key, c.resource
+    current: Any = None
+    informers = c.ctx.informers.existing(resource)
+    if informers:
+        for informer in informers:
+            if not informer.namespace or informer.namespace == key.namespace:
+                current = informer.store.get(key)
+                if current is not None:
+                    break
+    else:
+        try:
+            current = await c.ctx.transport.request("GET", resource.path(namespace=key.namespace or None, name=key.name))
+        except NotFound:
+            current = None
+    meta = (current or {}).get("metadata") or {}
+    if current is None or (uid and meta.get("uid") != uid) or finalizer not in (meta.get("finalizers") or ()):
+        c.echoes.left.pop(key, None)  # gone, a namesake, or released already
+        return
+    reg = c.registration
+    if in_filter(reg.labels or "", reg.fields or "")(current):
+        return  # still (or again) in the filter as far as this copy knows
+    token = enter(call.fence)  # the release is a write of this call
+    try:
+        await release_finalizer(c.ctx.transport, resource, current, finalizer)
+    finally:
+        leave(token)
+    c.echoes.left.pop(key, None)
+    call.logger.info("Released our finalizer from an object that left the filter", finalizer=finalizer)

@@ -152,7 +152,7 @@ class BatchRunner:
         deleting = c.registration.finalizer is not None
         for call in calls:
             if call.finished and call.held:
-                if deleting and call.phase is Phase.DELETING:
+                if deleting and (call.phase is Phase.DELETING or c.echoes.left):  # a release to make
                     await finish(c, call)
                 else:
                     complete(c, call)

@@ -73,6 +73,7 @@ from declop.reconcile._keys import FinalizerWrites, KeyNotes, PrimaryCache
 from declop.reconcile._outcome import retry
 from declop.reconcile._preparation import prepare_all
 from declop.reconcile._run import Crew
+from declop.reconcile._stranded import scan
 from declop.reconcile.client import ClientContext
 from declop.reconcile.mapping import KeyMapper
 from declop.reconcile.predicates import Predicate, is_builtin
@@ -104,7 +105,7 @@ class Controller:
 
     __slots__ = (
         "registration", "name", "resource", "sources", "ctx", "metrics", "queue", "recent", "reconciles", "primary",
-        "keys", "echoes", "gate", "crew", "log",
+        "keys", "echoes", "gate", "crew", "log", "scan", "rescan",
     )
 
     def __init__(
@@ -152,6 +153,9 @@ class Controller:
         self.gate = Gate(fence, shards, registration.shard_by == "uid", self.halt, self.log, self.name)
         # the queue's, the rate limiter's and a batch's clock (the simulator's is virtual)
         self.crew = Crew(executor, clock, shards, registration.is_async)
+        #: with a finalizer and labels=/fields=: the search for objects that left the filter unseen
+        self.scan: asyncio.Task[None] | None = None
+        self.rescan = False  # a range was gained while the scan ran: once more after it
         if shards is not None:
             shards.on_gained = self.gained
 
@@ -205,7 +209,9 @@ class Controller:
         primary = source.primary
         own_finalizer = self.registration.finalizer if primary else None
         echoes = self.echoes
-        own_writes, released, writing = echoes.own_writes, echoes.released, echoes.writing
+        own_writes, released, writing, stranded = echoes.own_writes, echoes.released, echoes.writing, echoes.left
+        # with labels=/fields=: a filtered DELETED may be the object leaving the filter
+        filtered = bool(self.registration.labels or self.registration.fields)
         priority = self.registration.priority if isinstance(self.queue, PriorityQueue) else None
         listed = priority.listed if priority is not None else NORMAL
         # None: updates are not compared (FIFO, or unchanged updates keep NORMAL priority)
@@ -237,6 +243,17 @@ class Controller:
                 if new is None:
                     if own_writes or released:
                         echoes.gone(old)
+                    if filtered and own_finalizer in ((old.get("metadata") or {}).get("finalizers") or ()):
+                        # the apiserver deletes no object that still has a finalizer: this one left
+                        # the filter (or may have, on a relist). Its DELETED call releases ours,
+                        # past the predicates: the protocol needs it
+                        key, uid = key_of(old), old["metadata"].get("uid") or ""
+                        stranded[key] = uid
+                        if uids is not None and uid:
+                            uids[key] = uid  # the key's range, for the gate
+                        add(key)
+                        note(key, "deleted", old)
+                        return
                 elif (writing or own_writes) and echoes.is_echo(old, new, own_finalizer):
                     return  # our own finalizer write coming back (or held until we know)
                 elif finalizer_work(old, new, own_finalizer):
@@ -297,13 +314,29 @@ class Controller:
         informers no longer hold it, wakes the controller (trigger ``left-filter``): the handler
         reads what that cache caught up to. An object still in a filtered cache is left to that
         cache's own events; other objects cost one look at ``old``'s labels (and fields). Sharded
-        by uid, the wake notes ``old``'s uid: the book forgets it once a call found the key gone."""
+        by uid, the wake notes ``old``'s uid: the book forgets it once a call found the key gone.
+
+        With a finalizer, an object this cache lists (or sees created) outside the filter while it
+        carries our finalizer left the filter while no watch of ours saw it go (this replica was
+        down): it wakes the controller too, and its ``DELETED`` call releases our finalizer
+        (:class:`~declop.reconcile._keys.FinalizerWrites` ``left``)."""
         add, own, keys, book = self.queue.add, self.primary, self.keys, self.gate.book
         uids = book.uids if book is not None else None
+        finalizer, stranded = self.registration.finalizer, self.echoes.left
 
         def on_event(old: Any, new: Any) -> None:
-            if old is None or not selected(old):
-                return  # an addition, or an object that was not in the filter
+            if old is None:
+                if finalizer is None or new is None:
+                    return
+                meta = new.get("metadata") or {}
+                if finalizer in (meta.get("finalizers") or ()) and not selected(new):
+                    wake(new, new, meta.get("uid") or "")
+                return
+            if selected(old):
+                wake(old, new, None)
+            # else: an object that was not in the filter
+
+        def wake(old: Any, new: Any, left: str | None) -> None:
             key = key_of(old)
             for informer in own.informers:
                 if informer.namespace and informer.namespace != key.namespace:
@@ -315,6 +348,8 @@ class Controller:
                     return  # still in the filtered cache: its own events wake the controller
                 if uids is not None and (old.get("metadata") or {}).get("uid"):
                     uids[key] = old["metadata"]["uid"]  # the key's range, for the gate
+                if left is not None:
+                    stranded[key] = left
                 add(key)
                 keys.trace(key).note("left-filter", ((new or old).get("metadata") or {}).get("resourceVersion"))
                 return
@@ -347,6 +382,7 @@ class Controller:
                     extra={"kv": {"controller": self.name, "informers": stuck}},
                 )
         self.synced.set()
+        self.search_stranded()
         if leadership is not None and not leadership.is_set():
             await leadership.wait()
         if self.gate.stopping:
@@ -356,6 +392,47 @@ class Controller:
         self.log.info("Starting workers", extra={"kv": {"controller": self.name, "worker count": n}})
         loop = asyncio.get_running_loop()
         self.crew.tasks = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
+
+    def search_stranded(self) -> None:
+        """With a finalizer and ``labels=``/``fields=``: look for objects that left the filter with
+        our finalizer while no watch of ours saw them go — after the first sync, and after each
+        range gained (its new owner's watch did not see what happened in it meanwhile)."""
+        reg = self.registration
+        if reg.finalizer is None or not (reg.labels or reg.fields) or not self.primary.informers or self.gate.stopping:
+            return
+        if self.scan is not None and not self.scan.done():
+            self.rescan = True
+            return
+        self.scan = asyncio.get_running_loop().create_task(self._scan(), name=f"{self.name} stranded scan")
+
+    async def _scan(self) -> None:
+        """Queue the objects that left the filter with our finalizer while no watch of ours saw
+        them go (:mod:`declop.reconcile._stranded`), once more if a range was gained meanwhile."""
+        self.rescan = True
+        while self.rescan:
+            self.rescan = False
+            await self._scan_once()
+
+    async def _scan_once(self) -> None:
+        reg, stranded, book = self.registration, self.echoes.left, self.gate.book
+        uids = book.uids if book is not None else None
+
+        def found(key: Request, uid: str) -> None:
+            if self.primary.get(key) is not None:
+                return  # back in the filter since: the filtered cache's own
+            stranded[key] = uid
+            if uids is not None and uid:
+                uids[key] = uid  # the key's range, for the gate
+            self.queue.add(key)
+            self.keys.trace(key).note("left-filter", None)
+
+        paths = [self.resource.path(namespace=i.namespace or None) for i in self.primary.informers]
+        n = await scan(self.ctx.transport, paths, reg.finalizer or "", in_filter(reg.labels, reg.fields), not reg.fields, found, self.name)
+        if n:
+            self.log.info(
+                "Found objects that left the filter with our finalizer",
+                extra={"kv": {"controller": self.name, "objects": n}},
+            )
 
     def halt(self) -> None:
         """Stop intake now, synchronously: the queue shuts down and no worker takes another key
@@ -372,6 +449,9 @@ class Controller:
         still run (a plain handler's thread, a handler that ignores cancellation).
         """
         self.halt()
+        if self.scan is not None:
+            self.scan.cancel()
+            self.scan = None
         crew = self.crew
         if not crew.tasks:
             return True
@@ -498,3 +578,4 @@ class Controller:
             self.keys.trace(key).note("shard-gained", None, f"shard {index}/{shards.n}, deleted")
             n += 1
         self.log.info("Shard gained; queued its objects", extra={"kv": {"controller": self.name, "shard": f"{index}/{shards.n}", "keys": n}})
+        self.search_stranded()

@@ -133,6 +133,7 @@ from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
 from declop.leases.watchdog import EXIT_BOUND, Watchdog
 from declop.manager import Manager, Options
+from declop.reconcile._filters import in_filter
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
 from declop.registry import Registry
@@ -818,6 +819,13 @@ class _World:
         regs = self.registry.registrations
         self.primary = regs[0].resource
         self.finalizers = {r.finalizer for r in regs if r.finalizer}
+        #: finalizer -> the filter of its labels=/fields= registration: an object that leaves it
+        #: with the finalizer on has it released after a DELETED call (I8's exception)
+        self.filters = {r.finalizer: in_filter(r.labels, r.fields) for r in regs if r.finalizer and (r.labels or r.fields)}
+        #: key -> when a filter's registration last saw it leave (the workload), and when a
+        #: DELETED call of it last returned
+        self.left_filter: dict[Request, float] = {}
+        self.deleted_returned: dict[Request, float] = {}
         #: the documented exception to I1 applies (sharded by uid): a name's old object's
         #: DELETED call (``obj`` None) may overlap its new object's calls; without a finalizer
         #: any call of the old object may (with one, its cleanup keeps the name taken)
@@ -1033,13 +1041,24 @@ class _World:
             left = set(meta.get("finalizers") or ()) - set(((after or {}).get("metadata") or {}).get("finalizers") or ())
             if after is not None and (after.get("metadata") or {}).get("uid") != uid:
                 left = set()
-            if left & self.finalizers and uid not in self.cleaned:
+            if left & self.finalizers and uid not in self.cleaned and not self._left_released(path, before, left):
                 self.violate("I8", "-", f"finalizer {sorted(left & self.finalizers)} left {meta.get('namespace')}/{meta.get('name')} (uid {uid[:8]}) before any cleanup of it returned")
         if origin is not None and self.now() < self.calm_at:  # finalizers: a delete applied, its answer lost
             lost = self.cleanups.lose(method, path)
             if lost is not None:
                 raise lost
         return result
+
+    def _left_released(self, path: str, before: Any, left: set[str]) -> bool:
+        """I8's exception: every finalizer of ``left`` belongs to a ``labels=``/``fields=``
+        registration whose filter ``before`` is outside, and a ``DELETED`` call of the object
+        returned after it last left a filter (contract.md §4)."""
+        if not all(f in self.filters and not self.filters[f](before) for f in left & self.finalizers):
+            return False
+        meta = before["metadata"]
+        key = Request(meta.get("namespace") or "", meta["name"])
+        at = self.left_filter.get(key)
+        return at is not None and self.deleted_returned.get(key, -1.0) >= at
 
     def refuse(self, method: str, path: str, call: Call, trace: tuple[str, ...]) -> None:
         """Conflicts: raise the 409, 429 or 5xx this handler write is answered with, if drawn."""
@@ -1458,6 +1477,8 @@ class _World:
 
     def call_returned(self, kw: dict[str, Any]) -> None:
         obj = _plain(kw.get("obj"))
+        if obj is None and kw.get("phase") is Phase.DELETED and self.filters:
+            self.deleted_returned[kw["request"]] = self.now()
         if obj is not None and kw.get("phase") is Phase.DELETING:
             self.cleaned.add((obj.get("metadata") or {}).get("uid") or "")
             self.cleanups.returned(self.now(), "", kw["request"], (obj.get("metadata") or {}).get("uid") or "")
@@ -1751,8 +1772,10 @@ class _World:
     async def _admin(self, method: str, key: Request, body: Any = None, sub: str | None = None) -> Any:
         info = self.info()
         path = info.path(namespace=key.namespace, name=None if method == "POST" else key.name) + (f"/{sub}" if sub else "")
-        before = self.server.store(info).get(key) if self.world.filtered else None
+        before = self.server.store(info).get(key) if self.world.filtered or self.filters else None
         result = await self.server.request(method, path, body=body, content_type="application/merge-patch+json" if method == "PATCH" else None)
+        if before is not None and any(f(before) and not f(result) for f in self.filters.values()):
+            self.left_filter[key] = self.now()
         meta = result["metadata"]
         held = method == "DELETE" and meta.get("deletionTimestamp")
         done = {"POST": "created", "DELETE": "deletion asked, finalizers hold it" if held else "deleted"}.get(method) or f"updated ({', '.join(_fields(body))})"
@@ -1762,8 +1785,8 @@ class _World:
             owner = self._owner(key, meta["uid"])
             if owner is not None and owner[1] < 0:  # leader mode: the processes that will see it go
                 self.knew[(key, meta["uid"])] = self._watching()
-            if self.world.filtered and not _selected(result):
-                pass  # outside the filter: no controller of it is told
+            if (self.world.filtered and not _selected(result)) or (self.user and not self.scope.watched(result)):
+                pass  # outside the filter: no controller of it is told (one that left it had its DELETED call)
             elif guarded or self.world.strict or owner is not None:
                 self.deletions.append((key, meta["uid"], self.now(), self.calls, guarded, owner))
             else:
@@ -1774,7 +1797,7 @@ class _World:
             self.want[key] = (meta["uid"], int(meta["resourceVersion"]))
         if self.world.filtered and method == "POST":
             (self.recreated if key in self.created else self.created).add(key)
-        if before is not None and _selected(before) and (method == "DELETE" or not _selected(result)):
+        if self.world.filtered and before is not None and _selected(before) and (method == "DELETE" or not _selected(result)):
             self.left[key] = (self._owner(key, meta["uid"]), frozenset((r.index, r.gen) for r in self.replicas if r.alive))
         elif self.world.filtered and method != "DELETE" and _selected(result):
             self.left.pop(key, None)

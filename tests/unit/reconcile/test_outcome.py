@@ -3,17 +3,21 @@ against each other, against the metric labels and against docs/contract.md §3."
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import declop
-from declop.errors import Conflict, Fenced, InvalidObject, InvalidResult
+from declop.errors import ApiError, Conflict, Fenced, InvalidObject, InvalidResult, NotFound
+from declop.kube.discovery import ResourceInfo
 from declop.kube.keys import Request
-from declop.reconcile._keys import KeyNotes
-from declop.reconcile._outcome import QUEUE, Verdict, apply, classify, invalid_outcome
+from declop.reconcile._call import Call
+from declop.reconcile._keys import FinalizerWrites, KeyNotes
+from declop.reconcile._outcome import QUEUE, Verdict, _release_left, apply, classify, invalid_outcome
 from declop.serving.metrics import RESULTS
 
 CONTRACT = Path(__file__).resolve().parents[3] / "docs" / "contract.md"
@@ -134,3 +138,95 @@ def test_a_temporary_error_is_added_back_after_its_delay_and_keeps_the_backoff_c
 def test_a_temporary_error_refuses_a_delay_that_is_no_delay(delay: Any) -> None:
     with pytest.raises(ValueError, match="finite number of seconds"):
         declop.TemporaryError("x", delay=delay)
+
+
+# -- the release of our finalizer from an object that left a labels= filter ----------------------
+
+FIN = "example.com/cleanup"
+CONFIGMAPS = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
+
+
+def _cm(app: str, finalizers: list[str], uid: str = "u1") -> dict[str, Any]:
+    meta = {"name": "a", "namespace": "ns", "uid": uid, "labels": {"app": app}, "finalizers": finalizers}
+    return {"metadata": meta}
+
+
+class _Transport:
+    """Answers GET with ``stored`` (None: 404) and records every request."""
+
+    def __init__(self, stored: Any, refuse: int | None = None) -> None:
+        self.stored, self.refuse = stored, refuse
+        self.requests: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, path: str, *, body: Any = None, content_type: str | None = None) -> Any:
+        self.requests.append((method, path, body))
+        if method == "GET":
+            if self.stored is None:
+                raise NotFound("gone")
+            return self.stored
+        if self.refuse is not None:
+            raise ApiError(self.refuse, "InternalError", "refused")
+        return self.stored
+
+
+class _Pool:
+    def __init__(self, cached: Any | None) -> None:
+        self.cached = cached
+
+    def existing(self, resource: ResourceInfo) -> list[Any]:
+        if self.cached is None:
+            return []
+        store = {KEY: self.cached} if self.cached else {}
+        return [SimpleNamespace(namespace="", store=store)]
+
+
+def _state(transport: _Transport, pool: _Pool) -> Any:
+    echoes = FinalizerWrites()
+    echoes.left[KEY] = "u1"
+    registration = SimpleNamespace(finalizer=FIN, labels="app=web", fields="")
+    ctx = SimpleNamespace(transport=transport, informers=pool)
+    return SimpleNamespace(echoes=echoes, registration=registration, ctx=ctx, resource=CONFIGMAPS)
+
+
+def _call() -> Any:
+    call = Call(KEY, 0.0, "r1")
+    call.logger = SimpleNamespace(info=lambda *a, **kw: None)  # type: ignore[assignment]
+    return call
+
+
+@pytest.mark.parametrize("cached", [None, {}], ids=["from the apiserver", "from the unfiltered cache"])
+def test_an_object_outside_the_filter_has_only_our_finalizer_removed_by_uid(cached: Any) -> None:
+    stored = _cm("db", ["other.io/keep", FIN])
+    pool = _Pool(stored if cached is not None else None)
+    c = _state(t := _Transport(stored), pool)
+    asyncio.run(_release_left(c, _call()))
+    writes = [r for r in t.requests if r[0] != "GET"]
+    assert [(m, p) for m, p, _ in writes] == [("PATCH", "/api/v1/namespaces/ns/configmaps/a")]
+    ops = writes[0][2]
+    assert {"op": "test", "path": "/metadata/uid", "value": "u1"} in ops
+    assert {"op": "remove", "path": "/metadata/finalizers/1"} in ops and len([o for o in ops if o["op"] == "remove"]) == 1
+    assert (any(r[0] == "GET" for r in t.requests)) == (cached is None)  # no read when a cache has it
+    assert KEY not in c.echoes.left
+
+
+def test_a_copy_still_in_the_filter_keeps_the_finalizer_and_the_note() -> None:
+    # a lagging unfiltered cache (or the object came back): the cache's catching up wakes the key
+    c = _state(t := _Transport(None), _Pool(_cm("web", [FIN])))
+    asyncio.run(_release_left(c, _call()))
+    assert t.requests == [] and c.echoes.left == {KEY: "u1"}
+
+
+@pytest.mark.parametrize(
+    "stored", [None, _cm("db", [FIN], uid="u2"), _cm("db", [])], ids=["gone", "a namesake", "released already"]
+)
+def test_nothing_to_release_drops_the_note(stored: Any) -> None:
+    c = _state(t := _Transport(stored), _Pool(None))
+    asyncio.run(_release_left(c, _call()))
+    assert [r[0] for r in t.requests] == ["GET"] and KEY not in c.echoes.left
+
+
+def test_a_refused_release_is_the_calls_error_and_keeps_the_note() -> None:
+    c = _state(_Transport(_cm("db", [FIN]), refuse=500), _Pool(None))
+    with pytest.raises(ApiError):
+        asyncio.run(_release_left(c, _call()))
+    assert c.echoes.left == {KEY: "u1"}  # retried with backoff: the next DELETED call tries again
