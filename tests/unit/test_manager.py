@@ -239,6 +239,8 @@ def test_a_graceful_stop_leaves_the_lease_to_expire_while_a_handler_thread_runs(
             assert not elector.valid() and m.running() >= 1
             lines = [r for r in caplog.records if r.getMessage() == "Leaving the Lease to expire: calls under it still run"]
             assert len(lines) == 1 and lines[0].kv["running"] >= 1  # type: ignore[attr-defined]
+            over = [r for r in caplog.records if r.getMessage() == "Grace period over; some reconciles did not finish"]
+            assert len(over) == 1 and over[0].kv == {"gracePeriod": 0.2}  # type: ignore[attr-defined]
         finally:
             await _cleanup(m, stuck)
 
