@@ -105,6 +105,7 @@ ORDER = [
     "reconcile._preparation",
     "reconcile._outcome",
     "reconcile._run",
+    "reconcile._leaving",
     "reconcile.controller",
     "lifecycle",
     "handlers",

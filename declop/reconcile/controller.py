@@ -73,7 +73,7 @@ from declop.reconcile._keys import FinalizerWrites, KeyNotes, PrimaryCache
 from declop.reconcile._outcome import retry
 from declop.reconcile._preparation import prepare_all
 from declop.reconcile._run import Crew
-from declop.reconcile._stranded import scan
+from declop.reconcile._leaving import Search, unfiltered_subscriber
 from declop.reconcile.client import ClientContext
 from declop.reconcile.mapping import KeyMapper
 from declop.reconcile.predicates import Predicate, is_builtin
@@ -105,7 +105,7 @@ class Controller:
 
     __slots__ = (
         "registration", "name", "resource", "sources", "ctx", "metrics", "queue", "recent", "reconciles", "primary",
-        "keys", "echoes", "gate", "crew", "log", "scan", "rescan",
+        "keys", "echoes", "gate", "crew", "log", "scan",
     )
 
     def __init__(
@@ -154,8 +154,7 @@ class Controller:
         # the queue's, the rate limiter's and a batch's clock (the simulator's is virtual)
         self.crew = Crew(executor, clock, shards, registration.is_async)
         #: with a finalizer and labels=/fields=: the search for objects that left the filter unseen
-        self.scan: asyncio.Task[None] | None = None
-        self.rescan = False  # a range was gained while the scan ran: once more after it
+        self.scan = Search(self) if registration.finalizer and (registration.labels or registration.fields) else None
         if shards is not None:
             shards.on_gained = self.gained
 
@@ -304,57 +303,8 @@ class Controller:
 
     def unfiltered_subscriber(self, selected: Callable[[Any], bool]) -> Callable[[Any, Any], None]:
         """The subscriber of a ``labels=``/``fields=`` controller (``selected``: its filter) on an
-        unfiltered informer of its resource.
-
-        Once an object has left the filter, the filtered cache no longer holds it and the handler
-        reads it (``client.get(request)``, ``client.list()``) from the unfiltered cache, a second
-        watch stream that can lag the first: woken by the filtered DELETED, the handler may read
-        the object there as it was, still matching. So a change seen by the unfiltered cache of
-        an object that matched this controller's informers before it (``old``), while those
-        informers no longer hold it, wakes the controller (trigger ``left-filter``): the handler
-        reads what that cache caught up to. An object still in a filtered cache is left to that
-        cache's own events; other objects cost one look at ``old``'s labels (and fields). Sharded
-        by uid, the wake notes ``old``'s uid: the book forgets it once a call found the key gone.
-
-        With a finalizer, an object this cache lists (or sees created) outside the filter while it
-        carries our finalizer left the filter while no watch of ours saw it go (this replica was
-        down): it wakes the controller too, and its ``DELETED`` call releases our finalizer
-        (:class:`~declop.reconcile._keys.FinalizerWrites` ``left``)."""
-        add, own, keys, book = self.queue.add, self.primary, self.keys, self.gate.book
-        uids = book.uids if book is not None else None
-        finalizer, stranded = self.registration.finalizer, self.echoes.left
-
-        def on_event(old: Any, new: Any) -> None:
-            if old is None:
-                if finalizer is None or new is None:
-                    return
-                meta = new.get("metadata") or {}
-                if finalizer in (meta.get("finalizers") or ()) and not selected(new):
-                    wake(new, new, meta.get("uid") or "")
-                return
-            if selected(old):
-                wake(old, new, None)
-            # else: an object that was not in the filter
-
-        def wake(old: Any, new: Any, left: str | None) -> None:
-            key = key_of(old)
-            for informer in own.informers:
-                if informer.namespace and informer.namespace != key.namespace:
-                    continue
-                shard = informer.shard
-                if shard is not None and not shard.matches(old):
-                    continue
-                if informer.store.get(key) is not None:
-                    return  # still in the filtered cache: its own events wake the controller
-                if uids is not None and (old.get("metadata") or {}).get("uid"):
-                    uids[key] = old["metadata"]["uid"]  # the key's range, for the gate
-                if left is not None:
-                    stranded[key] = left
-                add(key)
-                keys.trace(key).note("left-filter", ((new or old).get("metadata") or {}).get("resourceVersion"))
-                return
-
-        return on_event
+        unfiltered informer of its resource (:func:`declop.reconcile._leaving.unfiltered_subscriber`)."""
+        return unfiltered_subscriber(self, selected)
 
     def informers(self) -> list[Informer]:
         return [i for s in self.sources for i in s.informers]
@@ -394,45 +344,11 @@ class Controller:
         self.crew.tasks = [loop.create_task(self._worker(), name=f"{self.name} worker {i}") for i in range(n)]
 
     def search_stranded(self) -> None:
-        """With a finalizer and ``labels=``/``fields=``: look for objects that left the filter with
-        our finalizer while no watch of ours saw them go — after the first sync, and after each
-        range gained (its new owner's watch did not see what happened in it meanwhile)."""
-        reg = self.registration
-        if reg.finalizer is None or not (reg.labels or reg.fields) or not self.primary.informers or self.gate.stopping:
-            return
-        if self.scan is not None and not self.scan.done():
-            self.rescan = True
-            return
-        self.scan = asyncio.get_running_loop().create_task(self._scan(), name=f"{self.name} stranded scan")
-
-    async def _scan(self) -> None:
-        """Queue the objects that left the filter with our finalizer while no watch of ours saw
-        them go (:mod:`declop.reconcile._stranded`), once more if a range was gained meanwhile."""
-        self.rescan = True
-        while self.rescan:
-            self.rescan = False
-            await self._scan_once()
-
-    async def _scan_once(self) -> None:
-        reg, stranded, book = self.registration, self.echoes.left, self.gate.book
-        uids = book.uids if book is not None else None
-
-        def found(key: Request, uid: str) -> None:
-            if self.primary.get(key) is not None:
-                return  # back in the filter since: the filtered cache's own
-            stranded[key] = uid
-            if uids is not None and uid:
-                uids[key] = uid  # the key's range, for the gate
-            self.queue.add(key)
-            self.keys.trace(key).note("left-filter", None)
-
-        paths = [self.resource.path(namespace=i.namespace or None) for i in self.primary.informers]
-        n = await scan(self.ctx.transport, paths, reg.finalizer or "", in_filter(reg.labels, reg.fields), not reg.fields, found, self.name)
-        if n:
-            self.log.info(
-                "Found objects that left the filter with our finalizer",
-                extra={"kv": {"controller": self.name, "objects": n}},
-            )
+        """Look for objects that left the filter with our finalizer while no watch of ours saw
+        them go (:class:`~declop.reconcile._leaving.Search`): after the first sync, and after
+        each range gained (its new owner's watch did not see what happened in it meanwhile)."""
+        if self.scan is not None and not self.gate.stopping:
+            self.scan.request()
 
     def halt(self) -> None:
         """Stop intake now, synchronously: the queue shuts down and no worker takes another key
@@ -451,7 +367,6 @@ class Controller:
         self.halt()
         if self.scan is not None:
             self.scan.cancel()
-            self.scan = None
         crew = self.crew
         if not crew.tasks:
             return True

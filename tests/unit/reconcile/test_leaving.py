@@ -1,4 +1,4 @@
-"""declop.reconcile._stranded: the LIST that finds objects which left a labels= filter with our
+"""declop.reconcile._leaving: the LIST that finds objects which left a labels= filter with our
 finalizer while no watch of ours saw them go."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from declop.cache.listing import METADATA_LIST_ACCEPT
 from declop.errors import ApiError
 from declop.kube.keys import Request
-from declop.reconcile import _stranded
+from declop.reconcile import _leaving
 from declop.reconcile._filters import in_filter
-from declop.reconcile._stranded import scan
+from declop.reconcile._leaving import scan
 
 FIN = "example.com/cleanup"
 PATH = "/api/v1/namespaces/ns/configmaps"
@@ -62,7 +62,7 @@ def test_only_objects_outside_the_filter_with_our_finalizer_are_found_across_pag
     n, found = _scan(t)
     assert found == [(Request("ns", "left"), "uid-left"), (Request("ns", "left-too"), "uid-left-too")] and n == 2
     assert [r.get("continue") for r in t.requests] == [None, "2", "4"]
-    assert all(r["limit"] == _stranded.PAGE and r["accept"] == METADATA_LIST_ACCEPT for r in t.requests)
+    assert all(r["limit"] == _leaving.PAGE and r["accept"] == METADATA_LIST_ACCEPT for r in t.requests)
 
 
 def test_a_fields_filter_lists_whole_objects() -> None:
@@ -91,8 +91,8 @@ def test_a_failed_list_is_retried_with_a_growing_capped_delay(monkeypatch: pytes
     async def sleep(delay: float) -> None:
         slept.append(delay)
 
-    monkeypatch.setattr(_stranded.asyncio, "sleep", sleep)
-    monkeypatch.setattr(_stranded, "RETRY_MAX", 3.0)
+    monkeypatch.setattr(_leaving.asyncio, "sleep", sleep)
+    monkeypatch.setattr(_leaving, "RETRY_MAX", 3.0)
     errors: list[BaseException] = [ApiError(403, "Forbidden", "no list"), OSError("reset"), ApiError(500, "x", "y"), ApiError(503, "x", "y")]
     n, found = _scan(Pages(ITEMS, errors))
     assert n == 2 and slept == [1.0, 2.0, 3.0, 3.0]
