@@ -394,3 +394,53 @@ def test_a_forbidden_lease_says_so_on_every_retry_and_in_readyz(cluster: Cluster
         wait_for(lambda: readyz()[0] == 200, 10, what="/readyz to turn ready")
     finally:
         a.stop()
+
+
+def test_a_replica_whose_caches_never_sync_leaves_the_lease_to_one_whose_caches_did(cluster: Cluster) -> None:
+    """The simulator's `unsynced` fault (leader seeds 6, 40, 41, 74, 76) on a real apiserver: a
+    replica that may get ConfigMaps but not list or watch them never syncs. It starts first, with
+    the Lease free, and must not campaign — a leader with no cache reconciles nothing while a
+    synced standby waits for ever. The second replica, synced, takes the Lease and reconciles."""
+    control_plane, namespace = cluster.control_plane, cluster.namespace
+    user = f"no-list-{namespace[-5:]}"
+    kubeconfig = control_plane.add_user(user)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api)
+    rbac.create_namespaced_role(namespace, {
+        "metadata": {"name": "get-only"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+        ],
+    })
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "get-only"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "get-only"},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+    })
+    cluster.configmap("x")
+    health = free_port()
+    a = cluster.process("a", "--kubeconfig", kubeconfig, "--health-port", str(health), "--no-check-permissions")
+    b = cluster.process("b")
+    a.start()
+    try:
+        def readyz() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz?verbose", timeout=2) as resp:
+                    return resp.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.read().decode()
+            except OSError:
+                return ""
+
+        # a runs, its list refused: before the fix it held the Lease by now (it campaigned at once)
+        wait_for(lambda: "[-]informer-sync" in readyz(), 20, what="a's caches failing to sync")
+        b.start()
+        b.wait_for_line("Successfully acquired lease", timeout=20)
+        wait_for(lambda: "x" in [r["key"] for r in records(b, "reconcile start")], 20, what="b reconciling x")
+        holder = cluster.lease().spec.holder_identity
+        assert holder and records(b, "Successfully acquired lease")[0].get("identity", holder) == holder
+        assert not records(a, "Successfully acquired lease") and not records(a, "reconcile start"), a.lines[-20:]
+        assert "[-]informer-sync" in readyz() and a.proc.poll() is None  # still waiting, still running
+    finally:
+        a.stop()
+        b.stop()
