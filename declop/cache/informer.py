@@ -21,7 +21,9 @@ Invariants:
 - ``syncing`` is true exactly while subscribers receive a sync's changes (the initial list, a
   relist, or the replay of the cache to a late subscriber);
 - a late subscriber gets the cache replayed as additions before any later change;
-- an informer that owns no shard range lists and watches nothing: its store is empty and synced;
+- an informer that owns no shard range lists and watches nothing: its store is empty, and it is
+  synced once one LIST of at most one object succeeded (:meth:`Informer._may_list`) — a replica
+  that may not list the resource must not look synced, or it would take ranges it can never list;
 - a range change never cuts short a sync whose changes are being emitted, and range changes
   take effect one after the other, in call order; ranges only narrowed: no sync (the watch
   resumes from the store's resourceVersion); a range gained: a sync, owed until one completes,
@@ -42,7 +44,7 @@ from declop.cache.listing import LIST_MODES as LIST_MODES
 from declop.cache.listing import METADATA_ACCEPT as METADATA_ACCEPT
 from declop.cache.listing import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
 from declop.cache.listing import ListMode as ListMode
-from declop.cache.listing import Query, Sync
+from declop.cache.listing import Query, Sync, may_list
 from declop.cache.sharding import ShardChange as ShardChange
 from declop.cache.sharding import ShardMode as ShardMode
 from declop.cache.sharding import ShardScope, keeping_uid, release
@@ -130,6 +132,7 @@ class Informer:
             list_mode=list_mode, backoff=backoff, idle_timeout=idle_timeout, min_watch_timeout=min_watch_timeout, kv=self._kv,
         )
         self._task: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None  # owning no range at start: may we list?
         self._resharding = asyncio.Lock()
         # stats.lists at the last range change that needed a sync: one is owed until it moves on
         self._owed_at = -1
@@ -265,11 +268,29 @@ class Informer:
     def start(self) -> None:
         if self._task is None:
             if self.shard is not None and self.shard.empty:
-                self._own_nothing()
+                if self.synced.is_set():
+                    self._own_nothing()
+                elif self._probe is None or self._probe.done():
+                    self._probe = asyncio.get_running_loop().create_task(self._may_list(), name=f"informer {self.name} probe")
                 return
+            self._stop_probe()
             self._task = asyncio.get_running_loop().create_task(self.listwatch.run(), name=f"informer {self.name}")
 
+    async def _may_list(self) -> None:
+        """Owning no range at start: the empty store is synced once :func:`~declop.cache.listing.may_list`
+        succeeded — a replica refused the list (RBAC) stays unsynced and takes no range."""
+        await may_list(self.transport, self.query, self.stats, self.listwatch.backoff, self._kv)
+        if self._task is None and self.shard is not None and self.shard.empty:
+            self._own_nothing()
+
+    def _stop_probe(self) -> None:
+        if self._probe is not None:
+            if not self._probe.done():
+                self._probe.cancel()
+            self._probe = None
+
     async def stop(self) -> None:
+        self._stop_probe()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -341,6 +362,8 @@ class Informer:
         return ShardChange(tuple(gone), gained, relist and not new.empty)
 
 
+# size: the Informer is already its parts composed (listing, watch, sharding, store, stats: one
+# module each); what is left is its read-through properties and the pool, which stays here.
 # The pool stays in this module rather than one of its own: callers import InformerPool from
 # here, and a pool module (which needs the Informer) could not be imported back by this one
 # without an import cycle (tests/test_layers.py).

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from declop import collector
+from declop.cache.backoff import Backoff
 from declop.cache.sharding import ShardScope
 from declop.cache.stats import InformerStats
 from declop.cache.store import Store, Writer
@@ -50,6 +51,7 @@ __all__ = [
     "Query",
     "Sync",
     "is_refusal",
+    "may_list",
 ]
 
 log = logging.getLogger("declop.informer")
@@ -257,3 +259,22 @@ class Sync:
                 await asyncio.sleep(0)  # let watches, probes and workers run between steps
         if freeze:
             collector.freeze()
+
+
+async def may_list(transport: Transport, query: Query, stats: InformerStats, backoff: Backoff, kv: dict[str, Any]) -> None:
+    """Return once one LIST of at most one object (metadata only) of ``query`` succeeded, trying
+    again after each failure with ``backoff`` (each failure is ``stats.last_error``). What a
+    sharded informer owning no range does before it calls itself synced: a replica that may not
+    list the resource must not look synced, or it would take ranges it can never list."""
+    params: dict[str, Any] = {"limit": 1}
+    query.selectors(params)
+    while True:
+        try:
+            await transport.request("GET", query.path, params=params, timeout=60, lane="informer", accept=METADATA_LIST_ACCEPT)
+            break
+        except Exception as exc:  # noqa: BLE001 — the apiserver or the network: tried again
+            stats.last_error = str(exc)
+            delay = backoff.next()
+            log.warning(f"Cannot list; retrying in {delay:.1f} s", extra={"kv": {**kv, "error": str(exc)}})
+            await asyncio.sleep(delay)
+    stats.last_error = ""

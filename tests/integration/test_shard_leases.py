@@ -566,3 +566,41 @@ def test_an_apiserver_outage_past_the_renew_deadline_leaves_no_range_unowned(sha
     ]  # fmt: skip
     assert closed == [], f"reconciles started while their range's fence was closed: {closed}"
     print(f"measured: {shards.assert_no_overlap()} intervals compared")
+
+
+def test_a_replica_whose_lists_are_refused_takes_no_range(shards: Shards) -> None:
+    """The simulator's `unsynced` fault, sharded (`declop sim examples/kopf/15_timers.py --seed 16
+    --mode sharded`): a replica whose identity may get ConfigMaps and manage Leases but not list
+    them owns no range at start, so its sharded informer had nothing to list and called itself
+    synced — and the replica took ranges it could never list; their objects were never
+    reconciled. Now it stays unsynced and takes nothing: the other replica keeps every range and
+    reconciles every object."""
+    namespace = shards.namespace
+    user = f"no-list-{namespace[-5:]}"
+    kubeconfig = shards.control_plane.add_user(user)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(shards.api)
+    rbac.create_namespaced_role(namespace, {
+        "metadata": {"name": "no-list"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "update", "delete"]},
+        ],
+    })
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "no-list"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-list"},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+    })
+    shards.start("a")
+    shards.create(30)
+    wait_for(lambda: shards.balanced(["a"]), 60, what="every range on a")
+    wait_for(lambda: shards.converged("0"), 60, what="first pass")
+    b = shards.start("b", KUBECONFIG=kubeconfig, DECLOP_KUBECONFIG=kubeconfig, DECLOP_CHECK_PERMISSIONS="false")
+    wait_for(lambda: shards.identity("b"), 30, what="b started")
+    time.sleep(LEASE_DURATION * 2)  # an absence: b had every chance to join and take ranges
+    assert not records(b, "Acquired shard"), list(b.lines)[-20:]
+    assert shards.balanced(["a"]), shards.holders()
+    assert any("Cannot list" in line for line in list(b.lines)), list(b.lines)[-20:]  # it says why
+    shards.update([f"cm-{i}" for i in range(30)], "1")
+    wait_for(lambda: shards.converged("1"), 60, what="every object reconciled by a")
+    assert b.proc.poll() is None  # b keeps trying

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from declop.cache.backoff import Backoff
 from declop.cache.informer import Informer, InformerPool
 from declop.leases.hashing import ShardFilter, split
 from declop.testing.listwatch import ListWatchServer
@@ -171,15 +172,42 @@ def test_concurrent_changes_apply_in_order() -> None:
     run(scenario())
 
 
-def test_owning_nothing_lists_nothing_and_is_synced() -> None:
+def test_owning_nothing_caches_nothing_and_is_synced_once_one_small_list_succeeded() -> None:
     async def scenario() -> None:
         async with ListWatchServer() as server:
             server.add("a")
             informer = Informer(server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", ()))
             informer.start()
-            assert informer.synced.is_set() and informer.store.synced and len(informer.store) == 0
+            await asyncio.wait_for(informer.synced.wait(), 5)
+            assert informer.store.synced and len(informer.store) == 0
             await asyncio.sleep(0.05)
-            assert server.requests == []
+            # one LIST of at most one object proves we may list; nothing is watched or cached
+            assert [(r.verb, r.query.get("limit")) for r in server.requests] == [("list", "1")]
+            await informer.stop()
+
+    run(scenario())
+
+
+def test_owning_nothing_while_the_list_is_refused_stays_unsynced_and_tries_again() -> None:
+    """The simulator's `unsynced` fault, sharded (`declop sim examples/kopf/15_timers.py --seed
+    16 --mode sharded`): a replica refused every list looked synced while it owned no range, took
+    ranges (range Leases are gated on sync) and never listed them — their objects were never
+    reconciled. Now it is synced only once a list succeeded."""
+
+    async def scenario() -> None:
+        async with ListWatchServer() as server:
+            server.failing = 403
+            informer = Informer(
+                server.transport(), server.resource, namespace="default", shard=ShardFilter("uid", ()),
+                backoff=Backoff(initial=0.01, cap=0.02),
+            )
+            informer.start()
+            await asyncio.sleep(0.2)
+            assert not informer.synced.is_set() and informer.last_error  # the refusal, as /readyz shows it
+            assert len(server.requests) >= 3, "tried again, with the backoff"
+            server.failing = None
+            await asyncio.wait_for(informer.synced.wait(), 5)
+            assert informer.last_error == "" and len(informer.store) == 0
             await informer.stop()
 
     run(scenario())
