@@ -140,15 +140,15 @@ def test_sharded_by_uid_without_a_finalizer_a_deletion_and_a_re_creation_overlap
 
 
 def test_sharded_by_uid_with_a_finalizer_the_deleted_call_overlaps_the_new_object_but_the_cleanup_never_does() -> None:
-    # seed 2 (default world, sharded): the old ns-h/w103's DELETED call (after its cleanup)
-    # runs while the re-created object's call starts on another replica (t=28.28)
+    # seed 5 (default world, sharded): the old ns-e/w060's DELETED call (after its cleanup)
+    # runs while the re-created object's call starts on another replica (t=28.27)
     world = World(mode="sharded", strict=True)
-    strict = run(world, seed=2)
+    strict = run(world, seed=5)
     assert strict.violations and strict.violations[0].invariant == "I1", strict.report()
-    assert "ns-h/w103" in strict.violations[0].detail
+    assert "ns-e/w060" in strict.violations[0].detail
     import dataclasses
 
-    assert run(dataclasses.replace(world, strict=False), seed=2).ok  # DELETED calls excused, cleanups not
+    assert run(dataclasses.replace(world, strict=False), seed=5).ok  # DELETED calls excused, cleanups not
 
 
 # declop sim: a user's handlers module in the simulated world
@@ -235,16 +235,16 @@ def test_without_a_finalizer_a_deletion_while_the_range_has_no_owner_reaches_no_
     from declop.testing.simworld import World
 
     world = World(mode="sharded", shard_by="namespace", finalizer=False)
-    strict = run(dataclasses.replace(world, strict=True), seed=29)
+    strict = run(dataclasses.replace(world, strict=True), seed=35)
     assert [v.invariant for v in strict.violations][:1] == ["I4"], strict.report()
-    assert "ns-g/w190" in strict.violations[0].detail
-    assert run(world, seed=29).ok  # the documented exception: no owner when it was deleted
+    assert "ns-e/w148" in strict.violations[0].detail
+    assert run(world, seed=35).ok  # the documented exception: no owner when it was deleted
 
 
 def test_with_a_finalizer_the_same_schedule_loses_no_deletion() -> None:
     from declop.testing.simworld import World
 
-    result = run(World(mode="sharded", shard_by="namespace"), seed=29)
+    result = run(World(mode="sharded", shard_by="namespace"), seed=35)
     assert result.ok, result.report()
 
 
@@ -343,7 +343,7 @@ def test_i9_sees_daemons_that_outlive_their_range(monkeypatch: pytest.MonkeyPatc
         enter = staticmethod(daemons.fencing.enter)
 
     monkeypatch.setattr(daemons, "fencing", NoScope)
-    result = run(World(mode="sharded", daemons=True, objects=40, duration=60.0, faults=DAEMON_HANG), seed=1)
+    result = run(World(mode="sharded", daemons=True, objects=40, duration=60.0, faults=DAEMON_HANG), seed=0)
     assert any(v.invariant == "I9" for v in result.violations), result.report()
 
 
@@ -458,7 +458,7 @@ def _without_shutdown_s_lose(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Manager, "lose", lose)
 
 
-@pytest.mark.parametrize(("mode", "seed"), [("leader", 0), ("sharded", 1)])
+@pytest.mark.parametrize(("mode", "seed"), [("leader", 0), ("sharded", 0)])
 def test_a_stop_that_leaves_its_lease_to_expire_under_a_call_must_declare_the_loss(
     monkeypatch: pytest.MonkeyPatch, mode: str, seed: int
 ) -> None:
