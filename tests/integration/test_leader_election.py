@@ -129,6 +129,17 @@ class Cluster:
         self.api.close()
 
 
+def grant(cluster: Cluster, user: str, role: str, rules: list[dict[str, Any]]) -> None:
+    """Bind a Role of ``rules`` to ``user`` in the cluster's namespace."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api)
+    rbac.create_namespaced_role(cluster.namespace, {"metadata": {"name": role}, "rules": rules})
+    rbac.create_namespaced_role_binding(cluster.namespace, {
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+    })
+
+
 @pytest.fixture
 def cluster(control_plane: Any, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     c = Cluster(control_plane, namespace, tmp_path, lock="ha-" + request.node.name[5:30].replace("_", "-").strip("-"))
@@ -340,16 +351,7 @@ def test_a_forbidden_lease_says_so_on_every_retry_and_in_readyz(cluster: Cluster
     control_plane, namespace = cluster.control_plane, cluster.namespace
     user = f"no-lease-{namespace[-5:]}"
     kubeconfig = control_plane.add_user(user)
-    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api)
-    rbac.create_namespaced_role(namespace, {
-        "metadata": {"name": "configmaps-only"},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
-    })
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "configmaps-only"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmaps-only"},
-        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
-    })
+    grant(cluster, user, "configmaps-only", [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}])
     health = free_port()
     # --no-check-permissions: the start-up check would stop at the missing Lease grant (docs/rbac.md);
     # this is the Lease refused at run time, as when its RBAC is taken away from a running operator
@@ -381,15 +383,7 @@ def test_a_forbidden_lease_says_so_on_every_retry_and_in_readyz(cluster: Cluster
         assert status == 503
         assert "[-]leader-election failed\n" in body and "cannot get" not in body  # the name, not the error text
         # granted now: the next retry succeeds and /readyz turns ready
-        rbac.create_namespaced_role(namespace, {
-            "metadata": {"name": "lease"},
-            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}],
-        })
-        rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": "lease"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lease"},
-            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
-        })
+        grant(cluster, user, "lease", [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}])
         a.wait_for_line("Successfully acquired lease", timeout=20)
         wait_for(lambda: readyz()[0] == 200, 10, what="/readyz to turn ready")
     finally:
@@ -404,19 +398,10 @@ def test_a_replica_whose_caches_never_sync_leaves_the_lease_to_one_whose_caches_
     control_plane, namespace = cluster.control_plane, cluster.namespace
     user = f"no-list-{namespace[-5:]}"
     kubeconfig = control_plane.add_user(user)
-    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api)
-    rbac.create_namespaced_role(namespace, {
-        "metadata": {"name": "get-only"},
-        "rules": [
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-        ],
-    })
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "get-only"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "get-only"},
-        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
-    })
+    grant(cluster, user, "get-only", [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    ])
     cluster.configmap("x")
     health = free_port()
     a = cluster.process("a", "--kubeconfig", kubeconfig, "--health-port", str(health), "--no-check-permissions")
