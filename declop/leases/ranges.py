@@ -8,6 +8,10 @@ Invariants:
   is not draining;
 - ``in_flight`` counts every reconcile of a range from :meth:`ShardSet.begin` to
   :meth:`ShardSet.end`: a range is released only when it holds none;
+- a call that ends once its range's Lease is held but no longer live (its renew deadline passed
+  on our clock while the call ran: a freeze, a partition) leaves the range in ``overran`` until
+  the loss is reported — that loss happened under a running call, whichever of the call's end
+  and the renewal round's check the loop ran first;
 - :func:`plan` is pure: held ranges count against ``ceil(n / live)``, the excess is drained
   highest index first, and only as many candidates are tried as the share lacks.
 """
@@ -80,6 +84,8 @@ class ShardSet:
         self.opening: set[int] = set()
         #: range -> reconciles of its keys in flight
         self.in_flight: collections.Counter[int] = collections.Counter()
+        #: held ranges a call outlived (it ended past the renew deadline): lost under that call
+        self.overran: set[int] = set()
         #: called with a range index once it is ours (the controller queues its keys)
         self.on_gained: Callable[[int], None] | None = None
         #: called with a range index once it is not ours any more (released or lost)
@@ -98,6 +104,11 @@ class ShardSet:
     def held(self) -> list[int]:
         return [i for i, e in enumerate(self.electors) if e.is_leader]
 
+    def busy(self, index: int) -> bool:
+        """Does a call of range ``index`` run, or did one run past its Lease (:attr:`overran`)?
+        Either way the range's loss is a loss under a running call."""
+        return bool(self.in_flight[index]) or index in self.overran
+
     def may_start(self, index: int) -> bool:
         """The fence: may a reconcile of a key of range ``index`` start now?"""
         return index not in self.draining and self.electors[index].valid()
@@ -106,6 +117,9 @@ class ShardSet:
         self.in_flight[index] += 1
 
     def end(self, index: int) -> None:
+        e = self.electors[index]
+        if e.is_leader and not e.live():
+            self.overran.add(index)
         self.in_flight[index] -= 1
         if self.in_flight[index] <= 0:
             del self.in_flight[index]

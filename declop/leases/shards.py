@@ -219,7 +219,7 @@ class ShardLeases:
                     e.missing(sent)
             released = set()
             for i in sorted(s.draining):
-                if not s.in_flight[i]:
+                if not s.busy(i):
                     await self._release(s, i)
                     released.add(i)
             if not balance or self.stopping or self.failed.is_set() or not s.synced():
@@ -348,7 +348,8 @@ class ShardLeases:
         self._handover(s, "lost", i, reason=why, inFlight=s.in_flight[i])
         if s.on_dropped is not None:
             s.on_dropped(i)
-        if s.in_flight[i]:
+        if s.busy(i):  # a call runs, or ended past the renew deadline: it ran when the Lease lapsed
+            s.overran.discard(i)
             log.error(
                 "A reconcile of a lost shard is still running; exiting so it cannot overlap with the next owner",
                 extra={"kv": {"controller": s.controller, "shard": f"{i}/{s.n}"}},
@@ -363,8 +364,8 @@ class ShardLeases:
             if not s.electors[i].is_leader:
                 s.draining.discard(i)
                 return  # lost meanwhile
-            if s.in_flight[i]:
-                return  # still draining: released by a later round, once its calls ended
+            if s.busy(i):
+                return  # still draining (released once its calls ended), or lost under a call
             await s.electors[i].release()
         s.draining.discard(i)
         s.opening.discard(i)
@@ -388,7 +389,7 @@ class ShardLeases:
         call — the process must be gone before another replica can take the range, so the
         manager exits within 2 s, as after a loss (its releases and deletes, 5 s each under a
         partition, must not keep the call's thread alive past the Lease's expiry)."""
-        return [(s.controller, i) for s in self.sets.values() for i in s.held() if s.in_flight[i]]
+        return [(s.controller, i) for s in self.sets.values() for i in s.held() if s.busy(i)]
 
     async def release_all(self) -> None:
         """Release every idle range Lease we hold and delete our member Lease. A range with a
@@ -397,7 +398,7 @@ class ShardLeases:
         that bounds this (the manager, after :meth:`busy`) has the fence closed at once."""
         self.stopping = True
         for s in self.sets.values():
-            busy = [i for i in s.held() if s.in_flight[i]]
+            busy = [i for i in s.held() if s.busy(i)]
             if busy:
                 for i in busy:
                     s.electors[i].lose("a reconcile of it still runs", quiet=True)  # the fence closes

@@ -170,6 +170,37 @@ def test_a_range_lost_while_its_reconcile_runs_fails_the_replica() -> None:
     assert not a.sets["c"].may_start(0)
 
 
+def test_a_call_that_ends_past_the_renew_deadline_before_the_round_sees_it_still_fails_the_replica() -> None:
+    """The order the loop runs things in after a SIGCONT must not matter: the call (its thread
+    resumed first) ends before the renewal round notices the Lease lapsed. It ran when the
+    Lease lapsed, so the loss is one under a running call — the replica exits, it does not
+    rejoin with a call that overlapped the next owner's."""
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a")
+    rounds(clock, [a], 3, store)
+    s = a.sets["c"]
+    s.begin(0)
+    clock.advance(5.0)  # frozen past the lease, inside the call
+    s.end(0)  # the call ends first
+    assert not s.in_flight[0] and s.busy(0)
+    rounds(clock, [a], 1)
+    assert a.failed.is_set()
+    assert not s.busy(0) and not s.may_start(0)
+
+
+def test_a_call_that_ends_within_the_renew_deadline_leaves_nothing_behind() -> None:
+    clock, store = FakeClock(), Leases()
+    a = replica(store, clock, "a")
+    rounds(clock, [a], 3, store)
+    s = a.sets["c"]
+    s.begin(0)
+    clock.advance(1.0)
+    s.end(0)
+    assert not s.busy(0) and s.may_start(0)
+    rounds(clock, [a], 12, store)
+    assert not a.failed.is_set() and len(s.held()) == 12
+
+
 def test_replicas_of_another_split_take_nothing_while_the_old_one_lives() -> None:
     clock, store = FakeClock(), Leases()
     old = replica(store, clock, "old", n=12)
