@@ -957,6 +957,9 @@ class _Elector:
     def valid(self) -> bool:
         return self.is_leader and self.open
 
+    def live(self) -> bool:
+        return self.is_leader and self.open
+
 
 def sharded(handler: Any, n: int = 4, *, finalizer: str | None = None) -> tuple[Controller, FakeInformer, Any]:
     from declop.leases.shards import ShardSet

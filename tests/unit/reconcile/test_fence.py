@@ -88,6 +88,9 @@ class Elector:
     def valid(self) -> bool:
         return self.is_leader and self.open
 
+    def live(self) -> bool:
+        return self.is_leader and self.open
+
 
 def make(
     handler: Any, *, finalizer: str | None = None, fence: Callable[[], bool] | None = None,
