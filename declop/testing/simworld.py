@@ -481,6 +481,9 @@ class _Replica:
     pause_at_write: float = 0.0
     #: Lease name -> when this incarnation last wrote it (I5's exemption for a pause since)
     lease_written: dict[str, float] = field(default_factory=dict)
+    #: Lease name -> the call of this incarnation that still ran under it, paused, when another
+    #: replica took it: once resumed, the incarnation owes an exit (I5's bound after a pause)
+    owed_exit: dict[str, str] = field(default_factory=dict)
     #: a ``stuck`` armed: how long its next call runs on; with ``term-in-call``, the grace of the
     #: SIGTERM that follows that call's start
     stuck: float = 0.0
@@ -983,12 +986,17 @@ class _World:
         replica that held it as ``old`` still runs a call under it — I6 when it released the
         Lease itself (``new`` empty), I5 when another took it. Exempt, as in the Lease families:
         a replica paused since its own last write of that Lease (it could not act on the loss;
-        the write fence stops what the call writes)."""
+        the write fence stops what the call writes) — but a call of it that had not returned
+        then leaves the replica owing an exit once it runs again (:meth:`_resumed`), whether the
+        call or the Lease's renewal round goes first after the SIGCONT."""
         for r in self.replicas:
             m = r.manager
-            if not r.alive or m is None:
+            if not r.alive or m is None or old not in _identities(m):
                 continue
-            if old not in _identities(m) or r.was_paused(r.lease_written.get(name, 0.0)):
+            if r.was_paused(r.lease_written.get(name, 0.0)):
+                for (controller, key), (started, _ends, uid) in r.calls.items():
+                    if new and self._lease_of(r, key, uid, controller) == (name, old):
+                        r.owed_exit.setdefault(name, f"{key} (since t={started:.3f})")
                 continue
             for (controller, key), (started, ends, uid) in r.calls.items():
                 if ends <= self.now() or self._lease_of(r, key, uid, controller) != (name, old):
@@ -1507,6 +1515,7 @@ class _World:
         self.by_actor[r.actor] = r
         r.calls, r.paused, r.daemons = {}, [], {}
         r.stop, r.pause_at_write, r.lease_written, r.stuck, r.term_grace = None, 0.0, {}, 0.0, 0.0
+        r.owed_exit = {}
         r.never_sync, r.unsynced_next = r.unsynced_next, False
         self.last_change = self.now()
         r.actor.spawn(self._run(r))
@@ -1634,6 +1643,28 @@ class _World:
         await asyncio.sleep(length)
         span[1] = self.now()
         a.resume()
+        self._resumed(r, a)
+
+    def _resumed(self, r: _Replica, a: Any) -> None:
+        """``r`` (incarnation ``a``) runs again after a pause. If a Lease went to another replica
+        while a call under it was paused (:attr:`_Replica.owed_exit`), that was a loss under a
+        running call: the replica must be gone within one renewal round (its timers are overdue,
+        a renewal still out is bounded by ``renew_deadline / 2``) plus the exit bound, on its
+        clock — I5, without the pause's exemption."""
+        if r.actor is not a or not r.owed_exit:
+            return
+        if r.manager is None:
+            return
+        at, o = self.now(), r.manager.options  # this incarnation's timings (a rollout changes the next's)
+        bound = o.retry_period + o.renew_deadline / 2 + EXIT_BOUND
+        name, what = next(iter(r.owed_exit.items()))
+
+        async def gone() -> None:
+            await asyncio.sleep(bound / r.rate + 0.001)
+            if r.actor is a and r.alive and not r.was_paused(at):
+                self.violate("I5", r, f"still running {bound:.3g} s (of its clock) after it resumed at t={at:.3f}: Lease {name} went to another replica under its call of {what}")
+
+        self.spawn(gone())
 
     async def _term(self, r: _Replica, grace: float) -> None:
         """SIGTERM: the manager's stop is set (what its signal handler does) and the pod has
@@ -1748,6 +1779,7 @@ class _World:
         span[1] = self.now()
         if not a.dead:
             a.resume()
+            self._resumed(r, a)
 
     # -- the workload -------------------------------------------------------------------------
     def _new(self, key: Request, value: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from declop.errors import ApiError
 from declop.kube import fencing
 from declop.leases.leader import LeaderElector
+from declop.leases.ranges import ShardSet
 from declop.leases.watchdog import Watchdog
 from declop.manager import Manager, loss
 from declop.testing import simworld
@@ -483,6 +484,26 @@ def test_i11_a_replica_must_be_gone_within_the_exit_bound_after_a_loss(monkeypat
     monkeypatch.setattr(Watchdog, "arm", lambda self: None)
     result = run(world, seed=0)
     assert [v.invariant for v in result.violations][:1] == ["I11"], result.report()
+
+
+def test_a_replica_resumed_after_its_range_went_elsewhere_under_a_call_must_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 52 (sharded, pause): r1 is stopped inside a call of ns-e/w004; its range goes to
+    another replica; on SIGCONT the call ends before the renewal round sees the lapse. That
+    was a loss under a running call: the replica must be gone within a round and the exit
+    bound. Without ``ShardSet.overran`` (the call's end forgets it ran past the Lease) the
+    replica rejoins — I5, no longer exempt because it was paused."""
+    world = World(mode="sharded", objects=40, duration=40.0, kinds=("pause", "pause-holder"))
+    assert run(world, seed=52).ok
+
+    def end(self: ShardSet, index: int) -> None:
+        self.in_flight[index] -= 1
+        if self.in_flight[index] <= 0:
+            del self.in_flight[index]
+
+    monkeypatch.setattr(ShardSet, "end", end)
+    result = run(world, seed=52)
+    assert [v.invariant for v in result.violations][:1] == ["I5"], result.report()
+    assert "after it resumed" in str(result.violations[0])
 
 
 def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
