@@ -370,13 +370,20 @@ class Controller:
         crew = self.crew
         if not crew.tasks:
             return True
-        done, pending = await asyncio.wait(crew.tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        crew.tasks = []
+        pending = list(crew.tasks)
+        try:
+            pending = list((await asyncio.wait(crew.tasks, timeout=grace))[1])
+        finally:
+            # before any other await: a stop cancelled from outside (the manager bounds the
+            # drain; after a pause both timers are due at once) still cancels its workers and
+            # counts the ones that have not returned, or the Lease would be released under them
+            pending = [t for t in pending if not t.done()]
+            for task in pending:
+                task.cancel()
+            crew.tasks = []
+            crew.cancelled = [*crew.cancelled, *pending]
         if pending:
             await asyncio.wait(pending, timeout=max(settle, 0.001))
-            crew.cancelled = [t for t in pending if not t.done()]
         return not pending
 
     def running(self) -> int:

@@ -1276,6 +1276,42 @@ def test_a_plain_call_abandoned_by_a_stop_keeps_its_range_in_flight_until_its_th
         c.executor.shutdown(wait=True)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("cut_at", ["grace", "settle"])
+def test_a_stop_cancelled_from_outside_still_counts_the_call_it_gave_up_on(cut_at: str) -> None:
+    """The manager bounds the drain (``grace + 2`` s); after a pause (SIGSTOP) that bound and the
+    stop's own timers are due at once, and the bound may cancel :meth:`Controller.stop` inside
+    its grace or its settle. The workers must still be cancelled and a call that ignores it
+    counted by ``running()`` (and its range kept in flight), or the Lease is released under it
+    (I6; world leader seed 4384: term-in-call, then pause-holder)."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def deaf(**_: Any) -> None:  # a call that cancellation does not stop
+        started.set()
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                pass
+
+    c, informer, shards = in_range_3(deaf, None)
+
+    async def main() -> None:
+        await start_with_key(c, informer)
+        await asyncio.wait_for(started.wait(), 5)
+        grace, settle, cut = (10.0, 0.1, 0.05) if cut_at == "grace" else (0.01, 10.0, 0.1)
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.stop(grace, settle), cut)
+            assert c.running() == 1 and shards.in_flight == {3: 1}, "the call still runs"
+        finally:
+            release.set()  # the call ends, pass or fail
+        while c.running():
+            await asyncio.sleep(0.01)
+        assert shards.in_flight == {}
+
+    run(main())
+
+
 def test_a_batch_cancelled_before_a_thread_took_it_is_not_left_running() -> None:
     """A stop that cancels a worker whose batch still waits for a free thread cancels the batch:
     none of its calls ever runs, so nothing is left running and its range is free at once. (When
