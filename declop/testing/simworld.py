@@ -1650,10 +1650,10 @@ class _World:
         while a call under it was paused (:attr:`_Replica.owed_exit`), that was a loss under a
         running call: the replica must be gone within one renewal round (its timers are overdue,
         a renewal still out is bounded by ``renew_deadline / 2``) plus the exit bound, on its
-        clock — I5, without the pause's exemption."""
-        if r.actor is not a or not r.owed_exit:
-            return
-        if r.manager is None:
+        clock — I5, without the pause's exemption. A replica already stopping (SIGTERM came
+        first) is not held to it: it takes no Lease and starts no call, and its stop is bounded
+        by the pod's grace (I11 by the exit bound once it declares a loss)."""
+        if r.actor is not a or not r.owed_exit or r.manager is None or r.manager.stopping:
             return
         at, o = self.now(), r.manager.options  # this incarnation's timings (a rollout changes the next's)
         bound = o.retry_period + o.renew_deadline / 2 + EXIT_BOUND
@@ -2248,7 +2248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from declop.testing.simshrink import parse_fault, parse_only, shrink as shrinking
 
     only = parse_only(args.only)
-    faults = tuple(parse_fault(f, WORLD_FAULTS) for f in args.fault) if args.fault else None
+    faults = tuple(parse_fault(f, WORLD_KINDS) for f in args.fault) if args.fault else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
                   duration=args.duration, kinds=kinds, only=only, faults=faults, finalizer=not args.no_finalizer, strict=args.strict,
                   server_filter=args.server_filter, daemons=args.daemons, filtered=args.filtered, watch_lag=args.watch_lag)  # fmt: skip

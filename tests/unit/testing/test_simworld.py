@@ -506,6 +506,36 @@ def test_a_replica_resumed_after_its_range_went_elsewhere_under_a_call_must_exit
     assert "after it resumed" in str(result.violations[0])
 
 
+def test_a_stop_whose_drain_bound_fires_after_a_pause_keeps_the_lease_of_a_running_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leader seed 4384 of `make sim` (every kind): r0 gets SIGTERM inside a call that runs on,
+    then is paused during its drain; on SIGCONT the manager's bound on the drain and the
+    controller's grace are due at once, and the bound cancelled ``Controller.stop`` before it
+    counted the worker it gave up on — the Lease was released under the running call (I6).
+    With the stop as it was (its bookkeeping after the settle wait), I6 again."""
+    from declop.reconcile.controller import Controller
+
+    world = World(mode="leader", **SWEEP_WORLD)
+    assert run(world, seed=4384).ok
+
+    async def stop(self: Controller, grace: float = 30.0, settle: float = 0.1) -> bool:
+        self.halt()
+        crew = self.crew
+        if not crew.tasks:
+            return True
+        _, pending = await asyncio.wait(crew.tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        crew.tasks = []
+        if pending:
+            await asyncio.wait(pending, timeout=max(settle, 0.001))
+            crew.cancelled = [t for t in pending if not t.done()]
+        return not pending
+
+    monkeypatch.setattr(Controller, "stop", stop)
+    result = run(world, seed=4384)
+    assert "I6" in {v.invariant for v in result.violations}, result.report()
+
+
 def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
     makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text()
     line = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_FAULTS :="))
