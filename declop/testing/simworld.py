@@ -487,6 +487,9 @@ class _Replica:
     #: a ``stuck`` armed: how long its next call runs on; with ``term-in-call``, the grace of the
     #: SIGTERM that follows that call's start
     stuck: float = 0.0
+    #: a ``stuck`` fault's planned end (its draw plus its length): its call runs on no later
+    #: (the run's settling counts from there); 0 for ``term-in-call``'s, which has its own span
+    stuck_until: float = 0.0
     term_grace: float = 0.0
     #: ``declop run``'s watchdog of this incarnation (armed at a loss)
     watchdog: Watchdog | None = None
@@ -1515,7 +1518,7 @@ class _World:
         self.by_actor[r.actor] = r
         r.calls, r.paused, r.daemons = {}, [], {}
         r.stop, r.pause_at_write, r.lease_written, r.stuck, r.term_grace = None, 0.0, {}, 0.0, 0.0
-        r.owed_exit = {}
+        r.owed_exit, r.stuck_until = {}, 0.0
         r.never_sync, r.unsynced_next = r.unsynced_next, False
         self.last_change = self.now()
         r.actor.spawn(self._run(r))
@@ -1585,6 +1588,8 @@ class _World:
         if f.kind in ("pause-at-write", "stuck"):
             if r.alive:
                 setattr(r, f.kind.replace("-", "_"), f.length)
+                if f.kind == "stuck":
+                    r.stuck_until = f.at + f.length
             return
         if f.kind == "hang-leases":
             r.leases_hang_until = max(r.leases_hang_until, self.now() + f.length)
@@ -1611,6 +1616,7 @@ class _World:
             if r.alive:
                 w = self.world
                 r.stuck, r.term_grace = round(self.rng.uniform(w.lease_duration, 3 * w.lease_duration), 3), f.length
+                r.stuck_until = 0.0
             return
         if f.kind in ("crash", "unsynced"):  # unsynced: a new pod 1-6 s later, its lists refused
             if r.alive:
@@ -1727,6 +1733,10 @@ class _World:
         if r is None or not r.stuck:
             return 0.0
         hold, r.stuck = r.stuck, 0.0
+        if r.stuck_until:  # a call that comes late runs on only to the fault's planned end
+            hold, r.stuck_until = max(0.0, min(hold, r.stuck_until - self.now())), 0.0
+            if not hold:
+                return 0.0
         self.last_change = max(self.last_change, self.now() + hold)
         if r.term_grace:
             grace, r.term_grace = r.term_grace, 0.0
