@@ -373,10 +373,7 @@ class Controller:
         pending = list(crew.tasks)
         try:
             pending = list((await asyncio.wait(crew.tasks, timeout=grace))[1])
-        finally:
-            # before any other await: a stop cancelled from outside (the manager bounds the
-            # drain; after a pause both timers are due at once) still cancels its workers and
-            # counts the ones that have not returned, or the Lease would be released under them
+        finally:  # also when the manager's bound on the drain cancels us: count what still runs
             pending = [t for t in pending if not t.done()]
             for task in pending:
                 task.cancel()
