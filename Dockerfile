@@ -10,7 +10,7 @@
 #   (`make lock`: uv, versions and sha256 hashes), installed with --require-hashes --no-deps;
 # - PID 1 is Debian's tini: it forwards signals to declop and reaps orphaned handler children.
 # Without network (the test kit, `make image`): the base, the `wheels` stage and the `tini` stage
-# come as named contexts, e.g. `--build-context wheels=<folder of wheels>` (declop.testing.image).
+# come as named contexts, e.g. `--build-context wheels=<folder of wheels>` (declop.testing.cluster.image).
 # Your operator's image starts FROM this one (docs/deploy.md); the Helm chart runs either.
 #
 # Where the digest below came from (`make pin-base` rewrites this line):

@@ -47,13 +47,13 @@ node:
 # a debootstrap Python base, as an OCI archive: ctr -n k8s.io images import $(IMAGE_TAR).
 # Needs root. The OCI layout sits beside it ($(IMAGE_TAR:.tar=.oci)) for images FROM declop.
 image: venv
-	@assets=$$($(NODE_BUILD)) && DECLOP_NODE_ASSETS_DIR=$$assets $(PY) -m declop.testing.image_cli --output $(IMAGE_TAR)
+	@assets=$$($(NODE_BUILD)) && DECLOP_NODE_ASSETS_DIR=$$assets $(PY) -m declop.testing.cluster.image_cli --output $(IMAGE_TAR)
 
 # The image's Python dependencies, pinned with hashes (Dockerfile: pip install --require-hashes):
 # requirements/image.lock (install_requires + the `fast` extra) and requirements/build.lock (the
 # build backend), resolved by uv for CPython 3.11 on manylinux x86_64 / glibc 2.36 (the base).
 # Keeps existing pins; LOCK_ARGS=--upgrade (or --upgrade-package NAME) moves them.
-# tests/unit/testing/test_image.py checks the locks against setup.cfg and pyproject.toml.
+# tests/unit/testing/cluster/test_image.py checks the locks against setup.cfg and pyproject.toml.
 UV_VERSION := 0.13.8
 LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_36 \
 	--custom-compile-command "make lock" $(LOCK_ARGS)
@@ -121,11 +121,11 @@ SIM_WORLD_FAULTS := hang,fail,cut,slow,pause,crash,compact,pause-at-write,term,d
 sim: venv
 	@for family in $(SIM_FAMILIES); do \
 		echo "== $$family"; \
-		$(PY) -m declop.testing.sim --scenario $$family --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) || failed=1; \
+		$(PY) -m declop.testing.simulation.leases --scenario $$family --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) || failed=1; \
 	done; \
 	for mode in $(SIM_WORLD_MODES); do \
 		echo "== world $$mode"; \
-		$(PY) -m declop.testing.simworld --mode $$mode --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) \
+		$(PY) -m declop.testing.simulation.world --mode $$mode --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) \
 			--objects 40 --duration 40 --faults $(SIM_WORLD_FAULTS) || failed=1; \
 	done; exit $${failed:-0}
 

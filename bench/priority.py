@@ -54,8 +54,8 @@ def restart(n: int, handler_ms: float, runs: int, out: Path | None) -> None:
     import kubernetes.client
 
     from declop.manager import Options
-    from declop.testing.controlplane import ControlPlane
-    from declop.testing.runner import OperatorRunner, wait_for
+    from declop.testing.cluster.controlplane import ControlPlane
+    from declop.testing.cluster.runner import OperatorRunner, wait_for
 
     rows = []
     with ControlPlane(controller_manager=False) as cp, cp.api_client() as api:

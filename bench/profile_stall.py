@@ -30,7 +30,7 @@ import declop.collector
 import declop.cache.watch
 from declop.cache.informer import Informer
 from declop.cache.listing import Sync
-from declop.testing.listwatch import ListWatchServer
+from declop.testing.fakes.listwatch import ListWatchServer
 from declop.kube.transport import Transport
 
 

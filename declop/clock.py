@@ -13,7 +13,7 @@ are closed before it does anything. A process stopped with SIGSTOP sees both clo
 
 ``WALL_CLOCK`` (``time.time``) is the wall clock, for timestamps written for humans and other
 programs (a Lease's ``renewTime``); nothing decides from it. It is injectable too, so the
-simulator (:mod:`declop.testing.sim`) can make every clock a replica reads virtual.
+simulator (:mod:`declop.testing.simulation.leases`) can make every clock a replica reads virtual.
 """
 
 from __future__ import annotations

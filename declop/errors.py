@@ -29,7 +29,7 @@ here are the ones several packages share; the others live beside the code that r
      ├── BadReview              declop.webhooks.admission: a webhook request body that is not a review (HTTP 400)
      │    └── Oversized          too many objects and arrays to decode
      ├── Rejected               declop.webhooks.declaration (``declop.Rejected``): a validator or mutator denies
-     ├── ImageBuildError        declop.testing.buildkit (``declop.testing``): an image build failed
+     ├── ImageBuildError        declop.testing.cluster.buildkit (``declop.testing``): an image build failed
      ├── TemporaryError         raised by a handler: retry after its ``delay``, not the per-key backoff
      └── TerminalError          raised by a handler: log, count, and do not retry
           └── InvalidResult       a handler built a bad Result or returned something else (also a TypeError/ValueError)
@@ -57,8 +57,8 @@ bug, so none may be mistaken for a user's error by an ``except DeclopError``::
      │    ├── NoModel           declop.webhooks.typed: an object of a version the converter names no model for
      │    └── TooMany           declop.webhooks.decode: a body with too many containers (``Oversized``)
      └── RuntimeError
-          ├── Deadlock          declop.testing.simloop: a simulated world with nothing to run and no timer
-          └── _PortTaken        declop.testing.controlplane: a component's port was taken before it bound it
+          ├── Deadlock          declop.testing.simulation.loop: a simulated world with nothing to run and no timer
+          └── _PortTaken        declop.testing.cluster.controlplane: a component's port was taken before it bound it
 
 ``tests/unit/test_errors.py`` checks both drawings against every exception class in declop.
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import declop
 from declop.loader import load
-from declop.testing.fake import FakeClient, run_reconcile
+from declop.testing.fakes.client import FakeClient, run_reconcile
 from declop.typed.crd import definitions
 
 HERE = Path(__file__).parent

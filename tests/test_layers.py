@@ -155,17 +155,28 @@ ORDER = [
     "dev.scaffold",
     "assets",
     "assets.files",
-    "testing.certs",
-    "testing.process",
-    "testing.buildkit",
-    "testing.image",
-    "testing.host",
-    "testing.runrecord",
-    "testing.recovery",
-    "testing.node",
-    "testing.controlplane",
-    "testing.incluster",
-    "testing",  # any other module in declop/testing/, and the testing package itself
+    # declop.testing: the fakes, then the real-cluster kit, then the simulation (the "testing" slot)
+    "testing.fakes",
+    "testing.fakes.resources",
+    "testing.fakes.apiserver",
+    "testing.fakes.client",
+    "testing.fakes.listwatch",
+    "testing.cluster",
+    "testing.cluster.certs",
+    "testing.cluster.process",
+    "testing.cluster.faults",
+    "testing.cluster.buildkit",
+    "testing.cluster.image",
+    "testing.cluster.image_cli",
+    "testing.cluster.host",
+    "testing.cluster.runrecord",
+    "testing.cluster.recovery",
+    "testing.cluster.node",
+    "testing.cluster.controlplane",
+    "testing.cluster.incluster",
+    "testing.cluster.runner",
+    "testing.cluster.plugin",
+    "testing",  # the simulation (declop/testing/simulation/) and the testing package itself
     "cli",
     "cli.help",
     "cli.exits",
@@ -304,8 +315,8 @@ from .kube import labels
 from . import __version__
 from .cache.store import clone
 from . import cache
-from .testing import controlplane
-from .testing.certs import generate
+from .testing.cluster import controlplane
+from .testing.cluster.certs import generate
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .reconcile.client import Client
@@ -323,8 +334,8 @@ def later():
         "declop",
         "declop.cache.store",
         "declop.cache",
-        "declop.testing.controlplane",
-        "declop.testing.certs",
+        "declop.testing.cluster.controlplane",
+        "declop.testing.cluster.certs",
         "declop.reconcile.client",
         "declop.manager",
         "declop.loader",
@@ -332,35 +343,37 @@ def later():
 
 
 def test_checker_resolves_relative_imports_in_subpackages() -> None:
-    source = "from ..manager import Manager\nfrom .certs import generate\nfrom . import plugin\n"
-    assert [t for _, t in imported_modules(source, "declop.testing.runner", package=False)] == [
+    source = "from ...manager import Manager\nfrom .certs import generate\nfrom . import plugin\n"
+    assert [t for _, t in imported_modules(source, "declop.testing.cluster.runner", package=False)] == [
         "declop.manager",
-        "declop.testing.certs",
-        "declop.testing.plugin",
+        "declop.testing.cluster.certs",
+        "declop.testing.cluster.plugin",
     ]
     assert [
         t
         for _, t in imported_modules(
-            "from .controlplane import X\n", "declop.testing", package=True
+            "from .cluster.controlplane import X\n", "declop.testing", package=True
         )
-    ] == ["declop.testing.controlplane"]
+    ] == ["declop.testing.cluster.controlplane"]
 
 
 def test_checker_rules() -> None:
     assert allowed("cache.store", "kube.keys")
     assert not allowed("kube.keys", "cache.store")
     assert not allowed("kube.keys", "kube.keys")
-    assert allowed("cli", "testing.controlplane")
+    assert allowed("cli", "testing.cluster.controlplane")
     assert allowed("cli", "testing")
     assert allowed("testing", "manager")
-    assert allowed("testing", "testing.certs")
+    assert allowed("testing", "testing.cluster.certs")
+    assert not allowed("testing.cluster.node", "testing")  # the real-cluster kit never imports the simulation
+    assert not allowed("testing.fakes.client", "testing.cluster.runner")
     assert allowed("testing", "testing")
     assert not allowed("testing", "cli")
     assert allowed("reconcile.controller", "cache.informer")
     assert not allowed("cache.informer", "reconcile.result")
     assert slot("declop.cache") == "cache"
     assert slot("declop.cache.store") == "cache.store"
-    assert not allowed("testing.certs", "testing.controlplane")
+    assert not allowed("testing.cluster.certs", "testing.cluster.controlplane")
     assert allowed("__init__", "cli")
     assert allowed("__main__", "cli")
     assert allowed("registry", "registry.decorators") and not allowed("registry.options", "registry.decorators")
@@ -368,8 +381,8 @@ def test_checker_rules() -> None:
     assert allowed("manager", "manager.process") and not allowed("manager.options", "manager.process")
     assert not allowed("manager", "loader")
     assert slot("declop") == "__init__"
-    assert slot("declop.testing.plugin") == "testing"
-    assert slot("declop.testing.certs") == "testing.certs"
+    assert slot("declop.testing.simulation.world") == "testing"
+    assert slot("declop.testing.cluster.certs") == "testing.cluster.certs"
     assert slot("declop.nonexistent") is None
 
 
@@ -473,3 +486,16 @@ def test_unit_tests_mirror_the_packages() -> None:
         elif not folder.parts and any((PACKAGE_DIR / sub / f"{stem}.py").is_file() for sub in PACKAGES):
             misplaced.append(f"{path.relative_to(units)}: declop/{stem}.py is in a package")
     assert misplaced == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if module_name(p).startswith("declop.testing.simulation")],
+    ids=lambda p: str(p.relative_to(PACKAGE_DIR)),
+)
+def test_the_simulation_never_imports_the_real_cluster_kit(path: Path) -> None:
+    """declop/testing/ is three parts: fakes, the real-cluster kit, the simulation. The simulation
+    sits in the ``testing`` slot (its reports and the world import each other), so this rule is
+    stated here: it runs in one process on virtual time and starts nothing real."""
+    imports = imported_modules(path.read_text(), module_name(path), is_package(path))
+    assert [m for _, m in imports if m.startswith("declop.testing.cluster")] == []

@@ -13,7 +13,7 @@ import sys
 import time
 
 from declop.testing import ControlPlane
-from declop.testing.runner import OperatorProcess
+from declop.testing.cluster.runner import OperatorProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

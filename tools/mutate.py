@@ -45,16 +45,16 @@ BUILD = ROOT / "build" / "mutate"
 #: The search `make test` runs: random schedules of every Lease family, and of the simulated
 #: world (real managers, every fault kind, the protocol-placed ones too).
 SWEEP = (
-    "tests/unit/testing/test_sim.py::test_random_schedules_keep_every_invariant",
-    "tests/unit/testing/test_simworld.py::test_random_world_schedules_keep_every_invariant",
+    "tests/unit/testing/simulation/test_leases.py::test_random_schedules_keep_every_invariant",
+    "tests/unit/testing/simulation/test_world.py::test_random_world_schedules_keep_every_invariant",
 )
 #: The simulator's other tests: pinned seeds of found defects and the simulated world's seeds.
 SIM = (
-    "tests/unit/testing/test_sim.py",
-    "tests/unit/testing/test_sim_exit.py",
-    "tests/unit/testing/test_sim_timers.py",
-    "tests/unit/testing/test_simworld.py",
-    "tests/unit/testing/test_simworld_filtered.py",
+    "tests/unit/testing/simulation/test_leases.py",
+    "tests/unit/testing/simulation/test_leases_exit.py",
+    "tests/unit/testing/simulation/test_leases_timers.py",
+    "tests/unit/testing/simulation/test_world.py",
+    "tests/unit/testing/simulation/test_world_filtered.py",
 )
 STAGES = ("sweep", "sim", "units")
 SURVIVED = "survived"

@@ -74,7 +74,7 @@ def dev(**kw: Any) -> None:
     check_lease_timings(kw)
     from declop.dev.loop import DevLoop, Sources
     from declop.dev.manifests import from_models, read as read_manifests
-    from declop.testing.controlplane import ControlPlane
+    from declop.testing.cluster.controlplane import ControlPlane
 
     if kw["clean"]:
         _clean(kw)
@@ -86,9 +86,9 @@ def dev(**kw: Any) -> None:
             raise BadOptions("--node needs the controller-manager (ServiceAccounts, ReplicaSets); drop --no-controller-manager")
         if kw["modules"]:
             raise BadOptions("--node runs handler files from a ConfigMap; -m modules belong in your own image (docs/deploy.md)")
-        from declop.testing.node import Node
+        from declop.testing.cluster.node import Node
 
-        from declop.testing import recovery
+        from declop.testing.cluster import recovery
 
         Node(ControlPlane()).check()  # no root, no packages, another node: one line before anything starts
         recovery.recover(echo=_echo)  # what a killed node left, before minutes of image building
@@ -171,7 +171,7 @@ def _clean(kw: dict[str, Any]) -> None:
         raise BadOptions("--clean only cleans up and starts nothing: drop PATHS, -m and -f")
     if os.geteuid() != 0:
         raise ConfigError("cleaning up after a local node needs root (its processes, mounts, iptables rules and sysctls are root's); run it as root")
-    from declop.testing import recovery
+    from declop.testing.cluster import recovery
 
     if recovery.recover(echo=_echo) == 0:
         _echo("Nothing to clean up: no killed declop node left anything on this host.")
@@ -209,7 +209,7 @@ async def _serve_until_signal(run: Any) -> int:
 def _dev_image(kw: dict[str, Any]) -> Any:
     """The images for ``dev --node``: declop's (built once per content, from this checkout or the
     installed package) and the project's own ``FROM`` it when a Dockerfile sits beside PATHS."""
-    from declop.testing.incluster import dev_images
+    from declop.testing.cluster.incluster import dev_images
 
     return dev_images(kw["paths"], echo=_echo)
 
@@ -220,7 +220,7 @@ def node_rbac(cp: Any, paths: Sequence[str], registry: Registry | None = None) -
     in ``registry`` (the default one: ``dev --node`` loaded them), names read against the dev
     cluster as that command reads them — least privilege, never everything."""
     from declop.cli.rbac import catalog, values_of
-    from declop.testing.incluster import RBAC_VALUES, project_rbac
+    from declop.testing.cluster.incluster import RBAC_VALUES, project_rbac
 
     given = project_rbac(paths)
     if given is not None:
@@ -238,7 +238,7 @@ def _run_in_cluster(cp: Any, kw: dict[str, Any], images: Any) -> None:
     import subprocess
 
     from declop.assets.files import chart_dir
-    from declop.testing.incluster import handler_files, install_operator
+    from declop.testing.cluster.incluster import handler_files, install_operator
 
     assert cp.node is not None and images is not None
     for tar in images.tars:

@@ -71,9 +71,9 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
     purpose. See docs/simulation.md.
     """
     from declop.dev.manifests import from_models
-    from declop.testing import simworld
-    from declop.testing.simallow import Allow
-    from declop.testing.simshrink import parse_fault, parse_only, shrink
+    from declop.testing.simulation import world as simworld
+    from declop.testing.simulation.allow import Allow
+    from declop.testing.simulation.shrink import parse_fault, parse_only, shrink
 
     if not paths and not modules:
         raise ConfigError("nothing to simulate: pass handler files (declop sim handlers.py) or -m module")
@@ -93,7 +93,7 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
         raise ConfigError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(simworld.WORLD_KINDS)}")
     allowed = Allow.parse(allow, {r.name for r in default_registry.registrations})
     if objects_from is not None:
-        from declop.testing.simobjects import maker
+        from declop.testing.simulation.objects import maker
 
         maker(objects_from)  # a name that does not resolve: one line now, not a traceback per seed
     world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
@@ -113,7 +113,7 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
 def _virtual(record: logging.LogRecord) -> bool:
     """``-v``'s lines in a simulated run: each prefixed with its virtual time and replica
     (``t=12.345 r0``), to read beside the report's history table."""
-    from declop.testing.simloop import actor
+    from declop.testing.simulation.loop import actor
 
     try:
         now = asyncio.get_running_loop().time()

@@ -88,7 +88,7 @@ class Manager:
         wall_clock: Clock | None = None,
     ) -> None:
         """``transport``, ``discovery``, ``executor`` (plain handlers) and the Lease clocks are
-        built from ``configuration`` unless given: the simulator (:mod:`declop.testing.simworld`)
+        built from ``configuration`` unless given: the simulator (:mod:`declop.testing.simulation.world`)
         gives its own, so that several managers run in one process on virtual time."""
         self.configuration = configuration
         self._given = (transport, discovery, executor)

@@ -53,7 +53,7 @@ class ClientContext:
         self.sync_timeout = sync_timeout
         self.recorder = recorder
         #: runs a blocking client's coroutine to completion when a plain handler is called on the
-        #: loop's own thread — only the simulator does that (:mod:`declop.testing.simworld`, so a
+        #: loop's own thread — only the simulator does that (:mod:`declop.testing.simulation.world`, so a
         #: run stays deterministic); None: such a call is a mistake and raises
         self.inline: Callable[[Coroutine[Any, Any, Any]], Any] | None = None
 

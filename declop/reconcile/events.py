@@ -4,7 +4,7 @@
 object as read: a dict, or a typed model (``obj: Widget``), named by its JSON identity
 (:func:`declop.typed.dump.as_json`).
 
-The unit-test kit's fake apiserver (:mod:`declop.testing.apiserver`) records Events through
+The unit-test kit's fake apiserver (:mod:`declop.testing.fakes.apiserver`) records Events through
 this same recorder, so what is sent, folded, dropped or only logged is the same in a unit test
 as in a cluster.
 

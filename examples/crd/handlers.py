@@ -27,7 +27,7 @@
   coming back); events on the children are not filtered.
 
 The pure functions below (``desired_*``) are what ``examples/test_widget_unit.py``
-tests without any cluster, through ``declop.testing.fake.run_reconcile``.
+tests without any cluster, through ``declop.testing.fakes.client.run_reconcile``.
 """
 
 from typing import Annotated

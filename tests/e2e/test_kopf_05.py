@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from declop.testing.runner import OperatorProcess, wait_for
+from declop.testing.cluster.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 

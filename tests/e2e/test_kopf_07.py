@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from declop.testing.runner import OperatorProcess
+from declop.testing.cluster.runner import OperatorProcess
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from declop.testing.runner import OperatorProcess, wait_for
+from declop.testing.cluster.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 import declop
-from declop.testing.runner import OperatorProcess, wait_for
+from declop.testing.cluster.runner import OperatorProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "declop"

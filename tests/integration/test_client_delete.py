@@ -17,7 +17,7 @@ import pytest
 import declop
 from declop.manager import Options
 from declop.reconcile import client as client_module
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from kubernetes import watch
 
 from declop.errors import ConfigError
 from declop.testing import ControlPlane, find_assets
-from declop.testing.plugin import namespace_name
+from declop.testing.cluster.plugin import namespace_name
 
 pytestmark = pytest.mark.integration
 

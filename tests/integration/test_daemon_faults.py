@@ -22,8 +22,8 @@ import kubernetes.client
 import pytest
 from kubernetes.client.rest import ApiException
 
-from declop.testing.faults import TcpProxy
-from declop.testing.runner import OperatorProcess, wait_for
+from declop.testing.cluster.faults import TcpProxy
+from declop.testing.cluster.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from declop.testing.runner import wait_for
+from declop.testing.cluster.runner import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import pytest
 import declop
 from declop.errors import ConfigError
 from declop.manager import LeaseLost, Options
-from declop.testing.faults import TcpProxy
-from declop.testing.runner import wait_for
+from declop.testing.cluster.faults import TcpProxy
+from declop.testing.cluster.runner import wait_for
 
 
 def _handlers(seen: list[str]) -> declop.registry.Registry:

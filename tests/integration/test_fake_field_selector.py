@@ -15,8 +15,8 @@ import pytest
 
 from declop.errors import ApiError
 from declop.kube.transport import Transport, load_configuration
-from declop.testing.apiserver import FakeApiServer
-from declop.testing.controlplane import ControlPlane
+from declop.testing.fakes.apiserver import FakeApiServer
+from declop.testing.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

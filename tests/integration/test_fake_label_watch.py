@@ -13,8 +13,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import pytest
 
 from declop.kube.transport import Transport, load_configuration
-from declop.testing.apiserver import FakeApiServer
-from declop.testing.controlplane import ControlPlane
+from declop.testing.fakes.apiserver import FakeApiServer
+from declop.testing.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

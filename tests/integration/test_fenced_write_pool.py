@@ -22,7 +22,7 @@ from declop.kube.fencing import WriteFence
 from declop.kube.keys import Request
 from declop.kube.transport import Transport, load_configuration
 from declop.leases.leader import LeaderElector
-from declop.testing.controlplane import ControlPlane
+from declop.testing.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

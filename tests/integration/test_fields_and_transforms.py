@@ -12,7 +12,7 @@ import pytest
 
 import declop
 from declop.manager import Options
-from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorProcess, OperatorRunner, wait_for
 
 
 def make_pod(api: Any, namespace: str, name: str, node: str) -> None:

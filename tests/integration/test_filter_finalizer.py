@@ -18,7 +18,7 @@ import pytest
 
 import declop
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 FINALIZER = "declop.test/filter-finalizer"
 

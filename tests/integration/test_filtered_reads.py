@@ -3,11 +3,11 @@ kube-apiserver (issue 42): two informers of one resource — the filtered one th
 unfiltered one its reads start once the object left the filter. Whatever order the two watches
 deliver a change in, the handler's last read of the object is the object as it is now, so what
 it did last (keep or delete a child ConfigMap) matches the object's labels: the simulator's I10
-(declop.testing.simworld, ``World(filtered=True)``) on a real cluster.
+(declop.testing.simulation.world, ``World(filtered=True)``) on a real cluster.
 
 Two watches of one local apiserver seldom disagree long enough to matter: with the unfiltered
 cache's wake disabled this test still passed 3 runs of 3. What fails without it is the simulator's
-seed (tests/unit/testing/test_simworld_filtered.py), whose watches have delays of their own; this
+seed (tests/unit/testing/simulation/test_world_filtered.py), whose watches have delays of their own; this
 test shows the whole path — both informers, the reads, the writes — end to end."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import kubernetes.client
 import declop
 from declop.errors import NotFound
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 
 def test_an_object_moved_in_and_out_of_the_filter_is_last_read_as_it_is(kubeconfig: str, k8s_api: Any, namespace: str) -> None:

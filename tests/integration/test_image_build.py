@@ -1,4 +1,4 @@
-"""declop.testing.image for real: BuildKit builds the repository's Dockerfile on a debootstrap
+"""declop.testing.cluster.image for real: BuildKit builds the repository's Dockerfile on a debootstrap
 base, with no Docker daemon, no registry and no network in the build; an image FROM it; a failed
 build; and nothing left behind (processes, mounts, the lock) after stop, even mid-build.
 Also tools/node/build.sh's and the CLI's one-line errors without root.
@@ -30,8 +30,8 @@ from declop.testing import (
     pause_image,
     wait_for,
 )
-from declop.testing import buildkit as buildkit_module
-from declop.testing import image as image_module
+from declop.testing.cluster import buildkit as buildkit_module
+from declop.testing.cluster import image as image_module
 
 pytestmark = pytest.mark.node
 
@@ -223,7 +223,7 @@ def test_second_builder_on_the_same_state_waits_then_says_so(
     itself), naming the builder to use instead."""
     script = (
         "import sys\n"
-        "from declop.testing.image import BuildKit, ImageBuildError\n"
+        "from declop.testing.cluster.image import BuildKit, ImageBuildError\n"
         f"other = BuildKit(assets_dir={str(node_assets)!r}, state_dir={str(builder.state_dir)!r}, lock_timeout=0.3)\n"
         "try:\n"
         "    other.start()\n"
@@ -294,7 +294,7 @@ def test_builder_dies_with_the_process_that_started_it(node_assets: Path, tmp_pa
     and the next builder on the same state starts (stale socket folder and all)."""
     owner = subprocess.Popen(
         [sys.executable, "-c",
-         ("import sys, time; from declop.testing.image import BuildKit\n"
+         ("import sys, time; from declop.testing.cluster.image import BuildKit\n"
           f"kit = BuildKit(assets_dir={str(node_assets)!r}, state_dir={str(tmp_path / 's')!r})\n"
           "print(kit.start().process.pid, flush=True); time.sleep(600)")],
         stdout=subprocess.PIPE, text=True,
@@ -312,7 +312,7 @@ def test_builder_dies_with_the_process_that_started_it(node_assets: Path, tmp_pa
 
 def test_without_root_the_cli_says_so_in_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*NOBODY, sys.executable, "-m", "declop.testing.image_cli", "--output",
+        [*NOBODY, sys.executable, "-m", "declop.testing.cluster.image_cli", "--output",
          str(tmp_path / "x.tar")],
         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HOME": str(tmp_path)}, check=False,
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """The informer against a real kube-apiserver through a TCP proxy that injects network faults
-(declop.testing.faults.TcpProxy): cut connections and black holes."""
+(declop.testing.cluster.faults.TcpProxy): cut connections and black holes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 import declop
 from declop.manager import Options
-from declop.testing.faults import TcpProxy
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.faults import TcpProxy
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -283,8 +283,8 @@ def test_the_wheel_holds_the_chart_the_dockerfile_and_the_node_build(dist: Path)
 FIND_FROM_INSTALL = '''
 import json, os, sys
 from declop.assets import files
-from declop.testing.image import lock_problems
-from declop.testing.incluster import project_folder, project_rbac
+from declop.testing.cluster.image import lock_problems
+from declop.testing.cluster.incluster import project_folder, project_rbac
 
 with files.image_source() as source:
     staged = {

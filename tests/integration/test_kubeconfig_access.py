@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from declop.testing.faults import ConnectProxy
-from declop.testing.runner import OperatorProcess
+from declop.testing.cluster.faults import ConnectProxy
+from declop.testing.cluster.runner import OperatorProcess
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ def test_insecure_skip_tls_verify(control_plane, tmp_path):
 
 
 def test_a_wrong_ca_names_the_verification_error(control_plane, tmp_path):
-    from declop.testing.certs import generate
+    from declop.testing.cluster.certs import generate
 
     other = generate(tmp_path / "other-pki")
     config = admin_config(control_plane)

@@ -25,8 +25,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from declop.testing.faults import TcpProxy
-from declop.testing.runner import OperatorProcess, wait_for
+from declop.testing.cluster.faults import TcpProxy
+from declop.testing.cluster.runner import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import pytest
 
 import declop
 from declop.manager import Options
-from declop.testing.faults import TcpProxy
-from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
+from declop.testing.cluster.faults import TcpProxy
+from declop.testing.cluster.runner import OperatorProcess, OperatorRunner, wait_for
 
 
 def test_startup_informers_background_drain_shutdown_happen_in_that_order(kubeconfig, k8s_api, namespace):

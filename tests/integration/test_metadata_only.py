@@ -12,7 +12,7 @@ import kubernetes.client
 import declop
 from declop.cache.informer import METADATA_ACCEPT, Informer
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 SECRET = {"password": "c2VjcmV0"}  # base64 of "secret"
 

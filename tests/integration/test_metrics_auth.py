@@ -17,7 +17,7 @@ import pytest
 
 import declop
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner
+from declop.testing.cluster.runner import OperatorRunner
 
 pytestmark = pytest.mark.integration
 

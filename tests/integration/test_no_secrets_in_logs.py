@@ -10,8 +10,8 @@ import textwrap
 import kubernetes.client
 import pytest
 
-from declop.testing.faults import ConnectProxy
-from declop.testing.runner import OperatorProcess
+from declop.testing.cluster.faults import ConnectProxy
+from declop.testing.cluster.runner import OperatorProcess
 
 pytestmark = pytest.mark.integration
 

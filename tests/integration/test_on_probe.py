@@ -10,7 +10,7 @@ from typing import Any
 
 import declop
 from declop.manager import Options
-from declop.testing.process import free_ports
+from declop.testing.cluster.process import free_ports
 
 
 def get(url: str) -> tuple[int, Any]:

@@ -14,7 +14,7 @@ import pytest
 
 import declop
 from declop.manager import Options
-from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorProcess, OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

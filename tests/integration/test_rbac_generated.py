@@ -32,7 +32,7 @@ from declop.loader import load
 from declop.manager import Options
 from declop.registry import Registry
 from declop.serving.metrics import Metrics
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ import declop.reconcile.events
 from declop.errors import ConfigError
 from declop.kube.kubeconfig import RestConfig
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import declop
 from declop.loader import load
 from declop.manager import Options
 from declop.registry import Registration, Registry, default_registry
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

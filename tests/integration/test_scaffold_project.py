@@ -31,7 +31,7 @@ import declop.registry
 from declop.kube.kubeconfig import RestConfig
 from declop.loader import load
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -29,8 +29,8 @@ import pytest
 
 from declop.leases.hashing import fnv1a64, range_index
 from declop.testing import OperatorProcess, Replicas, wait_for
-from declop.testing.faults import TcpProxy
-from declop.testing.plugin import namespace_name
+from declop.testing.cluster.faults import TcpProxy
+from declop.testing.cluster.plugin import namespace_name
 
 pytestmark = pytest.mark.integration
 

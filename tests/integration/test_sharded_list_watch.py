@@ -18,7 +18,7 @@ import pytest
 from declop.kube.discovery import ResourceInfo
 from declop.cache.informer import Informer
 from declop.leases.hashing import ShardFilter, selector, split
-from declop.testing.controlplane import ControlPlane
+from declop.testing.cluster.controlplane import ControlPlane
 from declop.kube.transport import Transport, load_configuration
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ import declop
 from declop.handlers.steps import wrap
 from declop.manager import Options
 from declop.registry.signatures import wanted_names
-from declop.testing.runner import OperatorProcess, OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorProcess, OperatorRunner, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 import declop
 from declop.kube.keys import Request
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 from declop.typed.crd import definitions, dump
 from declop.typed.model import CustomResource, ListType, ObjectMeta
 

@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field, TypeAdapter, create_model
 
 from declop.kube.transport import PATCH_TYPES, Transport, load_configuration
 from declop.dev.scaffold import names_for, render
-from declop.testing.runner import wait_for
+from declop.testing.cluster.runner import wait_for
 from declop.typed.crd import definitions
 from declop.typed.model import CustomResource, IntOrString
 from declop.typed.status import _none_default, _said, encode, status_ops, to_json

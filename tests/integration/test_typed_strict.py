@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import declop
 from declop.kube.keys import Request
 from declop.manager import Options
-from declop.testing.runner import OperatorRunner, wait_for
+from declop.testing.cluster.runner import OperatorRunner, wait_for
 from declop.typed.model import CustomResource
 
 pytestmark = pytest.mark.integration

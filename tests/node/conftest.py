@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from declop.testing import ControlPlane
-from declop.testing.image import BuildKit, BuiltImage, build_image, declop_image
-from declop.testing.host import HOST_PATHS, SYSCTLS, cgroup_hierarchies
-from declop.testing.runrecord import RECORDS_DIR
+from declop.testing.cluster.image import BuildKit, BuiltImage, build_image, declop_image
+from declop.testing.cluster.host import HOST_PATHS, SYSCTLS, cgroup_hierarchies
+from declop.testing.cluster.runrecord import RECORDS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ import kubernetes.watch
 import pytest
 
 from declop.testing import ControlPlane, wait_for
-from declop.testing.image import BuiltImage
+from declop.testing.cluster.image import BuiltImage
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "declop"

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from declop.testing import wait_for
-from declop.testing.host import cgroup_hierarchies
-from declop.testing.runrecord import RECORDS_DIR, RunRecord
+from declop.testing.cluster.host import cgroup_hierarchies
+from declop.testing.cluster.runrecord import RECORDS_DIR, RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ["examples/pods.py"]

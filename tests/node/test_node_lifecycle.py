@@ -1,4 +1,4 @@
-"""declop.testing.node: a real node starts, runs Pods, and leaves nothing behind when stopped.
+"""declop.testing.cluster.node: a real node starts, runs Pods, and leaves nothing behind when stopped.
 
 The leftovers check does not trust :meth:`Node.leftovers` alone: it also looks at the host with
 the usual tools (``/proc``, ``mount``, ``iptables-save``, ``ip link``, ``/proc/sys``).
@@ -15,7 +15,7 @@ import pytest
 
 from declop.errors import ConfigError
 from declop.testing import ControlPlane, wait_for
-from declop.testing.node import Node
+from declop.testing.cluster.node import Node
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_without_root_declop_dev_node_says_so_in_one_line() -> None:
 
 
 def test_a_missing_package_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from declop.testing import node as module
+    from declop.testing.cluster import node as module
 
     monkeypatch.setitem(module.PACKAGES, "containernetworking-plugins", "/nonexistent/bridge")
     with pytest.raises(ConfigError, match=r"needs the Debian packages containernetworking-plugins;"):

@@ -18,7 +18,7 @@ import subprocess
 from typing import Any
 
 from declop.testing import ControlPlane, wait_for
-from declop.testing.image import BuiltImage
+from declop.testing.cluster.image import BuiltImage
 from test_chart_on_node import (  # tests/node is on sys.path (pytest's rootdir-relative import)
     PODS,
     assert_seed_lines,

@@ -80,7 +80,7 @@ def test_a_webhook_body_limit_out_of_range_is_one_clear_error(captured: tuple[li
 
 @pytest.fixture()
 def no_control_plane(monkeypatch: pytest.MonkeyPatch) -> None:
-    import declop.testing.controlplane as controlplane
+    import declop.testing.cluster.controlplane as controlplane
 
     def refuse(*a: Any, **kw: Any) -> None:
         raise AssertionError("no control plane may start for a refused command")
@@ -146,7 +146,7 @@ def test_dev_clean_without_root_says_so(no_control_plane: None, monkeypatch: pyt
 
 
 def test_dev_clean_only_cleans_up_and_says_when_there_was_nothing(no_control_plane: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from declop.testing import recovery
+    from declop.testing.cluster import recovery
 
     calls: list[object] = []
     monkeypatch.setattr(dev_command.os, "geteuid", lambda: 0)

@@ -273,7 +273,7 @@ from pydantic import BaseModel, Field  # noqa: E402
 
 import declop  # noqa: E402
 from declop.typed.model import ListType  # noqa: E402
-from declop.testing.apiserver import _json_patch  # noqa: E402
+from declop.testing.fakes.apiserver import _json_patch  # noqa: E402
 from declop.typed.status import status_ops  # noqa: E402
 
 

@@ -53,7 +53,7 @@ from declop.manager import LOST_CLEANUP_SECONDS  # noqa: E402
 from declop.manager.leadership import LeaderLease  # noqa: E402
 from declop.reconcile.controller import Controller, Source  # noqa: E402
 from declop.reconcile.mapping import enqueue_self  # noqa: E402
-from declop.testing.apiserver import FakeApiServer  # noqa: E402
+from declop.testing.fakes.apiserver import FakeApiServer  # noqa: E402
 
 CM = ResourceInfo(group="", version="v1", plural="configmaps", kind="ConfigMap", namespaced=True)
 
@@ -249,7 +249,7 @@ def test_a_graceful_stop_leaves_the_lease_to_expire_while_a_handler_thread_runs(
 
 
 def test_a_graceful_stop_that_leaves_the_lease_to_expire_exits_as_after_a_loss() -> None:
-    """Simulator `shared-id` seed 402 (tests/unit/testing/test_sim.py): a Lease left to expire
+    """Simulator `shared-id` seed 402 (tests/unit/testing/simulation/test_leases.py): a Lease left to expire
     under a call still in its thread is a loss — ``on_lost`` (the 2 s watchdog) is called at that
     moment, the exit status is 1, and every later step shares the loss's budget, so the process
     and the stuck thread are gone before another replica may take the Lease. Before, the stop

@@ -19,7 +19,7 @@ import pytest
 
 from declop.cache import watch as watch_module
 from declop.cache.informer import Backoff, Informer
-from declop.testing.listwatch import ListWatchServer, Step
+from declop.testing.fakes.listwatch import ListWatchServer, Step
 
 T = TypeVar("T")
 

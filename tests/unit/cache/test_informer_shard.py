@@ -15,7 +15,7 @@ import pytest
 from declop.cache.backoff import Backoff
 from declop.cache.informer import Informer, InformerPool
 from declop.leases.hashing import ShardFilter, split
-from declop.testing.listwatch import ListWatchServer
+from declop.testing.fakes.listwatch import ListWatchServer
 
 HALVES = split(2)
 #: the names vary at the front: FNV-1a keeps the high bits of strings that differ only at the end

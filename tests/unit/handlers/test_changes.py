@@ -14,7 +14,7 @@ from declop.handlers.changes import Change, diff, essence, snapshot_key
 from declop.kube.keys import Request
 from declop.reconcile.result import Phase
 from declop.registry import Registry
-from declop.testing.fake import FakeClient, run_reconcile
+from declop.testing.fakes.client import FakeClient, run_reconcile
 from declop.typed.crd import definitions
 from declop.typed.model import CustomResource
 

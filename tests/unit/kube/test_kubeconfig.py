@@ -20,7 +20,7 @@ import pytest
 from declop.errors import ApiError, ConfigError
 from declop.kube.credentials import Credential, ExecPlugin
 from declop.kube.kubeconfig import KubeconfigError, RestConfig, load, load_cert_chain
-from declop.testing.certs import generate
+from declop.testing.cluster.certs import generate
 
 
 def kubeconfig(path: Path, *, server: str = "https://a.example:6443", cluster: dict[str, Any] | None = None,

@@ -16,7 +16,7 @@ from declop.errors import ApiError, RegistrationError
 from declop.kube.login import ConnectionInfo, LoginConfig, connection_info, refresh_at
 from declop.lifecycle import login_function
 from declop.registry import Registry
-from declop.testing.certs import generate
+from declop.testing.cluster.certs import generate
 
 SERVER = "https://127.0.0.1:6443"
 

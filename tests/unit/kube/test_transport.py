@@ -479,7 +479,7 @@ async def _drain(transport: Any, path: str, **kw: Any) -> list[bytes]:
 def _watch_outcome(steps: tuple[Any, ...], **kw: Any) -> Any:
     import asyncio
 
-    from declop.testing.listwatch import ListWatchServer
+    from declop.testing.fakes.listwatch import ListWatchServer
 
     async def scenario() -> Any:
         async with ListWatchServer() as server:
@@ -494,7 +494,7 @@ def _watch_outcome(steps: tuple[Any, ...], **kw: Any) -> Any:
 
 def test_stream_idle_read_is_stream_idle_not_unreachable() -> None:
     """aiohttp's read timeout is a ClientConnectionError subclass: it must not read as Unreachable."""
-    from declop.testing.listwatch import Step
+    from declop.testing.fakes.listwatch import Step
     from declop.kube.transport import StreamIdle
 
     outcome = _watch_outcome((Step.bookmark(), Step.idle(2)), read_timeout=0.2)
@@ -502,7 +502,7 @@ def test_stream_idle_read_is_stream_idle_not_unreachable() -> None:
 
 
 def test_stream_cut_after_it_began_is_interrupted() -> None:
-    from declop.testing.listwatch import Step
+    from declop.testing.fakes.listwatch import Step
     from declop.kube.transport import StreamInterrupted
 
     outcome = _watch_outcome((Step.bookmark(), Step.abort()))
@@ -510,14 +510,14 @@ def test_stream_cut_after_it_began_is_interrupted() -> None:
 
 
 def test_stream_closed_by_the_server_just_ends() -> None:
-    from declop.testing.listwatch import Step
+    from declop.testing.fakes.listwatch import Step
 
     outcome = _watch_outcome((Step.bookmark(), Step.close()))
     assert isinstance(outcome, list) and len(outcome) == 1
 
 
 def test_stream_error_status_carries_retry_after() -> None:
-    from declop.testing.listwatch import Step
+    from declop.testing.fakes.listwatch import Step
 
     outcome = _watch_outcome((Step.status(429, "TooManyRequests", retry_after=3),))
     assert isinstance(outcome, ApiError) and outcome.status == 429 and outcome.retry_after == 3.0
@@ -527,7 +527,7 @@ def test_stream_refused_connection_is_unreachable() -> None:
     import asyncio
     import socket
 
-    from declop.testing.listwatch import ListWatchServer
+    from declop.testing.fakes.listwatch import ListWatchServer
     from declop.kube.transport import StreamIdle, StreamInterrupted
 
     with socket.socket() as s:
@@ -682,7 +682,7 @@ def _read_batches(bulk: Any, events: int) -> tuple[list[bytes], int]:
     of distinct loop iterations they were handed on in (lines of one read share one)."""
     import asyncio
 
-    from declop.testing.listwatch import ListWatchServer, Step
+    from declop.testing.fakes.listwatch import ListWatchServer, Step
 
     async def scenario() -> tuple[list[bytes], int]:
         ticks = 0
@@ -744,7 +744,7 @@ def test_bulk_stream_cut_mid_transfer_is_interrupted_not_hung() -> None:
     import asyncio
 
     from declop.kube.transport import StreamInterrupted
-    from declop.testing.listwatch import ListWatchServer, Step
+    from declop.testing.fakes.listwatch import ListWatchServer, Step
 
     async def scenario() -> tuple[list[bytes], BaseException | None]:
         steps: list[Any] = []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import declop
 from declop.kube import truststore
-from declop.testing import certs
+from declop.testing.cluster import certs
 
 ROOT = str(Path(declop.__file__).resolve().parent.parent)
 

@@ -491,7 +491,7 @@ def test_a_closed_fence_never_reopens() -> None:
 
 
 def test_a_deleted_lease_closes_the_holders_fence_and_is_created_again_only_a_lease_duration_later() -> None:
-    """Issue 22, defect 7 (found by declop.testing.sim): a standby re-created a deleted Lease at
+    """Issue 22, defect 7 (found by declop.testing.simulation.leases): a standby re-created a deleted Lease at
     once while the holder's fence was still open."""
     clock, server = FakeClock(), LeaseServer()
     a, b = elector(server, "a", clock), elector(server, "b", clock)

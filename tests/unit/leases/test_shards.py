@@ -16,7 +16,7 @@ from declop.errors import ApiError, ConfigError, Conflict, NotFound
 from declop.serving.metrics import Metrics
 from declop.leases.hashing import fnv1a64, range_index, split
 from declop.leases.shards import ShardLeases, ShardSet, lease_name, plan
-from declop.testing.simloop import VirtualLoop
+from declop.testing.simulation.loop import VirtualLoop
 
 
 class Leases:

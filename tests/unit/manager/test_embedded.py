@@ -15,7 +15,7 @@ import declop
 from declop.errors import ConfigError
 from declop.kube.restconfig import RestConfig
 from declop.manager import LeaseLost, Options, embedded
-from declop.testing.runner import wait_for
+from declop.testing.cluster.runner import wait_for
 
 
 class FakeManager:

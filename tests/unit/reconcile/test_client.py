@@ -4,7 +4,7 @@ typed ``patch_status`` sends the guarded JSON patch of only what changed, and no
 and every write verb of both clients is refused (``declop.Fenced``, nothing sent) under a closed
 write fence — also from a plain handler's thread.
 
-The clients run over the fake apiserver (declop.testing.fake): the transport is the unit
+The clients run over the fake apiserver (declop.testing.fakes.client): the transport is the unit
 boundary; what the real apiserver does with the options is tests/integration/test_client_delete.py.
 """
 
@@ -26,8 +26,8 @@ from declop.reconcile.client import AsyncClient, AsyncLiveReader, Client, Client
 from declop.kube.keys import Request
 from declop.cache.informer import InformerPool
 from declop.cache.store import Writer
-from declop.testing.apiserver import FakeApiServer
-from declop.testing.fake import FakeClient
+from declop.testing.fakes.apiserver import FakeApiServer
+from declop.testing.fakes.client import FakeClient
 from declop.typed.model import CustomResource
 
 PUBLIC_WRITES = ("create", "update", "patch", "patch_status", "apply", "delete", "event")

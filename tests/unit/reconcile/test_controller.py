@@ -1356,7 +1356,7 @@ async def _two_caches(handler: Any, **options: Any) -> tuple[Controller, Any, An
     object a in both caches, labelled; the controller started."""
     from declop.cache.informer import InformerPool
     from declop.reconcile.client import ClientContext
-    from declop.testing.apiserver import FakeApiServer
+    from declop.testing.fakes.apiserver import FakeApiServer
 
     server = FakeApiServer()
     info = server.discovery.resolve_cached("configmaps")

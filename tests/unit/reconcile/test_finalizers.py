@@ -350,7 +350,7 @@ def test_release_is_guarded_by_uid_and_entries_never_by_resource_version() -> No
 def test_release_applies_after_the_handler_wrote_the_object() -> None:
     """Through the fake apiserver's real JSON-patch semantics: the status write moved the
     resourceVersion past the one the handler was given, and the release still goes through."""
-    from declop.testing.fake import FakeApiServer
+    from declop.testing.fakes.client import FakeApiServer
 
     server = FakeApiServer()
     created = run(server.request("POST", "/api/v1/namespaces/default/configmaps",

@@ -18,7 +18,7 @@ from declop.reconcile.ownership import (
     retry_on_conflict,
     set_controller_reference,
 )
-from declop.testing.fake import FakeClient
+from declop.testing.fakes.client import FakeClient
 
 
 def widget(name: str = "w", namespace: str | None = "ns", uid: str = "uid-w", api_version: str = "example.com/v1") -> dict[str, Any]:

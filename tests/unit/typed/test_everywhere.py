@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 import declop
 from declop.registry import Registry
-from declop.testing.fake import FakeClient, run_reconcile
+from declop.testing.fakes.client import FakeClient, run_reconcile
 from declop.typed.crd import definitions
 from declop.typed.model import CustomResource, ListType, ObjectMeta
 

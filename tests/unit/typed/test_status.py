@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_seriali
 import declop
 from declop.errors import ApiError, Conflict
 from declop.registry import Registry
-from declop.testing.apiserver import _json_patch
-from declop.testing.fake import FakeClient, run_reconcile
+from declop.testing.fakes.apiserver import _json_patch
+from declop.testing.fakes.client import FakeClient, run_reconcile
 from declop.typed.crd import definitions
 from declop.typed.model import CustomResource, IntOrString, ListType
 from declop.typed.status import encode, refused, status_ops, to_json
