@@ -135,6 +135,37 @@ def test_superseded_entries_stay_bounded() -> None:
     assert sorted(drain(queue)) == sorted(names)
 
 
+def test_compaction_is_amortized_one_rebuild_per_heap_of_superseded_entries(mocker) -> None:
+    """A promotion pushes a new entry and leaves the old one behind; the heap is rebuilt only
+    once superseded entries outnumber the live ones, so a promotion costs O(log n) amortized —
+    not a heapify of the whole queue each time."""
+    import declop.queue.priority as module
+
+    heapify = mocker.spy(module.heapq, "heapify")
+    queue, _ = make()
+    names = [f"k{i}" for i in range(1000)]
+    for name in names:
+        queue.add(name, LOW)
+    for p in range(1, 5):
+        for name in names:
+            queue.add(name, LOW + p)
+    # 4,000 promotions over 1,000 live items: one rebuild per ~1,000 superseded entries
+    assert 1 <= heapify.call_count <= 5
+    assert sorted(drain(queue)) == sorted(names)
+
+
+def test_a_small_queue_is_never_compacted(mocker) -> None:
+    import declop.queue.priority as module
+
+    heapify = mocker.spy(module.heapq, "heapify")
+    queue, _ = make()
+    queue.add("a", LOW)
+    for p in range(1, 60):
+        queue.add("a", LOW + p)  # 60 entries, 1 live: below the compaction floor
+    assert heapify.call_count == 0
+    assert drain(queue) == ["a"]
+
+
 @pytest.mark.parametrize("aging", [-1.0, float("nan"), float("inf"), "fast", True])
 def test_bad_aging_is_refused(aging: object) -> None:
     with pytest.raises(ValueError, match="aging must be a number of priority points per second >= 0"):
