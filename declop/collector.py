@@ -9,7 +9,9 @@ does not: under a steady stream of them a pause would never end; docs/webhooks.m
 
 - :func:`pause` / :func:`resume` (or :func:`paused`) nest: the collector runs again when the
   last pause ends, and only if it was enabled when the first began;
-- :func:`freeze` keeps what survived a sync out of later full passes.
+- :func:`freeze` keeps what survived a sync out of later full passes;
+- :func:`thaw` gives every frozen object back to the collector, for a process that runs managers
+  one after another (the simulator's seeds, a test suite's runners).
 
 Invariants:
 - pauses are counted process-wide, from any thread (under a lock), so one user's resume never
@@ -30,7 +32,7 @@ import gc
 import threading
 from typing import Iterator
 
-__all__ = ["freeze", "pause", "paused", "resume"]
+__all__ = ["freeze", "pause", "paused", "resume", "thaw"]
 
 _pauses = 0
 _was_enabled = True
@@ -91,3 +93,15 @@ def freeze() -> None:
     gc.collect()
     gc.freeze()
     _froze = True
+
+
+def thaw() -> None:
+    """Give every frozen object back to the cyclic collector.
+
+    A freeze pins every container alive at that moment, and a cycle among them that dies later
+    is never freed while it stays frozen: after a manager stops, its whole graph (loop, tasks,
+    informers, caches) is such a cycle. A process that runs one manager until it exits loses
+    nothing; one that runs many in turn (the simulator runs a world per seed) keeps every one of
+    them until it thaws. The cost is one full pass: the next :func:`freeze` collects first (the
+    flag stays set, so the next :func:`pause` does not freeze the heap uncollected)."""
+    gc.unfreeze()
