@@ -167,6 +167,25 @@ def mutated_lines(diff: str) -> dict[str, set[int]]:
     return changed
 
 
+def statement_lines(source: str) -> dict[int, int]:
+    """Each line of ``source`` that belongs to a statement → the first line of the innermost
+    statement holding it. coverage reports a statement by its first line only, so a mutant on a
+    later line of it (a ``def``'s parameter list, a call spread over lines, an ``if``'s second
+    condition) is reached exactly when that first line is."""
+    starts: dict[int, int] = {}
+    for node in ast.walk(ast.parse(source)):  # breadth first: an inner statement overrides its parent
+        if isinstance(node, ast.stmt):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                starts[line] = node.lineno
+    return starts
+
+
+def spread(covered: Iterable[int], starts: dict[int, int]) -> list[int]:
+    """``covered`` (coverage's executed first lines) and every other line of those statements."""
+    executed = set(covered)
+    return sorted(executed | {line for line, first in starts.items() if first in executed})
+
+
 def reaches(covered: dict[str, list[int]] | None, changed: dict[str, set[int]]) -> bool:
     """Whether a stage that executed ``covered`` (None: not measured) runs a changed line."""
     if covered is None or not changed:
@@ -345,7 +364,10 @@ def baseline(group: Group) -> bool:
             return False
         measured = CoverageData(basename=str(data))
         measured.read()
-        covered[name] = {str(Path(f).relative_to(ROOT)): sorted(measured.lines(f) or ()) for f in measured.measured_files()}
+        covered[name] = {
+            str(Path(f).relative_to(ROOT)): spread(measured.lines(f) or (), statement_lines(Path(f).read_text()))
+            for f in measured.measured_files()
+        }
     lines_path(group).write_text(json.dumps(covered))
     return True
 

@@ -164,3 +164,27 @@ def test_a_stage_that_never_executes_the_mutated_line_is_not_run_and_kills_nothi
     run, calls = runner_failing_at({})
     mutate.run_stages(mutate.GROUPS["queue"], runner=run, changed={"declop/x.py": {3}}, covered=None)
     assert calls == ["sweep", "sim", "units"]  # not measured: every stage runs
+
+
+def test_a_mutant_on_a_later_line_of_a_statement_is_reached_when_its_first_line_ran() -> None:
+    """coverage names a statement by its first line; a mutant of a def's parameter list (Cosmic
+    Ray's ``*,`` → ``<<,``, a syntax error) or of a call's second line was judged unreached and
+    counted as surviving without any stage running."""
+    source = """def f(
+    a,
+    *,
+    b=1,
+):
+    if (a and
+            b):
+        return g(a,
+                 b)
+    return None
+"""
+    starts = mutate.statement_lines(source)
+    assert starts[3] == 1 and starts[7] == 6 and starts[9] == 8 and starts[10] == 10
+    covered = mutate.spread([1, 6, 10], starts)  # imported, called with a falsy a
+    assert {1, 2, 3, 4, 5, 6, 7, 10} <= set(covered)
+    assert 8 not in covered and 9 not in covered  # the return never ran: nor did its second line
+    assert mutate.reaches({"declop/x.py": covered}, {"declop/x.py": {3}})
+    assert not mutate.reaches({"declop/x.py": covered}, {"declop/x.py": {9}})
