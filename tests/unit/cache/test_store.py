@@ -544,6 +544,27 @@ def test_a_failing_transform_is_logged_without_contents_and_the_default_applies(
     assert "xxxx" not in caplog.text
 
 
+@pytest.mark.parametrize("namespace", ["ns", None])
+def test_a_transform_that_broke_the_object_in_place_and_raised_leaves_its_identity_whole(namespace) -> None:
+    """The fallback puts back exactly the name, namespace and resourceVersion the object came
+    with — a cluster-scoped one gets no ``namespace: None`` — so the cache keys it as before."""
+    from declop.cache.store import guarded
+
+    def vandal(obj: dict) -> dict:
+        obj["metadata"].clear()
+        raise RuntimeError("half way")
+
+    raw = _raw()
+    if namespace is None:
+        del raw["metadata"]["namespace"]
+    resource = "nodes" if namespace is None else "pods"
+    store = Store(resource)
+    Writer(store, guarded(vandal, resource)).upsert(raw)
+    cached = store.get(Request(namespace or "", "a"))
+    expected = {"name": "a", "resourceVersion": "1"} | ({"namespace": namespace} if namespace else {})
+    assert cached is not None and cached["metadata"] == expected
+
+
 def test_a_relist_keeps_an_unchanged_object_after_a_transform() -> None:
     from declop.cache.store import guarded
 
