@@ -122,14 +122,20 @@ def test_due_delayed_items_enter_with_normal_priority() -> None:
     assert drain(queue) == ["requeued", "low"]
 
 
-def test_superseded_entries_stay_bounded() -> None:
+def promoted_four_times(n: int = 1000) -> tuple[PriorityQueue, list[str]]:
+    """A queue of ``n`` LOW items, each then promoted four times (4n superseded entries)."""
     queue, _ = make()
-    names = [f"k{i}" for i in range(1000)]
+    names = [f"k{i}" for i in range(n)]
     for name in names:
         queue.add(name, LOW)
     for p in range(1, 5):
         for name in names:
             queue.add(name, LOW + p)
+    return queue, names
+
+
+def test_superseded_entries_stay_bounded() -> None:
+    queue, names = promoted_four_times()
     assert len(queue) == 1000
     assert len(queue._queue) <= 2 * 1000 + 1  # type: ignore[attr-defined]
     assert sorted(drain(queue)) == sorted(names)
@@ -142,13 +148,7 @@ def test_compaction_is_amortized_one_rebuild_per_heap_of_superseded_entries(mock
     import declop.queue.priority as module
 
     heapify = mocker.spy(module.heapq, "heapify")
-    queue, _ = make()
-    names = [f"k{i}" for i in range(1000)]
-    for name in names:
-        queue.add(name, LOW)
-    for p in range(1, 5):
-        for name in names:
-            queue.add(name, LOW + p)
+    queue, names = promoted_four_times()
     # 4,000 promotions over 1,000 live items: one rebuild per ~1,000 superseded entries
     assert 1 <= heapify.call_count <= 5
     assert sorted(drain(queue)) == sorted(names)
