@@ -170,7 +170,7 @@ class BatchRunner:
         try:
             if split:
                 assert isinstance(batch, Batch)
-                w = Watch(batch, calls, loop.create_future())
+                w = Watch(batch, calls, loop.create_future(), batch.started_at)
                 thread.add_done_callback(w.wake)
                 w.timer = loop.call_later(STALL_AFTER, watch, c, w)
                 try:
@@ -285,12 +285,14 @@ def returned(job: concurrent.futures.Future[None], waiter: asyncio.Future[Any]) 
 class Watch:
     """A running batch, watched from the loop for stalls (see :func:`watch`)."""
 
-    __slots__ = ("batch", "calls", "timer", "woken")
+    __slots__ = ("batch", "calls", "since", "timer", "woken")
 
     def __init__(
-        self, batch: Batch[Call], calls: list[Call], woken: asyncio.Future[None]
+        self, batch: Batch[Call], calls: list[Call], woken: asyncio.Future[None], since: float
     ) -> None:
         self.batch, self.calls, self.woken = batch, calls, woken
+        #: the start (``batch.started_at``) of the call the timer was armed for
+        self.since = since
         self.timer: asyncio.TimerHandle
 
     def wake(self, _: object = None) -> None:
@@ -302,12 +304,18 @@ def watch(c: ControllerState, w: Watch) -> None:
     """Timer on the loop while a batch runs. Once a call has run for ``STALL_AFTER``, the calls
     waiting behind it are given back (their keys to the head of the queue), and the worker is
     woken to settle the calls that finished before it; then the timer stops (nothing is left
-    but the slow call)."""
+    but the slow call).
+
+    A timer armed for a call that is still the running one is a stall by itself, without reading
+    the clock again: re-arming for ``STALL_AFTER - running`` would, on a clock that only moves
+    when timers fire (``declop sim``'s), meet a ``running`` a rounding error short of
+    ``STALL_AFTER`` at every firing and spin at one instant for ever."""
     if w.woken.done():
         return
     batch = w.batch
-    running = batch.running_for()
-    if running < STALL_AFTER:
+    started, running = batch.started_at, batch.running_for()
+    if started != w.since and running < STALL_AFTER:  # a later call started: its own time counts
+        w.since = started
         w.timer = asyncio.get_running_loop().call_later(STALL_AFTER - running, watch, c, w)
         return
     back = batch.take_back()

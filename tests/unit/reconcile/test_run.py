@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from declop.reconcile._run import hand_off, returned
+from declop.queue.batches import STALL_AFTER, Batch
+from declop.reconcile._run import Watch, hand_off, returned, watch
+from declop.testing.simulation.loop import VirtualLoop
 
 
 def test_the_waiter_ends_once_the_function_returned_and_carries_its_exception() -> None:
@@ -80,3 +85,64 @@ def test_a_job_cancelled_at_shutdown_cancels_its_waiter_so_no_worker_waits_for_e
         asyncio.run(go())
     finally:
         gate.set()
+
+
+class _Turns(VirtualLoop):
+    """A virtual loop that gives up after a bounded number of turns (a spin at one instant)."""
+
+    turns = 0
+
+    def _run_once(self) -> None:
+        self.turns += 1
+        if self.turns > 1_000:
+            raise RuntimeError(f"still spinning at t={self.time()!r}")
+        super()._run_once()
+
+
+def test_a_stall_on_a_clock_moved_only_by_timers_is_noticed_at_its_deadline_not_spun_on() -> None:
+    """``declop sim``'s clock moves only when a timer fires. At t=26 the timer armed for
+    ``STALL_AFTER`` fires with ``clock() - started`` a rounding error short of it, and re-arming
+    for the difference landed on the same instant for ever (the world's plain handler hit its
+    step bound with three calls made). A timer armed for the call still running is the stall."""
+    loop = _Turns(start=26.0)
+    assert (26.0 + STALL_AFTER) - 26.0 < STALL_AFTER  # the rounding this test is about
+    slow, behind = SimpleNamespace(finished=False, held=True), SimpleNamespace(finished=False, held=True)
+    batch = Batch([slow, behind], loop.time)
+    assert batch.next() is slow  # the thread runs the first call; the second waits behind it
+    given_back: list[Any] = []
+    c = SimpleNamespace(
+        keys=SimpleNamespace(restore=lambda key, trace: None), echoes=None, name="widgets",
+        queue=SimpleNamespace(give_back=lambda *keys: given_back.extend(keys)), log=logging.getLogger("test"),
+    )
+    slow.key, behind.key, behind.trace, behind.add_finalizer = "a", "b", None, False
+    try:
+        w = Watch(batch, [slow, behind], loop.create_future(), batch.started_at)
+        w.timer = loop.call_later(STALL_AFTER, watch, c, w)
+        loop.run_until_complete(w.woken)
+        assert given_back == ["b"] and loop.time() == 26.0 + STALL_AFTER
+        assert loop.turns < 10
+    finally:
+        loop.close()
+
+
+def test_a_later_call_of_the_batch_gets_its_own_stall_allowance() -> None:
+    """The timer armed for the batch finds another call started meanwhile: that call's time is
+    measured from its own start, and nothing is given back before it too ran ``STALL_AFTER``."""
+    loop = _Turns(start=10.0)
+    first, second, third = (SimpleNamespace(finished=False, held=True, key=k, trace=None, add_finalizer=False) for k in "abc")
+    batch = Batch([first, second, third], loop.time)
+    batch.next()
+    given_back: list[Any] = []
+    c = SimpleNamespace(
+        keys=SimpleNamespace(restore=lambda key, trace: None), echoes=None, name="widgets",
+        queue=SimpleNamespace(give_back=lambda *keys: given_back.extend(keys)), log=logging.getLogger("test"),
+    )
+    try:
+        w = Watch(batch, [first, second, third], loop.create_future(), batch.started_at)
+        w.timer = loop.call_later(STALL_AFTER, watch, c, w)
+        loop.call_later(STALL_AFTER / 2, batch.next)  # the second call starts half way
+        loop.run_until_complete(w.woken)
+        assert given_back == ["c"]
+        assert loop.time() == pytest.approx(10.0 + STALL_AFTER * 1.5)
+    finally:
+        loop.close()
