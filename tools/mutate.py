@@ -143,7 +143,11 @@ def sample(job_ids: Sequence[str], keep: int, seed: int) -> set[str]:
 
 def stage_commands(group: Group, python: Sequence[str] = (sys.executable,)) -> list[tuple[str, list[str]]]:
     """Each stage's pytest command, in the order they run."""
-    base = [*python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    # no hypothesis plugin: a stage that collects no hypothesis test imports hypothesis only in
+    # the plugin's terminal summary, where pytest's rewriter parses it; after the Lease sweep
+    # under coverage, CPython 3.11.7's ast constructor then fails that parse with "recursion
+    # depth mismatch" (python/cpython#106905) and the stage exits 1 with every test passed
+    base = [*python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
     sim = [*SIM, *(a for s in SWEEP for a in ("--deselect", s))]
     return [("sweep", [*base, *SWEEP]), ("sim", [*base, *sim]), ("units", [*base, *group.units])]
 
