@@ -112,22 +112,26 @@ test-typed-props: setup
 # The Lease simulator (docs/simulation.md): SIM_SEEDS seeds of each scenario family (10,000
 # by default), in SIM_JOBS processes, one line per failure. SIM_SEEDS=300 is what `make test` runs.
 # Then the world's families (real managers, every fault kind, the protocol-placed ones too):
-# SIM_SEEDS of each mode, as `make test`'s world sweep runs 100.
+# SIM_SEEDS of each mode and shape, as `make test`'s world sweep runs 350 of each mode.
 SIM_SEEDS ?= 10000
 SIM_JOBS ?= 2
 SIM_FAMILIES ?= leader sharded-uid sharded-namespace rolling shared-id
 SIM_WORLD_MODES ?= leader sharded
+# the built-in handler's shapes each world mode runs in (docs/simulation.md): default (async def,
+# priority queue) and plain-fifo (a plain def in batches on the FIFO WorkQueue)
+SIM_WORLD_SHAPES ?= default plain-fifo
 SIM_WORLD_FAULTS := hang,fail,cut,slow,pause,crash,compact,pause-at-write,term,delete,stuck,term-in-call,hang-leases,wall-jump,rollout,partition-holder,pause-holder,errors,unsynced,clocks
 sim: venv
 	@for family in $(SIM_FAMILIES); do \
 		echo "== $$family"; \
 		$(PY) -m declop.testing.simulation.leases --scenario $$family --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) || failed=1; \
 	done; \
-	for mode in $(SIM_WORLD_MODES); do \
-		echo "== world $$mode"; \
-		$(PY) -m declop.testing.simulation.world --mode $$mode --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) \
+	for mode in $(SIM_WORLD_MODES); do for shape in $(SIM_WORLD_SHAPES); do \
+		case $$shape in plain-fifo) flags="--plain --fifo";; *) flags="";; esac; \
+		echo "== world $$mode $$shape"; \
+		$(PY) -m declop.testing.simulation.world --mode $$mode $$flags --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) \
 			--objects 40 --duration 40 --faults $(SIM_WORLD_FAULTS) || failed=1; \
-	done; exit $${failed:-0}
+	done; done; exit $${failed:-0}
 
 # Mutation testing of the code the simulator claims to prove (tools/mutate.py, docs/simulation.md
 # "Mutation testing"): Cosmic Ray writes each mutant to disk and runs the sweep, the simulator's

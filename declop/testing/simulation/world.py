@@ -83,7 +83,18 @@ Invariants, checked while the run goes and at its end (each violation is a
   delays of its own) from :data:`SETTLE` lease durations after the last fault healed, every
   object in the filter has its child holding its spec's value and no other object has a child:
   no change was left unreconciled, the changes that moved an object out of the filter too (a
-  move out of it is a deletion without a finalizer to the controller: sharded, I4's exception).
+  move out of it is a deletion without a finalizer to the controller: sharded, I4's exception);
+- **I13** (:mod:`declop.testing.simulation.metrics`) every replica runs with a metrics registry,
+  and what it says of each controller's workqueue agrees with the queue — adds and retries
+  counted exactly when the queue counts them, the depth, gets and dones, wait and work times
+  within the replica's uptime, the in-flight gauges — when the process ends and at the end of the
+  run, where nothing is left in flight.
+
+The built-in handler comes in shapes (:class:`World`): ``async def`` on the priority queue (the
+default), a plain ``def`` (``plain``: the controller runs its calls in batches on the executor;
+each job is a greenlet on the loop's thread that runs one call for its drawn duration while the
+loop goes on, so a slow call stalls its batch and the keys behind it are given back, as beside a
+thread), and a FIFO queue (``fifo``: the plain :class:`~declop.queue.workqueue.WorkQueue`).
 
 With a handlers file, the properties of :mod:`declop.testing.simulation.props` too: **quiescence** (no
 handler write changes anything from :data:`~declop.testing.simulation.props.QUIET_AFTER` lease
@@ -139,6 +150,7 @@ from declop.reconcile._filters import in_filter
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
 from declop.registry import Registry
+from declop.serving.metrics import Metrics
 from declop.testing.fakes import apiserver
 from declop.testing.fakes.apiserver import FakeApiServer
 from declop.testing.simulation.leases import Fault, Violation, report_text
@@ -149,6 +161,7 @@ from declop.testing.simulation.finalizers import Cleanups
 from declop.testing.simulation.gc import collect, ownership
 from declop.testing.simulation.history import History
 from declop.testing.simulation.loop import Actor, VirtualLoop, actor
+from declop.testing.simulation.metrics import problems as metrics_problems
 from declop.testing.simulation.props import CALL, QUIET_AFTER, Bounds, Call, Write, Writes, target, user_frames
 from declop.testing.simulation.objects import Objects, label, maker
 from declop.testing.simulation.workload import Scope, scope, spec_schema, valid
@@ -272,6 +285,12 @@ class World:
     #: each watch stream delivers each event after its own random delay, up to this many seconds
     #: (0: at once), so two informers of one resource see a change at different moments
     watch_lag: float = 0.0
+    #: the built-in handler is a plain ``def`` (the controller hands its calls to the executor in
+    #: batches, :mod:`declop.queue.batches`), not an ``async def``
+    plain: bool = False
+    #: the built-in handler's queue is FIFO (``priority=False``: the plain
+    #: :class:`~declop.queue.workqueue.WorkQueue`), not the default priority queue
+    fifo: bool = False
     #: a handlers file's objects: a project's generator (``module:function``, a callable, or a
     #: list of bodies to cycle; :mod:`declop.testing.simulation.objects`), or None: drawn from the model
     objects_from: Any = None
@@ -301,6 +320,10 @@ class World:
                 line += " --daemons"
             if self.filtered:
                 line += " --filtered"
+            if self.plain:
+                line += " --plain"
+            if self.fifo:
+                line += " --fifo"
             if self.watch_lag:
                 line += f" --watch-lag {self.watch_lag:g}"
         if self.kinds != default.kinds:
@@ -405,12 +428,12 @@ def builtin_registry(world: World) -> Registry:
     finalizer = FINALIZER if world.finalizer and not world.filtered else None
     labels = f"{SELECTED}=true" if world.filtered else None
 
-    @registry.reconciler(RESOURCE, finalizer=finalizer, labels=labels, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
-    async def widgets(request: Request, client: Any, obj: Any, phase: Phase) -> None:
+    def decide(request: Request, client: Any, obj: Any, phase: Phase) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """What the call writes: its child's body (None: the child goes) and its status patch
+        (None: the status says it already); raises 1 call in 10."""
         rng = random.Random(f"{request}-{(obj or {}).get('metadata', {}).get('resourceVersion')}-{asyncio.get_running_loop().time()}")
         if rng.random() < 0.1:
             raise RuntimeError("the handler failed (simulated)")
-        child = f"{request.name}-child"
         if world.filtered:  # what controller-runtime's reconcilers do: read the object by its key
             if int(request.name[1:]) % 2:  # or from a list of the namespace, for odd names
                 obj = next((o for o in client.list(namespace=request.namespace) if o["metadata"]["name"] == request.name), None)
@@ -422,12 +445,37 @@ def builtin_registry(world: World) -> Registry:
             if obj is not None and not _selected(obj):
                 obj = None  # it left the filter: its child goes
         if obj is None or phase is Phase.DELETING:
-            await client.delete("configmaps", Request(request.namespace, child))
-            return
+            return None, None
         value = str((obj.get("spec") or {}).get("value"))
-        await client.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": child, "namespace": request.namespace}, "data": {"value": value}})
-        if (obj.get("status") or {}).get("value") != value:
-            await client.patch_status(request, {"status": {"value": value}})
+        child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{request.name}-child", "namespace": request.namespace}, "data": {"value": value}}
+        return child, None if (obj.get("status") or {}).get("value") == value else {"status": {"value": value}}
+
+    settings = dict(finalizer=finalizer, labels=labels, shard_by=world.shard_by, owns=["configmaps"], max_concurrent=4)
+    if world.fifo:
+        settings["priority"] = False
+    if world.plain:  # the same, blocking: the controller runs its calls in batches on the executor
+
+        @registry.reconciler(RESOURCE, **settings)
+        def widgets(request: Request, client: Any, obj: Any, phase: Phase) -> None:
+            child, patch = decide(request, client, obj, phase)
+            if child is None:
+                client.delete("configmaps", Request(request.namespace, f"{request.name}-child"))
+                return
+            client.apply(child)
+            if patch is not None:
+                client.patch_status(request, patch)
+
+    else:
+
+        @registry.reconciler(RESOURCE, **settings)
+        async def widgets(request: Request, client: Any, obj: Any, phase: Phase) -> None:  # noqa: F811 - one of the two
+            child, patch = decide(request, client, obj, phase)
+            if child is None:
+                await client.delete("configmaps", Request(request.namespace, f"{request.name}-child"))
+                return
+            await client.apply(child)
+            if patch is not None:
+                await client.patch_status(request, patch)
 
     if world.daemons:
 
@@ -470,6 +518,9 @@ class _Replica:
     gen: int = 0
     actor: Actor | None = None
     manager: Manager | None = None
+    #: the manager's metrics registry (I13) and its Lease clock's reading when it was made
+    metrics: Metrics | None = None
+    born: float = 0.0
     net: str = "ok"  # "ok", "hang", "fail", "cut"
     slow: float = 0.0
     #: (controller, key) -> when its running call started, when it ends (inf: not known yet), the uid it has
@@ -714,13 +765,22 @@ class InlineExecutor(concurrent.futures.Executor):
     abandons it, as a thread's) and completes after the virtual durations its handler calls
     drew (:attr:`owed`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, steps: bool = False) -> None:
         self.loop = loop
         self.owed = 0.0
+        #: each job a greenlet on the loop's thread that a call :meth:`park`\ s for its duration
+        #: (the loop runs on meanwhile, as beside a thread): a batch's later calls start later,
+        #: so its stall watch sees a slow call and gives the keys behind it back
+        self.steps = steps
+        #: the jobs that have not returned (parked: running a call, or their process killed):
+        #: held here so that no garbage collection ends one in the middle of a run
+        self.jobs: set[Any] = set()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # taken by a "thread" at once: it cannot be cancelled
+        if self.steps:
+            return self._stepped(future, fn, args, kwargs)
         self.owed = 0.0
         token = _INLINE.set(self)
         try:
@@ -739,6 +799,43 @@ class InlineExecutor(concurrent.futures.Executor):
 
         self.loop.call_later(self.owed, done)
         return future
+
+    def _stepped(self, future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any) -> concurrent.futures.Future[Any]:
+        from greenlet import greenlet  # the test extra: only World(plain=True) steps
+
+        def job() -> None:
+            token = _INLINE.set(self)
+            try:
+                result: Any = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting worker, as a thread would
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                _INLINE.reset(token)
+                self.jobs.discard(g)
+
+        g = greenlet(job)
+        g.gr_context = contextvars.copy_context()  # the submitting worker's (its replica's actor)
+        self.jobs.add(g)
+        g.switch()  # runs until its first call parks, or to its end
+        return future
+
+    def park(self, seconds: float) -> None:
+        """In a stepped job: the call runs for ``seconds`` of its node's time; the loop goes on and
+        resumes the job then (held while its replica is paused, never once it is killed)."""
+        from greenlet import getcurrent
+
+        g = getcurrent()
+        self.loop.call_later(seconds, g.switch)
+        g.parent.switch()
+
+    def close(self) -> None:
+        """End the jobs that never returned (their process was killed), at a chosen moment rather
+        than whenever the collector finds them."""
+        for g in list(self.jobs):
+            g.throw()
+        self.jobs.clear()
 
 
 class WorldLoop(VirtualLoop):
@@ -903,6 +1000,8 @@ class _World:
         #: each object's last rows: the workload's changes, handler calls, their writes (reports)
         self.history = History()
         #: timers and daemons: periodic by design, their writes are not held to quiescence
+        #: every replica incarnation's executor of plain handlers' jobs (:meth:`executor`)
+        self.executors: list[InlineExecutor] = []
         self.periodic = {r.name for r in registry.registrations if isinstance(getattr(r.fn, "__self__", None), (TimerRunner, DaemonRunner))}
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -1183,10 +1282,15 @@ class _World:
             def plain(**kw: Any) -> Any:
                 inline = _INLINE.get()
                 d = duration()
-                if inline is not None:
-                    inline.owed += d
-                r, key, started = self.call_started(kw, d, reg.name)
-                self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
+                if inline is not None and inline.steps:  # the call runs d, then writes: the loop goes on
+                    r, key, started = self.call_started(kw, d, reg.name)
+                    inline.park(d)
+                    self.loop.call_soon(self.call_ended, r, key, started)
+                else:
+                    if inline is not None:
+                        inline.owed += d
+                    r, key, started = self.call_started(kw, d, reg.name)
+                    self.loop.call_later(inline.owed if inline else d, self.call_ended, r, key, started)
                 token = CALL.set(self.call_of(reg.name, kw["request"], started) if records else None)
                 out: Any = None
                 try:
@@ -1533,10 +1637,13 @@ class _World:
             lease_duration=w.lease_duration * r.scale, renew_deadline=w.renew_deadline * r.scale, retry_period=w.retry_period * r.scale,
             switch_interval=None, check_permissions=False, grace_period=5.0,
         )  # fmt: skip
-        m = r.manager = Manager(
+        clock = self.lease_clock(r)
+        metrics = Metrics()  # a scraped pod's: the queues' metrics callbacks run too (I13)
+        m = Manager(
             None, self.registry, options, transport=WorldTransport(self, r), discovery=self.server.discovery,
-            executor=InlineExecutor(self.loop), clock=self.lease_clock(r), wall_clock=self.wall_clock(r),
+            executor=self.executor(), clock=clock, wall_clock=self.wall_clock(r), metrics=metrics,
         )  # fmt: skip
+        r.manager, r.metrics, r.born = m, metrics, clock()
         await m.setup()
         m.context.inline = _drive
         a = r.actor
@@ -1569,9 +1676,25 @@ class _World:
 
     def kill(self, r: _Replica) -> None:
         assert r.actor is not None
+        self.check_metrics(r)
         r.actor.kill()
         r.calls, r.daemons = {}, {}
         self.last_change = self.now()
+
+    def executor(self) -> InlineExecutor:
+        """A new process's executor of plain handlers' jobs (stepped for ``World(plain=True)``)."""
+        executor = InlineExecutor(self.loop, steps=self.world.plain and self.world.handlers is None)
+        self.executors.append(executor)
+        return executor
+
+    def check_metrics(self, r: _Replica, at_rest: bool = False) -> None:
+        """I13 (:mod:`declop.testing.simulation.metrics`): the metrics of ``r``'s manager agree
+        with its queues — when its process ends, and at the end of the run."""
+        if r.manager is None or r.metrics is None:
+            return
+        uptime = self.lease_clock(r)() - r.born
+        for problem in metrics_problems(r.manager, r.metrics, uptime, at_rest=at_rest):
+            self.violate("I13", r, problem)
 
     # -- faults -------------------------------------------------------------------------------
     async def inject(self, f: Fault) -> None:
@@ -1950,8 +2073,9 @@ class _World:
                 continue  # fails its model: our finalizer waits until it validates ("Deletion waits"), by design
             if obj["metadata"].get("deletionTimestamp") and not (self.user and self.cleanups.failing(obj["metadata"].get("uid"))):
                 self.violate("I4", "-", f"{obj['metadata']['namespace']}/{obj['metadata']['name']} is still being deleted {self.now() - settled_at:.3f} s after the faults healed")
-        for r in self.replicas:  # I9: no daemon of an object that is gone
+        for r in self.replicas:  # I9: no daemon of an object that is gone; I13 at rest
             if r.alive:
+                self.check_metrics(r, at_rest=not r.calls)  # at rest unless a call still runs (a hung handler's)
                 for key in sorted(r.daemons):
                     if store.get(key) is None:
                         self.violate("I9", r, f"a daemon of {key} still runs {self.now() - settled_at:.3f} s after the faults healed, its object gone")
@@ -2067,6 +2191,8 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
         if tasks:  # their clean-up (a manager's shutdown) is bounded: 60 virtual seconds at most
             loop.run_until_complete(asyncio.wait(tasks, timeout=60))
         loop.close()
+        for executor in w.executors:
+            executor.close()
         if next(_runs) % THAW_EVERY == 0:
             collector.thaw()
     ended = w.ended
@@ -2256,6 +2382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--server-filter", action="store_true", help="the apiserver serves shardSelector (server-side filtering)")
     p.add_argument("--daemons", action="store_true", help="add a daemon per object to the built-in handler (checks I9)")
     p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
+    p.add_argument("--plain", action="store_true", help="the built-in handler is a plain def (its calls run in batches)")
+    p.add_argument("--fifo", action="store_true", help="the built-in handler's queue is FIFO (priority=False)")
     p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None, help="the seed's faults to keep, by index (0,2), or none")
     p.add_argument("--fault", action="append", default=None, help="a fault of its own, AT:KIND:REPLICA:LENGTH (repeatable; replaces the seed's)")
@@ -2275,7 +2403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     faults = tuple(parse_fault(f, WORLD_KINDS) for f in args.fault) if args.fault else None
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
                   duration=args.duration, kinds=kinds, only=only, faults=faults, finalizer=not args.no_finalizer, strict=args.strict,
-                  server_filter=args.server_filter, daemons=args.daemons, filtered=args.filtered, watch_lag=args.watch_lag)  # fmt: skip
+                  server_filter=args.server_filter, daemons=args.daemons, filtered=args.filtered, watch_lag=args.watch_lag,
+                  plain=args.plain, fifo=args.fifo)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())

@@ -425,11 +425,20 @@ EVERY_KIND = tuple(k for k in simworld.WORLD_KINDS if k != simworld.CRASH_BETWEE
 SWEEP_WORLD = dict(objects=40, duration=40.0, kinds=EVERY_KIND)
 
 
-@pytest.mark.parametrize(("mode", "start"), [(m, s) for m in ("leader", "sharded") for s in (0, 50, 100, 150)])
+#: the sweep's handler shapes by first seed, 50 seeds a chunk: the built-in ``async def`` on the
+#: priority queue (seeds 0-199), a plain ``def`` (its calls in batches on the executor), a FIFO
+#: queue (the plain WorkQueue), and both
+SWEEP_SHAPES: dict[int, dict[str, bool]] = {
+    0: {}, 50: {}, 100: {}, 150: {}, 200: {"plain": True}, 250: {"fifo": True}, 300: {"plain": True, "fifo": True},
+}
+
+
+@pytest.mark.parametrize(("mode", "start"), [(m, s) for m in ("leader", "sharded") for s in SWEEP_SHAPES])
 def test_random_world_schedules_keep_every_invariant(mode: str, start: int) -> None:
-    """`make test`'s sweep of world schedules: 200 seeds of each mode (see docs/simulation.md)."""
+    """`make test`'s sweep of world schedules: 350 seeds of each mode (see docs/simulation.md)."""
+    world = World(mode=mode, **SWEEP_WORLD, **SWEEP_SHAPES[start])
     for seed in range(start, start + 50):
-        result = run(World(mode=mode, **SWEEP_WORLD), seed=seed)
+        result = run(world, seed=seed)
         assert result.ok, result.report()
 
 
@@ -550,6 +559,9 @@ def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
     makefile = (Path(__file__).resolve().parents[4] / "Makefile").read_text()
     line = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_FAULTS :="))
     assert tuple(line.split(":=", 1)[1].strip().split(",")) == EVERY_KIND
+    shapes = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_SHAPES ?="))
+    assert shapes.split("?=", 1)[1].split() == ["default", "plain-fifo"]  # the sweep's first and last shapes
+    assert 'plain-fifo) flags="--plain --fifo"' in makefile
 
 
 @pytest.mark.parametrize(("mode", "seed"), [("leader", 58), ("sharded", 58)])
@@ -740,3 +752,32 @@ def test_a_world_run_s_graph_is_freed_once_the_process_thaws(monkeypatch):
     finally:
         declop_logger.setLevel(level)
         gc.unfreeze()
+
+
+# -- the plain handler: batches on the executor, each job a greenlet that runs its calls over time --
+
+
+def test_defect_14_a_plain_handler_s_stall_watch_does_not_spin_at_one_instant() -> None:
+    """World(plain=True), no fault: the stall watch's timer fired a rounding error before
+    STALL_AFTER on the virtual clock and re-armed itself at the same instant for ever; the run hit
+    its step bound after three calls (quiescence). Fixed in declop/reconcile/_run.py (watch)."""
+    result = run(World(mode="leader", objects=40, duration=40.0, kinds=(), plain=True), seed=3)
+    assert result.ok, result.report()
+    assert result.ended == "end" and result.calls > 80
+
+
+def test_a_plain_world_s_slow_calls_give_the_keys_behind_them_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each executor job runs its calls one after another over virtual time, so a call slower
+    than STALL_AFTER stalls its batch and the keys not started go back to the queue, as beside a
+    thread; the run is still a function of its seed."""
+    from declop.queue.priority import PriorityQueue
+
+    given: list[Any] = []
+    give_back = PriorityQueue.give_back
+    monkeypatch.setattr(PriorityQueue, "give_back", lambda self, *keys: (given.extend(keys), give_back(self, *keys))[1])
+    world = World(mode="sharded", objects=40, duration=40.0, kinds=("pause", "crash"), plain=True)
+    first = run(world, seed=5)
+    assert first.ok, first.report()
+    assert given  # stalls happened: keys went back to the queue
+    again = run(world, seed=5)
+    assert (again.calls, again.requests, again.steps) == (first.calls, first.requests, first.steps)
