@@ -25,9 +25,9 @@ now minus its reading when the manager was made.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["problems"]
+__all__ = ["problems", "scrape"]
 
 #: rounding slack on float sums (seconds)
 _EPS = 1e-6
@@ -37,15 +37,14 @@ def problems(manager: Any, metrics: Any, uptime: float, *, at_rest: bool = False
     """What in ``metrics`` (a replica's :class:`~declop.serving.metrics.Metrics`) disagrees with
     the queues of ``manager``'s controllers; empty when all holds."""
     out: list[str] = []
-    sample: Callable[..., float | None] = metrics.registry.get_sample_value
+    scraped = scrape(metrics.registry)
     for c in manager.controllers:
         name = c.name
         s = c.queue.statistics()
-        q = {"name": name, "controller": name}
+        q = (("controller", name), ("name", name))
 
-        def value(metric: str, labels: dict[str, str] = q) -> float:
-            got = sample(metric, labels)
-            return 0.0 if got is None else got
+        def value(metric: str, labels: tuple[tuple[str, str], ...] = q) -> float:
+            return scraped.get((metric, labels), 0.0)
 
         adds, retries = value("workqueue_adds_total"), value("workqueue_retries_total")
         if adds != s.adds:
@@ -65,9 +64,19 @@ def problems(manager: Any, metrics: Any, uptime: float, *, at_rest: bool = False
         longest, unfinished = value("workqueue_longest_running_processor_seconds"), value("workqueue_unfinished_work_seconds")
         if not (0.0 <= longest <= unfinished + _EPS and unfinished <= s.processing * uptime + _EPS):
             out.append(f"{name}: longest running {longest:.6f} s, unfinished work {unfinished:.6f} s with {s.processing} in flight and {uptime:.3f} s of uptime")
-        active, limit = value("controller_runtime_active_workers", {"controller": name}), value("controller_runtime_max_concurrent_reconciles", {"controller": name})
+        one = (("controller", name),)
+        active, limit = value("controller_runtime_active_workers", one), value("controller_runtime_max_concurrent_reconciles", one)
         if not 0 <= active <= max(limit, 0):
             out.append(f"{name}: {active:g} active workers of {limit:g}")
         if at_rest and (s.processing or active):
             out.append(f"{name}: at rest with {s.processing} keys in flight and {active:g} active workers")
     return out
+
+
+def scrape(registry: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``registry`` (one collection, as a scrape), by name and sorted labels."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+    }
