@@ -25,7 +25,7 @@ now minus its reading when the manager was made.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
 __all__ = ["problems", "scrape"]
 
@@ -33,9 +33,10 @@ __all__ = ["problems", "scrape"]
 _EPS = 1e-6
 
 
-def problems(manager: Any, metrics: Any, uptime: float, *, at_rest: bool = False) -> list[str]:
+def problems(manager: Any, metrics: Any, uptime: float, *, at_rest: bool = False, periodic: Collection[str] = ()) -> list[str]:
     """What in ``metrics`` (a replica's :class:`~declop.serving.metrics.Metrics`) disagrees with
-    the queues of ``manager``'s controllers; empty when all holds."""
+    the queues of ``manager``'s controllers; empty when all holds. The controllers named in
+    ``periodic`` (timers, daemons: their ticks may run at any moment) are never judged at rest."""
     out: list[str] = []
     scraped = scrape(metrics.registry)
     for c in manager.controllers:
@@ -68,7 +69,7 @@ def problems(manager: Any, metrics: Any, uptime: float, *, at_rest: bool = False
         active, limit = value("controller_runtime_active_workers", one), value("controller_runtime_max_concurrent_reconciles", one)
         if not 0 <= active <= max(limit, 0):
             out.append(f"{name}: {active:g} active workers of {limit:g}")
-        if at_rest and (s.processing or active):
+        if at_rest and name not in periodic and (s.processing or active):
             out.append(f"{name}: at rest with {s.processing} keys in flight and {active:g} active workers")
     return out
 

@@ -1693,7 +1693,7 @@ class _World:
         if r.manager is None or r.metrics is None:
             return
         uptime = self.lease_clock(r)() - r.born
-        for problem in metrics_problems(r.manager, r.metrics, uptime, at_rest=at_rest):
+        for problem in metrics_problems(r.manager, r.metrics, uptime, at_rest=at_rest, periodic=self.periodic):
             self.violate("I13", r, problem)
 
     # -- faults -------------------------------------------------------------------------------

@@ -87,3 +87,13 @@ def test_a_queue_whose_adds_are_not_reported_fails_the_world(monkeypatch: pytest
     result = run(world, seed=0)
     assert result.violations and {v.invariant for v in result.violations} == {"I13"}
     assert "workqueue_adds_total is 0, the queue counted" in result.violations[0].detail
+
+
+def test_a_timer_s_tick_in_flight_at_the_end_is_not_a_problem_at_rest() -> None:
+    """A timer's or a daemon's controller runs its ticks whenever they fall due, and the world
+    does not track them as calls: one in flight at the end of a run is not a queue left busy."""
+    clock = FakeClock(100.0)
+    manager, m, q = replica(clock)
+    q.add("a")
+    q.get_nowait()
+    assert problems(manager, m, uptime=1.0, at_rest=True, periodic={"widgets"}) == []
