@@ -237,6 +237,9 @@ class Tally:
     equivalent: int = 0
     unsampled: int = 0
     pending: int = 0
+    #: Cosmic Ray failed to make the mutant (its operator raised: an `exception` worker outcome,
+    #: an `incompetent` test outcome): nothing was changed, so nothing is judged
+    unmade: int = 0
     killed: dict[str, int] = dataclasses.field(default_factory=lambda: {s: 0 for s in (*STAGES, "timeout", "other")})
     survivors: list[str] = dataclasses.field(default_factory=list)
 
@@ -264,6 +267,8 @@ def tally(group: str, items: Iterable[tuple[str, str | None, str | None, str | N
                 t.unsampled += 1
             else:
                 t.equivalent += 1
+        elif worker == "exception" or test == "incompetent":
+            t.unmade += 1
         elif test == "survived":
             t.survivors.append(diff or "")
         else:
@@ -284,12 +289,12 @@ def percent(x: float | None) -> str:
 def render(tallies: Sequence[Tally]) -> str:
     """The markdown report: a table of scores, then every survivor's diff."""
     lines = ["# Mutation testing (tools/mutate.py)", "",
-             "| group | mutants | in annotations | not sampled | pending | ran | sweep | sim | units |"
+             "| group | mutants | in annotations | not sampled | pending | not made | ran | sweep | sim | units |"
              " timeout/other | survived | sweep alone | sweep+sim+units |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in tallies:
         k = t.killed
-        lines.append(f"| {t.group} | {t.total} | {t.equivalent} | {t.unsampled} | {t.pending} | {t.judged}"
+        lines.append(f"| {t.group} | {t.total} | {t.equivalent} | {t.unsampled} | {t.pending} | {t.unmade} | {t.judged}"
                      f" | {k['sweep']} | {k['sim']} | {k['units']} | {k['timeout'] + k['other']}"
                      f" | {len(t.survivors)} | {percent(t.score(('sweep',)))} | {percent(t.score(STAGES))} |")
     for t in tallies:

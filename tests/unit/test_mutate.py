@@ -111,13 +111,15 @@ def test_the_report_scores_the_sweep_alone_and_all_stages_and_shows_each_survivo
         ("skipped", None, "inside an annotation (never evaluated)", None),
         ("skipped", None, "not sampled (--sample 5 --seed 0)", None),
         (None, None, None, None),
+        # Cosmic Ray's ExceptionReplacer raised making this one (leases sample, seed 1): not a kill
+        ("exception", "incompetent", "AttributeError: 'PythonNode' object has no attribute 'value'", None),
     ]
     t = mutate.tally("fence", rows)
-    assert (t.total, t.equivalent, t.unsampled, t.pending, t.judged) == (8, 1, 1, 1, 5)
+    assert (t.total, t.equivalent, t.unsampled, t.pending, t.unmade, t.judged) == (9, 1, 1, 1, 1, 5)
     assert t.score(("sweep",)) == pytest.approx(3 / 5)
     assert t.score(mutate.STAGES) == pytest.approx(4 / 5)
     text = mutate.render([t])
-    assert "| fence | 8 | 1 | 1 | 1 | 5 | 2 | 0 | 1 | 1 | 1 | 60.0 % | 80.0 % |" in text
+    assert "| fence | 9 | 1 | 1 | 1 | 1 | 5 | 2 | 0 | 1 | 1 | 1 | 60.0 % | 80.0 % |" in text
     assert "## Survivors: fence" in text and "+y" in text
     assert mutate.tally("empty", []).score(mutate.STAGES) is None
 

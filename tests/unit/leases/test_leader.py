@@ -691,3 +691,25 @@ def test_micro_time_is_rfc3339_utc_with_microseconds_whatever_the_instant() -> N
     for t in [0.0, 0.5, 1.0000005, 1764700000.999999, 4102444799.0] + [rng.random() * 4e9 for _ in range(2000)]:
         expected = datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         assert _now_micro(lambda t=t: t) == expected
+
+
+def test_a_lease_request_with_no_answer_is_a_timeout_with_no_http_status() -> None:
+    """A Lease request the apiserver never answers ends at ``request_timeout`` as ``ApiError(0,
+    "Timeout")``: status 0 is declop's "no HTTP answer" (the preflight and ``declop rbac`` read it
+    so), never a status the apiserver could send. (A `make mutate` survivor: the 0 made 1.)"""
+
+    class Silent(LeaseServer):
+        async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+            await asyncio.Event().wait()
+
+    clock = FakeClock()
+    a = elector(Silent(), "a", clock)
+
+    async def main() -> ApiError:
+        with pytest.raises(ApiError) as caught:
+            await a._request("GET", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lock")
+        return caught.value
+
+    error = run_virtual(clock, main)
+    assert (error.status, error.reason) == (0, "Timeout")
+    assert "no answer within" in str(error)
