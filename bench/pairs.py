@@ -74,7 +74,8 @@ def summary(out: Path) -> str:
         xs = [v for _, v in sorted(values)]
         lines.append(f"a2 N={n:<6} {op:<14} median {statistics.median(xs):.3f} s   runs {', '.join(f'{x:.3f}' for x in xs)}")
     b: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
-    for row in csv.DictReader(open(out / "b.csv")):
+    churned = list(csv.DictReader(open(out / "b.csv"))) if (out / "b.csv").exists() else []  # none without the churn size
+    for row in churned:
         if row["latency"] == "e2e":
             per_k = float(row["cpu_cores"]) / float(row["achieved_rate"]) * 1000
             b.setdefault((row["operator"], row["rate"]), []).append((int(row["run"]), per_k, float(row["achieved_rate"])))
