@@ -285,7 +285,12 @@ def test_a_frozen_leader_starts_no_reconcile_after_sigcont(cluster: Cluster) -> 
             cluster.core.patch_namespaced_config_map("before", cluster.namespace, {"metadata": {"labels": {"touched": "yes"}}})
             wait_for(lambda: {"during-1", "during-2", "during-3", "before"} <= {r["key"] for r in records(b, "reconcile start")},
                      20, what="the new leader to reconcile what changed")
-            assert time.time() - frozen > LEASE_DURATION
+            # The standby may take over up to one retry period before the freeze began plus the
+            # lease duration: it counts from when it last saw the record change, and the leader's
+            # last renewal can precede the SIGSTOP. The freeze itself must outlast the lease
+            # duration by the leader's own clock, so that is awaited, not assumed.
+            wait_for(lambda: time.time() - frozen > LEASE_DURATION + RETRY_PERIOD, LEASE_DURATION + RETRY_PERIOD + 1,
+                     what="the freeze to outlast the lease duration")
         finally:
             a.proc.send_signal(signal.SIGCONT)
         assert a.proc.wait(15) != 0
