@@ -99,6 +99,19 @@ class _Turns(VirtualLoop):
         super()._run_once()
 
 
+def _calls(*keys: str) -> list[Any]:
+    """Calls of a batch as ``watch`` sees them: held, not finished, no trace, no finalizer owed."""
+    return [SimpleNamespace(finished=False, held=True, key=k, trace=None, add_finalizer=False) for k in keys]
+
+
+def _controller(given_back: list[Any]) -> Any:
+    """The parts of a controller ``watch`` touches; keys it gives back land in ``given_back``."""
+    return SimpleNamespace(
+        keys=SimpleNamespace(restore=lambda key, trace: None), echoes=None, name="widgets",
+        queue=SimpleNamespace(give_back=lambda *keys: given_back.extend(keys)), log=logging.getLogger("test"),
+    )
+
+
 def test_a_stall_on_a_clock_moved_only_by_timers_is_noticed_at_its_deadline_not_spun_on() -> None:
     """``declop sim``'s clock moves only when a timer fires. At t=26 the timer armed for
     ``STALL_AFTER`` fires with ``clock() - started`` a rounding error short of it, and re-arming
@@ -106,18 +119,13 @@ def test_a_stall_on_a_clock_moved_only_by_timers_is_noticed_at_its_deadline_not_
     step bound with three calls made). A timer armed for the call still running is the stall."""
     loop = _Turns(start=26.0)
     assert (26.0 + STALL_AFTER) - 26.0 < STALL_AFTER  # the rounding this test is about
-    slow, behind = SimpleNamespace(finished=False, held=True), SimpleNamespace(finished=False, held=True)
-    batch = Batch([slow, behind], loop.time)
-    assert batch.next() is slow  # the thread runs the first call; the second waits behind it
+    calls = _calls("a", "b")
+    batch = Batch(calls, loop.time)
+    assert batch.next() is calls[0]  # the thread runs the first call; the second waits behind it
     given_back: list[Any] = []
-    c = SimpleNamespace(
-        keys=SimpleNamespace(restore=lambda key, trace: None), echoes=None, name="widgets",
-        queue=SimpleNamespace(give_back=lambda *keys: given_back.extend(keys)), log=logging.getLogger("test"),
-    )
-    slow.key, behind.key, behind.trace, behind.add_finalizer = "a", "b", None, False
     try:
-        w = Watch(batch, [slow, behind], loop.create_future(), batch.started_at)
-        w.timer = loop.call_later(STALL_AFTER, watch, c, w)
+        w = Watch(batch, calls, loop.create_future(), batch.started_at)
+        w.timer = loop.call_later(STALL_AFTER, watch, _controller(given_back), w)
         loop.run_until_complete(w.woken)
         assert given_back == ["b"] and loop.time() == 26.0 + STALL_AFTER
         assert loop.turns < 10
@@ -129,17 +137,13 @@ def test_a_later_call_of_the_batch_gets_its_own_stall_allowance() -> None:
     """The timer armed for the batch finds another call started meanwhile: that call's time is
     measured from its own start, and nothing is given back before it too ran ``STALL_AFTER``."""
     loop = _Turns(start=10.0)
-    first, second, third = (SimpleNamespace(finished=False, held=True, key=k, trace=None, add_finalizer=False) for k in "abc")
-    batch = Batch([first, second, third], loop.time)
+    calls = _calls("a", "b", "c")
+    batch = Batch(calls, loop.time)
     batch.next()
     given_back: list[Any] = []
-    c = SimpleNamespace(
-        keys=SimpleNamespace(restore=lambda key, trace: None), echoes=None, name="widgets",
-        queue=SimpleNamespace(give_back=lambda *keys: given_back.extend(keys)), log=logging.getLogger("test"),
-    )
     try:
-        w = Watch(batch, [first, second, third], loop.create_future(), batch.started_at)
-        w.timer = loop.call_later(STALL_AFTER, watch, c, w)
+        w = Watch(batch, calls, loop.create_future(), batch.started_at)
+        w.timer = loop.call_later(STALL_AFTER, watch, _controller(given_back), w)
         loop.call_later(STALL_AFTER / 2, batch.next)  # the second call starts half way
         loop.run_until_complete(w.woken)
         assert given_back == ["c"]
