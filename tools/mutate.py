@@ -19,7 +19,8 @@ A *group* is a set of production modules and the unit tests of them. For each gr
    group's unit tests). A mutant that only the units kill counts for the combined score but not
    for the sweep's;
 4. writes `build/mutate/report.md`: per group, the mutants, the skipped, what killed the rest,
-   the two scores, and every survivor's diff.
+   the two scores (with their 95 % interval over the group when a sample was judged), and every
+   survivor's diff.
 
 Invariant: the test command never passes by finding no test. A stage whose pytest exits 5 (no
 tests collected) is an error of this tool, printed as such, and the unmutated baseline run
@@ -254,6 +255,31 @@ class Tally:
             return None
         return sum(self.killed[s] for s in (*by, "timeout", "other")) / self.judged
 
+    def interval(self, by: Sequence[str]) -> tuple[float, float] | None:
+        """The 95 % Wilson interval of :meth:`score` over the whole group when only a sample was
+        judged (None when every mutant ran: the score is then the group's, not an estimate)."""
+        if not self.judged or not self.unsampled:
+            return None
+        return wilson(sum(self.killed[s] for s in (*by, "timeout", "other")), self.judged)
+
+
+#: the normal quantile of a two-sided 95 % interval
+Z95 = 1.959963984540054
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a share ``k / n`` of Bernoulli draws. It stays inside [0, 1]
+    and is not empty at 0 or n kills (7 of 7 still allows 65 %), where the normal approximation
+    claims certainty. Drawing without replacement from a finite group narrows the true interval
+    (by sqrt((N - n) / (N - 1))), so leaving that out errs wide, never narrow."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson needs 0 <= k <= n and n > 0, got k={k}, n={n}")
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * ((p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5) / (1 + z2 / n)
+    # at 0 and n the bound is exactly 0 or 1 (the algebra cancels); floats need not say so
+    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
+
 
 def tally(group: str, items: Iterable[tuple[str, str | None, str | None, str | None]]) -> Tally:
     """Tally (worker outcome, test outcome, output, diff) rows; worker outcome None is pending."""
@@ -286,6 +312,13 @@ def percent(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
+def estimate(t: Tally, by: Sequence[str]) -> str:
+    """A score, with its 95 % interval over the group when it comes from a sample."""
+    span = t.interval(by)
+    text = percent(t.score(by))
+    return text if span is None else f"{text} (95 %: {100 * span[0]:.0f}–{100 * span[1]:.0f} %)"
+
+
 def render(tallies: Sequence[Tally]) -> str:
     """The markdown report: a table of scores, then every survivor's diff."""
     lines = ["# Mutation testing (tools/mutate.py)", "",
@@ -296,7 +329,10 @@ def render(tallies: Sequence[Tally]) -> str:
         k = t.killed
         lines.append(f"| {t.group} | {t.total} | {t.equivalent} | {t.unsampled} | {t.pending} | {t.unmade} | {t.judged}"
                      f" | {k['sweep']} | {k['sim']} | {k['units']} | {k['timeout'] + k['other']}"
-                     f" | {len(t.survivors)} | {percent(t.score(('sweep',)))} | {percent(t.score(STAGES))} |")
+                     f" | {len(t.survivors)} | {estimate(t, ('sweep',))} | {estimate(t, STAGES)} |")
+    if any(t.interval(STAGES) for t in tallies):
+        lines += ["", "A group with mutants not sampled shows estimates: the judged sample's score and, in"
+                  " brackets, the 95 % Wilson interval of the whole group's score."]
     for t in tallies:
         if t.survivors:
             lines += ["", f"## Survivors: {t.group}", ""]

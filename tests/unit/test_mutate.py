@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("mutate", ROOT / "tools" / "mutate.py")
@@ -119,7 +121,9 @@ def test_the_report_scores_the_sweep_alone_and_all_stages_and_shows_each_survivo
     assert t.score(("sweep",)) == pytest.approx(3 / 5)
     assert t.score(mutate.STAGES) == pytest.approx(4 / 5)
     text = mutate.render([t])
-    assert "| fence | 9 | 1 | 1 | 1 | 1 | 5 | 2 | 0 | 1 | 1 | 1 | 60.0 % | 80.0 % |" in text
+    # a sampled group's scores are estimates of the group's, so they carry their 95 % interval
+    assert ("| fence | 9 | 1 | 1 | 1 | 1 | 5 | 2 | 0 | 1 | 1 | 1 | 60.0 % (95 %: 23–88 %) | 80.0 % (95 %: 38–96 %) |"
+            in text)
     assert "## Survivors: fence" in text and "+y" in text
     assert mutate.tally("empty", []).score(mutate.STAGES) is None
 
@@ -190,3 +194,38 @@ def test_a_mutant_on_a_later_line_of_a_statement_is_reached_when_its_first_line_
     assert 8 not in covered and 9 not in covered  # the return never ran: nor did its second line
     assert mutate.reaches({"declop/x.py": covered}, {"declop/x.py": {3}})
     assert not mutate.reaches({"declop/x.py": covered}, {"declop/x.py": {9}})
+
+
+def test_a_whole_group_s_score_is_exact_and_carries_no_interval() -> None:
+    rows = [("normal", "killed", "killed-by: sweep", "d1"), ("normal", "survived", "survived", "d2"),
+            ("skipped", None, "inside an annotation (never evaluated)", None)]
+    t = mutate.tally("queue", rows)
+    assert t.interval(mutate.STAGES) is None
+    assert "| 50.0 % | 50.0 % |" in mutate.render([t])
+
+
+@pytest.mark.parametrize(("k", "n", "low", "high"), [
+    (0, 10, 0.0, 0.2775),  # the textbook case: no kill in ten draws still allows 28 %
+    (7, 7, 0.6457, 1.0),  # every kill in seven draws does not prove 95 %
+    (5, 7, 0.3589, 0.9178),  # the leases sample's sweep alone
+])
+def test_wilson_s_interval_matches_the_published_values(k: int, n: int, low: float, high: float) -> None:
+    assert mutate.wilson(k, n) == pytest.approx((low, high), abs=5e-5)
+
+
+@given(st.integers(1, 2000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_wilson_s_interval_holds_the_share_inside_zero_to_one_and_narrows_with_more_draws(kn: tuple[int, int]) -> None:
+    k, n = kn
+    low, high = mutate.wilson(k, n)
+    assert 0.0 <= low <= k / n <= high <= 1.0
+    assert (low == 0.0) == (k == 0) and (high == 1.0) == (k == n)
+    wider_low, wider_high = mutate.wilson(k, n, z=2 * mutate.Z95)
+    assert wider_low <= low and high <= wider_high
+    more_low, more_high = mutate.wilson(4 * k, 4 * n)  # the same share from four times the draws
+    assert more_high - more_low < high - low
+
+
+def test_wilson_refuses_a_share_that_is_not_one() -> None:
+    for k, n in ((1, 0), (-1, 3), (4, 3)):
+        with pytest.raises(ValueError, match="0 <= k <= n"):
+            mutate.wilson(k, n)
