@@ -68,12 +68,37 @@ __all__ = [
     "ListMode",
     "ShardChange",
     "ShardMode",
+    "all_synced",
 ]
 
 log = logging.getLogger("declop.informer")
 
 #: subscriber signature: (old, new); old is None for an addition, new is None for a deletion.
 EventHandler = Callable[[Any, Any], None]
+
+
+async def all_synced(gates: Iterable[asyncio.Event], timeout: float | None) -> None:
+    """Wait until every sync gate (an informer's or a controller's ``synced``) is set; raise
+    :class:`asyncio.TimeoutError` after ``timeout`` seconds (None: no bound).
+
+    Invariant: a wait that ends early leaves nothing to report. Cancelled (a stop before the
+    caches synced, possibly cancelled twice: the stop, then the loss's deadline), the gather it
+    waited on may end only after the wait returned; its CancelledError is then retrieved when it
+    ends, not logged by the collector as "_GatheringFuture exception was never retrieved" with a
+    traceback on stderr, outside the operator's structured log."""
+    waiting = asyncio.gather(*(gate.wait() for gate in gates))
+    try:
+        await asyncio.wait_for(waiting, timeout)
+    finally:
+        if not waiting.done():
+            waiting.add_done_callback(_retrieve)
+        elif not waiting.cancelled():
+            waiting.exception()
+
+
+def _retrieve(waiting: asyncio.Future[Any]) -> None:
+    if not waiting.cancelled():
+        waiting.exception()
 
 
 class Informer:

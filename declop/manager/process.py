@@ -34,7 +34,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
-from declop.cache.informer import Informer, InformerPool
+from declop.cache.informer import Informer, InformerPool, all_synced
 from declop.cache.store import guarded
 from declop.clock import MONOTONIC, Clock
 from declop.errors import ConfigError
@@ -427,7 +427,7 @@ class Manager:
         return bool(self.controllers or self.webhooks) and all(c.synced.is_set() for c in self.controllers)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in self.controllers)), timeout)
+        await all_synced((c.synced for c in self.controllers), timeout)
 
     # -- run / stop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -53,6 +53,7 @@ import concurrent.futures
 import logging
 from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
+from declop.cache.informer import all_synced
 from declop.cache.store import Store
 from declop.errors import ApiError, CacheNotSyncedError, Conflict, NotFound
 from declop.kube.discovery import ResourceInfo
@@ -342,7 +343,7 @@ class Client(_Base):
             informers = self._ctx.informers.for_resource(resource)
             for i in informers:
                 i.start()
-            await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in informers)), self._ctx.sync_timeout)
+            await all_synced((i.synced for i in informers), self._ctx.sync_timeout)
             return informers
 
         try:

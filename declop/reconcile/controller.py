@@ -54,7 +54,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from declop.cache.informer import Informer
+from declop.cache.informer import Informer, all_synced
 from declop.cache.store import readonly
 from declop.clock import MONOTONIC, Clock
 from declop.kube.discovery import ResourceInfo
@@ -323,7 +323,7 @@ class Controller:
         pending = self.informers()
         while True:
             try:
-                await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in pending)), timeout=120)
+                await all_synced((i.synced for i in pending), timeout=120)
                 break
             except asyncio.TimeoutError:
                 stuck = [f"{i.name}: {i.last_error or 'no answer yet'}" for i in pending if not i.synced.is_set()]

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pytest
 
 from declop.cache import watch as watch_module
-from declop.cache.informer import Backoff, Informer
+from declop.cache.informer import Backoff, Informer, all_synced
 from declop.testing.fakes.listwatch import ListWatchServer, Step
 
 T = TypeVar("T")
@@ -871,3 +871,58 @@ def test_watch_client_deadline_sits_above_the_randomised_server_timeout() -> Non
     for params, kw in seen:
         assert kw["total_timeout"] > int(params["timeoutSeconds"])
         assert kw["read_timeout"] == 90.0
+
+
+# -- all_synced: the sync gates' wait ---------------------------------------------------------------
+
+
+def _reported(go: Callable[[], Awaitable[None]]) -> list[dict[str, Any]]:
+    """Run ``go`` on a fresh loop; return what reached the loop's exception handler, the
+    collector's "exception was never retrieved" among it (collected before the loop closes)."""
+    contexts: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: contexts.append(context))
+        await go()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+
+    asyncio.run(main())
+    return contexts
+
+
+def test_all_synced_returns_once_every_gate_is_set_and_times_out_otherwise() -> None:
+    async def go() -> None:
+        a, b = asyncio.Event(), asyncio.Event()
+        waiting = asyncio.ensure_future(all_synced([a, b], timeout=5))
+        a.set()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        b.set()
+        await asyncio.wait_for(waiting, 1)
+        with pytest.raises(asyncio.TimeoutError):
+            await all_synced([a, asyncio.Event()], timeout=0.01)
+
+    assert _reported(go) == []
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+def test_a_wait_cancelled_before_the_caches_synced_leaves_nothing_never_retrieved(cancels: int) -> None:
+    """A stop before the caches synced cancels the controller's wait, and the loss's deadline
+    may cancel it again while the first cancellation is still unwinding the gather. The second
+    ends the wait before the gather does; the gather's CancelledError must still be retrieved
+    (it was printed as "_GatheringFuture exception was never retrieved" with a traceback)."""
+
+    async def go() -> None:
+        # with a bound, as the controller's (120 s): wait_for then waits on a future of its own
+        task = asyncio.ensure_future(all_synced([asyncio.Event(), asyncio.Event()], timeout=60))
+        await asyncio.sleep(0)  # waiting on the gates
+        task.cancel()
+        if cancels == 2:
+            await asyncio.sleep(0)  # the first cancellation is unwinding the gather ...
+            task.cancel()  # ... when the second arrives
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    assert [c["message"] for c in _reported(go)] == []
