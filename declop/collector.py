@@ -11,7 +11,9 @@ does not: under a steady stream of them a pause would never end; docs/webhooks.m
   last pause ends, and only if it was enabled when the first began;
 - :func:`freeze` keeps what survived a sync out of later full passes;
 - :func:`thaw` gives every frozen object back to the collector, for a process that runs managers
-  one after another (the simulator's seeds, a test suite's runners).
+  one after another (the simulator's seeds, a test suite's runners);
+- :func:`started` / :func:`ended` count the managers running in the process (``Manager.run``
+  calls them); the last to end thaws, so a stopped manager's graph is freed once nothing runs.
 
 Invariants:
 - pauses are counted process-wide, from any thread (under a lock), so one user's resume never
@@ -22,7 +24,9 @@ Invariants:
 - :func:`freeze` collects first, so a cycle that became garbage while paused is freed, never
   pinned;
 - :func:`pause` and :func:`resume` cost the same with a million frozen objects as with none:
-  nothing they call walks the permanent generation.
+  nothing they call walks the permanent generation;
+- while any manager runs, nothing it froze is thawed by another's end (its cache stays out of
+  full passes); when none runs, nothing stays frozen on their account.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import gc
 import threading
 from typing import Iterator
 
-__all__ = ["freeze", "pause", "paused", "resume", "thaw"]
+__all__ = ["ended", "freeze", "pause", "paused", "resume", "started", "thaw"]
 
 _pauses = 0
 _was_enabled = True
@@ -41,6 +45,8 @@ _was_enabled = True
 #: loop before every big emission.
 _froze = False
 _lock = threading.Lock()
+#: managers running in this process (:func:`started` minus :func:`ended`)
+_running = 0
 
 
 def pause() -> None:
@@ -105,3 +111,24 @@ def thaw() -> None:
     them until it thaws. The cost is one full pass: the next :func:`freeze` collects first (the
     flag stays set, so the next :func:`pause` does not freeze the heap uncollected)."""
     gc.unfreeze()
+
+
+def started() -> None:
+    """A manager begins a run: from now on its syncs may freeze what is alive."""
+    global _running
+    with _lock:
+        _running += 1
+
+
+def ended() -> None:
+    """A manager's run ended. The last one running thaws: a process that runs managers in turn
+    (a test suite's ``OperatorRunner`` per test, an application restarting its embedded
+    operator) otherwise keeps every stopped manager's graph frozen — some 1,000 objects a run
+    with a 300-object cache, measured, growing with the cache. Thawing is cheap (the objects
+    move back to the oldest generation); the next sync's :func:`freeze` pays one full pass."""
+    global _running
+    with _lock:
+        _running -= 1
+        last = _running == 0
+    if last:
+        thaw()

@@ -34,6 +34,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
+from declop import collector
 from declop.cache.informer import Informer, InformerPool, all_synced
 from declop.cache.store import guarded
 from declop.clock import MONOTONIC, Clock
@@ -433,12 +434,16 @@ class Manager:
     async def run(self, stop: asyncio.Event) -> None:
         """Start, run until ``stop`` is set, then shut down gracefully."""
         self._stop = stop
+        collector.started()
         try:
             await self.start()
             await stop.wait()
             log.info("Stopping, waiting for in-flight reconciles", extra={"kv": {"gracePeriod": self.options.grace_period}})
         finally:
-            await self.shutdown()
+            try:
+                await self.shutdown()
+            finally:
+                collector.ended()  # the last manager out thaws what the runs froze
 
     async def shutdown(self) -> bool:
         """Stop in :mod:`declop.manager.shutdown`'s order; True when every controller drained

@@ -5,14 +5,17 @@ a second start after a stop; a lost Lease raised to the host as LeaseLost, the p
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
+import weakref
 from pathlib import Path
 
 import kubernetes.client
 import pytest
 
 import declop
+from declop import collector
 from declop.errors import ConfigError
 from declop.manager import LeaseLost, Options
 from declop.testing.cluster.faults import TcpProxy
@@ -55,6 +58,27 @@ def test_from_a_thread_reconciles_stops_cleanly_and_starts_again(kubeconfig, k8s
     finally:
         op.stop()
     assert _operator_threads() == [] and not op.running
+
+
+def test_a_stopped_operator_s_manager_is_freed_not_kept_frozen(kubeconfig, k8s_api, namespace, monkeypatch):
+    """An application (or a test suite) that runs operators in turn: each run's syncs freeze
+    what is alive, the manager's graph among it, and a frozen cycle is never collected. The
+    last manager to stop thaws, so each stopped run is freed (measured before: some 1,000 frozen
+    objects and 0.9 MB more per run with a 300-object cache, for as long as the process lived)."""
+    monkeypatch.setattr(collector, "_running", 0)  # a world run earlier in this process holds one
+    core = kubernetes.client.CoreV1Api(k8s_api)
+    for i in range(20):
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": f"c{i}"}})
+    seen: list[str] = []
+    op = declop.Operator(_handlers(seen), kubeconfig=kubeconfig, options=Options(namespaces=(namespace,), grace_period=5))
+    runs = []
+    for _ in range(3):
+        with op:
+            wait_for(lambda: len(set(seen)) >= 20, 10, what="the ConfigMaps reconciled")
+            runs.append(weakref.ref(op.manager))
+        assert gc.get_freeze_count() == 0, "no manager runs: nothing stays frozen on their account"
+    gc.collect()
+    assert [run() is None for run in runs[:-1]] == [True, True], "a stopped run's manager is still alive"
 
 
 def test_from_an_existing_event_loop_reconciles_and_stops_cleanly(kubeconfig, k8s_api, namespace):

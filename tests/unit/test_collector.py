@@ -126,3 +126,28 @@ def test_a_thaw_frees_a_cycle_that_died_after_it_was_frozen():
     assert ref() is None
     with collector.paused():  # the flag stays set: a pause after a thaw freezes nothing uncollected
         assert gc.get_freeze_count() == 0
+
+
+def test_the_last_manager_to_end_thaws_and_no_earlier_one_does(monkeypatch):
+    """Two managers run in one process; the first to end must not thaw the other's frozen cache
+    (its full passes would walk it again); the last to end frees what every run pinned."""
+    monkeypatch.setattr(collector, "_running", 0)  # a world run earlier in this process holds one
+
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    collector.started()
+    collector.started()
+    collector.freeze()  # a sync of either
+    del a, b
+    collector.ended()
+    gc.collect()
+    assert gc.get_freeze_count() > 0 and ref() is not None, "one manager still runs: its cache stays frozen"
+    collector.ended()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref() is None, "the stopped managers' graph is freed once none runs"
+    assert collector._running == 0
