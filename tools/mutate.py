@@ -142,19 +142,91 @@ def sample(job_ids: Sequence[str], keep: int, seed: int) -> set[str]:
 # --- the test command ------------------------------------------------------------------------
 
 
-def stage_commands(group: Group, python: Sequence[str] = (sys.executable,)) -> list[tuple[str, list[str]]]:
-    """Each stage's pytest command, in the order they run."""
+def pytest_base(python: Sequence[str] = (sys.executable,)) -> list[str]:
+    """A stage's pytest command before its targets."""
     # no hypothesis plugin: a stage that collects no hypothesis test imports hypothesis only in
     # the plugin's terminal summary, where pytest's rewriter parses it; after the Lease sweep
     # under coverage, CPython 3.11.7's ast constructor then fails that parse with "recursion
     # depth mismatch" (python/cpython#106905) and the stage exits 1 with every test passed
-    base = [*python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+    return [*python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+
+
+def stage_targets(group: Group) -> list[tuple[str, list[str]]]:
+    """Each stage's pytest targets (paths, node ids, ``--deselect`` pairs), in the order they run."""
     sim = [*SIM, *(a for s in SWEEP for a in ("--deselect", s))]
-    return [("sweep", [*base, *SWEEP]), ("sim", [*base, *sim]), ("units", [*base, *group.units])]
+    return [("sweep", list(SWEEP)), ("sim", sim), ("units", list(group.units))]
+
+
+def stage_commands(group: Group, python: Sequence[str] = (sys.executable,)) -> list[tuple[str, list[str]]]:
+    """Each stage's pytest command, in the order they run."""
+    return [(name, [*pytest_base(python), *targets]) for name, targets in stage_targets(group)]
+
+
+def stage_files(targets: Sequence[str], root: Path = ROOT) -> list[str]:
+    """The test files a stage's targets run: a file, a file's node id, every ``test_*.py`` under a
+    directory (``--deselect`` arguments name nothing that runs)."""
+    files: list[str] = []
+    skip = False
+    for target in targets:
+        if skip or target == "--deselect":
+            skip = not skip
+            continue
+        path = target.split("::", 1)[0]
+        found = sorted(str(f.relative_to(root)) for f in (root / path).rglob("test_*.py")) if (root / path).is_dir() else [path]
+        files.extend(f for f in found if f not in files)
+    return files
+
+
+def node_ids(contexts: Iterable[str], files: Sequence[str]) -> list[str] | None:
+    """pytest node ids for the test functions coverage's ``test_function`` contexts name
+    (``test_mod.test_f``, ``test_mod.TestC.test_m``: the module's own name, then the qualified
+    name), among ``files``. A parametrized function's id selects every parameter. None when a
+    context names no function of these files: the caller then runs the whole stage."""
+    by_module: dict[str, list[str]] = {}
+    for f in files:
+        by_module.setdefault(Path(f).stem, []).append(f)
+    ids: list[str] = []
+    for context in sorted(set(contexts)):
+        module, _, qualname = context.partition(".")
+        if not qualname or module not in by_module:
+            return None
+        ids.extend(f"{f}::{qualname.replace('.', '::')}" for f in by_module[module])  # a shared stem: each
+    return ids
+
+
+def tests_reaching(contexts: dict[str, dict[str, list[str]]] | None, changed: dict[str, set[int]]) -> set[str] | None:
+    """The test functions (coverage contexts) of one stage that execute a changed line; None when
+    that is not known or is every test: a line run outside any test function (at import, in a
+    fixture, on another thread) has the empty context, and a mutant there can reach them all."""
+    if not contexts or not changed:
+        return None
+    reaching: set[str] = set()
+    for path, lines in changed.items():
+        by_line = contexts.get(path, {})
+        for line in lines:
+            names = by_line.get(str(line), ())
+            if "" in names:
+                return None
+            reaching.update(names)
+    return reaching or None
+
+
+def spread_contexts(by_line: dict[int, Sequence[str]], starts: dict[int, int]) -> dict[str, list[str]]:
+    """:func:`spread` for contexts: every line of an executed statement gets its first line's
+    test functions (JSON keys: the line numbers as strings)."""
+    spread_out = {str(line): sorted(names) for line, names in by_line.items()}
+    for line, first in starts.items():
+        if first in by_line and str(line) not in spread_out:
+            spread_out[str(line)] = sorted(by_line[first])
+    return spread_out
 
 
 def lines_path(group: Group) -> Path:
     return BUILD / f"{group.name}.lines.json"
+
+
+def contexts_path(group: Group) -> Path:
+    return BUILD / f"{group.name}.contexts.json"
 
 
 def mutated_lines(diff: str) -> dict[str, set[int]]:
@@ -199,15 +271,25 @@ def reaches(covered: dict[str, list[int]] | None, changed: dict[str, set[int]]) 
 
 
 def run_stages(group: Group, runner=subprocess.run, changed: dict[str, set[int]] | None = None,
-               covered: dict[str, dict[str, list[int]]] | None = None) -> tuple[str, int]:
+               covered: dict[str, dict[str, list[int]]] | None = None,
+               contexts: dict[str, dict[str, dict[str, list[str]]]] | None = None) -> tuple[str, int]:
     """Run the stages until one fails: (verdict, exit code for Cosmic Ray). A stage whose measured
     coverage (``covered``, per stage) misses every ``changed`` line cannot see the mutant: it is
-    not run, and does not kill it."""
+    not run, and does not kill it. Within a stage that does, only the test functions that
+    execute a changed line run (``contexts``, per stage: coverage's per-test contexts), since no
+    other can fail differently — a queue mutant skips the Lease families' sweep, which never
+    imports the queue."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for name, command in stage_commands(group):
+    for name, targets in stage_targets(group):
         if changed is not None and covered is not None and not reaches(covered.get(name), changed):
             print(f"stage {name}: does not execute the mutated line(s), not run", flush=True)
             continue
+        command = [*pytest_base(), *targets]
+        reaching = tests_reaching(contexts.get(name), changed) if contexts is not None and changed else None
+        ids = node_ids(reaching, stage_files(targets)) if reaching is not None else None
+        if ids:
+            print(f"stage {name}: {len(ids)} test function(s) execute the mutated line(s)", flush=True)
+            command = [*pytest_base(), *ids]
         done = runner(command, cwd=ROOT, env=env)
         if done.returncode == 5:
             return f"error: stage {name} collected no test ({' '.join(command[3:])})", 2
@@ -398,10 +480,13 @@ def baseline(group: Group) -> bool:
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     covered: dict[str, dict[str, list[int]]] = {}
+    contexts: dict[str, dict[str, dict[str, list[str]]]] = {}
+    rcfile = BUILD / "coveragerc"
+    rcfile.write_text("[run]\ndynamic_context = test_function\n")  # which test function ran each line
     for name, command in stage_commands(group, (sys.executable, "-m", "coverage", "run")):
         data = BUILD / f"{group.name}.{name}.coverage"
         include = ",".join(str(ROOT / m) for m in group.modules)
-        command[4:4] = [f"--data-file={data}", f"--include={include}"]  # after "-m coverage run"
+        command[4:4] = [f"--rcfile={rcfile}", f"--data-file={data}", f"--include={include}"]  # after "-m coverage run"
         done = subprocess.run(command, cwd=ROOT, env=env)
         if done.returncode != 0:
             print(f"[mutate] {group.name}: the unmutated tree fails stage {name} (exit {done.returncode}); fix that first",
@@ -409,11 +494,13 @@ def baseline(group: Group) -> bool:
             return False
         measured = CoverageData(basename=str(data))
         measured.read()
-        covered[name] = {
-            str(Path(f).relative_to(ROOT)): spread(measured.lines(f) or (), statement_lines(Path(f).read_text()))
-            for f in measured.measured_files()
-        }
+        covered[name], contexts[name] = {}, {}
+        for f in measured.measured_files():
+            path, starts = str(Path(f).relative_to(ROOT)), statement_lines(Path(f).read_text())
+            covered[name][path] = spread(measured.lines(f) or (), starts)
+            contexts[name][path] = spread_contexts(measured.contexts_by_lineno(f), starts)
     lines_path(group).write_text(json.dumps(covered))
+    contexts_path(group).write_text(json.dumps(contexts))
     return True
 
 
@@ -463,8 +550,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "stage":
         group = GROUPS[args.group]
         covered = json.loads(lines_path(group).read_text()) if lines_path(group).exists() else None
+        contexts = json.loads(contexts_path(group).read_text()) if contexts_path(group).exists() else None
         diff = subprocess.run(["git", "diff", "-U0", "--", *group.modules], cwd=ROOT, capture_output=True, text=True).stdout
-        verdict, code = run_stages(group, changed=mutated_lines(diff), covered=covered)
+        verdict, code = run_stages(group, changed=mutated_lines(diff), covered=covered, contexts=contexts)
         print(verdict, flush=True)
         return code
     if args.command == "report":
