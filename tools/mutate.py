@@ -17,7 +17,8 @@ A *group* is a set of production modules and the unit tests of them. For each gr
    and the first that fails names the killer: `sweep` (the random schedules `make test` sweeps),
    `sim` (the simulator's other tests: pinned seeds, the simulated world) and `units` (the
    group's unit tests). A mutant that only the units kill counts for the combined score but not
-   for the sweep's;
+   for the sweep's. A stage that never executes the mutated line is not run, and one that does
+   runs only the test functions that executed it in the baseline (coverage's per-test contexts);
 4. writes `build/mutate/report.md`: per group, the mutants, the skipped, what killed the rest,
    the two scores (with their 95 % interval over the group when a sample was judged), and every
    survivor's diff.
