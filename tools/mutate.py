@@ -38,8 +38,9 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutate"
@@ -132,12 +133,20 @@ def in_spans(start: tuple[int, int], end: tuple[int, int],
     return any(s <= tuple(start) and tuple(end) <= e for s, e in spans)
 
 
-def sample(job_ids: Sequence[str], keep: int, seed: int) -> set[str]:
-    """The job ids left out of a sample of `keep` drawn with `seed` (stable for one session)."""
+def sample(job_ids: Sequence[str], keep: int, seed: int, key: Callable[[str], str] | None = None) -> set[str]:
+    """The job ids left out of a sample of `keep` drawn with `seed`. With ``key`` (a job's
+    mutation: module, operator, occurrence) the draw is the same in every session of the same
+    code: Cosmic Ray's job ids are random, so ordered by them alone a new session drew other
+    mutants for the same ``--seed``."""
     if keep >= len(job_ids):
         return set()
-    kept = set(random.Random(seed).sample(sorted(job_ids), keep))
+    kept = set(random.Random(seed).sample(sorted(job_ids, key=key), keep))
     return set(job_ids) - kept
+
+
+def mutation_key(module_path: Any, operator: str, occurrence: int) -> str:
+    """What names a mutant across sessions (:func:`sample`'s key)."""
+    return f"{Path(module_path).as_posix()}|{operator}|{occurrence:06d}"
 
 
 # --- the test command ------------------------------------------------------------------------
@@ -442,8 +451,10 @@ def mark_skipped(session: Path, keep: int | None, seed: int) -> None:
     spans: dict[Path, list] = {}
     with use_db(str(session)) as db:
         live = []
+        keys: dict[str, str] = {}
         for item in db.work_items:
             m = item.mutations[0]
+            keys[item.job_id] = mutation_key(m.module_path, m.operator_name, m.occurrence)
             if m.module_path not in spans:
                 spans[m.module_path] = annotation_spans((ROOT / m.module_path).read_text())
             if in_spans(tuple(m.start_pos), tuple(m.end_pos), spans[m.module_path]):
@@ -452,7 +463,7 @@ def mark_skipped(session: Path, keep: int | None, seed: int) -> None:
             else:
                 live.append(item.job_id)
         if keep is not None:
-            for job in sample(live, keep, seed):
+            for job in sample(live, keep, seed, key=keys.__getitem__):
                 db.set_result(job, WorkResult(worker_outcome=WorkerOutcome.SKIPPED,
                                               output=f"not sampled (--sample {keep} --seed {seed})"))
 

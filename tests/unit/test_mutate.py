@@ -55,6 +55,27 @@ def test_a_sample_is_stable_for_its_seed_and_keeps_what_it_says() -> None:
     assert mutate.sample(jobs, 50, seed=3) == set() == mutate.sample(jobs, 99, seed=3)
 
 
+def test_the_same_seed_draws_the_same_mutants_in_a_new_session(tmp_path: Path) -> None:
+    """Cosmic Ray names jobs with random ids: a sample drawn in their order drew other mutants
+    in every new session, so `--sample 8 --seed 1` could not be run again on the same mutants."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    config = tmp_path / "c.toml"
+    config.write_text(mutate.config_text(mutate.Group("t", ("declop/kube/fencing.py",), ()), 60.0))
+    cosmic_ray = Path(sys.executable).parent / "cosmic-ray"
+    drawn = []
+    for name in ("first", "second"):
+        session = tmp_path / f"{name}.sqlite"
+        subprocess.run([str(cosmic_ray), "init", str(config), str(session)], cwd=ROOT, check=True)
+        mutate.mark_skipped(session, keep=4, seed=7)
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            done = dict(db.results)
+            drawn.append(sorted(
+                mutate.mutation_key(i.mutations[0].module_path, i.mutations[0].operator_name, i.mutations[0].occurrence)
+                for i in db.work_items if i.job_id not in done))
+    assert len(drawn[0]) == 4 and drawn[0] == drawn[1]
+
+
 def runner_failing_at(codes: dict[str, int]):
     calls: list[str] = []
 
