@@ -1,9 +1,9 @@
 """declop.manager.leadership: the runnables that hold Leases for a manager.
 
 The simulated world runs them under faults (tests/unit/testing/simulation/test_world.py); these
-pin what its built-in handler never reaches: a shard Lease loop that raises, and the background
-Lease that runs a sharded manager's leader-only background tasks. Both run on virtual time
-against the fake apiserver's Leases."""
+pin what its built-in handler never reaches: a shard Lease loop that raises, the background
+Lease that runs a sharded manager's leader-only background tasks (on virtual time, against the
+fake apiserver's Leases), and a Lease round that comes while the informers' ranges are moving."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from declop.cache.informer import Backoff
 from declop.lifecycle import Lifecycle, make_hook
 from declop.manager import leadership
 from declop.manager.options import Options
+from declop.manager.runnables import RunGroup
 from declop.testing.fakes.apiserver import FakeApiServer
 from declop.testing.simulation.loop import VirtualLoop
 
@@ -110,3 +111,44 @@ def test_the_background_lease_runs_leader_only_tasks_only_while_it_is_held() -> 
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+def test_a_round_during_a_range_move_makes_exactly_one_more_move() -> None:
+    """The shard filters follow the Lease rounds, one move at a time: a round that comes while a
+    move runs is not lost (the ranges it gained are cached once that move ends) and costs one
+    more move, not an endless chain of them."""
+    gate = asyncio.Event()
+    moves: list[frozenset[str]] = []
+
+    class Informer:
+        name = "widgets"
+        shard = SimpleNamespace(ranges=(), with_ranges=lambda wanted: SimpleNamespace(ranges=tuple(sorted(wanted))))
+
+        async def set_shard(self, wanted: set[str]) -> Any:
+            moves.append(frozenset(wanted))
+            await gate.wait()
+            self.shard = SimpleNamespace(ranges=tuple(sorted(wanted)), with_ranges=Informer.shard.with_ranges)
+            return SimpleNamespace(released=())
+
+        def start(self) -> None:
+            pass
+
+    held = {"a"}
+    ranges = SimpleNamespace(ranges={"a": "a", "b": "b"}, held=lambda: sorted(held))
+    m = SimpleNamespace(group=RunGroup(), sharded={Informer(): [ranges]}, controllers=[])
+    resharding = leadership.Resharding(m)
+
+    async def main() -> None:
+        resharding.want()
+        await asyncio.sleep(0)
+        assert moves == [frozenset("a")]  # the first move waits for its relist
+        held.add("b")
+        resharding.want()  # a round while it runs
+        assert moves == [frozenset("a")]
+        gate.set()
+        task = m.group.task(resharding.name)
+        assert task is not None
+        await asyncio.wait_for(task, 1)  # a chain of moves would not end (a RecursionError at best)
+        assert moves == [frozenset("a"), frozenset("ab")] and not resharding._again
+
+    asyncio.run(main())
