@@ -18,7 +18,7 @@ A *group* is a set of production modules and the unit tests of them. For each gr
    `sim` (the simulator's other tests: pinned seeds, the simulated world) and `units` (the
    group's unit tests). A mutant that only the units kill counts for the combined score but not
    for the sweep's. A stage that never executes the mutated line is not run, and one that does
-   runs only the test functions that executed it in the baseline (coverage's per-test contexts);
+   runs only the tests that executed it in the baseline (coverage contexts per test: tools/mutate_contexts.py);
 4. writes `build/mutate/report.md`: per group, the mutants, the skipped, what killed the rest,
    the two scores (with their 95 % interval over the group when a sample was judged), and every
    survivor's diff.
@@ -172,42 +172,16 @@ def stage_commands(group: Group, python: Sequence[str] = (sys.executable,)) -> l
     return [(name, [*pytest_base(python), *targets]) for name, targets in stage_targets(group)]
 
 
-def stage_files(targets: Sequence[str], root: Path = ROOT) -> list[str]:
-    """The test files a stage's targets run: a file, a file's node id, every ``test_*.py`` under a
-    directory (``--deselect`` arguments name nothing that runs)."""
-    files: list[str] = []
-    skip = False
-    for target in targets:
-        if skip or target == "--deselect":
-            skip = not skip
-            continue
-        path = target.split("::", 1)[0]
-        found = sorted(str(f.relative_to(root)) for f in (root / path).rglob("test_*.py")) if (root / path).is_dir() else [path]
-        files.extend(f for f in found if f not in files)
-    return files
-
-
-def node_ids(contexts: Iterable[str], files: Sequence[str]) -> list[str] | None:
-    """pytest node ids for the test functions coverage's ``test_function`` contexts name
-    (``test_mod.test_f``, ``test_mod.TestC.test_m``: the module's own name, then the qualified
-    name), among ``files``. A parametrized function's id selects every parameter. None when a
-    context names no function of these files: the caller then runs the whole stage."""
-    by_module: dict[str, list[str]] = {}
-    for f in files:
-        by_module.setdefault(Path(f).stem, []).append(f)
-    ids: list[str] = []
-    for context in sorted(set(contexts)):
-        module, _, qualname = context.partition(".")
-        if not qualname or module not in by_module:
-            return None
-        ids.extend(f"{f}::{qualname.replace('.', '::')}" for f in by_module[module])  # a shared stem: each
-    return ids
+def node_ids(contexts: Iterable[str]) -> list[str]:
+    """The pytest node ids of per-test contexts (``<node id>|setup``, ``|run``, ``|teardown``:
+    tools/mutate_contexts.py), each once, in order."""
+    return sorted({context.rsplit("|", 1)[0] for context in contexts})
 
 
 def tests_reaching(contexts: dict[str, dict[str, list[str]]] | None, changed: dict[str, set[int]]) -> set[str] | None:
-    """The test functions (coverage contexts) of one stage that execute a changed line; None when
-    that is not known or is every test: a line run outside any test function (at import, in a
-    fixture, on another thread) has the empty context, and a mutant there can reach them all."""
+    """The tests (coverage contexts) of one stage that execute a changed line; None when that is
+    not known or is every test: a line run before the first test (at import, at collection) has
+    the empty context, and a mutant there reaches them all."""
     if not contexts or not changed:
         return None
     reaching: set[str] = set()
@@ -285,7 +259,7 @@ def run_stages(group: Group, runner=subprocess.run, changed: dict[str, set[int]]
                contexts: dict[str, dict[str, dict[str, list[str]]]] | None = None) -> tuple[str, int]:
     """Run the stages until one fails: (verdict, exit code for Cosmic Ray). A stage whose measured
     coverage (``covered``, per stage) misses every ``changed`` line cannot see the mutant: it is
-    not run, and does not kill it. Within a stage that does, only the test functions that
+    not run, and does not kill it. Within a stage that does, only the tests that
     execute a changed line run (``contexts``, per stage: coverage's per-test contexts), since no
     other can fail differently — a queue mutant skips the Lease families' sweep, which never
     imports the queue."""
@@ -296,9 +270,9 @@ def run_stages(group: Group, runner=subprocess.run, changed: dict[str, set[int]]
             continue
         command = [*pytest_base(), *targets]
         reaching = tests_reaching(contexts.get(name), changed) if contexts is not None and changed else None
-        ids = node_ids(reaching, stage_files(targets)) if reaching is not None else None
+        ids = node_ids(reaching) if reaching is not None else None
         if ids:
-            print(f"stage {name}: {len(ids)} test function(s) execute the mutated line(s)", flush=True)
+            print(f"stage {name}: {len(ids)} test(s) execute the mutated line(s)", flush=True)
             command = [*pytest_base(), *ids]
         done = runner(command, cwd=ROOT, env=env)
         if done.returncode == 5:
@@ -493,12 +467,11 @@ def baseline(group: Group) -> bool:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     covered: dict[str, dict[str, list[int]]] = {}
     contexts: dict[str, dict[str, dict[str, list[str]]]] = {}
-    rcfile = BUILD / "coveragerc"
-    rcfile.write_text("[run]\ndynamic_context = test_function\n")  # which test function ran each line
     for name, command in stage_commands(group, (sys.executable, "-m", "coverage", "run")):
         data = BUILD / f"{group.name}.{name}.coverage"
         include = ",".join(str(ROOT / m) for m in group.modules)
-        command[4:4] = [f"--rcfile={rcfile}", f"--data-file={data}", f"--include={include}"]  # after "-m coverage run"
+        command[4:4] = [f"--data-file={data}", f"--include={include}"]  # after "-m coverage run"
+        command[command.index("pytest") + 1:command.index("pytest") + 1] = ["-p", "tools.mutate_contexts"]  # which test ran each line
         done = subprocess.run(command, cwd=ROOT, env=env)
         if done.returncode != 0:
             print(f"[mutate] {group.name}: the unmutated tree fails stage {name} (exit {done.returncode}); fix that first",

@@ -256,23 +256,13 @@ def test_wilson_refuses_a_share_that_is_not_one() -> None:
 # -- per-test selection: only the test functions that execute a mutated line run ----------------
 
 
-def test_a_stage_s_files_are_its_targets_files_and_the_tests_under_its_directories() -> None:
-    files = mutate.stage_files(["tests/unit/queue", "a/test_x.py::test_f", "--deselect", "b/test_y.py::test_g"])
-    assert "tests/unit/queue/test_ratelimit.py" in files and "a/test_x.py" in files
-    assert not any(f.startswith("b/") for f in files)  # what --deselect names runs nothing
-    assert all(Path(f).name.startswith("test_") for f in files if f.startswith("tests/unit/queue"))
+def test_per_test_contexts_become_node_ids_once_each() -> None:
+    contexts = ["t/test_a.py::test_f|setup", "t/test_a.py::test_f|run", "t/test_a.py::TestC::test_m|teardown",
+                "t/test_b.py::test_g[leader-0]|run"]
+    assert mutate.node_ids(contexts) == ["t/test_a.py::TestC::test_m", "t/test_a.py::test_f", "t/test_b.py::test_g[leader-0]"]
 
 
-def test_coverage_s_test_function_contexts_become_node_ids_or_the_whole_stage() -> None:
-    files = ["t/test_a.py", "t/test_b.py", "u/test_b.py"]
-    assert mutate.node_ids(["test_a.test_f", "test_a.TestC.test_m"], files) == [
-        "t/test_a.py::TestC::test_m", "t/test_a.py::test_f"]
-    assert mutate.node_ids(["test_b.test_g"], files) == ["t/test_b.py::test_g", "u/test_b.py::test_g"]  # a shared name: both
-    assert mutate.node_ids(["test_c.test_h"], files) is None  # not this stage's: run it all
-    assert mutate.node_ids(["test_a"], files) is None
-
-
-def test_a_line_run_outside_any_test_function_reaches_every_test_of_the_stage() -> None:
+def test_a_line_run_before_the_first_test_reaches_every_test_of_the_stage() -> None:
     contexts = {"declop/x.py": {"3": ["test_a.test_f"], "4": ["test_a.test_f", "test_b.test_g"], "1": [""]}}
     assert mutate.tests_reaching(contexts, {"declop/x.py": {3, 4}}) == {"test_a.test_f", "test_b.test_g"}
     assert mutate.tests_reaching(contexts, {"declop/x.py": {1, 3}}) is None  # at import: every test imports it
@@ -282,44 +272,46 @@ def test_a_line_run_outside_any_test_function_reaches_every_test_of_the_stage() 
     assert spread_out == {"6": ["test_a.test_f"], "7": ["test_a.test_f"]}  # a statement's later line
 
 
-def test_a_stage_runs_only_the_test_functions_that_execute_the_mutant() -> None:
+def test_a_stage_runs_only_the_tests_that_execute_the_mutant() -> None:
     commands: list[list[str]] = []
 
     def run(command, cwd, env):
         commands.append(command)
         return SimpleNamespace(returncode=0)
 
-    world = "tests/unit/testing/simulation/test_world.py"
+    chunk = "tests/unit/testing/simulation/test_world.py::test_random_world_schedules_keep_every_invariant[leader-0]"
+    unit = "tests/unit/queue/test_ratelimit.py::test_bucket_burst_then_one_per_qps"
     covered = {"sweep": {"declop/x.py": [5, 6]}, "sim": {}, "units": {"declop/x.py": [6]}}
-    contexts = {"sweep": {"declop/x.py": {"5": ["test_world.test_random_world_schedules_keep_every_invariant"], "6": [""]}},
-                "units": {"declop/x.py": {"6": ["test_ratelimit.test_bucket_burst_then_one_per_qps"]}}}
+    contexts = {"sweep": {"declop/x.py": {"5": [f"{chunk}|run", f"{chunk}|teardown"], "6": [""]}},
+                "units": {"declop/x.py": {"6": [f"{unit}|setup"]}}}
     assert mutate.run_stages(mutate.GROUPS["queue"], runner=run, changed={"declop/x.py": {5}}, covered=covered,
                              contexts=contexts) == ("survived", 0)
-    assert [c[len(mutate.pytest_base()):] for c in commands] == [
-        [f"{world}::test_random_world_schedules_keep_every_invariant"]]  # not the Lease sweep; sim and units never run line 5
+    assert [c[len(mutate.pytest_base()):] for c in commands] == [[chunk]]  # not the Lease sweep, nor sim and units
     commands.clear()
     mutate.run_stages(mutate.GROUPS["queue"], runner=run, changed={"declop/x.py": {6}}, covered=covered, contexts=contexts)
     assert [c[len(mutate.pytest_base()):] for c in commands] == [
-        list(mutate.SWEEP),  # line 6 runs outside a test function too: the whole stage
-        ["tests/unit/queue/test_ratelimit.py::test_bucket_burst_then_one_per_qps"],
+        list(mutate.SWEEP),  # line 6 runs before the first test too (at import): the whole stage
+        [unit],  # a fixture's setup ran it: the test it set up
     ]
 
 
 def test_the_contexts_coverage_records_select_exactly_the_tests_that_ran_the_line(tmp_path: Path) -> None:
-    """The real thing: coverage's ``test_function`` contexts under pytest, mapped to node ids that
-    pytest runs — a function, a parametrized one (every parameter), a method of a class."""
-    (tmp_path / "mod.py").write_text("X = 1\ndef f(x):\n    return x + 1\ndef g(x):\n    return x * 2\n")
+    """The real thing: `coverage run` with tools/mutate_contexts.py under pytest, its contexts
+    mapped to node ids that pytest runs — a function, one parameter of a parametrized one, a
+    method of a class, and a test whose fixture ran the line in its setup."""
+    (tmp_path / "mod.py").write_text("X = 1\ndef f(x):\n    return x + 1\ndef g(x):\n    return x * 2\ndef h():\n    return 3\n")
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "test_m.py").write_text(
         "import pytest\nimport mod\n"
+        "@pytest.fixture\ndef three():\n    return mod.h()\n"
         "def test_f():\n    assert mod.f(1) == 2\n"
-        "@pytest.mark.parametrize('v', [1, 2])\ndef test_g(v):\n    assert mod.g(v) == 2 * v\n"
-        "class TestC:\n    def test_h(self):\n        assert mod.f(0) == 1\n")
-    (tmp_path / "rc").write_text("[run]\ndynamic_context = test_function\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    subprocess.run([sys.executable, "-m", "coverage", "run", "--rcfile=rc", "--data-file=d", f"--include={tmp_path / 'mod.py'}",
-                    "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "t"], cwd=tmp_path, env=env, check=True,
-                   capture_output=True)
+        "@pytest.mark.parametrize('v', [1, 2])\ndef test_g(v):\n    assert v == 2 or mod.g(v) == 2\n"
+        "class TestC:\n    def test_h(self):\n        assert mod.f(0) == 1\n"
+        "def test_uses_three(three):\n    assert three == 3\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{mutate.ROOT}"}
+    subprocess.run([sys.executable, "-m", "coverage", "run", "--data-file=d", f"--include={tmp_path / 'mod.py'}",
+                    "-m", "pytest", "-p", "tools.mutate_contexts", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "t"],
+                   cwd=tmp_path, env=env, check=True, capture_output=True)
     from coverage import CoverageData
 
     data = CoverageData(basename=str(tmp_path / "d"))
@@ -327,12 +319,17 @@ def test_the_contexts_coverage_records_select_exactly_the_tests_that_ran_the_lin
     by_line = data.contexts_by_lineno(str(tmp_path / "mod.py"))
     contexts = {"mod.py": mutate.spread_contexts(by_line, mutate.statement_lines((tmp_path / "mod.py").read_text()))}
     assert mutate.tests_reaching(contexts, {"mod.py": {1}}) is None  # module level: at import
-    ids = mutate.node_ids(mutate.tests_reaching(contexts, {"mod.py": {3}}) or (), ["t/test_m.py"])
-    assert ids == ["t/test_m.py::TestC::test_h", "t/test_m.py::test_f"]
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly", *ids],
-                         cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert ran.returncode == 0 and ran.stdout.count(" PASSED") == 2, ran.stdout
-    ids = mutate.node_ids(mutate.tests_reaching(contexts, {"mod.py": {5}}) or (), ["t/test_m.py"])
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly", *(ids or ())],
-                         cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert ids == ["t/test_m.py::test_g"] and ran.stdout.count(" PASSED") == 2, ran.stdout  # both parameters
+
+    def selected(line: int) -> tuple[list[str], str]:
+        ids = mutate.node_ids(mutate.tests_reaching(contexts, {"mod.py": {line}}) or ())
+        ran = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly", *ids],
+                             cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stdout
+        return ids, ran.stdout
+
+    ids, out = selected(3)
+    assert ids == ["t/test_m.py::TestC::test_h", "t/test_m.py::test_f"] and out.count(" PASSED") == 2, out
+    ids, out = selected(5)
+    assert ids == ["t/test_m.py::test_g[1]"] and out.count(" PASSED") == 1, out  # only the parameter that ran it
+    ids, out = selected(7)
+    assert ids == ["t/test_m.py::test_uses_three"] and out.count(" PASSED") == 1, out  # its fixture's setup ran it
