@@ -106,16 +106,22 @@ def test_the_first_pause_freezes_the_start_up_heap_without_a_full_pass():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+class _Node:
+    other: object = None
+
+
+def _cycle() -> tuple[_Node, _Node, weakref.ref[_Node]]:
+    """Two objects that refer to each other (a manager's graph, in small), and a weak reference
+    that says when the collector freed them."""
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return a, b, weakref.ref(a)
+
+
 def test_a_thaw_frees_a_cycle_that_died_after_it_was_frozen():
     """A freeze pins every cycle alive at that moment; one that dies later (a stopped manager's
     graph) stays until a thaw, and the next pass frees it."""
-
-    class Node:
-        other: object = None
-
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    ref = weakref.ref(a)
+    a, b, ref = _cycle()
     collector.freeze()
     del a, b
     gc.collect()
@@ -132,13 +138,7 @@ def test_the_last_manager_to_end_thaws_and_no_earlier_one_does(monkeypatch):
     """Two managers run in one process; the first to end must not thaw the other's frozen cache
     (its full passes would walk it again); the last to end frees what every run pinned."""
     monkeypatch.setattr(collector, "_running", 0)  # a world run earlier in this process holds one
-
-    class Node:
-        other: object = None
-
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    ref = weakref.ref(a)
+    a, b, ref = _cycle()
     collector.started()
     collector.started()
     collector.freeze()  # a sync of either
