@@ -608,3 +608,23 @@ def test_give_back_after_shutdown_requeues_and_finishes_a_drain() -> None:
         return drained, items
 
     assert asyncio.run(main()) == (True, ["a"])
+
+
+def test_the_delayed_heap_is_rebuilt_once_per_heap_of_superseded_deadlines(mocker) -> None:
+    """An earlier deadline for a waiting item pushes a new heap entry and leaves the old one
+    behind; the heap is rebuilt only once superseded entries outnumber the live ones, so a
+    rate-limited re-add costs O(log n) amortized, not a heapify of every waiting item each time."""
+    import declop.queue.workqueue as module
+
+    queue, clock = make()
+    names = [f"k{i}" for i in range(1000)]
+    heapify = mocker.spy(module.heapq, "heapify")
+    for delay in (100.0, 90.0, 80.0, 70.0, 60.0):  # each an earlier deadline: 4,000 superseded entries
+        for name in names:
+            queue.add_after(name, delay)
+    assert 1 <= heapify.call_count <= 5
+    assert queue.statistics().waiting == 1000
+    clock.advance(60.0)
+    assert sorted(drain_ready(queue)) == sorted(names)
+    clock.advance(100.0)  # no superseded entry fires again
+    assert drain_ready(queue) == []
