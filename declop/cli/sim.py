@@ -96,9 +96,11 @@ def sim(paths: tuple[str, ...], modules: tuple[str, ...], replicas: int, seeds: 
         from declop.testing.simulation.objects import maker
 
         maker(objects_from)  # a name that does not resolve: one line now, not a traceback per seed
+    own = tuple(parse_fault(f, simworld.WORLD_KINDS) for f in fault) or None
+    simworld.check_replicas(own, replicas)
     world = simworld.World(mode=mode, replicas=replicas, shards=shards, objects=objects, duration=duration, kinds=kinds,
                            handlers=" ".join([*paths, *(f"-m {m}" for m in modules)]), only=parse_only(only),
-                           faults=tuple(parse_fault(f, simworld.WORLD_KINDS) for f in fault) or None, allow=allowed.specs(),
+                           faults=own, allow=allowed.specs(),
                            objects_from=objects_from)  # fmt: skip
     if seed is not None:
         result = simworld.run(world, seed, default_registry, crds)

@@ -56,6 +56,9 @@ def test_bad_allow_and_fault_options_are_one_line() -> None:
     assert bad.returncode != 0 and "--allow I1: I1 is an invariant of declop" in bad.stderr, bad.stderr
     bad = sim("examples/buggy/idempotence.py", "--seed", "0", "--fault", "3:crash")
     assert bad.returncode != 0 and "--fault 3:crash: want AT:KIND:REPLICA:LENGTH" in bad.stderr, bad.stderr
+    bad = sim("examples/buggy/idempotence.py", "--seed", "0", "--fault", "10:pause:3:2")  # was dropped, and the seed passed
+    assert bad.returncode != 0 and "--fault 10:pause:3:2: replica 3 does not exist; the run has replicas 0 to 2" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_a_sweep_in_two_processes_prints_what_one_process_prints_but_the_rate() -> None:

@@ -11,7 +11,7 @@ violations (docs/simulation.md, "Silencing a property on purpose").
 Invariants:
 - an allowed violation is never dropped: the run keeps the first of each (property, handler), and
   the summaries count the seeds that had one (:func:`allowed_summary`);
-- only the handlers' properties can be allowed; declop's own invariants (I1 … I13, T1, T2) are
+- only the handlers' properties can be allowed; declop's own invariants (I1 … I14, T1, T2) are
   its promises and never are — :meth:`Allow.parse` refuses them, and unknown names, with a
   ``ConfigError`` that lists the choices;
 - the ownership property has its own, per-object silencer (the annotation

@@ -88,13 +88,19 @@ Invariants, checked while the run goes and at its end (each violation is a
   and what it says of each controller's workqueue agrees with the queue — adds and retries
   counted exactly when the queue counts them, the depth, gets and dones, wait and work times
   within the replica's uptime, the in-flight gauges — when the process ends and at the end of the
-  run, where nothing is left in flight.
+  run, where nothing is left in flight;
+- **I14** leader-only ``@declop.background`` tasks (``World(background=True)``'s, or a handlers
+  file's): no two live replicas run one at once (a replica paused since its task began is
+  excused, as for I1), and none of its writes reaches the apiserver unless the apiserver's record
+  of the Lease it runs under — the leader Lease, or sharded the background Lease of the same
+  name — names its replica and is unexpired.
 
 The built-in handler comes in shapes (:class:`World`): ``async def`` on the priority queue (the
 default), a plain ``def`` (``plain``: the controller runs its calls in batches on the executor;
 each job is a greenlet on the loop's thread that runs one call for its drawn duration while the
 loop goes on, so a slow call stalls its batch and the keys behind it are given back, as beside a
-thread), and a FIFO queue (``fifo``: the plain :class:`~declop.queue.workqueue.WorkQueue`).
+thread), and a FIFO queue (``fifo``: the plain :class:`~declop.queue.workqueue.WorkQueue`); and
+``background`` adds a leader-only background task that writes a ConfigMap every 0.2–2 s.
 
 With a handlers file, the properties of :mod:`declop.testing.simulation.props` too: **quiescence** (no
 handler write changes anything from :data:`~declop.testing.simulation.props.QUIET_AFTER` lease
@@ -136,7 +142,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 
 from declop import collector
-from declop.errors import ApiError, Fenced, Forbidden, NotFound, TerminalError
+from declop.errors import ApiError, ConfigError, Fenced, Forbidden, NotFound, TerminalError
 from declop.handlers.daemons import DaemonRunner
 from declop.handlers.timers import TimerRunner, current_tick
 from declop.kube import fencing
@@ -145,15 +151,17 @@ from declop.kube.keys import Request, key_of
 from declop.kube.transport import StreamIdle, StreamInterrupted
 from declop.leases.leader import LEASE_TIMINGS
 from declop.leases.watchdog import EXIT_BOUND, Watchdog
+from declop.lifecycle import Hook
 from declop.manager import Manager, Options
 from declop.reconcile._filters import in_filter
 from declop.reconcile.registration import Registration
 from declop.reconcile.result import Phase
 from declop.registry import Registry
+from declop.registry.decorators import background as declop_background
 from declop.serving.metrics import Metrics
 from declop.testing.fakes import apiserver
 from declop.testing.fakes.apiserver import FakeApiServer
-from declop.testing.simulation.leases import Fault, Violation, report_text
+from declop.testing.simulation.leases import Fault, Violation, _virtual_time, report_text
 from declop.testing.simulation.allow import Allow
 from declop.testing.simulation.conflicts import Conflicts
 from declop.testing.simulation.crash import CRASH_BETWEEN_WRITES, Crashes, crash_safety
@@ -243,6 +251,10 @@ _EPOCH = 1_800_000_000.0
 #: the executor running a plain handler's job inline, while it runs (its client's requests then
 #: complete without waiting)
 _INLINE: contextvars.ContextVar[InlineExecutor | None] = contextvars.ContextVar("declop_sim_inline", default=None)
+#: the built-in leader-only background task's ConfigMap (``World(background=True)``), in ``default``
+HEARTBEAT = "heartbeat"
+#: the leader-only background task running in this context (its name), for I14's write check
+_BACKGROUND: contextvars.ContextVar[str | None] = contextvars.ContextVar("declop_sim_background", default=None)
 
 
 @dataclass(frozen=True)
@@ -291,6 +303,9 @@ class World:
     #: the built-in handler's queue is FIFO (``priority=False``: the plain
     #: :class:`~declop.queue.workqueue.WorkQueue`), not the default priority queue
     fifo: bool = False
+    #: the built-in handlers include a leader-only ``@declop.background`` task that writes a
+    #: ConfigMap now and then (checked by I14)
+    background: bool = False
     #: a handlers file's objects: a project's generator (``module:function``, a callable, or a
     #: list of bodies to cycle; :mod:`declop.testing.simulation.objects`), or None: drawn from the model
     objects_from: Any = None
@@ -324,6 +339,8 @@ class World:
                 line += " --plain"
             if self.fifo:
                 line += " --fifo"
+            if self.background:
+                line += " --background"
             if self.watch_lag:
                 line += f" --watch-lag {self.watch_lag:g}"
         if self.kinds != default.kinds:
@@ -365,6 +382,8 @@ class WorldResult:
     allowed: list[Violation] = field(default_factory=list)
     #: the history of the object the first violation is about (:mod:`declop.testing.simulation.history`)
     history: tuple[str, ...] = ()
+    #: writes of leader-only background tasks that reached the apiserver (I14)
+    background_writes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -377,6 +396,8 @@ class WorldResult:
         counts = f"handler calls: {self.calls}, requests: {self.requests}"
         if self.writes:
             counts += f"\n{self.writes}"
+        if self.background_writes:
+            counts += f", background task writes: {self.background_writes}"
         if self.bounds is not None:
             counts += f"\nended: {self.ended}, at {self.steps:,} of {self.bounds.steps:,} steps, bound t={self.bounds.seconds:.3f}"
         text = report_text(self.repro(), self.faults, counts, self.violations)
@@ -489,6 +510,20 @@ def builtin_registry(world: World) -> Registry:
             except asyncio.TimeoutError:
                 return
 
+    if world.background:
+
+        @declop_background(name="heartbeat", registry=registry)
+        async def heartbeat(client: Any, stop: asyncio.Event) -> None:
+            """Every 0.2–2 s, the beat's count in ConfigMap ``default/heartbeat`` (I14 holds
+            its writes to the Lease it runs under). It sleeps as most such loops do, with
+            ``asyncio.sleep``: one turn of the loop after its timer, it writes."""
+            beat = 0
+            while not stop.is_set():
+                await asyncio.sleep(random.Random(f"heartbeat-{beat}-{asyncio.get_running_loop().time()}").uniform(0.2, 2.0))
+                beat += 1
+                body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HEARTBEAT, "namespace": "default"}, "data": {"beat": str(beat)}}
+                await client.apply(body)
+
     return registry
 
 
@@ -528,6 +563,8 @@ class _Replica:
     paused: list[list[float]] = field(default_factory=list)
     #: key -> when its running daemon first ran (I9)
     daemons: dict[Request, float] = field(default_factory=dict)
+    #: leader-only background task name -> when it began to run on this replica (I14)
+    background: dict[str, float] = field(default_factory=dict)
     #: the manager's stop (what its SIGTERM handler sets); a new one per incarnation
     stop: asyncio.Event | None = None
     #: a ``pause-at-write`` armed: the length of the pause its next fenced write takes
@@ -624,13 +661,13 @@ class WorldTransport:
             refused, applied = w.error_answer(r, method, path)
             if refused is not None and not applied:
                 raise refused
-            result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
+            result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call), _BACKGROUND.get())
             if refused is not None:
                 raise refused
             return result
         answer: asyncio.Future[Any] = w.loop.create_future()
         if not (lane == "leader" and w.now() < r.leases_hang_until):  # hang-leases: no answer, nothing applied
-            w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence, call))
+            w.spawn(self._wire(answer, method, path, params, body, content_type, origin, fence, call, _BACKGROUND.get()))
         try:
             return await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
@@ -638,7 +675,7 @@ class WorldTransport:
 
     async def _wire(self, answer: asyncio.Future[Any], method: str, path: str, params: Any, body: Any, content_type: str | None,
                     origin: tuple[Call, tuple[str, ...]] | None = None, fence: WriteFence | None = None,
-                    call: Call | None = None) -> None:  # fmt: skip
+                    call: Call | None = None, background: str | None = None) -> None:  # fmt: skip
         w, r = self.world, self.replica
         latency = w.rng.uniform(0.0005, 0.005) + (w.rng.uniform(0, r.slow) if r.slow else 0.0)
         if self._gone() or r.net == "hang":
@@ -651,7 +688,7 @@ class WorldTransport:
         await asyncio.sleep(latency / 2)
         if self._gone() or r.net == "hang":
             return
-        if (fence is not None or call is not None) and method != "GET" and r.pause_at_write:
+        if (fence is not None or call is not None or background is not None) and method != "GET" and r.pause_at_write:
             await w.pause_here(r)  # stopped after the Transport's check, waiting for its connection
             if self._gone():
                 return
@@ -664,7 +701,7 @@ class WorldTransport:
                 refused = Forbidden(f"{path}: forbidden (unsynced: this replica's lists are refused)")
             if refused is not None and not applied:
                 raise refused
-            result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call))
+            result = await w.serve(method, path, params, body, content_type, origin, (r, fence, call), background)
             if refused is not None:
                 raise refused
         except (ApiError, Fenced) as exc:
@@ -955,6 +992,8 @@ class _World:
         self.leases: dict[str, tuple[str, float, float]] = {}
         #: writes sent under a call's fence that reached the apiserver, and writes it refused
         self.fenced_writes = self.fenced = 0
+        #: writes of leader-only background tasks that reached the apiserver (I14)
+        self.background_writes = 0
         #: unguarded deletions made while no replica owned the object's range (sharded): not
         #: delivered, by the contract (§7: use a finalizer when a deletion must be acted on)
         self.unowned_deletions = 0
@@ -1085,6 +1124,43 @@ class _World:
             unfenced = "" if fence is not None else ", sent without a fence"
             self.violate("I9", r, f"{method} {path} of a call of {key} accepted under Lease {name} ({what}{unfenced})")
 
+    def _check_background_write(self, r: _Replica, task: str, method: str, path: str) -> None:
+        """I14 for writes: a write of a leader-only background task reaches the apiserver only
+        while the apiserver's record of the Lease it runs under — the leader Lease, or in sharded
+        mode the background Lease of the same name — names its replica and is unexpired."""
+        m = r.manager
+        if m is None:
+            return
+        name = m.options.leader_election_id
+        mine = _identities(m)
+        if m.background_elector is not None:
+            mine.add(m.background_elector.identity)
+        self.background_writes += 1
+        rec = self.leases.get(name)
+        if rec is None or rec[0] not in mine or self.now() >= rec[1] + rec[2]:
+            what = "no record" if rec is None else f"holder {rec[0][-8:]!r}, written at {rec[1]:.3f} for {rec[2]:g} s"
+            self.violate("I14", r, f"{method} {path} of background task {task!r} accepted under Lease {name} ({what})")
+
+    def background_event(self, event: str, task: str) -> None:
+        """I14: a leader-only background task began to run, or ended, on the running replica
+        (an earlier incarnation's task, one that would not stop, is that process's: not this one's)."""
+        who = actor()
+        r = self.by_actor.get(who) if who is not None else None
+        if r is None or not r.alive or r.actor is not who:
+            return
+        if event == "end":
+            r.background.pop(task, None)
+            return
+        now = self.now()
+        for other in self.replicas:
+            if other is r or not other.alive:
+                continue
+            since = other.background.get(task)
+            if since is None or other.was_paused(since):
+                continue
+            self.violate("I14", r, f"background task {task!r} started while {other.name} runs it (since t={since:.3f})")
+        r.background[task] = now
+
     def _check_handover(self, writer: _Replica, name: str, old: str, new: str) -> None:
         """I5 and I6 at the moment the record of Lease ``name`` stops naming ``old``: no live
         replica that held it as ``old`` still runs a call under it — I6 when it released the
@@ -1112,12 +1188,16 @@ class _World:
 
     async def serve(self, method: str, path: str, params: Any, body: Any, content_type: str | None,
                     origin: tuple[Call, tuple[str, ...]] | None = None,
-                    sender: tuple[_Replica, WriteFence | None, Call | None] | None = None) -> Any:  # fmt: skip
+                    sender: tuple[_Replica, WriteFence | None, Call | None] | None = None,
+                    background: str | None = None) -> Any:  # fmt: skip
         """One request, served; a write that takes a controller's finalizer off an object is
         checked against I8; a handler's write (``origin``: its call and user frames) is recorded,
         changed or not (the apiserver keeps the resourceVersion of a write that changes nothing);
-        a write of a reconcile call (``sender``: its replica, the call's fence and the call) against I9."""
-        if sender is not None and method != "GET" and (sender[1] is not None or sender[2] is not None):
+        a write of a reconcile call (``sender``: its replica, the call's fence and the call) against
+        I9, and one of a leader-only background task (``background``: its name) against I14."""
+        if sender is not None and method != "GET" and background is not None:
+            self._check_background_write(sender[0], background, method, path)
+        elif sender is not None and method != "GET" and (sender[1] is not None or sender[2] is not None):
             self._check_fenced_write(sender[0], sender[1], sender[2], method, path)
         if origin is not None and self.now() < self.calm_at:
             self.refuse(method, path, *origin)
@@ -1234,8 +1314,23 @@ class _World:
         out._registrations = {name: self._wrap(reg) for name, reg in registry._registrations.items()}
         out._indexes = list(registry._indexes)
         out._transforms = dict(registry._transforms)
-        out._hooks = list(registry._hooks)
+        out._hooks = [self._wrap_hook(h) if h.kind == "background" and not h.every_replica else h for h in registry._hooks]
         return out
+
+    def _wrap_hook(self, hook: Hook) -> Hook:
+        """A leader-only background task that reports when it runs and marks its writes (I14)."""
+        fn, name = hook.fn, hook.name
+
+        async def task(**kw: Any) -> Any:
+            self.background_event("start", name)
+            token = _BACKGROUND.set(name)
+            try:
+                return await fn(**(kw if hook.wants is None else {k: v for k, v in kw.items() if k in hook.wants}))
+            finally:
+                _BACKGROUND.reset(token)
+                self.background_event("end", name)
+
+        return dataclasses.replace(hook, fn=task, wants=None)
 
     def _wrap(self, reg: Registration) -> Registration:
         fn, wants = reg.fn, reg.wants
@@ -1622,7 +1717,7 @@ class _World:
         r.gen += 1
         r.actor = Actor(self.loop, f"r{r.index}")
         self.by_actor[r.actor] = r
-        r.calls, r.paused, r.daemons = {}, [], {}
+        r.calls, r.paused, r.daemons, r.background = {}, [], {}, {}
         r.stop, r.pause_at_write, r.lease_written, r.stuck, r.term_grace = None, 0.0, {}, 0.0, 0.0
         r.owed_exit, r.stuck_until = {}, 0.0
         r.never_sync, r.unsynced_next = r.unsynced_next, False
@@ -1678,7 +1773,7 @@ class _World:
         assert r.actor is not None
         self.check_metrics(r)
         r.actor.kill()
-        r.calls, r.daemons = {}, {}
+        r.calls, r.daemons, r.background = {}, {}, {}
         self.last_change = self.now()
 
     def executor(self) -> InlineExecutor:
@@ -2132,6 +2227,15 @@ class _World:
         return not any((r.index, r.gen) in alive for r in leaders)
 
 
+def _verbose(record: logging.LogRecord) -> bool:
+    """``-v``'s lines: the virtual instant (``-`` outside the run), the replica that logged it
+    (its actor: ``r1``, or ``-`` for the world's own), and the line's pairs."""
+    _virtual_time(record)
+    who = actor()
+    record.who = who.name if who is not None else "-"
+    return True
+
+
 def _identities(m: Manager) -> set[str]:
     """The holder identities a manager writes into Leases: its leader elector's, and its range electors'."""
     mine = {m.elector.identity} if m.elector is not None else set()
@@ -2209,7 +2313,18 @@ def run(world: World, seed: int, registry: Registry | None = None, crds: Sequenc
     writes += f"\n{w.cleanups.counts()}" if w.user and (w.cleanups.lost or w.cleanups.failed) else ""
     history = w.history.report(w.violations[0]) if w.violations else ()
     return WorldResult(world, seed, faults, w.violations, w.calls, w.requests, len(w.ticks), ended, loop.turns, limits, writes,
-                       allowed=w.allowed, history=history)  # fmt: skip
+                       allowed=w.allowed, history=history, background_writes=w.background_writes)  # fmt: skip
+
+
+def check_replicas(faults: Sequence[Fault] | None, replicas: int) -> None:
+    """Raise :class:`~declop.errors.ConfigError` for a fault of its own (``--fault``) that names
+    a replica the run does not have (it would be dropped, and the run pass without it)."""
+    for f in faults or ():
+        if not 0 <= f.replica < replicas:
+            raise ConfigError(
+                f"--fault {_num(f.at)}:{f.kind}:{f.replica}:{_num(f.length)}: replica {f.replica} does not exist; "
+                f"the run has replicas 0 to {replicas - 1} (--replicas {replicas})"
+            )
 
 
 def calm(world: World, faults: Sequence[Fault]) -> float:
@@ -2392,6 +2507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--filtered", action="store_true", help="the built-in handler is a labels= controller reading its own object (checks I10)")
     p.add_argument("--plain", action="store_true", help="the built-in handler is a plain def (its calls run in batches)")
     p.add_argument("--fifo", action="store_true", help="the built-in handler's queue is FIFO (priority=False)")
+    p.add_argument("--background", action="store_true", help="add a leader-only background task to the built-in handler (checks I14)")
     p.add_argument("--watch-lag", type=float, default=0.0, help="each watch stream delays each event by up to this many seconds")
     p.add_argument("--only", default=None, help="the seed's faults to keep, by index (0,2), or none")
     p.add_argument("--fault", action="append", default=None, help="a fault of its own, AT:KIND:REPLICA:LENGTH (repeatable; replaces the seed's)")
@@ -2399,8 +2515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("declop").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL + 1)
-    if args.verbose:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s %(kv)s")
+    if args.verbose:  # declop's lines, each with its virtual instant and replica
+        handler = logging.StreamHandler(sys.stderr)
+        handler.addFilter(_verbose)
+        handler.setFormatter(logging.Formatter("t=%(vt)s %(who)s %(message)s %(kv)s"))
+        logging.getLogger("declop").addHandler(handler)
     kinds = tuple(k for k in args.faults.split(",") if k)
     unknown = sorted(set(kinds) - set(WORLD_KINDS))
     if unknown:
@@ -2409,10 +2528,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     only = parse_only(args.only)
     faults = tuple(parse_fault(f, WORLD_KINDS) for f in args.fault) if args.fault else None
+    try:
+        check_replicas(faults, args.replicas)
+    except ConfigError as exc:
+        p.error(str(exc))
     world = World(mode=args.mode, shard_by=args.shard_by, replicas=args.replicas, shards=args.shards, objects=args.objects,
                   duration=args.duration, kinds=kinds, only=only, faults=faults, finalizer=not args.no_finalizer, strict=args.strict,
                   server_filter=args.server_filter, daemons=args.daemons, filtered=args.filtered, watch_lag=args.watch_lag,
-                  plain=args.plain, fifo=args.fifo)  # fmt: skip
+                  plain=args.plain, fifo=args.fifo, background=args.background)  # fmt: skip
     if args.seed is not None:
         result = run(world, args.seed)
         print(result.report())
