@@ -30,14 +30,21 @@ Invariants:
   ``asyncio.Event`` for ``async def`` hooks, a ``threading.Event`` for plain ones, set when the
   operator stops (or, for a leader-only task, loses the Lease);
 - a background task never runs twice at once in one process; no leader-only task runs while
-  this replica does not hold the Lease, as far as the manager knows (its writes are not fenced
-  like a reconcile's: keep them idempotent).
+  this replica does not hold the Lease, as far as the manager knows;
+- a leader-only task's writes through declop's client are fenced like a reconcile's
+  (:mod:`declop.kube.fencing`): each is checked against the Lease the task runs under — the
+  leader Lease, or in sharded mode the background Lease — just before it is sent, and raises
+  :class:`~declop.errors.Fenced`, unsent, once that Lease is not known valid. So a task that runs
+  on after the loss (a process resumed after SIGSTOP before its elector saw the loss, a task that
+  ignores its cancellation) cannot change the cluster. A task that ends with ``Fenced`` is not
+  restarted: the loss stops it, and the next holder runs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import threading
@@ -45,7 +52,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from declop.reconcile.client import AsyncClient, Client, ClientContext
-from declop.errors import ConfigError, RegistrationError
+from declop.errors import ConfigError, Fenced, RegistrationError
+from declop.kube import fencing
 from declop.cache.informer import Backoff
 from declop.logs import ReconcileLogger
 
@@ -226,27 +234,44 @@ class Lifecycle:
         return ok
 
     # -- background ----------------------------------------------------------------------------
-    def start_background(self, *, every_replica: bool) -> None:
-        """Start the background tasks with this ``every_replica`` setting (once each)."""
+    def start_background(self, *, every_replica: bool, lease: tuple[Callable[[], bool], str] | None = None) -> None:
+        """Start the background tasks with this ``every_replica`` setting (once each).
+
+        ``lease``: the Lease leader-only tasks run under — its ``valid`` and its
+        ``namespace/name`` — whose fence every write of theirs is checked against (None: no
+        Lease, nothing fenced)."""
         loop = asyncio.get_running_loop()
         running = {t.hook.name for t in self._tasks if not t.task.done()}
         for hook in self.of("background"):
             if hook.every_replica is every_replica and hook.name not in running:
                 stop = asyncio.Event()
-                task = loop.create_task(self._supervise(hook, stop), name=f"background {hook.name}")
+                context = contextvars.copy_context()
+                fence = None
+                if lease is not None and not every_replica:
+                    fence = fencing.WriteFence(lease[0], lease[1], f"background task {hook.name!r}")
+                    context.run(fencing.enter, fence)
+                task = loop.create_task(self._supervise(hook, stop, fence), name=f"background {hook.name}", context=context)
                 self._tasks.append(_Task(hook, stop, task))
 
-    async def _supervise(self, hook: Hook, stop: asyncio.Event) -> None:
-        """Run ``hook`` until it returns; restart it with backoff after each crash."""
+    async def _supervise(self, hook: Hook, stop: asyncio.Event, fence: fencing.WriteFence | None = None) -> None:
+        """Run ``hook`` until it returns; restart it with backoff after each crash — a
+        leader-only one (``fence``: its Lease's) only while that Lease is known valid: a process
+        resumed after a pause may run this before its elector has seen the loss."""
         backoff = self._backoff()
         kv = {"hook": hook.name}
         while not stop.is_set():
+            if fence is not None and not fence.valid():
+                log.warning("Not starting the background task: its Lease is not known valid; left to the Lease's next holder", extra={"kv": {**kv, "lease": fence.lease}})
+                return
             self.starts[hook.name] = self.starts.get(hook.name, 0) + 1
             log.info("Starting background task", extra={"kv": kv})
             try:
                 await self._call(hook, stop)
             except asyncio.CancelledError:
                 raise
+            except Fenced as exc:  # the Lease is lost: the loss stops us, the next holder runs it
+                log.warning("Write fenced; the background task ended and is left to the Lease's next holder", extra={"kv": {**kv, "error": str(exc)}})
+                return
             except Exception:
                 if stop.is_set():
                     log.exception("Background task failed while stopping", extra={"kv": kv})

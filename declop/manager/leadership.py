@@ -144,7 +144,8 @@ class BackgroundLease:
     ``leader_election_id`` (leader election's own Lease, so a task stays single across a switch
     between the two modes), acquired, renewed and released exactly as in leader election. Lost:
     its tasks are cancelled at once (they are ``async def``) and this replica is a candidate
-    again — the ranges and their reconciles are not affected. Renewed until the stop cancels it."""
+    again — the ranges and their reconciles are not affected. Renewed until the stop cancels it.
+    The tasks' writes are fenced by this Lease (:meth:`~declop.lifecycle.Lifecycle.start_background`)."""
 
     name = "background lease"
     leader_only = False
@@ -166,7 +167,7 @@ class BackgroundLease:
             if m.stopping or not e.valid():
                 continue  # the stop releases it
             log.info("Holding the background lease; starting leader-only background tasks", extra={"kv": {"lease": f"{e.namespace}/{e.name}"}})
-            m.lifecycle.start_background(every_replica=False)
+            m.lifecycle.start_background(every_replica=False, lease=(e.valid, f"{e.namespace}/{e.name}"))
             await e.hold()
             log.warning("Background lease lost; leader-only background tasks stopped", extra={"kv": {"lease": f"{e.namespace}/{e.name}"}})
             left = await m.lifecycle.stop_background(grace=0, leader_only=True)

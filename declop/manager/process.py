@@ -402,7 +402,8 @@ class Manager:
         await asyncio.gather(*(c.synced.wait() for c in self.controllers))
         if self.leadership is not None and (self.elector is None or not self.elector.valid()):
             return  # lost before we got here: the loss stops everything
-        self.lifecycle.start_background(every_replica=False)
+        e = self.elector
+        self.lifecycle.start_background(every_replica=False, lease=(e.valid, f"{e.namespace}/{e.name}") if e is not None else None)
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to stop, as SIGTERM does (a lost Lease does)."""

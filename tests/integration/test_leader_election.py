@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes.client
+import kubernetes.watch
 import pytest
 
 from declop.testing.cluster.faults import TcpProxy
@@ -55,6 +56,25 @@ def ha(name, logger, **_):
     if REQUEUE:
         return declop.Result(requeue_after=REQUEUE)
     return None
+
+HEARTBEAT = float(os.environ.get("DECLOP_TEST_HEARTBEAT", "0"))  # a leader-only task writes this often
+DEAF = os.environ.get("DECLOP_TEST_HEARTBEAT_DEAF") == "1"      # ... and goes on whatever it is told
+
+if HEARTBEAT:
+    @declop.background
+    async def heartbeat(client, **_):
+        import asyncio
+        beat = 0
+        while True:                                              # sleeps as most such loops do
+            try:
+                await asyncio.sleep(HEARTBEAT)
+                beat += 1
+                await client.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                                    "metadata": {"name": "heartbeat", "namespace": os.environ["DECLOP_TEST_NAMESPACE"]},
+                                    "data": {"replica": REPLICA, "beat": str(beat)}})
+            except BaseException:                                # its cancellation and Fenced too
+                if not DEAF:
+                    raise
 
 if os.environ.get("DECLOP_TEST_STUCK_HOOKS") == "1":
     @declop.on_shutdown
@@ -300,6 +320,67 @@ def test_a_frozen_leader_starts_no_reconcile_after_sigcont(cluster: Cluster) -> 
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("deaf", [False, True], ids=["plain", "deaf"])
+def test_a_frozen_leader_s_background_task_changes_nothing_after_sigcont(cluster: Cluster, deaf: bool) -> None:
+    """Both replicas run a leader-only background task that writes ConfigMap ``heartbeat``
+    every 0.1 s. SIGSTOP the leader past the lease duration; the standby takes over and its task
+    writes. After SIGCONT the old leader's task wakes on the same turn as its elector: none of
+    its writes may land once the new leader's task has written — the task's writes are fenced by
+    the Lease. ``deaf``: the task swallows every exception, its cancellation included, so it
+    keeps writing until the process exits (up to 2 s after the loss). A watch of the ConfigMap
+    sees every write that landed."""
+    env = dict(DECLOP_TEST_HEARTBEAT="0.1", DECLOP_TEST_NAMESPACE=cluster.namespace, DECLOP_TEST_HEARTBEAT_DEAF="1" if deaf else "0")
+    a = cluster.process("a", **env)
+    b = cluster.process("b", **env)
+    seen: list[tuple[str, str]] = []  # (replica, resourceVersion) of every write that landed, in order
+    watch = kubernetes.watch.Watch()
+
+    stopped = threading.Event()
+    broke: list[BaseException] = []
+
+    def observe() -> None:
+        try:
+            for event in watch.stream(cluster.core.list_namespaced_config_map, cluster.namespace,
+                                      field_selector="metadata.name=heartbeat", timeout_seconds=120):  # fmt: skip
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    obj = event["object"]
+                    seen.append(((obj.data or {}).get("replica", "?"), obj.metadata.resource_version))
+        except Exception as exc:  # noqa: BLE001 - the stream ends with an error once stopped
+            if not stopped.is_set():
+                broke.append(exc)
+
+    observer = threading.Thread(target=observe, daemon=True)
+    observer.start()
+    a.start()
+    try:
+        a.wait_for_line("Successfully acquired lease")
+        b.start()
+        b.wait_for_line("Attempting to acquire leader lease")
+        wait_for(lambda: any(r == "a" for r, _ in seen), 20, what="the leader's task to write")
+        frozen = time.time()
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            b.wait_for_line("Successfully acquired lease", timeout=30)
+            wait_for(lambda: any(r == "b" for r, _ in seen), 20, what="the new leader's task to write")
+            wait_for(lambda: time.time() - frozen > LEASE_DURATION + RETRY_PERIOD, LEASE_DURATION + RETRY_PERIOD + 1,
+                     what="the freeze to outlast the lease duration")
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        assert a.proc.wait(15) != 0
+        landed = len(seen)
+        wait_for(lambda: len(seen) >= landed + 3, 20, what="three more writes of the new leader's task")
+    finally:
+        a.stop()
+        b.stop()
+        stopped.set()
+        watch.stop()
+    assert broke == [], f"the watch of the ConfigMap broke, so writes may be missing: {broke}"
+    first_b = next(i for i, (r, _) in enumerate(seen) if r == "b")
+    late = [rv for r, rv in seen[first_b:] if r == "a"]
+    print(f"measured: {first_b} write(s) of a's task, then {len(seen) - first_b} landed after b's first; a's among them: {len(late)}")
+    assert late == [], f"the frozen leader's background task wrote {len(late)} time(s) after the new leader's task had: {late}"
 
 
 def test_on_loss_the_process_exits_within_2_s_with_a_stuck_handler(cluster: Cluster, tmp_path: Path) -> None:

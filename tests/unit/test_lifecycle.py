@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from declop.reconcile.client import AsyncClient, Client
-from declop.errors import ConfigError
+from declop.errors import ConfigError, Fenced
+from declop.kube import fencing
 from declop.cache.informer import Backoff
 from declop.lifecycle import Lifecycle, make_hook
 
@@ -148,3 +149,97 @@ def test_leadership_loss_cancels_only_leader_tasks_at_once() -> None:
         return left
 
     assert asyncio.run(main()) == ["everywhere"]
+
+
+class _Lease:
+    """A stand-in for an elector's ``valid``: the Lease is known valid while ``held``."""
+
+    def __init__(self) -> None:
+        self.held = True
+
+    def valid(self) -> bool:
+        return self.held
+
+
+def test_a_leader_only_task_writes_under_its_lease_s_fence_and_an_every_replica_task_under_none() -> None:
+    """The transport checks :func:`declop.kube.fencing.current` before every write: a leader-only
+    task's is its Lease's fence (refusing once the Lease is not known valid), an every-replica
+    task has none, and neither has one without a Lease (no leader election)."""
+    lease = _Lease()
+    seen: dict[str, Any] = {}
+
+    async def leader_only() -> None:
+        fence = seen["leader_only"] = fencing.current()
+        if fence is None:
+            return
+        fence.check("PATCH", "/api/v1/namespaces/ns/configmaps/beat")  # sent while valid
+        lease.held = False
+        try:
+            fence.check("PATCH", "/api/v1/namespaces/ns/configmaps/beat")
+        except Fenced as exc:
+            seen["refused"] = str(exc)
+
+    async def everywhere() -> None:
+        seen["everywhere"] = fencing.current()
+
+    async def main(with_lease: bool) -> None:
+        lc = lifecycle(make_hook(leader_only, "background"), make_hook(everywhere, "background", every_replica=True))
+        given = (lease.valid, "ns/lock") if with_lease else None
+        lc.start_background(every_replica=True, lease=given)
+        lc.start_background(every_replica=False, lease=given)
+        for _ in range(200):  # until both ran (a stop before their first step would skip them)
+            if {"leader_only", "everywhere"} <= seen.keys():
+                break
+            await asyncio.sleep(0.01)
+        await lc.stop_background(grace=1.0)
+
+    asyncio.run(main(True))
+    assert seen["everywhere"] is None
+    assert seen["leader_only"].lease == "ns/lock" and "'leader_only'" in seen["leader_only"].key
+    assert seen["refused"].startswith("PATCH /api/v1/namespaces/ns/configmaps/beat was not sent: Lease ns/lock is not known valid")
+    assert seen["leader_only"].tripped is not None
+    assert fencing.current() is None  # the caller's context never had it
+    seen.clear()
+    asyncio.run(main(False))  # no Lease: nothing to fence with
+    assert seen == {"leader_only": None, "everywhere": None}
+
+
+def test_a_leader_only_task_is_not_started_again_once_its_lease_is_not_known_valid(caplog: pytest.LogCaptureFixture) -> None:
+    """A crash's backoff can end in the turn a process resumes after a pause, before its elector
+    has seen the loss: the supervisor asks the Lease first, and leaves the task to the next
+    holder. A task that ended with Fenced is not restarted either, even were the Lease valid."""
+    lease = _Lease()
+    runs: list[str] = []
+
+    async def crashes_then_loses() -> None:
+        runs.append("crashes")
+        lease.held = False
+        raise RuntimeError("crash")
+
+    async def fenced() -> None:
+        runs.append("fenced")
+        fence = fencing.current()
+        assert fence is not None
+        lease.held = False
+        try:
+            fence.check("PUT", "/x")
+        finally:
+            lease.held = True  # valid again: the supervisor must still not restart it
+
+    async def main(hook: Any) -> Lifecycle:
+        lc = lifecycle(make_hook(hook, "background"))
+        lc.start_background(every_replica=False, lease=(lease.valid, "ns/lock"))
+        for _ in range(200):
+            if not lc.running:
+                break
+            await asyncio.sleep(0.01)
+        return lc
+
+    assert asyncio.run(main(crashes_then_loses)).running == []
+    assert runs == ["crashes"]
+    assert "Not starting the background task: its Lease is not known valid" in caplog.text
+    lease.held = True
+    runs.clear()
+    lc = asyncio.run(main(fenced))
+    assert runs == ["fenced"] and lc.starts == {"fenced": 1} and lc.running == []
+    assert "Write fenced; the background task ended and is left to the Lease's next holder" in caplog.text

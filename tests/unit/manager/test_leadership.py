@@ -44,6 +44,24 @@ def test_a_shard_lease_loop_that_raises_is_logged_and_handled_as_a_loss(caplog: 
     assert failed and failed[0].exc_info is not None and "a bug in the Lease loop" in str(failed[0].exc_info[1])
 
 
+def test_a_lost_leader_lease_stops_the_leader_only_background_tasks_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leader election: once the elector's hold returns (the Lease is lost), the loss path runs
+    with the leader-only background tasks — they are cancelled at once, not left to the exit."""
+    losses: list[bool] = []
+
+    async def after_loss(m: Any, *, leader_only_background: bool) -> None:
+        losses.append(leader_only_background)
+
+    async def nothing() -> None:
+        return None
+
+    monkeypatch.setattr(leadership, "after_loss", after_loss)
+    elector = SimpleNamespace(acquire=nothing, hold=nothing)
+    m = SimpleNamespace(elector=elector, leadership=asyncio.Event(), controllers=[], options=Options())
+    asyncio.run(leadership.LeaderLease(m).run())
+    assert m.leadership.is_set() and losses == [True]
+
+
 def test_the_background_lease_runs_leader_only_tasks_only_while_it_is_held() -> None:
     """Sharded mode has no leader: a leader-only background task runs on the holder of the
     ``--leader-election-id`` Lease. Held: the task runs. Taken by another holder: the task is

@@ -428,9 +428,10 @@ SWEEP_WORLD = dict(objects=40, duration=40.0, kinds=EVERY_KIND)
 
 #: the sweep's handler shapes by first seed, 50 seeds a chunk: the built-in ``async def`` on the
 #: priority queue (seeds 0-199), a plain ``def`` (its calls in batches on the executor), a FIFO
-#: queue (the plain WorkQueue), and both
+#: queue (the plain WorkQueue), both, and a leader-only background task beside the default (I14)
 SWEEP_SHAPES: dict[int, dict[str, bool]] = {
     0: {}, 50: {}, 100: {}, 150: {}, 200: {"plain": True}, 250: {"fifo": True}, 300: {"plain": True, "fifo": True},
+    350: {"background": True},
 }
 
 
@@ -466,7 +467,7 @@ def test_a_replica_stopped_before_its_caches_synced_leaves_no_future_never_retri
 
 @pytest.mark.parametrize(("mode", "start"), [(m, s) for m in ("leader", "sharded") for s in SWEEP_SHAPES])
 def test_random_world_schedules_keep_every_invariant(mode: str, start: int) -> None:
-    """`make test`'s sweep of world schedules: 350 seeds of each mode (see docs/simulation.md)."""
+    """`make test`'s sweep of world schedules: 400 seeds of each mode (see docs/simulation.md)."""
     world = World(mode=mode, **SWEEP_WORLD, **SWEEP_SHAPES[start])
     for seed in range(start, start + 50):
         result = run(world, seed=seed)
