@@ -13,7 +13,10 @@ does not: under a steady stream of them a pause would never end; docs/webhooks.m
 - :func:`thaw` gives every frozen object back to the collector, for a process that runs managers
   one after another (the simulator's seeds, a test suite's runners);
 - :func:`started` / :func:`ended` count the managers running in the process (``Manager.run``
-  calls them); the last to end thaws, so a stopped manager's graph is freed once nothing runs.
+  calls them); the last to end thaws, so a stopped manager's graph is freed once nothing runs;
+- :func:`retrieved`, a done-callback for a future given up on (a timed-out probe, a shutdown
+  step, a sync wait): its outcome is read, so the collector never reports it as "exception was
+  never retrieved" with a traceback on stderr, outside the structured log.
 
 Invariants:
 - pauses are counted process-wide, from any thread (under a lock), so one user's resume never
@@ -34,9 +37,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["ended", "freeze", "pause", "paused", "resume", "started", "thaw"]
+__all__ = ["ended", "freeze", "pause", "paused", "resume", "retrieved", "started", "thaw"]
 
 _pauses = 0
 _was_enabled = True
@@ -132,3 +135,10 @@ def ended() -> None:
         last = _running == 0
     if last:
         thaw()
+
+
+def retrieved(future: Any) -> None:
+    """Read the outcome of a done ``asyncio`` future nobody will await any more (use it as its
+    done-callback): when it is freed, the collector has nothing to report."""
+    if not future.cancelled():
+        future.exception()

@@ -38,6 +38,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Iterable, Literal
 
+from declop import collector
 from declop.cache.backoff import Backoff as Backoff
 from declop.cache.listing import INITIAL_EVENTS_END as INITIAL_EVENTS_END
 from declop.cache.listing import LIST_MODES as LIST_MODES
@@ -91,14 +92,10 @@ async def all_synced(gates: Iterable[asyncio.Event], timeout: float | None) -> N
         await asyncio.wait_for(waiting, timeout)
     finally:
         if not waiting.done():
-            waiting.add_done_callback(_retrieve)
+            waiting.add_done_callback(collector.retrieved)
         elif not waiting.cancelled():
             waiting.exception()
 
-
-def _retrieve(waiting: asyncio.Future[Any]) -> None:
-    if not waiting.cancelled():
-        waiting.exception()
 
 
 class Informer:

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from declop import collector
 from declop.lifecycle import Hook
 
 __all__ = ["Probes"]
@@ -90,7 +91,7 @@ class Probes:
             return
         self.calls[hook.name] += 1
         state.call = call = asyncio.ensure_future(self._call(hook))
-        call.add_done_callback(_retrieve)
+        call.add_done_callback(collector.retrieved)
         done, _ = await asyncio.wait([call], timeout=hook.timeout)
         ok, value = False, None
         if not done:
@@ -112,8 +113,3 @@ class Probes:
                 value = None
         state.ok, state.value, state.at = ok, value, self._clock()
 
-
-def _retrieve(call: asyncio.Future[Any]) -> None:
-    """The outcome of a call given up on (timed out) is nobody's business: no "never retrieved"."""
-    if not call.cancelled():
-        call.exception()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
+
+from declop import collector
 
 __all__ = ["LOST_CLEANUP_SECONDS", "Loss"]
 
@@ -74,14 +76,9 @@ class Loss:
                 lost.cancel()
             if not task.done():
                 task.cancel()
-                task.add_done_callback(_retrieve)
+                task.add_done_callback(collector.retrieved)
         if not task.done() or task.cancelled():
             log.warning("Shutdown step timed out; going on", extra={"kv": {"step": what, "seconds": round(max(seconds, 0.05), 3)}})
             return None
         return task.result()
 
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """A step given up on: its end is nobody's business any more (no "never retrieved" line)."""
-    if not task.cancelled():
-        task.exception()

@@ -151,3 +151,28 @@ def test_the_last_manager_to_end_thaws_and_no_earlier_one_does(monkeypatch):
     gc.collect()
     assert ref() is None, "the stopped managers' graph is freed once none runs"
     assert collector._running == 0
+
+
+def test_a_future_given_up_on_and_retrieved_is_freed_without_a_never_retrieved_report() -> None:
+    """The done-callback reads the outcome, so freeing the future reports nothing; without it the
+    loop's exception handler hears "exception was never retrieved" (checked here too)."""
+    import asyncio
+
+    said: list[str] = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, context: said.append(context["message"]))
+    try:
+        for mark in (True, False):
+            future = loop.create_future()
+            if mark:
+                future.add_done_callback(collector.retrieved)
+            future.set_exception(RuntimeError("given up on"))
+            loop.run_until_complete(asyncio.sleep(0))  # the done-callbacks run
+            del future
+            gc.collect()
+            assert said == ([] if mark else ["Future exception was never retrieved"]), said
+        cancelled = loop.create_future()
+        cancelled.cancel()
+        collector.retrieved(cancelled)  # a cancelled one has nothing to read, and does not raise
+    finally:
+        loop.close()
