@@ -1533,10 +1533,11 @@ class _World:
             self.violate(invariant, r, f"{doing} of {key} started under Lease {name} ({what})")
 
     def daemon_event(self, event: str, key: Request) -> None:
-        """I9: a daemon of ``key`` began a run, or ended, on the replica of the running task."""
+        """I9: a daemon of ``key`` began a run, or ended, on the replica of the running task (an
+        earlier incarnation's daemon, one that would not stop, is that process's: not this one's)."""
         who = actor()
         r = self.by_actor.get(who) if who is not None else None
-        if r is None or not r.alive:
+        if r is None or not r.alive or r.actor is not who:
             return
         if event == "end":
             r.daemons.pop(key, None)
