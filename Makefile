@@ -118,8 +118,9 @@ SIM_JOBS ?= 2
 SIM_FAMILIES ?= leader sharded-uid sharded-namespace rolling shared-id
 SIM_WORLD_MODES ?= leader sharded
 # the built-in handler's shapes each world mode runs in (docs/simulation.md): default (async def,
-# priority queue) and plain-fifo (a plain def in batches on the FIFO WorkQueue)
-SIM_WORLD_SHAPES ?= default plain-fifo
+# priority queue), plain-fifo (a plain def in batches on the FIFO WorkQueue) and background (the
+# default with a leader-only background task, I14)
+SIM_WORLD_SHAPES ?= default plain-fifo background
 SIM_WORLD_FAULTS := hang,fail,cut,slow,pause,crash,compact,pause-at-write,term,delete,stuck,term-in-call,hang-leases,wall-jump,rollout,partition-holder,pause-holder,errors,unsynced,clocks
 sim: venv
 	@for family in $(SIM_FAMILIES); do \
@@ -127,7 +128,7 @@ sim: venv
 		$(PY) -m declop.testing.simulation.leases --scenario $$family --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) || failed=1; \
 	done; \
 	for mode in $(SIM_WORLD_MODES); do for shape in $(SIM_WORLD_SHAPES); do \
-		case $$shape in plain-fifo) flags="--plain --fifo";; *) flags="";; esac; \
+		case $$shape in plain-fifo) flags="--plain --fifo";; background) flags="--background";; *) flags="";; esac; \
 		echo "== world $$mode $$shape"; \
 		$(PY) -m declop.testing.simulation.world --mode $$mode $$flags --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) \
 			--objects 40 --duration 40 --faults $(SIM_WORLD_FAULTS) || failed=1; \

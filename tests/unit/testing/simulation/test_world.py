@@ -592,8 +592,8 @@ def test_make_sim_draws_every_kind_the_world_sweep_draws() -> None:
     line = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_FAULTS :="))
     assert tuple(line.split(":=", 1)[1].strip().split(",")) == EVERY_KIND
     shapes = next(x for x in makefile.splitlines() if x.startswith("SIM_WORLD_SHAPES ?="))
-    assert shapes.split("?=", 1)[1].split() == ["default", "plain-fifo"]  # the sweep's first and last shapes
-    assert 'plain-fifo) flags="--plain --fifo"' in makefile
+    assert shapes.split("?=", 1)[1].split() == ["default", "plain-fifo", "background"]  # the sweep's first, plain+FIFO and last shapes
+    assert 'plain-fifo) flags="--plain --fifo"' in makefile and 'background) flags="--background"' in makefile
 
 
 @pytest.mark.parametrize(("mode", "seed"), [("leader", 58), ("sharded", 58)])
