@@ -383,9 +383,7 @@ class LeaderElector:
 
     async def hold(self) -> None:
         """Renew every ``retry_period``; return once the Lease is lost — no later than
-        ``renewed_at + renew_deadline``, or at once when another holder is seen, or when a
-        renewal's answer comes after the renew deadline counted from its send (a process
-        resumed after a pause: that renewal is already stale)."""
+        ``renewed_at + renew_deadline``, or at once when another holder is seen."""
         lease = f"{self.namespace}/{self.name}"
         while True:
             await asyncio.sleep(self.retry_period)
@@ -396,10 +394,7 @@ class LeaderElector:
                     return self.lose(f"no successful renewal for {self.clock() - self.renewed_at:.3g} s")
                 try:
                     if await self.try_acquire_or_renew(deadline):
-                        # the fence closed while this renewal was in flight, or its answer came
-                        # after the renew deadline counted from when it was sent (a process
-                        # resumed after a pause): no renewal, the loss is declared now
-                        if not self.live():
+                        if self._expired:  # the fence closed while this renewal was in flight
                             continue
                         break
                     if self.gone:
