@@ -215,10 +215,12 @@ class LeaderElector:
         if timeout <= 0:
             raise ApiError(0, "Timeout", f"no time left to {verb} {self._what} before the renew deadline")
         try:
-            return await asyncio.wait_for(
-                self.transport.request(method, path, body=body, timeout=timeout, lane="leader"), timeout
-            )
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an answer that lands
+            # in the turn its task is cancelled and drops the cancellation (CPython gh-86296), so
+            # a stop's cancel of the renewal loop could be lost and the loop renew on
+            async with asyncio.timeout(timeout):
+                return await self.transport.request(method, path, body=body, timeout=timeout, lane="leader")
+        except TimeoutError:
             raise ApiError(0, "Timeout", f"cannot {verb} {self._what}: no answer within {timeout:.3g} s") from None
         except ApiError as exc:
             if isinstance(exc, NotFound if method == "GET" else Conflict):

@@ -372,8 +372,11 @@ class ShardLeases:
         self._handover(s, "released", i)
 
     async def _request(self, method: str, path: str) -> Any:
+        """One Lease request, bounded by half the renew deadline (``TimeoutError``). With
+        ``asyncio.timeout``: ``wait_for`` on Python 3.11 can drop a cancellation (leader.py)."""
         timeout = self.renew_deadline / 2
-        return await asyncio.wait_for(self.transport.request(method, path, timeout=timeout, lane="leader"), timeout)
+        async with asyncio.timeout(timeout):
+            return await self.transport.request(method, path, timeout=timeout, lane="leader")
 
     async def _list(self) -> dict[str, dict[str, Any]]:
         answer = await self._request("GET", self._path)

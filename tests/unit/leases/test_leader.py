@@ -331,6 +331,45 @@ def test_a_renewal_that_finds_another_holder_loses_at_once() -> None:
     assert not a.is_leader and a.holder == "b"
 
 
+def test_a_hold_cancelled_in_the_turn_its_renewal_is_answered_ends_cancelled() -> None:
+    """The stop cancels the renewal loop; if the renewal's answer lands in the same turn, the
+    cancellation must still win. ``asyncio.wait_for`` on Python 3.11 returns the answer and
+    drops the cancellation (CPython gh-86296), and the loop went on renewing beside the stop's
+    release; ``asyncio.timeout`` keeps it."""
+    clock = FakeClock()
+    answered: list[asyncio.Future[Any]] = []
+
+    class Held(LeaseServer):
+        renewing = False
+
+        async def request(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+            out = await super().request(method, path, body, **kw)
+            if method == "PUT" and self.renewing:
+                future = asyncio.get_running_loop().create_future()
+                answered.append(future)
+                await future  # the answer is on its way
+            return out
+
+    server = Held()
+    a = leading(server, clock)
+
+    async def main() -> str:
+        await a.acquire()
+        server.renewing = True
+        hold = asyncio.ensure_future(a.hold())
+        while not answered:
+            await asyncio.sleep(0.1)
+        answered[0].set_result(None)  # the renewal's answer arrives ...
+        hold.cancel()  # ... in the turn the stop cancels the loop
+        done, _ = await asyncio.wait([hold], timeout=30)
+        if not done:
+            hold.cancel()
+            return "still renewing 30 s after its cancellation"
+        return "cancelled" if hold.cancelled() else f"returned {hold.result()!r} (the cancellation was lost)"
+
+    assert run_virtual(clock, main) == "cancelled"
+
+
 def test_a_leader_renews_with_one_request() -> None:
     """client-go's fast path: the leader updates the record it wrote, without reading it first."""
     clock = FakeClock()

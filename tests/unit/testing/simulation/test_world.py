@@ -125,7 +125,8 @@ def test_a_world_run_is_a_pure_function_of_its_seed() -> None:
 # Found with World(mode="sharded", finalizer=False, strict=True) seed 1: no fault at all, r2 starts
 # the new ns-f/w029's call while r0 still runs the old one's deletion (seed 10 since a created
 # Lease's fence opens a renew deadline later: r1 starts the new ns-b/w001 at t=28.1 while r2
-# runs the old one's). Decided: the documented
+# runs the old one's; seed 38 since Lease requests wait with asyncio.timeout, defect 17: a call of
+# the new ns-e/w036 while r1 runs the old one's, since t=28.0). Decided: the documented
 # exception (contract.md §7, sharding.md): the old object's DELETED call may overlap the new
 # object's calls; without a finalizer any call of the old object may, with one the cleanup never.
 SMALL_SHARDED = World(mode="sharded", objects=60, duration=20.0, faults=NO_FAULTS)
@@ -135,10 +136,10 @@ def test_sharded_by_uid_without_a_finalizer_a_deletion_and_a_re_creation_overlap
     import dataclasses
 
     # no fault: a name's deletion and its re-creation land in two ranges on two replicas
-    strict = run(dataclasses.replace(SMALL_SHARDED, finalizer=False, strict=True), seed=10)
+    strict = run(dataclasses.replace(SMALL_SHARDED, finalizer=False, strict=True), seed=38)
     assert [v.invariant for v in strict.violations][:1] == ["I1"], strict.report()
-    assert "ns-b/w001" in strict.violations[0].detail
-    assert run(dataclasses.replace(SMALL_SHARDED, finalizer=False), seed=10).ok  # the documented exception
+    assert "ns-e/w036" in strict.violations[0].detail
+    assert run(dataclasses.replace(SMALL_SHARDED, finalizer=False), seed=38).ok  # the documented exception
 
 
 def test_sharded_by_uid_with_a_finalizer_the_deleted_call_overlaps_the_new_object_but_the_cleanup_never_does() -> None:
@@ -237,16 +238,17 @@ def test_without_a_finalizer_a_deletion_while_the_range_has_no_owner_reaches_no_
     from declop.testing.simulation.world import World
 
     world = World(mode="sharded", shard_by="namespace", finalizer=False)
-    strict = run(dataclasses.replace(world, strict=True), seed=35)
+    # seed 29 since Lease requests wait with asyncio.timeout (defect 17; seed 35 before)
+    strict = run(dataclasses.replace(world, strict=True), seed=29)
     assert [v.invariant for v in strict.violations][:1] == ["I4"], strict.report()
-    assert "ns-e/w148" in strict.violations[0].detail
-    assert run(world, seed=35).ok  # the documented exception: no owner when it was deleted
+    assert "ns-g/w190" in strict.violations[0].detail
+    assert run(world, seed=29).ok  # the documented exception: no owner when it was deleted
 
 
 def test_with_a_finalizer_the_same_schedule_loses_no_deletion() -> None:
     from declop.testing.simulation.world import World
 
-    result = run(World(mode="sharded", shard_by="namespace"), seed=35)
+    result = run(World(mode="sharded", shard_by="namespace"), seed=29)
     assert result.ok, result.report()
 
 
