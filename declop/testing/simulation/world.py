@@ -1151,15 +1151,21 @@ class _World:
         if event == "end":
             r.background.pop(task, None)
             return
-        now = self.now()
+        self._began(r, "background", task, "I14", f"background task {task!r}")
+
+    def _began(self, r: _Replica, book: str, key: Any, invariant: str, what: str) -> None:
+        """``what`` — work that runs on one live replica at a time (a daemon of an object, a
+        leader-only background task) — began on ``r``: ``invariant`` fails for each other live
+        replica that runs it and was not paused since it began there; then ``r`` runs it. ``book``
+        names the replicas' record of it (``daemons``, ``background``)."""
         for other in self.replicas:
             if other is r or not other.alive:
                 continue
-            since = other.background.get(task)
+            since = getattr(other, book).get(key)
             if since is None or other.was_paused(since):
                 continue
-            self.violate("I14", r, f"background task {task!r} started while {other.name} runs it (since t={since:.3f})")
-        r.background[task] = now
+            self.violate(invariant, r, f"{what} started while {other.name} runs it (since t={since:.3f})")
+        getattr(r, book)[key] = self.now()
 
     def _check_handover(self, writer: _Replica, name: str, old: str, new: str) -> None:
         """I5 and I6 at the moment the record of Lease ``name`` stops naming ``old``: no live
@@ -1544,15 +1550,7 @@ class _World:
             return
         if key in r.daemons:
             return  # restarted in place after a crash: the same daemon
-        now = self.now()
-        for other in self.replicas:
-            if other is r or not other.alive:
-                continue
-            since = other.daemons.get(key)
-            if since is None or other.was_paused(since):
-                continue
-            self.violate("I9", r, f"a daemon of {key} started while {other.name} runs one (since t={since:.3f})")
-        r.daemons[key] = now
+        self._began(r, "daemons", key, "I9", f"a daemon of {key}")
 
     def call_of(self, controller: str, key: Request, started: float) -> Call:
         """The running call, as its writes are recorded (one queued by the idempotence check: extra)."""
